@@ -1,0 +1,362 @@
+//! The `threads` engine: a sparse file driven by positional syscalls.
+//!
+//! Reads and plain writes first try `preadv2`/`pwritev2` with `RWF_NOWAIT`
+//! right on the async thread: when the pages are cached (the common case for
+//! a hot VM disk) that costs one syscall and no thread hand-off. Anything that
+//! would block goes to tokio's blocking pool.
+
+use super::{BlockBackend, BufResult, Extent64};
+use crate::proto::state;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(Debug)]
+pub struct FileBackend {
+    file: Arc<File>,
+    size: u64,
+    nowait_write: Arc<AtomicBool>,
+}
+
+impl FileBackend {
+    pub fn new(file: File) -> io::Result<Self> {
+        let size = file.metadata()?.len();
+        Ok(FileBackend {
+            file: Arc::new(file),
+            size,
+            nowait_write: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    pub(crate) fn file(&self) -> &Arc<File> {
+        &self.file
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&File) -> io::Result<T> + Send + 'static,
+    ) -> io::Result<T> {
+        let file = self.file.clone();
+        match tokio::task::spawn_blocking(move || f(&file)).await {
+            Ok(r) => r,
+            Err(e) => Err(io::Error::other(format!("I/O worker failed: {e}"))),
+        }
+    }
+}
+
+/// One `preadv2`/`pwritev2` call; `Ok(n)` may be short.
+fn rw2(
+    fd: i32,
+    buf: *mut u8,
+    len: usize,
+    offset: u64,
+    flags: i32,
+    write: bool,
+) -> io::Result<usize> {
+    let iov = libc::iovec {
+        iov_base: buf.cast(),
+        iov_len: len,
+    };
+    // SAFETY: `iov` points into a live buffer of `len` bytes owned by the caller
+    // for the duration of the call.
+    let n = unsafe {
+        if write {
+            libc::pwritev2(fd, &iov, 1, offset as libc::off_t, flags)
+        } else {
+            libc::preadv2(fd, &iov, 1, offset as libc::off_t, flags)
+        }
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP)
+    )
+}
+
+/// Reads `buf[done..]` at `offset + done`, blocking; bytes past the end of the
+/// file read as zeroes (the file may be shorter than the volume while sparse).
+pub(crate) fn read_rest(
+    file: &File,
+    buf: &mut [u8],
+    offset: u64,
+    mut done: usize,
+) -> io::Result<()> {
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                return Ok(());
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` at `offset`, then makes it durable if `fua`.
+pub(crate) fn write_all(file: &File, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+    if fua {
+        let mut done = 0;
+        while done < buf.len() {
+            let p = buf[done..].as_ptr() as *mut u8;
+            match rw2(
+                file.as_raw_fd(),
+                p,
+                buf.len() - done,
+                offset + done as u64,
+                libc::RWF_DSYNC,
+                true,
+            ) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok(());
+    }
+    file.write_all_at(buf, offset)
+}
+
+pub(crate) fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd we own.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Zeroes a range: by punching a hole or by `FALLOC_FL_ZERO_RANGE`, falling
+/// back to writing zero buffers unless only a fast method is allowed.
+pub(crate) fn zero_range(
+    file: &File,
+    offset: u64,
+    len: u64,
+    punch: bool,
+    fast_only: bool,
+) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let mode = if punch {
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+    } else {
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+    };
+    match fallocate(file, mode, offset, len) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) && !fast_only => {
+            let zeros = vec![0u8; (len.min(1 << 20)) as usize];
+            let mut pos = offset;
+            while pos < offset + len {
+                let n = (offset + len - pos).min(zeros.len() as u64) as usize;
+                file.write_all_at(&zeros[..n], pos)?;
+                pos += n as u64;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub(crate) fn fdatasync(file: &File) -> io::Result<()> {
+    file.sync_data()
+}
+
+pub(crate) fn fadvise_willneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd we own.
+    let r = unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_WILLNEED,
+        )
+    };
+    if r != 0 {
+        Err(io::Error::from_raw_os_error(r))
+    } else {
+        Ok(())
+    }
+}
+
+fn lseek(file: &File, pos: u64, whence: i32) -> io::Result<Option<u64>> {
+    // SAFETY: plain syscall; the returned offset is only used as a number.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, whence) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    } else {
+        Ok(Some(r as u64))
+    }
+}
+
+/// Allocation map from `SEEK_DATA`/`SEEK_HOLE`. Holes read as zeroes.
+pub(crate) fn seek_extents(
+    file: &File,
+    offset: u64,
+    len: u64,
+    max: usize,
+) -> io::Result<Vec<Extent64>> {
+    let end = offset + len;
+    let file_len = file.metadata()?.len();
+    let mut out: Vec<Extent64> = Vec::new();
+    let mut pos = offset;
+    while pos < end && out.len() < max {
+        let (next, flags) = if pos >= file_len {
+            (end, state::HOLE | state::ZERO)
+        } else {
+            match lseek(file, pos, libc::SEEK_DATA) {
+                Ok(Some(d)) if d == pos => {
+                    (lseek(file, pos, libc::SEEK_HOLE)?.unwrap_or(file_len), 0)
+                }
+                Ok(Some(d)) => (d, state::HOLE | state::ZERO),
+                Ok(None) => (end, state::HOLE | state::ZERO),
+                // A filesystem without SEEK_DATA: report everything as data.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (end, 0),
+                Err(e) => return Err(e),
+            }
+        };
+        let next = next.clamp(pos + 1, end);
+        match out.last_mut() {
+            Some(last) if last.flags == flags => last.length += next - pos,
+            _ => out.push(Extent64 {
+                length: next - pos,
+                flags,
+            }),
+        }
+        pos = next;
+    }
+    Ok(out)
+}
+
+impl BlockBackend for FileBackend {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    async fn read_at(&self, mut buf: Vec<u8>, offset: u64) -> BufResult {
+        let len = buf.len();
+        let done = match rw2(
+            self.file.as_raw_fd(),
+            buf.as_mut_ptr(),
+            len,
+            offset,
+            libc::RWF_NOWAIT,
+            false,
+        ) {
+            Ok(n) if n == len => return (Ok(()), buf),
+            Ok(n) if n > 0 => n,
+            Ok(_) => 0,
+            Err(e) if would_block(&e) || e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return (Err(e), buf),
+        };
+        let file = self.file.clone();
+        match tokio::task::spawn_blocking(move || {
+            let r = read_rest(&file, &mut buf, offset, done);
+            (r, buf)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => (
+                Err(io::Error::other(format!("I/O worker failed: {e}"))),
+                Vec::new(),
+            ),
+        }
+    }
+
+    async fn write_at(&self, buf: Vec<u8>, offset: u64, fua: bool) -> BufResult {
+        let len = buf.len();
+        let mut done = 0;
+        if !fua && self.nowait_write.load(Ordering::Relaxed) {
+            match rw2(
+                self.file.as_raw_fd(),
+                buf.as_ptr() as *mut u8,
+                len,
+                offset,
+                libc::RWF_NOWAIT,
+                true,
+            ) {
+                Ok(n) if n == len => return (Ok(()), buf),
+                Ok(n) => done = n,
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    // This filesystem cannot do non-blocking buffered writes; stop asking.
+                    self.nowait_write.store(false, Ordering::Relaxed);
+                }
+                Err(e) if would_block(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        let file = self.file.clone();
+        match tokio::task::spawn_blocking(move || {
+            let r = write_all(&file, &buf[done..], offset + done as u64, fua);
+            (r, buf)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => (
+                Err(io::Error::other(format!("I/O worker failed: {e}"))),
+                Vec::new(),
+            ),
+        }
+    }
+
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        punch: bool,
+        fast_only: bool,
+    ) -> io::Result<()> {
+        self.blocking(move |f| zero_range(f, offset, len, punch, fast_only))
+            .await
+    }
+
+    async fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.blocking(move |f| match zero_range(f, offset, len, true, true) {
+            // Trim is advisory: a filesystem that cannot punch holes just keeps the data.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            r => r,
+        })
+        .await
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        self.blocking(fdatasync).await
+    }
+
+    async fn cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        fadvise_willneed(&self.file, offset, len)
+    }
+
+    async fn extents(&self, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
+        self.blocking(move |f| seek_extents(f, offset, len, max))
+            .await
+    }
+}

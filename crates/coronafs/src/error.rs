@@ -1,0 +1,65 @@
+//! The crate's error type, and the one place that maps it to HTTP.
+
+use crate::proto::{NbdErrno, ProtoError};
+
+/// Everything that can go wrong in CoronaFS outside the wire codec.
+#[derive(Debug, thiserror::Error)]
+pub enum CoronaError {
+    /// A volume name broke the naming rules.
+    #[error("invalid volume name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    /// A size could not be parsed or is out of range.
+    #[error("invalid size {input:?}: {reason}")]
+    InvalidSize { input: String, reason: &'static str },
+    /// The volume already exists.
+    #[error("volume {0:?} already exists")]
+    AlreadyExists(String),
+    /// No such volume.
+    #[error("volume {0:?} not found")]
+    NotFound(String),
+    /// The server exports everything read-only.
+    #[error("the server is read-only: {0}")]
+    ReadOnly(&'static str),
+    /// A request to the control API failed.
+    #[error("control API at {url}: {message}")]
+    Api {
+        url: String,
+        status: Option<u16>,
+        message: String,
+    },
+    /// The NBD server answered a request with an error.
+    #[error("NBD server replied {errno}: {message}")]
+    Nbd { errno: NbdErrno, message: String },
+    /// The NBD server refused an option during negotiation.
+    #[error("NBD negotiation failed: {0}")]
+    Negotiation(String),
+    /// The peer sent bytes that break the protocol.
+    #[error("NBD protocol error: {0}")]
+    Protocol(#[from] ProtoError),
+    /// The connection is gone.
+    #[error("NBD connection closed")]
+    Disconnected,
+    /// An I/O error from the host.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl CoronaError {
+    /// The HTTP status this error is answered with by the control API.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            CoronaError::InvalidName { .. } | CoronaError::InvalidSize { .. } => 400,
+            CoronaError::AlreadyExists(_) => 409,
+            CoronaError::NotFound(_) => 404,
+            CoronaError::ReadOnly(_) => 403,
+            CoronaError::Api { .. }
+            | CoronaError::Nbd { .. }
+            | CoronaError::Negotiation(_)
+            | CoronaError::Protocol(_)
+            | CoronaError::Disconnected => 502,
+            CoronaError::Io(_) => 500,
+        }
+    }
+}
+
+pub type Result<T, E = CoronaError> = std::result::Result<T, E>;

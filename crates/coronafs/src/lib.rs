@@ -1,0 +1,20 @@
+//! CoronaFS: shared block volumes for VM disks, exported over NBD.
+//!
+//! The crate is layered the way data flows:
+//! - [`proto`]: the sans-IO NBD codec (negotiation, requests, replies);
+//! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
+//!   (io_uring, thread pool, memory);
+//! - [`server`]: the async NBD server and the export table;
+//! - [`api`]: the HTTP control API and `/metrics`;
+//! - [`client`]: an async, pipelined NBD client (used by the bench and PlasmaVMC).
+
+pub mod api;
+pub mod backend;
+pub mod client;
+pub mod error;
+pub mod metrics;
+pub mod proto;
+pub mod server;
+pub mod util;
+
+pub use error::{CoronaError, Result};

@@ -1,0 +1,715 @@
+//! Fixed newstyle negotiation: message encoding and decoding for both sides,
+//! and [`Negotiator`], the server's option state machine.
+//!
+//! The negotiator is pure: it is fed one option (code and payload) at a time
+//! and appends the bytes to send back to an output buffer, telling the caller
+//! whether to keep negotiating, enter transmission or close.
+
+use super::*;
+
+/// Size of the server greeting (`NBDMAGIC`, `IHAVEOPT`, handshake flags).
+pub const GREETING_LEN: usize = 18;
+/// Size of an option header from the client.
+pub const OPTION_HEADER_LEN: usize = 16;
+/// Size of an option reply header from the server.
+pub const OPTION_REPLY_HEADER_LEN: usize = 20;
+
+/// Appends the server greeting to `out`.
+pub fn encode_greeting(out: &mut Vec<u8>) {
+    out.extend_from_slice(&NBD_MAGIC.to_be_bytes());
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(
+        &(handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES).to_be_bytes(),
+    );
+}
+
+/// Checks the greeting a server sent, returning its handshake flags.
+pub fn decode_greeting(b: &[u8; GREETING_LEN]) -> Result<u16, ProtoError> {
+    let m = be_u64(b, 0);
+    if m != NBD_MAGIC {
+        return Err(ProtoError::BadMagic {
+            expected: NBD_MAGIC,
+            found: m,
+        });
+    }
+    let m = be_u64(b, 8);
+    if m != IHAVEOPT {
+        return Err(ProtoError::BadMagic {
+            expected: IHAVEOPT,
+            found: m,
+        });
+    }
+    Ok(be_u16(b, 16))
+}
+
+/// Validates the client's flags; unknown bits must end the session.
+pub fn decode_client_flags(b: &[u8; 4]) -> Result<u32, ProtoError> {
+    let flags = be_u32(b, 0);
+    if flags & !(client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES) != 0 {
+        return Err(ProtoError::Unexpected(format!(
+            "unknown client flags {flags:#x}"
+        )));
+    }
+    Ok(flags)
+}
+
+/// Decodes an option header into (option code, payload length).
+pub fn decode_option_header(b: &[u8; OPTION_HEADER_LEN]) -> Result<(u32, u32), ProtoError> {
+    let m = be_u64(b, 0);
+    if m != IHAVEOPT {
+        return Err(ProtoError::BadMagic {
+            expected: IHAVEOPT,
+            found: m,
+        });
+    }
+    Ok((be_u32(b, 8), be_u32(b, 12)))
+}
+
+/// Appends an option (header and payload) as a client sends it.
+pub fn encode_option(code: u32, data: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&code.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// Appends an option reply header and payload.
+pub fn encode_option_reply(code: u32, reply: u32, data: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&code.to_be_bytes());
+    out.extend_from_slice(&reply.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// Decodes an option reply header into (option code, reply type, length).
+pub fn decode_option_reply_header(
+    b: &[u8; OPTION_REPLY_HEADER_LEN],
+) -> Result<(u32, u32, u32), ProtoError> {
+    let m = be_u64(b, 0);
+    if m != OPT_REPLY_MAGIC {
+        return Err(ProtoError::BadMagic {
+            expected: OPT_REPLY_MAGIC,
+            found: m,
+        });
+    }
+    Ok((be_u32(b, 8), be_u32(b, 12), be_u32(b, 16)))
+}
+
+/// A parsed client option.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientOption {
+    ExportName(String),
+    Abort,
+    List,
+    StartTls,
+    Info { name: String, requests: Vec<u16> },
+    Go { name: String, requests: Vec<u16> },
+    StructuredReply,
+    ListMetaContext { name: String, queries: Vec<String> },
+    SetMetaContext { name: String, queries: Vec<String> },
+    Unknown(u32),
+}
+
+impl ClientOption {
+    /// Parses an option payload. An error here is answered with `ERR_INVALID`
+    /// and negotiation goes on.
+    pub fn parse(code: u32, data: &[u8]) -> Result<Self, ProtoError> {
+        let empty = |o: ClientOption| {
+            if data.is_empty() {
+                Ok(o)
+            } else {
+                Err(ProtoError::BadLength("option takes no payload"))
+            }
+        };
+        match code {
+            opt::EXPORT_NAME => {
+                if data.len() > MAX_STRING {
+                    return Err(ProtoError::BadLength("export name longer than 4096 bytes"));
+                }
+                let s =
+                    std::str::from_utf8(data).map_err(|_| ProtoError::BadString("not UTF-8"))?;
+                Ok(ClientOption::ExportName(s.to_owned()))
+            }
+            opt::ABORT => Ok(ClientOption::Abort),
+            opt::LIST => empty(ClientOption::List),
+            opt::STARTTLS => empty(ClientOption::StartTls),
+            opt::STRUCTURED_REPLY => empty(ClientOption::StructuredReply),
+            opt::INFO | opt::GO => {
+                let mut pos = 0;
+                let name = take_string(data, &mut pos)?;
+                if data.len() < pos + 2 {
+                    return Err(ProtoError::Truncated {
+                        need: pos + 2,
+                        have: data.len(),
+                    });
+                }
+                let n = be_u16(data, pos) as usize;
+                pos += 2;
+                if data.len() != pos + 2 * n {
+                    return Err(ProtoError::BadLength(
+                        "information request count does not match length",
+                    ));
+                }
+                let requests = (0..n).map(|i| be_u16(data, pos + 2 * i)).collect();
+                if code == opt::GO {
+                    Ok(ClientOption::Go { name, requests })
+                } else {
+                    Ok(ClientOption::Info { name, requests })
+                }
+            }
+            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+                let mut pos = 0;
+                let name = take_string(data, &mut pos)?;
+                if data.len() < pos + 4 {
+                    return Err(ProtoError::Truncated {
+                        need: pos + 4,
+                        have: data.len(),
+                    });
+                }
+                let n = be_u32(data, pos) as usize;
+                pos += 4;
+                // Each query takes at least four bytes, which bounds `n` by the payload.
+                if n > (data.len() - pos) / 4 {
+                    return Err(ProtoError::BadLength(
+                        "more queries than the payload can hold",
+                    ));
+                }
+                let mut queries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    queries.push(take_string(data, &mut pos)?);
+                }
+                if pos != data.len() {
+                    return Err(ProtoError::BadLength("trailing bytes after queries"));
+                }
+                if code == opt::LIST_META_CONTEXT {
+                    Ok(ClientOption::ListMetaContext { name, queries })
+                } else {
+                    Ok(ClientOption::SetMetaContext { name, queries })
+                }
+            }
+            other => Ok(ClientOption::Unknown(other)),
+        }
+    }
+
+    /// Encodes the payload of an option as a client sends it.
+    pub fn encode_payload(&self) -> (u32, Vec<u8>) {
+        fn name_and_requests(name: &str, requests: &[u16]) -> Vec<u8> {
+            let mut v = Vec::new();
+            v.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            v.extend_from_slice(name.as_bytes());
+            v.extend_from_slice(&(requests.len() as u16).to_be_bytes());
+            for r in requests {
+                v.extend_from_slice(&r.to_be_bytes());
+            }
+            v
+        }
+        fn name_and_queries(name: &str, queries: &[String]) -> Vec<u8> {
+            let mut v = Vec::new();
+            v.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            v.extend_from_slice(name.as_bytes());
+            v.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+            for q in queries {
+                v.extend_from_slice(&(q.len() as u32).to_be_bytes());
+                v.extend_from_slice(q.as_bytes());
+            }
+            v
+        }
+        match self {
+            ClientOption::ExportName(n) => (opt::EXPORT_NAME, n.as_bytes().to_vec()),
+            ClientOption::Abort => (opt::ABORT, vec![]),
+            ClientOption::List => (opt::LIST, vec![]),
+            ClientOption::StartTls => (opt::STARTTLS, vec![]),
+            ClientOption::StructuredReply => (opt::STRUCTURED_REPLY, vec![]),
+            ClientOption::Info { name, requests } => (opt::INFO, name_and_requests(name, requests)),
+            ClientOption::Go { name, requests } => (opt::GO, name_and_requests(name, requests)),
+            ClientOption::ListMetaContext { name, queries } => {
+                (opt::LIST_META_CONTEXT, name_and_queries(name, queries))
+            }
+            ClientOption::SetMetaContext { name, queries } => {
+                (opt::SET_META_CONTEXT, name_and_queries(name, queries))
+            }
+            ClientOption::Unknown(code) => (*code, vec![]),
+        }
+    }
+}
+
+/// What the server knows about one export, as negotiation needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportDesc {
+    pub name: String,
+    pub size: u64,
+    pub read_only: bool,
+    pub description: String,
+    /// Block size constraints: minimum, preferred, maximum.
+    pub min_block: u32,
+    pub pref_block: u32,
+    pub max_block: u32,
+}
+
+impl ExportDesc {
+    /// The transmission flags this server sends for the export.
+    pub fn tx_flags(&self) -> u16 {
+        use tx_flags::*;
+        let mut f = HAS_FLAGS | SEND_FLUSH | SEND_FUA | SEND_DF | CAN_MULTI_CONN | SEND_CACHE;
+        if self.read_only {
+            f |= READ_ONLY;
+        } else {
+            f |= SEND_TRIM | SEND_WRITE_ZEROES | SEND_FAST_ZERO;
+        }
+        f
+    }
+}
+
+/// Where the negotiator looks exports up.
+pub trait ExportCatalog {
+    /// Describes the export `name`, or says why it cannot be served.
+    fn lookup(&self, name: &str) -> Result<ExportDesc, String>;
+    /// Names of all exports, for `NBD_OPT_LIST`.
+    fn names(&self) -> Vec<String>;
+}
+
+/// What the caller does after an option was handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Send the output and read the next option.
+    Continue,
+    /// Send the output and enter transmission on this export.
+    Transmit(ExportDesc),
+    /// Send the output (if any) and close the connection.
+    Close,
+}
+
+/// The server's negotiation state for one connection.
+#[derive(Debug, Default, Clone)]
+pub struct Negotiator {
+    /// Client asked for no 124 zero bytes after `NBD_OPT_EXPORT_NAME`.
+    pub no_zeroes: bool,
+    /// Structured replies were negotiated.
+    pub structured: bool,
+    /// `base:allocation` was selected, and for which export name.
+    pub meta_export: Option<String>,
+}
+
+/// Outcome of negotiation that transmission needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiated {
+    pub export: ExportDesc,
+    pub structured: bool,
+    pub base_allocation: bool,
+}
+
+impl Negotiator {
+    pub fn new(client_flags: u32) -> Self {
+        Negotiator {
+            no_zeroes: client_flags & client_flags::NO_ZEROES != 0,
+            ..Default::default()
+        }
+    }
+
+    /// Handles one option, appending any reply to `out`.
+    pub fn handle(
+        &mut self,
+        code: u32,
+        data: &[u8],
+        cat: &dyn ExportCatalog,
+        out: &mut Vec<u8>,
+    ) -> Step {
+        let parsed = match ClientOption::parse(code, data) {
+            Ok(o) => o,
+            Err(e) => {
+                if code == opt::EXPORT_NAME {
+                    // NBD_OPT_EXPORT_NAME has no error reply: the spec says to close.
+                    return Step::Close;
+                }
+                error_reply(code, rep::ERR_INVALID, &e.to_string(), out);
+                return Step::Continue;
+            }
+        };
+        match parsed {
+            ClientOption::ExportName(name) => match cat.lookup(&name) {
+                Ok(desc) => {
+                    out.extend_from_slice(&desc.size.to_be_bytes());
+                    out.extend_from_slice(&desc.tx_flags().to_be_bytes());
+                    if !self.no_zeroes {
+                        out.extend_from_slice(&[0u8; 124]);
+                    }
+                    self.clear_meta_unless(&name);
+                    Step::Transmit(desc)
+                }
+                Err(_) => Step::Close,
+            },
+            ClientOption::Abort => {
+                encode_option_reply(code, rep::ACK, &[], out);
+                Step::Close
+            }
+            ClientOption::List => {
+                for name in cat.names() {
+                    let mut d = Vec::with_capacity(4 + name.len());
+                    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                    d.extend_from_slice(name.as_bytes());
+                    encode_option_reply(code, rep::SERVER, &d, out);
+                }
+                encode_option_reply(code, rep::ACK, &[], out);
+                Step::Continue
+            }
+            ClientOption::StartTls => {
+                error_reply(
+                    code,
+                    rep::ERR_UNSUP,
+                    "TLS is not supported by this server",
+                    out,
+                );
+                Step::Continue
+            }
+            ClientOption::StructuredReply => {
+                self.structured = true;
+                encode_option_reply(code, rep::ACK, &[], out);
+                Step::Continue
+            }
+            ClientOption::Info { name, requests } | ClientOption::Go { name, requests } => {
+                let desc = match cat.lookup(&name) {
+                    Ok(d) => d,
+                    Err(why) => {
+                        error_reply(code, rep::ERR_UNKNOWN, &why, out);
+                        return Step::Continue;
+                    }
+                };
+                encode_info_replies(code, &desc, &requests, out);
+                encode_option_reply(code, rep::ACK, &[], out);
+                if code == opt::GO {
+                    self.clear_meta_unless(&name);
+                    Step::Transmit(desc)
+                } else {
+                    Step::Continue
+                }
+            }
+            ClientOption::ListMetaContext { name, queries }
+            | ClientOption::SetMetaContext { name, queries } => {
+                let set = code == opt::SET_META_CONTEXT;
+                if set && !self.structured {
+                    error_reply(
+                        code,
+                        rep::ERR_INVALID,
+                        "structured replies must be negotiated first",
+                        out,
+                    );
+                    return Step::Continue;
+                }
+                if let Err(why) = cat.lookup(&name) {
+                    error_reply(code, rep::ERR_UNKNOWN, &why, out);
+                    return Step::Continue;
+                }
+                let matched = if queries.is_empty() {
+                    !set
+                } else {
+                    queries
+                        .iter()
+                        .any(|q| q == BASE_ALLOCATION || (!set && (q == "base:" || q.is_empty())))
+                };
+                if set {
+                    self.meta_export = if matched { Some(name) } else { None };
+                }
+                if matched {
+                    let mut d = Vec::with_capacity(4 + BASE_ALLOCATION.len());
+                    d.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+                    d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                    encode_option_reply(code, rep::META_CONTEXT, &d, out);
+                }
+                encode_option_reply(code, rep::ACK, &[], out);
+                Step::Continue
+            }
+            ClientOption::Unknown(_) => {
+                error_reply(code, rep::ERR_UNSUP, "option not supported", out);
+                Step::Continue
+            }
+        }
+    }
+
+    /// Meta contexts are bound to the export they were set for.
+    fn clear_meta_unless(&mut self, name: &str) {
+        if self.meta_export.as_deref() != Some(name) {
+            self.meta_export = None;
+        }
+    }
+
+    /// What transmission needs to know, once `Step::Transmit` came back.
+    pub fn finish(&self, export: ExportDesc) -> Negotiated {
+        Negotiated {
+            base_allocation: self.structured
+                && self.meta_export.as_deref() == Some(export.name.as_str()),
+            structured: self.structured,
+            export,
+        }
+    }
+}
+
+/// Appends an error reply with a human-readable message.
+pub fn error_reply(code: u32, reply: u32, msg: &str, out: &mut Vec<u8>) {
+    let msg = &msg.as_bytes()[..msg.len().min(MAX_STRING)];
+    encode_option_reply(code, reply, msg, out);
+}
+
+fn encode_info_replies(code: u32, desc: &ExportDesc, requests: &[u16], out: &mut Vec<u8>) {
+    let mut d = Vec::with_capacity(14);
+    d.extend_from_slice(&info::EXPORT.to_be_bytes());
+    d.extend_from_slice(&desc.size.to_be_bytes());
+    d.extend_from_slice(&desc.tx_flags().to_be_bytes());
+    encode_option_reply(code, rep::INFO, &d, out);
+    // Block sizes are sent whether asked or not: the spec allows it, and it
+    // tells clients our maximum payload.
+    d.clear();
+    d.extend_from_slice(&info::BLOCK_SIZE.to_be_bytes());
+    d.extend_from_slice(&desc.min_block.to_be_bytes());
+    d.extend_from_slice(&desc.pref_block.to_be_bytes());
+    d.extend_from_slice(&desc.max_block.to_be_bytes());
+    encode_option_reply(code, rep::INFO, &d, out);
+    if requests.contains(&info::NAME) {
+        d.clear();
+        d.extend_from_slice(&info::NAME.to_be_bytes());
+        d.extend_from_slice(desc.name.as_bytes());
+        encode_option_reply(code, rep::INFO, &d, out);
+    }
+    if requests.contains(&info::DESCRIPTION) && !desc.description.is_empty() {
+        d.clear();
+        d.extend_from_slice(&info::DESCRIPTION.to_be_bytes());
+        d.extend_from_slice(desc.description.as_bytes());
+        encode_option_reply(code, rep::INFO, &d, out);
+    }
+}
+
+/// An `NBD_REP_INFO` payload decoded by a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InfoItem {
+    Export { size: u64, flags: u16 },
+    Name(String),
+    Description(String),
+    BlockSize { min: u32, pref: u32, max: u32 },
+    Other(u16),
+}
+
+/// Decodes an `NBD_REP_INFO` payload.
+pub fn decode_info(d: &[u8]) -> Result<InfoItem, ProtoError> {
+    if d.len() < 2 {
+        return Err(ProtoError::Truncated {
+            need: 2,
+            have: d.len(),
+        });
+    }
+    let want = |n: usize| {
+        if d.len() == n {
+            Ok(())
+        } else {
+            Err(ProtoError::BadLength("info item has the wrong size"))
+        }
+    };
+    let text = || {
+        std::str::from_utf8(&d[2..])
+            .map(str::to_owned)
+            .map_err(|_| ProtoError::BadString("not UTF-8"))
+    };
+    match be_u16(d, 0) {
+        info::EXPORT => {
+            want(12)?;
+            Ok(InfoItem::Export {
+                size: be_u64(d, 2),
+                flags: be_u16(d, 10),
+            })
+        }
+        info::NAME => Ok(InfoItem::Name(text()?)),
+        info::DESCRIPTION => Ok(InfoItem::Description(text()?)),
+        info::BLOCK_SIZE => {
+            want(14)?;
+            Ok(InfoItem::BlockSize {
+                min: be_u32(d, 2),
+                pref: be_u32(d, 6),
+                max: be_u32(d, 10),
+            })
+        }
+        other => Ok(InfoItem::Other(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    struct One;
+    impl ExportCatalog for One {
+        fn lookup(&self, name: &str) -> Result<ExportDesc, String> {
+            if name == "vol" {
+                Ok(ExportDesc {
+                    name: "vol".into(),
+                    size: 1 << 20,
+                    read_only: false,
+                    description: String::new(),
+                    min_block: 1,
+                    pref_block: 4096,
+                    max_block: 1 << 25,
+                })
+            } else {
+                Err(format!("no export named {name:?}"))
+            }
+        }
+        fn names(&self) -> Vec<String> {
+            vec!["vol".into()]
+        }
+    }
+
+    fn reply_types(out: &[u8]) -> Vec<u32> {
+        let mut v = Vec::new();
+        let mut pos = 0;
+        while pos < out.len() {
+            let h: &[u8; 20] = out[pos..pos + 20].try_into().unwrap();
+            let (_, t, len) = decode_option_reply_header(h).unwrap();
+            v.push(t);
+            pos += 20 + len as usize;
+        }
+        v
+    }
+
+    #[test]
+    fn unknown_option_gets_err_unsup_and_negotiation_continues() {
+        let mut n = Negotiator::new(client_flags::FIXED_NEWSTYLE);
+        let mut out = Vec::new();
+        assert_eq!(n.handle(0xdead, b"xyz", &One, &mut out), Step::Continue);
+        assert_eq!(reply_types(&out), vec![rep::ERR_UNSUP]);
+    }
+
+    #[test]
+    fn go_on_a_missing_export_is_err_unknown_with_a_message() {
+        let mut n = Negotiator::new(0);
+        let mut out = Vec::new();
+        let (code, data) = ClientOption::Go {
+            name: "nope".into(),
+            requests: vec![],
+        }
+        .encode_payload();
+        assert_eq!(n.handle(code, &data, &One, &mut out), Step::Continue);
+        assert_eq!(reply_types(&out), vec![rep::ERR_UNKNOWN]);
+        assert!(String::from_utf8_lossy(&out[20..]).contains("nope"));
+    }
+
+    #[test]
+    fn set_meta_context_needs_structured_replies_first() {
+        let mut n = Negotiator::new(0);
+        let mut out = Vec::new();
+        let q = ClientOption::SetMetaContext {
+            name: "vol".into(),
+            queries: vec![BASE_ALLOCATION.into()],
+        };
+        let (code, data) = q.encode_payload();
+        n.handle(code, &data, &One, &mut out);
+        assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
+        out.clear();
+        n.handle(opt::STRUCTURED_REPLY, &[], &One, &mut out);
+        out.clear();
+        n.handle(code, &data, &One, &mut out);
+        assert_eq!(reply_types(&out), vec![rep::META_CONTEXT, rep::ACK]);
+        out.clear();
+        let (code, data) = ClientOption::Go {
+            name: "vol".into(),
+            requests: vec![],
+        }
+        .encode_payload();
+        let Step::Transmit(desc) = n.handle(code, &data, &One, &mut out) else {
+            panic!("no transmit")
+        };
+        assert!(n.finish(desc).base_allocation);
+    }
+
+    #[test]
+    fn meta_context_is_dropped_when_go_names_another_export() {
+        let mut n = Negotiator::new(0);
+        n.structured = true;
+        n.meta_export = Some("other".into());
+        let mut out = Vec::new();
+        let (code, data) = ClientOption::Go {
+            name: "vol".into(),
+            requests: vec![],
+        }
+        .encode_payload();
+        let Step::Transmit(desc) = n.handle(code, &data, &One, &mut out) else {
+            panic!("no transmit")
+        };
+        assert!(!n.finish(desc).base_allocation);
+    }
+
+    #[test]
+    fn export_name_for_a_missing_export_closes() {
+        let mut n = Negotiator::new(0);
+        let mut out = Vec::new();
+        assert_eq!(
+            n.handle(opt::EXPORT_NAME, b"missing", &One, &mut out),
+            Step::Close
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn export_name_sends_size_flags_and_zero_padding_unless_no_zeroes() {
+        for (flags, len) in [(0, 134), (client_flags::NO_ZEROES, 10)] {
+            let mut n = Negotiator::new(flags);
+            let mut out = Vec::new();
+            assert!(matches!(
+                n.handle(opt::EXPORT_NAME, b"vol", &One, &mut out),
+                Step::Transmit(_)
+            ));
+            assert_eq!(out.len(), len);
+            assert_eq!(be_u64(&out, 0), 1 << 20);
+        }
+    }
+
+    #[test]
+    fn list_names_every_export_then_acks() {
+        let mut n = Negotiator::new(0);
+        let mut out = Vec::new();
+        n.handle(opt::LIST, &[], &One, &mut out);
+        assert_eq!(reply_types(&out), vec![rep::SERVER, rep::ACK]);
+        out.clear();
+        n.handle(opt::LIST, b"junk", &One, &mut out);
+        assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
+    }
+
+    fn arb_option() -> impl Strategy<Value = ClientOption> {
+        let s = "[a-z@:._-]{0,40}";
+        prop_oneof![
+            s.prop_map(ClientOption::ExportName),
+            Just(ClientOption::Abort),
+            Just(ClientOption::List),
+            Just(ClientOption::StartTls),
+            Just(ClientOption::StructuredReply),
+            (s, prop::collection::vec(any::<u16>(), 0..8))
+                .prop_map(|(name, requests)| ClientOption::Info { name, requests }),
+            (s, prop::collection::vec(any::<u16>(), 0..8))
+                .prop_map(|(name, requests)| ClientOption::Go { name, requests }),
+            (s, prop::collection::vec(s, 0..4))
+                .prop_map(|(name, queries)| ClientOption::ListMetaContext { name, queries }),
+            (s, prop::collection::vec(s, 0..4))
+                .prop_map(|(name, queries)| ClientOption::SetMetaContext { name, queries }),
+            (11u32..1000).prop_map(ClientOption::Unknown),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn option_roundtrips(o in arb_option()) {
+            let (code, data) = o.encode_payload();
+            prop_assert_eq!(ClientOption::parse(code, &data).unwrap(), o);
+        }
+
+        #[test]
+        fn any_option_bytes_parse_or_error_never_panic(code in 0u32..16, data in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = ClientOption::parse(code, &data);
+            let mut n = Negotiator::new(0);
+            let mut out = Vec::new();
+            let _ = n.handle(code, &data, &One, &mut out);
+        }
+
+        #[test]
+        fn any_info_bytes_decode_or_error(data in prop::collection::vec(any::<u8>(), 0..40)) {
+            let _ = decode_info(&data);
+        }
+    }
+}

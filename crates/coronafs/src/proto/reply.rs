@@ -1,0 +1,274 @@
+//! Transmission-phase replies: simple replies and structured reply chunks.
+//!
+//! Headers are encoded into fixed arrays so the server can send a header and
+//! a pooled data buffer with one vectored write, without copying the data.
+
+use super::*;
+
+/// Size of a simple reply header.
+pub const SIMPLE_LEN: usize = 16;
+/// Size of a structured reply chunk header.
+pub const CHUNK_LEN: usize = 20;
+/// Size of the header in front of `OFFSET_DATA` payload (chunk header + offset).
+pub const DATA_CHUNK_LEN: usize = CHUNK_LEN + 8;
+
+/// A reply header of up to 28 bytes, kept inline.
+#[derive(Debug, Clone, Copy)]
+pub struct Head {
+    buf: [u8; DATA_CHUNK_LEN],
+    len: u8,
+}
+
+impl Head {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len as usize]
+    }
+}
+
+/// A zero-length header, for replies whose bytes are all in a tail buffer.
+pub fn empty() -> Head {
+    Head {
+        buf: [0u8; DATA_CHUNK_LEN],
+        len: 0,
+    }
+}
+
+/// A simple reply header (`error` 0 for success).
+pub fn simple(cookie: u64, error: u32) -> Head {
+    let mut buf = [0u8; DATA_CHUNK_LEN];
+    buf[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    buf[4..8].copy_from_slice(&error.to_be_bytes());
+    buf[8..16].copy_from_slice(&cookie.to_be_bytes());
+    Head {
+        buf,
+        len: SIMPLE_LEN as u8,
+    }
+}
+
+/// A structured chunk header with a payload of `len` bytes.
+pub fn chunk(cookie: u64, flags: u16, ty: u16, len: u32) -> Head {
+    let mut buf = [0u8; DATA_CHUNK_LEN];
+    write_chunk(&mut buf, cookie, flags, ty, len);
+    Head {
+        buf,
+        len: CHUNK_LEN as u8,
+    }
+}
+
+fn write_chunk(buf: &mut [u8], cookie: u64, flags: u16, ty: u16, len: u32) {
+    buf[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    buf[4..6].copy_from_slice(&flags.to_be_bytes());
+    buf[6..8].copy_from_slice(&ty.to_be_bytes());
+    buf[8..16].copy_from_slice(&cookie.to_be_bytes());
+    buf[16..20].copy_from_slice(&len.to_be_bytes());
+}
+
+/// The header of an `OFFSET_DATA` chunk carrying `data_len` bytes read at `offset`.
+pub fn data_chunk(cookie: u64, done: bool, offset: u64, data_len: u32) -> Head {
+    let mut buf = [0u8; DATA_CHUNK_LEN];
+    let flags = if done { chunk::FLAG_DONE } else { 0 };
+    write_chunk(&mut buf, cookie, flags, chunk::OFFSET_DATA, data_len + 8);
+    buf[20..28].copy_from_slice(&offset.to_be_bytes());
+    Head {
+        buf,
+        len: DATA_CHUNK_LEN as u8,
+    }
+}
+
+/// A complete `OFFSET_HOLE` chunk.
+pub fn hole_chunk(cookie: u64, done: bool, offset: u64, len: u32, out: &mut Vec<u8>) {
+    let flags = if done { chunk::FLAG_DONE } else { 0 };
+    let mut h = [0u8; CHUNK_LEN];
+    write_chunk(&mut h, cookie, flags, chunk::OFFSET_HOLE, 12);
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+}
+
+/// A complete final `ERROR` chunk with a message.
+pub fn error_chunk(cookie: u64, errno: NbdErrno, msg: &str, out: &mut Vec<u8>) {
+    let msg = &msg.as_bytes()[..msg.len().min(MAX_STRING)];
+    let mut h = [0u8; CHUNK_LEN];
+    write_chunk(
+        &mut h,
+        cookie,
+        chunk::FLAG_DONE,
+        chunk::ERROR,
+        6 + msg.len() as u32,
+    );
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&(errno as u32).to_be_bytes());
+    out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    out.extend_from_slice(msg);
+}
+
+/// A block-status extent: `length` bytes with `flags` of `base:allocation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub length: u32,
+    pub flags: u32,
+}
+
+/// A complete final `BLOCK_STATUS` chunk for one context.
+pub fn block_status_chunk(cookie: u64, context: u32, extents: &[Extent], out: &mut Vec<u8>) {
+    let mut h = [0u8; CHUNK_LEN];
+    write_chunk(
+        &mut h,
+        cookie,
+        chunk::FLAG_DONE,
+        chunk::BLOCK_STATUS,
+        4 + 8 * extents.len() as u32,
+    );
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&context.to_be_bytes());
+    for e in extents {
+        out.extend_from_slice(&e.length.to_be_bytes());
+        out.extend_from_slice(&e.flags.to_be_bytes());
+    }
+}
+
+/// A reply header as a client decodes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyHeader {
+    /// A simple reply; `READ` data (if no error) follows.
+    Simple { cookie: u64, error: u32 },
+    /// A structured chunk; `length` bytes of payload follow.
+    Chunk {
+        cookie: u64,
+        flags: u16,
+        ty: u16,
+        length: u32,
+    },
+}
+
+impl ReplyHeader {
+    /// Bytes a client needs to read for the header that starts with `magic`.
+    pub fn header_len(magic: u32) -> Result<usize, ProtoError> {
+        match magic {
+            SIMPLE_REPLY_MAGIC => Ok(SIMPLE_LEN),
+            STRUCTURED_REPLY_MAGIC => Ok(CHUNK_LEN),
+            other => Err(ProtoError::BadMagic {
+                expected: SIMPLE_REPLY_MAGIC as u64,
+                found: other as u64,
+            }),
+        }
+    }
+
+    /// Decodes a full header (16 or 20 bytes, as [`Self::header_len`] said).
+    pub fn decode(b: &[u8]) -> Result<Self, ProtoError> {
+        if b.len() < 4 {
+            return Err(ProtoError::Truncated {
+                need: 4,
+                have: b.len(),
+            });
+        }
+        let need = Self::header_len(be_u32(b, 0))?;
+        if b.len() < need {
+            return Err(ProtoError::Truncated {
+                need,
+                have: b.len(),
+            });
+        }
+        if need == SIMPLE_LEN {
+            Ok(ReplyHeader::Simple {
+                error: be_u32(b, 4),
+                cookie: be_u64(b, 8),
+            })
+        } else {
+            Ok(ReplyHeader::Chunk {
+                flags: be_u16(b, 4),
+                ty: be_u16(b, 6),
+                cookie: be_u64(b, 8),
+                length: be_u32(b, 16),
+            })
+        }
+    }
+
+    pub fn cookie(&self) -> u64 {
+        match *self {
+            ReplyHeader::Simple { cookie, .. } | ReplyHeader::Chunk { cookie, .. } => cookie,
+        }
+    }
+}
+
+/// Decodes an error chunk payload into (errno, message).
+pub fn decode_error_payload(p: &[u8]) -> Result<(u32, String), ProtoError> {
+    if p.len() < 6 {
+        return Err(ProtoError::Truncated {
+            need: 6,
+            have: p.len(),
+        });
+    }
+    let n = be_u16(p, 4) as usize;
+    if 6 + n > p.len() {
+        return Err(ProtoError::BadLength("error message runs past the chunk"));
+    }
+    Ok((
+        be_u32(p, 0),
+        String::from_utf8_lossy(&p[6..6 + n]).into_owned(),
+    ))
+}
+
+/// Decodes a `BLOCK_STATUS` payload into (context id, extents).
+pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<Extent>), ProtoError> {
+    if p.len() < 12 || (p.len() - 4) % 8 != 0 {
+        return Err(ProtoError::BadLength(
+            "block status payload is not 4 + 8n bytes",
+        ));
+    }
+    let extents = p[4..]
+        .chunks_exact(8)
+        .map(|c| Extent {
+            length: be_u32(c, 0),
+            flags: be_u32(c, 4),
+        })
+        .collect();
+    Ok((be_u32(p, 0), extents))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn simple_header_roundtrips(cookie: u64, error: u32) {
+            let h = simple(cookie, error);
+            prop_assert_eq!(ReplyHeader::decode(h.as_bytes()).unwrap(), ReplyHeader::Simple { cookie, error });
+        }
+
+        #[test]
+        fn data_chunk_roundtrips(cookie: u64, done: bool, offset: u64, len in 1u32..(1 << 25)) {
+            let h = data_chunk(cookie, done, offset, len);
+            let d = ReplyHeader::decode(h.as_bytes()).unwrap();
+            let flags = if done { chunk::FLAG_DONE } else { 0 };
+            prop_assert_eq!(d, ReplyHeader::Chunk { cookie, flags, ty: chunk::OFFSET_DATA, length: len + 8 });
+            prop_assert_eq!(be_u64(h.as_bytes(), 20), offset);
+        }
+
+        #[test]
+        fn block_status_roundtrips(cookie: u64, ctx: u32, ext in prop::collection::vec((1u32.., any::<u32>()), 1..20)) {
+            let ext: Vec<Extent> = ext.into_iter().map(|(length, flags)| Extent { length, flags }).collect();
+            let mut out = Vec::new();
+            block_status_chunk(cookie, ctx, &ext, &mut out);
+            let ReplyHeader::Chunk { length, .. } = ReplyHeader::decode(&out).unwrap() else { panic!() };
+            prop_assert_eq!(length as usize, out.len() - CHUNK_LEN);
+            prop_assert_eq!(decode_block_status(&out[CHUNK_LEN..]).unwrap(), (ctx, ext));
+        }
+
+        #[test]
+        fn error_chunk_roundtrips(cookie: u64, msg in ".{0,100}") {
+            let mut out = Vec::new();
+            error_chunk(cookie, NbdErrno::Inval, &msg, &mut out);
+            prop_assert_eq!(decode_error_payload(&out[CHUNK_LEN..]).unwrap(), (22, msg));
+        }
+
+        #[test]
+        fn any_reply_bytes_decode_or_error(b in prop::collection::vec(any::<u8>(), 0..40)) {
+            let _ = ReplyHeader::decode(&b);
+            let _ = decode_error_payload(&b);
+            let _ = decode_block_status(&b);
+        }
+    }
+}

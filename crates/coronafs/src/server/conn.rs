@@ -1,0 +1,461 @@
+//! One NBD connection: negotiation, then the pipelined transmission phase.
+//!
+//! The reader loop decodes request headers, reads write payloads straight
+//! into pooled buffers and spawns one task per request, so requests complete
+//! and are answered out of order. Replies go through a channel to a writer
+//! task that gathers whatever is ready into one vectored write. A semaphore
+//! counted in bytes caps the data a connection may hold in flight, so a slow
+//! reader of replies only slows itself down.
+
+use super::Shared;
+use super::bufpool::BufPool;
+use crate::backend::BlockBackend;
+use crate::proto::handshake::{self, Negotiated, Negotiator, Step};
+use crate::proto::reply::{self, Extent, Head};
+use crate::proto::request::{Command, REQUEST_LEN, Request};
+use crate::proto::{BASE_ALLOCATION_ID, MAX_OPTION_LEN, NbdErrno, cmd_flags, rep};
+use crate::server::exports::Volume;
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+/// Time a client has to finish negotiation.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bytes of request data one connection may have in flight.
+pub const INFLIGHT_BYTES: u32 = 64 << 20;
+/// Cost charged to requests without a data payload (bounds their count).
+const MIN_COST: u32 = 64 << 10;
+/// Most extents returned by one BLOCK_STATUS.
+const MAX_EXTENTS: usize = 1024;
+/// Replies gathered into one vectored write.
+const BATCH: usize = 64;
+
+/// Serves one accepted connection until the client leaves or breaks the protocol.
+pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
+    let peer = stream.peer_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(256 << 10, rd);
+    let negotiated =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut rd, &mut wr, &shared)).await {
+            Ok(Ok(Some(n))) => n,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
+                shared
+                    .metrics
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(?peer, error = %e, "negotiation ended");
+                return;
+            }
+            Err(_) => {
+                shared
+                    .metrics
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(?peer, "negotiation timed out");
+                return;
+            }
+        };
+    let volume = match shared.exports.open(&negotiated.export.name) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(?peer, error = %e, "export vanished after negotiation");
+            return;
+        }
+    };
+    volume.connections.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.connections.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(?peer, export = %volume.name, structured = negotiated.structured, "transmission");
+    if let Err(e) = transmit(rd, wr, &shared, &volume, &negotiated).await {
+        shared
+            .metrics
+            .protocol_errors
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(?peer, error = %e, "connection dropped");
+    }
+    volume.connections.fetch_sub(1, Ordering::Relaxed);
+    shared.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Drives the sans-IO [`Negotiator`] over the socket.
+async fn negotiate(
+    rd: &mut BufReader<OwnedReadHalf>,
+    wr: &mut OwnedWriteHalf,
+    shared: &Shared,
+) -> io::Result<Option<Negotiated>> {
+    let mut out = Vec::with_capacity(256);
+    handshake::encode_greeting(&mut out);
+    wr.write_all(&out).await?;
+    let mut flags = [0u8; 4];
+    rd.read_exact(&mut flags).await?;
+    let flags = handshake::decode_client_flags(&flags).map_err(io::Error::other)?;
+    let mut neg = Negotiator::new(flags);
+    let mut data = Vec::new();
+    loop {
+        let mut hdr = [0u8; handshake::OPTION_HEADER_LEN];
+        rd.read_exact(&mut hdr).await?;
+        let (code, len) = handshake::decode_option_header(&hdr).map_err(io::Error::other)?;
+        out.clear();
+        if len > MAX_OPTION_LEN {
+            let skipped =
+                tokio::io::copy(&mut (&mut *rd).take(len as u64), &mut tokio::io::sink()).await?;
+            if skipped < len as u64 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            handshake::error_reply(code, rep::ERR_TOO_BIG, "option payload too large", &mut out);
+            wr.write_all(&out).await?;
+            continue;
+        }
+        data.resize(len as usize, 0);
+        rd.read_exact(&mut data).await?;
+        let step = neg.handle(code, &data, &shared.exports, &mut out);
+        wr.write_all(&out).await?;
+        match step {
+            Step::Continue => {}
+            Step::Close => return Ok(None),
+            Step::Transmit(desc) => return Ok(Some(neg.finish(desc))),
+        }
+    }
+}
+
+/// A reply ready to be written.
+struct Reply {
+    head: Head,
+    /// Pooled READ data following `head`.
+    data: Option<Vec<u8>>,
+    /// A complete extra message (error or block-status chunk).
+    tail: Vec<u8>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Per-connection state shared by the request tasks.
+struct Ctx {
+    shared: Arc<Shared>,
+    volume: Arc<Volume>,
+    structured: bool,
+    base_allocation: bool,
+    max_block: u32,
+    tx: mpsc::UnboundedSender<Reply>,
+}
+
+async fn transmit(
+    mut rd: BufReader<OwnedReadHalf>,
+    wr: OwnedWriteHalf,
+    shared: &Arc<Shared>,
+    volume: &Arc<Volume>,
+    n: &Negotiated,
+) -> io::Result<()> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(write_replies(wr, rx, shared.clone()));
+    let ctx = Arc::new(Ctx {
+        shared: shared.clone(),
+        volume: volume.clone(),
+        structured: n.structured,
+        base_allocation: n.base_allocation,
+        max_block: n.export.max_block,
+        tx,
+    });
+    let budget = Arc::new(Semaphore::new(INFLIGHT_BYTES as usize));
+    let result = read_requests(&mut rd, &ctx, &budget).await;
+    // Let requests in flight finish and their replies go out, then close.
+    drop(ctx);
+    let _ = writer.await;
+    result
+}
+
+async fn read_requests(
+    rd: &mut BufReader<OwnedReadHalf>,
+    ctx: &Arc<Ctx>,
+    budget: &Arc<Semaphore>,
+) -> io::Result<()> {
+    let size = ctx.volume.backend.size();
+    let mut hdr = [0u8; REQUEST_LEN];
+    loop {
+        match rd.read_exact(&mut hdr).await {
+            Ok(_) => {}
+            // A client that just goes away between requests is not an error.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let req = Request::decode(&hdr).map_err(io::Error::other)?;
+        if req.command == Command::Disc {
+            return Ok(());
+        }
+        let started = Instant::now();
+        if let Err(errno) = req.validate(size, ctx.volume.read_only, ctx.max_block) {
+            // Keep the stream in step: a refused WRITE's payload is still on the wire.
+            let skip = req.payload_len() as u64;
+            if skip > 0 {
+                let n = tokio::io::copy(&mut (&mut *rd).take(skip), &mut tokio::io::sink()).await?;
+                if n < skip {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+            let msg = format!(
+                "{} of {} bytes at offset {} refused",
+                req.command.name(),
+                req.length,
+                req.offset
+            );
+            ctx.shared
+                .metrics
+                .record(req.command, 0, false, started.elapsed());
+            ctx.send(error_reply(ctx, &req, errno, &msg, None));
+            continue;
+        }
+        if req.command == Command::BlockStatus && !ctx.base_allocation {
+            ctx.shared
+                .metrics
+                .record(req.command, 0, false, started.elapsed());
+            let msg = "BLOCK_STATUS needs the base:allocation context to be negotiated";
+            ctx.send(error_reply(ctx, &req, NbdErrno::Inval, msg, None));
+            continue;
+        }
+        let cost = match req.command {
+            Command::Read | Command::Write => req.length.max(MIN_COST),
+            _ => MIN_COST,
+        };
+        let permit = budget
+            .clone()
+            .acquire_many_owned(cost)
+            .await
+            .map_err(io::Error::other)?;
+        let payload = if req.command == Command::Write {
+            let mut buf = ctx.shared.pool.get(req.length as usize);
+            if let Err(e) = rd.read_exact(&mut buf).await {
+                ctx.shared.pool.put(buf);
+                return Err(e);
+            }
+            Some(buf)
+        } else {
+            None
+        };
+        ctx.shared.metrics.inflight.fetch_add(1, Ordering::Relaxed);
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let reply = execute(&ctx, req, payload, permit, started).await;
+            ctx.shared.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
+            ctx.send(reply);
+        });
+    }
+}
+
+impl Ctx {
+    fn send(&self, r: Reply) {
+        if let Err(mpsc::error::SendError(r)) = self.tx.send(r) {
+            // The writer is gone (client vanished): recycle the buffer and drop the reply.
+            if let Some(d) = r.data {
+                self.shared.pool.put(d);
+            }
+        }
+    }
+}
+
+fn ok_reply(req: &Request, permit: Option<OwnedSemaphorePermit>) -> Reply {
+    Reply {
+        head: reply::simple(req.cookie, 0),
+        data: None,
+        tail: Vec::new(),
+        _permit: permit,
+    }
+}
+
+fn error_reply(
+    ctx: &Ctx,
+    req: &Request,
+    errno: NbdErrno,
+    msg: &str,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Reply {
+    if ctx.structured {
+        let mut tail = Vec::with_capacity(32 + msg.len());
+        reply::error_chunk(req.cookie, errno, msg, &mut tail);
+        // The whole chunk is in `tail`; an empty head keeps the writer simple.
+        Reply {
+            head: reply::empty(),
+            data: None,
+            tail,
+            _permit: permit,
+        }
+    } else {
+        Reply {
+            head: reply::simple(req.cookie, errno as u32),
+            data: None,
+            tail: Vec::new(),
+            _permit: permit,
+        }
+    }
+}
+
+async fn execute(
+    ctx: &Ctx,
+    req: Request,
+    payload: Option<Vec<u8>>,
+    permit: OwnedSemaphorePermit,
+    started: Instant,
+) -> Reply {
+    let b = &ctx.volume.backend;
+    let (off, len) = (req.offset, req.length as u64);
+    let permit = Some(permit);
+    let result: io::Result<Reply> = match req.command {
+        Command::Read => {
+            let (r, buf) = b
+                .read_at(ctx.shared.pool.get(req.length as usize), off)
+                .await;
+            match r {
+                Ok(()) => {
+                    let head = if ctx.structured {
+                        reply::data_chunk(req.cookie, true, off, req.length)
+                    } else {
+                        reply::simple(req.cookie, 0)
+                    };
+                    Ok(Reply {
+                        head,
+                        data: Some(buf),
+                        tail: Vec::new(),
+                        _permit: permit,
+                    })
+                }
+                Err(e) => {
+                    ctx.shared.pool.put(buf);
+                    Err(e)
+                }
+            }
+        }
+        Command::Write => {
+            let buf = payload.unwrap_or_default();
+            let (r, buf) = b.write_at(buf, off, req.fua()).await;
+            ctx.shared.pool.put(buf);
+            r.map(|()| ok_reply(&req, permit))
+        }
+        Command::Flush => b.flush().await.map(|()| ok_reply(&req, permit)),
+        Command::Trim => async {
+            b.trim(off, len).await?;
+            if req.fua() {
+                b.flush().await?;
+            }
+            Ok(())
+        }
+        .await
+        .map(|()| ok_reply(&req, permit)),
+        Command::WriteZeroes => async {
+            let punch = req.flags & cmd_flags::NO_HOLE == 0;
+            b.write_zeroes(off, len, punch, req.flags & cmd_flags::FAST_ZERO != 0)
+                .await?;
+            if req.fua() {
+                b.flush().await?;
+            }
+            Ok(())
+        }
+        .await
+        .map(|()| ok_reply(&req, permit)),
+        Command::Cache => b.cache(off, len).await.map(|()| ok_reply(&req, permit)),
+        Command::BlockStatus => {
+            let max = if req.flags & cmd_flags::REQ_ONE != 0 {
+                1
+            } else {
+                MAX_EXTENTS
+            };
+            b.extents(off, len, max).await.and_then(|ext| {
+                if ext.is_empty() {
+                    return Err(io::Error::other("backend returned no extents"));
+                }
+                let ext: Vec<Extent> = ext
+                    .iter()
+                    .map(|e| Extent {
+                        length: e.length.min(len) as u32,
+                        flags: e.flags,
+                    })
+                    .collect();
+                let mut tail = Vec::with_capacity(24 + 8 * ext.len());
+                reply::block_status_chunk(req.cookie, BASE_ALLOCATION_ID, &ext, &mut tail);
+                Ok(Reply {
+                    head: reply::empty(),
+                    data: None,
+                    tail,
+                    _permit: permit,
+                })
+            })
+        }
+        Command::Disc | Command::Unknown(_) => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+    };
+    let bytes = if matches!(req.command, Command::Read | Command::Write) {
+        len
+    } else {
+        0
+    };
+    ctx.shared
+        .metrics
+        .record(req.command, bytes, result.is_ok(), started.elapsed());
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            let errno = NbdErrno::from_io(&e);
+            if errno == NbdErrno::Io {
+                tracing::warn!(volume = %ctx.volume.name, op = req.command.name(), error = %e, "I/O error");
+            }
+            let msg = format!("{} at offset {off}: {e}", req.command.name());
+            error_reply(ctx, &req, errno, &msg, None)
+        }
+    }
+}
+
+/// Writes replies as they arrive, several per syscall when they queue up.
+async fn write_replies(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+    shared: Arc<Shared>,
+) {
+    let pool: &BufPool = &shared.pool;
+    let mut batch: Vec<Reply> = Vec::with_capacity(BATCH);
+    let mut failed = false;
+    while rx.recv_many(&mut batch, BATCH).await > 0 {
+        if !failed {
+            let mut slices: [IoSlice<'_>; 3 * BATCH] = [IoSlice::new(&[]); 3 * BATCH];
+            let mut n = 0;
+            for r in &batch {
+                for part in [
+                    r.head.as_bytes(),
+                    r.data.as_deref().unwrap_or(&[]),
+                    &r.tail[..],
+                ] {
+                    if !part.is_empty() {
+                        slices[n] = IoSlice::new(part);
+                        n += 1;
+                    }
+                }
+            }
+            if let Err(e) = write_all_vectored(&mut wr, &mut slices[..n]).await {
+                tracing::debug!(error = %e, "client stopped reading replies");
+                // Keep draining so request tasks can finish, but stop writing.
+                failed = true;
+            }
+        }
+        for r in batch.drain(..) {
+            if let Some(d) = r.data {
+                pool.put(d);
+            }
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+async fn write_all_vectored(
+    wr: &mut OwnedWriteHalf,
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    while !slices.is_empty() {
+        let n = wr.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! LightningStor: S3-compatible object store (to be built; see issue tracker).

@@ -1,0 +1,1 @@
+//! PlasmaVMC: image and volume control plane (to be built; see issue tracker).
