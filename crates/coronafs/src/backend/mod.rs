@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::io;
 
+pub mod fault;
 pub mod file;
 pub mod memory;
 pub mod uring;
@@ -76,6 +77,7 @@ pub enum AnyBackend {
     File(file::FileBackend),
     Uring(uring::UringBackend),
     Memory(memory::MemBackend),
+    Fault(fault::FaultBackend),
 }
 
 macro_rules! dispatch {
@@ -84,6 +86,7 @@ macro_rules! dispatch {
             AnyBackend::File($b) => $e,
             AnyBackend::Uring($b) => $e,
             AnyBackend::Memory($b) => $e,
+            AnyBackend::Fault($b) => $e,
         }
     };
 }

@@ -275,3 +275,91 @@ impl BlockBackend for UringBackend {
         self.meta.extents(offset, len, max).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{IoEngine, Opener};
+
+    /// Installs a seccomp filter on the calling thread (inherited by threads it
+    /// spawns) that makes `io_uring_setup` fail with EPERM, as Docker's default
+    /// profile does.
+    fn deny_io_uring_on_this_thread() {
+        const IO_URING_SETUP: u32 = 425; // same number on x86_64 and aarch64
+        let filter = [
+            // A = seccomp_data.nr
+            libc::sock_filter {
+                code: 0x20,
+                jt: 0,
+                jf: 0,
+                k: 0,
+            },
+            // if A == io_uring_setup: next, else skip one
+            libc::sock_filter {
+                code: 0x15,
+                jt: 0,
+                jf: 1,
+                k: IO_URING_SETUP,
+            },
+            libc::sock_filter {
+                code: 0x06,
+                jt: 0,
+                jf: 0,
+                k: 0x0005_0000 | libc::EPERM as u32,
+            },
+            libc::sock_filter {
+                code: 0x06,
+                jt: 0,
+                jf: 0,
+                k: 0x7fff_0000,
+            },
+        ];
+        let prog = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_ptr() as *mut _,
+        };
+        // SAFETY: prctl with a valid, live BPF program; it only restricts this thread.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            assert_eq!(
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const _
+                ),
+                0
+            );
+        }
+    }
+
+    #[test]
+    fn uring_falls_back_to_threads_when_seccomp_refuses_io_uring() {
+        let engine = std::thread::spawn(|| {
+            deny_io_uring_on_this_thread();
+            assert!(
+                UringEngine::start().is_err(),
+                "io_uring_setup should be refused under the filter"
+            );
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let opener = Opener::start(IoEngine::Uring);
+                let dir = tempfile::tempdir().expect("tempdir");
+                let f = tempfile::tempfile_in(dir.path()).expect("file");
+                f.set_len(1 << 20).expect("set_len");
+                let b = opener.open(f).expect("open");
+                let (r, _) = b.write_at(vec![7; 4096], 8192, true).await;
+                r.expect("write through the fallback engine");
+                let (r, buf) = b.read_at(vec![0; 4096], 8192).await;
+                r.expect("read");
+                assert!(buf.iter().all(|&x| x == 7));
+                opener.engine()
+            })
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(engine, IoEngine::Threads);
+    }
+}

@@ -45,6 +45,8 @@ pub struct Exports {
     opener: Opener,
     read_only: bool,
     open: Mutex<HashMap<String, Weak<Volume>>>,
+    /// Volumes that live outside the data dir (in-memory, fault-injecting).
+    pinned: Mutex<HashMap<String, Arc<Volume>>>,
 }
 
 impl Exports {
@@ -54,6 +56,7 @@ impl Exports {
             opener,
             read_only,
             open: Mutex::new(HashMap::new()),
+            pinned: Mutex::new(HashMap::new()),
         }
     }
 
@@ -66,8 +69,27 @@ impl Exports {
         Ok(self.dir.join(name))
     }
 
+    /// Serves `backend` as export `name` until the server stops. Tests use it
+    /// for in-memory and fault-injecting volumes.
+    pub fn insert(&self, name: &str, backend: AnyBackend, read_only: bool) -> Result<Arc<Volume>> {
+        validate_name(name)?;
+        let v = Arc::new(Volume {
+            name: name.to_owned(),
+            backend,
+            read_only,
+            connections: AtomicUsize::new(0),
+        });
+        if let Ok(mut p) = self.pinned.lock() {
+            p.insert(name.to_owned(), v.clone());
+        }
+        Ok(v)
+    }
+
     /// Opens (or shares the already open) volume `name`.
     pub fn open(&self, name: &str) -> Result<Arc<Volume>> {
+        if let Some(v) = self.pinned.lock().ok().and_then(|p| p.get(name).cloned()) {
+            return Ok(v);
+        }
         let path = self.path(name)?;
         let mut open = self
             .open
