@@ -1,1 +1,216 @@
+//! Helpers shared by the integration tests: locating our binaries, checking
+//! that the external tools a test needs are installed (a missing tool fails
+//! the test, it never skips), and running servers in-process or as processes.
 
+use coronafs::backend::IoEngine;
+use coronafs::server::{self, RunningServer, ServerConfig};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Both data-path engines: tests that touch the data path run on each.
+pub const ENGINES: [IoEngine; 2] = [IoEngine::Uring, IoEngine::Threads];
+
+/// Panics with a clear message if `tool` is not on PATH. CI installs every
+/// tool through `.ci/run`; a missing one is a broken environment, not a skip.
+pub fn require(tool: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{tool}` is required by this test but not installed; run `bash .ci/run` or apt-get install it"
+    );
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Directory holding the binaries of the profile these tests were built with.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test-binary>
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+static BUILD: Mutex<()> = Mutex::new(());
+
+/// Path to one of the workspace's binaries, built on first use if needed.
+pub fn bin(package: &str, name: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if !path.exists() {
+        let release = target_dir().file_name().is_some_and(|n| n == "release");
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "-p", package, "--bin", name]);
+        if release {
+            cmd.arg("--release");
+        }
+        run(&mut cmd);
+    }
+    path
+}
+
+/// A free loopback port (bound then released; fine for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind")
+        .port()
+}
+
+/// Waits until something accepts TCP connections at `addr`.
+pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            start.elapsed() < timeout,
+            "nothing listening on {addr} after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A CoronaFS server running in this process on its own runtime, with a
+/// temporary data dir. Shut down on drop.
+pub struct Corona {
+    pub rt: tokio::runtime::Runtime,
+    pub srv: Option<RunningServer>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Corona {
+    pub fn start(engine: IoEngine) -> Self {
+        Self::start_with(engine, false)
+    }
+
+    pub fn start_with(engine: IoEngine, read_only: bool) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, engine, read_only)
+    }
+
+    pub fn start_in(dir: tempfile::TempDir, engine: IoEngine, read_only: bool) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut cfg = ServerConfig::ephemeral(dir.path(), engine);
+        cfg.read_only = read_only;
+        let srv = rt.block_on(server::start(cfg)).expect("start coronafs");
+        assert_eq!(srv.engine, engine, "engine fell back unexpectedly");
+        Corona {
+            rt,
+            srv: Some(srv),
+            dir,
+        }
+    }
+
+    pub fn srv(&self) -> &RunningServer {
+        self.srv.as_ref().expect("running")
+    }
+
+    /// Creates a sparse volume file directly (the server picks it up by name).
+    pub fn create(&self, name: &str, size: u64) {
+        self.srv()
+            .shared
+            .exports
+            .create(name, size)
+            .expect("create volume");
+    }
+
+    pub fn uri(&self, name: &str) -> String {
+        self.srv().nbd_uri(name)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.srv().nbd_addr
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for Corona {
+    fn drop(&mut self) {
+        if let Some(s) = self.srv.take() {
+            self.rt.block_on(s.shutdown());
+        }
+    }
+}
+
+/// A spawned `coronafs serve` process.
+pub struct CoronaProc {
+    pub child: Child,
+    pub nbd: SocketAddr,
+    pub api: SocketAddr,
+}
+
+impl CoronaProc {
+    pub fn spawn(data_dir: &std::path::Path, engine: IoEngine) -> Self {
+        let nbd: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let child = Command::new(bin("coronafs", "coronafs"))
+            .args(["serve", "--data-dir"])
+            .arg(data_dir)
+            .args([
+                "--nbd",
+                &nbd.to_string(),
+                "--api",
+                &api.to_string(),
+                "--io-engine",
+                &engine.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn coronafs");
+        wait_for_port(nbd, Duration::from_secs(20));
+        wait_for_port(api, Duration::from_secs(20));
+        CoronaProc { child, nbd, api }
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for CoronaProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
