@@ -1,0 +1,414 @@
+//! The NBD server under a model and under abuse: random operation sequences
+//! over several connections checked against a byte-vector model, replies out
+//! of order, injected I/O errors, garbage, vanishing and slow clients.
+
+use coronafs::backend::fault::{FaultAction, FaultBackend, FaultOp, FaultRule};
+use coronafs::backend::{AnyBackend, IoEngine};
+use coronafs::client::NbdClient;
+use coronafs::proto::cmd_flags;
+use coronafs::proto::request::{Command, Request};
+use coronafs::{CoronaError, proto::NbdErrno};
+use proptest::prelude::*;
+use stack_tests::{Corona, ENGINES, pattern};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SIZE: u64 = 4 << 20;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Read {
+        conn: usize,
+        off: u64,
+        len: u32,
+    },
+    Write {
+        conn: usize,
+        off: u64,
+        len: u32,
+        seed: u64,
+        fua: bool,
+    },
+    Trim {
+        conn: usize,
+        off: u64,
+        len: u32,
+    },
+    Zero {
+        conn: usize,
+        off: u64,
+        len: u32,
+        no_hole: bool,
+    },
+    Flush {
+        conn: usize,
+    },
+}
+
+fn range() -> impl Strategy<Value = (u64, u32)> {
+    // Mostly small unaligned ranges, some large ones, all inside the volume.
+    prop_oneof![
+        (0..SIZE - 70_000, 1u32..70_000).prop_map(|(o, l)| (o, l)),
+        (0..(SIZE >> 12) - 256, 1u32..256).prop_map(|(b, n)| (b << 12, n << 12)),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let conn = 0usize..3;
+    prop_oneof![
+        3 => (conn.clone(), range()).prop_map(|(conn, (off, len))| Op::Read { conn, off, len }),
+        4 => (conn.clone(), range(), any::<u64>(), any::<bool>())
+            .prop_map(|(conn, (off, len), seed, fua)| Op::Write { conn, off, len, seed, fua }),
+        1 => (conn.clone(), range()).prop_map(|(conn, (off, len))| Op::Trim { conn, off, len }),
+        1 => (conn.clone(), range(), any::<bool>()).prop_map(|(conn, (off, len), no_hole)| Op::Zero { conn, off, len, no_hole }),
+        1 => conn.prop_map(|conn| Op::Flush { conn }),
+    ]
+}
+
+/// Runs `ops` against a real server over three connections and a `Vec<u8>`
+/// model; every read must match the model. Trimmed ranges read as zero on
+/// CoronaFS (it punches holes), so the model zeroes them too.
+async fn check_against_model(addr: std::net::SocketAddr, ops: &[Op]) {
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(NbdClient::connect(addr, "model").await.expect("connect"));
+    }
+    let mut model = vec![0u8; SIZE as usize];
+    for op in ops {
+        match *op {
+            Op::Read { conn, off, len } => {
+                let got = conns[conn].read(off, len as usize).await.expect("read");
+                assert!(
+                    got == model[off as usize..off as usize + len as usize],
+                    "read {off}+{len} differs from the model"
+                );
+            }
+            Op::Write {
+                conn,
+                off,
+                len,
+                seed,
+                fua,
+            } => {
+                let data = pattern(len as usize, seed);
+                conns[conn].write(off, &data, fua).await.expect("write");
+                model[off as usize..off as usize + len as usize].copy_from_slice(&data);
+            }
+            Op::Trim { conn, off, len } => {
+                conns[conn].trim(off, len).await.expect("trim");
+                model[off as usize..off as usize + len as usize].fill(0);
+            }
+            Op::Zero {
+                conn,
+                off,
+                len,
+                no_hole,
+            } => {
+                let flags = if no_hole { cmd_flags::NO_HOLE } else { 0 };
+                conns[conn]
+                    .write_zeroes(off, len, flags)
+                    .await
+                    .expect("zero");
+                model[off as usize..off as usize + len as usize].fill(0);
+            }
+            Op::Flush { conn } => conns[conn].flush().await.expect("flush"),
+        }
+    }
+    // Everything again, through a fresh connection, in 1 MiB pieces.
+    let c = NbdClient::connect(addr, "model").await.expect("connect");
+    for off in (0..SIZE).step_by(1 << 20) {
+        let got = c.read(off, 1 << 20).await.expect("read");
+        assert!(
+            got == model[off as usize..off as usize + (1 << 20)],
+            "final read at {off} differs"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_operations_over_three_connections_match_a_model(ops in prop::collection::vec(op(), 1..60)) {
+        for engine in ENGINES {
+            let c = Corona::start(engine);
+            c.create("model", SIZE);
+            c.rt.block_on(check_against_model(c.addr(), &ops));
+        }
+    }
+}
+
+#[test]
+fn concurrent_pipelined_writes_from_many_connections_are_all_visible() {
+    for engine in ENGINES {
+        let c = Corona::start(engine);
+        c.create("disk", 16 << 20);
+        let addr = c.addr();
+        c.rt.block_on(async move {
+            let mut tasks = Vec::new();
+            for conn in 0..4u64 {
+                tasks.push(tokio::spawn(async move {
+                    let client = Arc::new(NbdClient::connect(addr, "disk").await.expect("connect"));
+                    let mut inflight = Vec::new();
+                    for i in 0..64u64 {
+                        let client = client.clone();
+                        let off = (i * 4 + conn) * 65536;
+                        inflight.push(tokio::spawn(async move {
+                            client
+                                .write(off, &pattern(65536, off), false)
+                                .await
+                                .expect("write");
+                        }));
+                    }
+                    for t in inflight {
+                        t.await.expect("task");
+                    }
+                    client.flush().await.expect("flush");
+                }));
+            }
+            for t in tasks {
+                t.await.expect("conn task");
+            }
+            let reader = NbdClient::connect(addr, "disk").await.expect("connect");
+            for blk in 0..256u64 {
+                let off = blk * 65536;
+                assert_eq!(
+                    reader.read(off, 65536).await.expect("read"),
+                    pattern(65536, off),
+                    "block {blk}"
+                );
+            }
+        });
+    }
+}
+
+fn fault_server(rules: Vec<FaultRule>) -> Corona {
+    let c = Corona::start(IoEngine::Threads);
+    let b = AnyBackend::Fault(FaultBackend::new(SIZE, rules));
+    c.srv()
+        .shared
+        .exports
+        .insert("faulty", b, false)
+        .expect("insert");
+    c
+}
+
+#[test]
+fn a_slow_request_does_not_hold_back_later_replies() {
+    let c = fault_server(vec![FaultRule {
+        op: FaultOp::Read,
+        range: 0..4096,
+        action: FaultAction::Delay(Duration::from_millis(600)),
+    }]);
+    let addr = c.addr();
+    c.rt.block_on(async move {
+        let client = Arc::new(NbdClient::connect(addr, "faulty").await.expect("connect"));
+        let slow_client = client.clone();
+        let start = Instant::now();
+        let slow = tokio::spawn(async move {
+            slow_client.read(0, 4096).await.expect("slow read");
+            start.elapsed()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Sent after the slow read, on the same connection; answered first.
+        client
+            .write(1 << 20, &[1; 4096], false)
+            .await
+            .expect("write");
+        client.read(1 << 20, 4096).await.expect("fast read");
+        let fast = start.elapsed();
+        let slow = slow.await.expect("task");
+        assert!(
+            fast < Duration::from_millis(500),
+            "fast requests waited for the slow one: {fast:?}"
+        );
+        assert!(
+            slow >= Duration::from_millis(600) && fast < slow,
+            "replies came out of order: fast {fast:?}, slow {slow:?}"
+        );
+    });
+}
+
+#[test]
+fn backend_errors_map_to_nbd_errnos_and_the_connection_survives() {
+    let c = fault_server(vec![
+        FaultRule {
+            op: FaultOp::Read,
+            range: 0..4096,
+            action: FaultAction::Fail(libc::EIO),
+        },
+        FaultRule {
+            op: FaultOp::Write,
+            range: 8192..12288,
+            action: FaultAction::Fail(libc::ENOSPC),
+        },
+        FaultRule {
+            op: FaultOp::Flush,
+            range: 0..0,
+            action: FaultAction::Fail(libc::EIO),
+        },
+    ]);
+    let addr = c.addr();
+    c.rt.block_on(async move {
+        let client = NbdClient::connect(addr, "faulty").await.expect("connect");
+        let errno = |r: Result<_, CoronaError>| match r {
+            Err(CoronaError::Nbd { errno, .. }) => errno,
+            other => panic!("expected an NBD error, got {other:?}"),
+        };
+        assert_eq!(errno(client.read(0, 512).await.map(|_| ())), NbdErrno::Io);
+        assert_eq!(
+            errno(client.write(8192, &[0; 100], false).await),
+            NbdErrno::NoSpc
+        );
+        assert_eq!(errno(client.flush().await), NbdErrno::Io);
+        client
+            .write(1 << 20, b"still here", false)
+            .await
+            .expect("write after errors");
+        assert_eq!(client.read(1 << 20, 10).await.expect("read"), b"still here");
+    });
+}
+
+#[test]
+fn unknown_commands_and_bad_flags_get_einval_without_a_disconnect() {
+    let c = Corona::start(IoEngine::Threads);
+    c.create("disk", SIZE);
+    let addr = c.addr();
+    c.rt.block_on(async move {
+        let client = NbdClient::connect(addr, "disk").await.expect("connect");
+        for (cmd, flags) in [
+            (Command::Unknown(99), 0),
+            (Command::Flush, cmd_flags::DF),
+            (Command::Write, cmd_flags::REQ_ONE),
+        ] {
+            let payload = if cmd == Command::Write {
+                vec![0; 16]
+            } else {
+                vec![]
+            };
+            match client
+                .raw(cmd, flags, 0, payload.len() as u32, &payload)
+                .await
+            {
+                Err(CoronaError::Nbd {
+                    errno: NbdErrno::Inval,
+                    ..
+                }) => {}
+                other => panic!("{cmd:?} with flags {flags:#x}: {other:?}"),
+            }
+        }
+        client.write(0, b"fine", true).await.expect("write");
+        assert_eq!(client.read(0, 4).await.expect("read"), b"fine");
+    });
+}
+
+/// Completes the handshake by hand (fixed newstyle, EXPORT_NAME, no zeroes)
+/// and returns the raw socket in transmission phase.
+fn raw_transmission(addr: std::net::SocketAddr, export: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("greeting");
+    s.write_all(&3u32.to_be_bytes()).expect("flags");
+    let mut opt = Vec::new();
+    coronafs::proto::handshake::encode_option(
+        coronafs::proto::opt::EXPORT_NAME,
+        export.as_bytes(),
+        &mut opt,
+    );
+    s.write_all(&opt).expect("option");
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).expect("export info");
+    s
+}
+
+#[test]
+fn garbage_vanishing_and_stalled_clients_do_not_disturb_others() {
+    let c = Corona::start(IoEngine::Threads);
+    c.create("disk", SIZE);
+    let addr = c.addr();
+    let mut abusers = Vec::new();
+    // Garbage instead of client flags and options.
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let _ = s.write_all(&pattern(4096, 7));
+    abusers.push(s);
+    // A valid option header announcing a huge payload, then silence.
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let mut g = [0u8; 18];
+    s.read_exact(&mut g).expect("greeting");
+    s.write_all(&1u32.to_be_bytes()).expect("flags");
+    let mut h = Vec::new();
+    h.extend_from_slice(&coronafs::proto::IHAVEOPT.to_be_bytes());
+    h.extend_from_slice(&7u32.to_be_bytes());
+    h.extend_from_slice(&u32::MAX.to_be_bytes());
+    s.write_all(&h).expect("option header");
+    abusers.push(s);
+    // Vanishes in the middle of a write payload.
+    let mut s = raw_transmission(addr, "disk");
+    let req = Request {
+        flags: 0,
+        command: Command::Write,
+        cookie: 1,
+        offset: 0,
+        length: 1 << 20,
+    };
+    s.write_all(&req.encode()).expect("header");
+    s.write_all(&[0xEE; 1000]).expect("partial payload");
+    drop(s);
+    // Garbage in transmission phase (bad magic).
+    let mut s = raw_transmission(addr, "disk");
+    s.write_all(&[0xFF; 28]).expect("garbage");
+    abusers.push(s);
+    // Sends many reads and never reads a reply: its socket buffers fill up.
+    let mut stalled = raw_transmission(addr, "disk");
+    for i in 0..512u64 {
+        let req = Request {
+            flags: 0,
+            command: Command::Read,
+            cookie: i,
+            offset: 0,
+            length: 1 << 20,
+        };
+        if stalled.write_all(&req.encode()).is_err() {
+            break;
+        }
+    }
+    // Meanwhile a well-behaved client is served normally.
+    c.rt.block_on(async move {
+        let client = NbdClient::connect(addr, "disk")
+            .await
+            .expect("connect while others misbehave");
+        for i in 0..32u64 {
+            client
+                .write(i * 4096 + (2 << 20), &pattern(4096, i), false)
+                .await
+                .expect("write");
+        }
+        client.flush().await.expect("flush");
+        for i in 0..32u64 {
+            assert_eq!(
+                client.read(i * 4096 + (2 << 20), 4096).await.expect("read"),
+                pattern(4096, i)
+            );
+        }
+    });
+    // The half-sent write never reached the volume.
+    let head = std::fs::read(c.path("disk")).expect("read file");
+    assert!(
+        head[..1000].iter().all(|&b| b == 0),
+        "a partial payload was written"
+    );
+    assert!(
+        c.srv()
+            .shared
+            .metrics
+            .protocol_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    drop(stalled);
+    drop(abusers);
+}
