@@ -16,20 +16,14 @@ pub const ENGINES: [IoEngine; 2] = [IoEngine::Uring, IoEngine::Threads];
 /// Panics with a clear message if `tool` is not on PATH. CI installs every
 /// tool through `.ci/run`; a missing one is a broken environment, not a skip.
 pub fn require(tool: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{tool}` is required by this test but not installed; run `bash .ci/run` or apt-get install it"
-    );
+    let found =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file())).unwrap_or(false);
+    assert!(found, "`{tool}` is required by this test but not installed; run `bash .ci/run` or apt-get install it");
 }
 
 /// Runs a command, panicking with its output if it fails.
 pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
@@ -44,10 +38,7 @@ pub fn run(cmd: &mut Command) -> Output {
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/<test-binary>
-    exe.parent()
-        .and_then(|d| d.parent())
-        .expect("target dir")
-        .to_path_buf()
+    exe.parent().and_then(|d| d.parent()).expect("target dir").to_path_buf()
 }
 
 static BUILD: Mutex<()> = Mutex::new(());
@@ -70,20 +61,14 @@ pub fn bin(package: &str, name: &str) -> PathBuf {
 
 /// A free loopback port (bound then released; fine for tests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind")
-        .port()
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port()
 }
 
 /// Waits until something accepts TCP connections at `addr`.
 pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
     let start = Instant::now();
     while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(
-            start.elapsed() < timeout,
-            "nothing listening on {addr} after {timeout:?}"
-        );
+        assert!(start.elapsed() < timeout, "nothing listening on {addr} after {timeout:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -107,20 +92,12 @@ impl Corona {
     }
 
     pub fn start_in(dir: tempfile::TempDir, engine: IoEngine, read_only: bool) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         let mut cfg = ServerConfig::ephemeral(dir.path(), engine);
         cfg.read_only = read_only;
         let srv = rt.block_on(server::start(cfg)).expect("start coronafs");
         assert_eq!(srv.engine, engine, "engine fell back unexpectedly");
-        Corona {
-            rt,
-            srv: Some(srv),
-            dir,
-        }
+        Corona { rt, srv: Some(srv), dir }
     }
 
     pub fn srv(&self) -> &RunningServer {
@@ -129,11 +106,7 @@ impl Corona {
 
     /// Creates a sparse volume file directly (the server picks it up by name).
     pub fn create(&self, name: &str, size: u64) {
-        self.srv()
-            .shared
-            .exports
-            .create(name, size)
-            .expect("create volume");
+        self.srv().shared.exports.create(name, size).expect("create volume");
     }
 
     pub fn uri(&self, name: &str) -> String {
@@ -171,14 +144,7 @@ impl CoronaProc {
         let child = Command::new(bin("coronafs", "coronafs"))
             .args(["serve", "--data-dir"])
             .arg(data_dir)
-            .args([
-                "--nbd",
-                &nbd.to_string(),
-                "--api",
-                &api.to_string(),
-                "--io-engine",
-                &engine.to_string(),
-            ])
+            .args(["--nbd", &nbd.to_string(), "--api", &api.to_string(), "--io-engine", &engine.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -20,44 +20,27 @@ fn the_cli_creates_lists_and_explains_errors() {
     let dir = tempfile::tempdir().expect("tmp");
     let p = CoronaProc::spawn(dir.path(), coronafs::backend::IoEngine::Threads);
     let out = cli(p.api, &["create", "vm-disk", "--size", "4G"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let md = std::fs::metadata(dir.path().join("vm-disk")).expect("volume file");
     assert_eq!(md.len(), 4 << 30);
-    assert!(
-        std::os::unix::fs::MetadataExt::blocks(&md) < 64,
-        "a new volume is thin"
-    );
+    assert!(std::os::unix::fs::MetadataExt::blocks(&md) < 64, "a new volume is thin");
     let out = cli(p.api, &["list"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("vm-disk"));
     for (args, needle) in [
         (vec!["create", "vm-disk", "--size", "1G"], "already exists"),
-        (
-            vec!["create", "../etc", "--size", "1G"],
-            "invalid volume name",
-        ),
+        (vec!["create", "../etc", "--size", "1G"], "invalid volume name"),
         (vec!["create", "x", "--size", "12Q"], "unknown unit"),
         (vec!["show", "missing"], "not found"),
     ] {
         let out = cli(p.api, &args);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(needle),
-            "{args:?}: {err}"
-        );
+        assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
     }
     let out = cli("127.0.0.1:1".parse().expect("addr"), &["list"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the control API"));
 }
 
-async fn write_then_make_durable(
-    addr: std::net::SocketAddr,
-    round: u64,
-    use_fua: bool,
-) -> Vec<(u64, Vec<u8>)> {
+async fn write_then_make_durable(addr: std::net::SocketAddr, round: u64, use_fua: bool) -> Vec<(u64, Vec<u8>)> {
     let c = NbdClient::connect(addr, "disk").await.expect("connect");
     let mut written = Vec::new();
     for i in 0..48u64 {
@@ -83,18 +66,12 @@ fn flushed_and_fua_writes_survive_kill_9_and_restart() {
             let p = CoronaProc::spawn(dir.path(), engine);
             if round == 0 {
                 let out = cli(p.api, &["create", "disk", "--size", "64M"]);
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             }
             let nbd = p.nbd;
             // Check everything acknowledged before the previous kill.
             rt.block_on(async {
-                let c = NbdClient::connect(nbd, "disk")
-                    .await
-                    .expect("connect after restart");
+                let c = NbdClient::connect(nbd, "disk").await.expect("connect after restart");
                 for off in (0..model.len()).step_by(4 << 20) {
                     let got = c.read(off as u64, 4 << 20).await.expect("read");
                     assert!(

@@ -25,36 +25,16 @@ fn qemu_img_convert_into_and_out_of_the_export_and_compare(engine: IoEngine) {
     let src = tmp.path().join("src.raw");
     std::fs::write(&src, pattern(12 * MIB as usize + 777, 1)).expect("write src");
     let uri = c.uri("disk");
-    run(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&src)
-        .arg(&uri));
+    run(Command::new("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw"]).arg(&src).arg(&uri));
     // The rest of the 16 MiB volume is zero, so compare says identical despite the size.
-    run(Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(&src)
-        .arg(&uri));
+    run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw"]).arg(&src).arg(&uri));
     let out = tmp.path().join("out.qcow2");
-    run(Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "qcow2"])
-        .arg(&uri)
-        .arg(&out));
-    run(Command::new("qemu-img")
-        .args(["compare", "-f", "qcow2", "-F", "raw"])
-        .arg(&out)
-        .arg(&uri));
+    run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "qcow2"]).arg(&uri).arg(&out));
+    run(Command::new("qemu-img").args(["compare", "-f", "qcow2", "-F", "raw"]).arg(&out).arg(&uri));
     // And a real difference is noticed.
     std::fs::write(&src, pattern(12 * MIB as usize, 2)).expect("rewrite src");
-    let st = Command::new("qemu-img")
-        .args(["compare", "-q", "-f", "raw", "-F", "raw"])
-        .arg(&src)
-        .arg(&uri)
-        .status();
-    assert_eq!(
-        st.expect("compare").code(),
-        Some(1),
-        "compare must see the difference"
-    );
+    let st = Command::new("qemu-img").args(["compare", "-q", "-f", "raw", "-F", "raw"]).arg(&src).arg(&uri).status();
+    assert_eq!(st.expect("compare").code(), Some(1), "compare must see the difference");
 }
 
 fn qemu_io_aio_requests_complete_and_verify(engine: IoEngine) {
@@ -66,41 +46,18 @@ fn qemu_io_aio_requests_complete_and_verify(engine: IoEngine) {
     cmd.args(["-f", "raw"]);
     // Many requests in flight at once, of mixed sizes, then read back with pattern checks.
     for i in 0..16u64 {
-        cmd.args([
-            "-c",
-            &format!(
-                "aio_write -P {} {} {}",
-                0x10 + i,
-                i * 2 * MIB,
-                if i % 2 == 0 { MIB } else { 4096 }
-            ),
-        ]);
+        cmd.args(["-c", &format!("aio_write -P {} {} {}", 0x10 + i, i * 2 * MIB, if i % 2 == 0 { MIB } else { 4096 })]);
     }
     cmd.args(["-c", "aio_flush"]);
     for i in 0..16u64 {
-        cmd.args([
-            "-c",
-            &format!(
-                "aio_read -P {} {} {}",
-                0x10 + i,
-                i * 2 * MIB,
-                if i % 2 == 0 { MIB } else { 4096 }
-            ),
-        ]);
+        cmd.args(["-c", &format!("aio_read -P {} {} {}", 0x10 + i, i * 2 * MIB, if i % 2 == 0 { MIB } else { 4096 })]);
     }
     cmd.args(["-c", "aio_flush", "-c", "read -P 0 1M 4096"]);
     cmd.arg(&uri);
     let out = run(&mut cmd);
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !text.contains("verification failed") && !text.contains("failed"),
-        "qemu-io reported: {text}"
-    );
-    assert_eq!(
-        text.matches("read ").count(),
-        17,
-        "every read completed: {text}"
-    );
+    assert!(!text.contains("verification failed") && !text.contains("failed"), "qemu-io reported: {text}");
+    assert_eq!(text.matches("read ").count(), 17, "every read completed: {text}");
 }
 
 fn nbdinfo_lists_exports_and_maps_allocation(engine: IoEngine) {
@@ -109,34 +66,19 @@ fn nbdinfo_lists_exports_and_maps_allocation(engine: IoEngine) {
     let c = Corona::start(engine);
     c.create("alpha", 8 * MIB);
     c.create("beta", 4 * MIB);
-    let out = run(Command::new("nbdinfo")
-        .arg("--list")
-        .arg(format!("nbd://{}", c.addr())));
+    let out = run(Command::new("nbdinfo").arg("--list").arg(format!("nbd://{}", c.addr())));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("export=\"alpha\"") && text.contains("export=\"beta\""),
-        "{text}"
-    );
-    run(Command::new("qemu-io")
-        .args(["-f", "raw", "-c", "write -P 9 1M 1M"])
-        .arg(c.uri("alpha")));
+    assert!(text.contains("export=\"alpha\"") && text.contains("export=\"beta\""), "{text}");
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 9 1M 1M"]).arg(c.uri("alpha")));
     let out = run(Command::new("nbdinfo").arg("--map").arg(c.uri("alpha")));
     let rows: Vec<(u64, u64, u32)> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (
-                f[0].parse().expect("offset"),
-                f[1].parse().expect("length"),
-                f[2].parse().expect("type"),
-            )
+            (f[0].parse().expect("offset"), f[1].parse().expect("length"), f[2].parse().expect("type"))
         })
         .collect();
-    assert_eq!(
-        rows,
-        vec![(0, MIB, 3), (MIB, MIB, 0), (2 * MIB, 6 * MIB, 3)],
-        "allocation map"
-    );
+    assert_eq!(rows, vec![(0, MIB, 3), (MIB, MIB, 0), (2 * MIB, 6 * MIB, 3)], "allocation map");
 }
 
 fn nbdcopy_with_multi_conn_copies_in_and_out(engine: IoEngine) {
@@ -147,24 +89,12 @@ fn nbdcopy_with_multi_conn_copies_in_and_out(engine: IoEngine) {
     let src = tmp.path().join("src.raw");
     let data = pattern(32 * MIB as usize, 3);
     std::fs::write(&src, &data).expect("write src");
-    run(Command::new("nbdcopy")
-        .args(["--connections=4", "--requests=16", "--flush"])
-        .arg(&src)
-        .arg(c.uri("disk")));
+    run(Command::new("nbdcopy").args(["--connections=4", "--requests=16", "--flush"]).arg(&src).arg(c.uri("disk")));
     let back = tmp.path().join("back.raw");
-    run(Command::new("nbdcopy")
-        .args(["--connections=4"])
-        .arg(c.uri("disk"))
-        .arg(&back));
-    assert!(
-        std::fs::read(&back).expect("read back") == data,
-        "round trip through nbdcopy differs"
-    );
+    run(Command::new("nbdcopy").args(["--connections=4"]).arg(c.uri("disk")).arg(&back));
+    assert!(std::fs::read(&back).expect("read back") == data, "round trip through nbdcopy differs");
     let m = &c.srv().shared.metrics;
-    assert!(
-        m.count(coronafs::proto::request::Command::Write) >= 32,
-        "writes were split across requests"
-    );
+    assert!(m.count(coronafs::proto::request::Command::Write) >= 32, "writes were split across requests");
 }
 
 const NBDSH_ERRORS: &str = r#"
@@ -222,22 +152,14 @@ print("read-only enforced")
 "#;
     let out = run(nbdsh().args(["-u", &c.uri("ro"), "-c", script]));
     assert!(String::from_utf8_lossy(&out.stdout).contains("read-only enforced"));
-    assert_eq!(
-        std::fs::read(c.path("ro")).expect("read"),
-        pattern(MIB as usize, 5),
-        "file untouched"
-    );
+    assert_eq!(std::fs::read(c.path("ro")).expect("read"), pattern(MIB as usize, 5), "file untouched");
 }
 
 fn fio_nbd_engine_verifies_crc32c(engine: IoEngine) {
     require("fio");
     let c = Corona::start(engine);
     c.create("disk", 64 * MIB);
-    for (rw, bs, depth) in [
-        ("randwrite", "4k", "32"),
-        ("write", "1m", "8"),
-        ("randrw", "64k", "16"),
-    ] {
+    for (rw, bs, depth) in [("randwrite", "4k", "32"), ("write", "1m", "8"), ("randrw", "64k", "16")] {
         let out = run(Command::new("fio").args([
             "--name=verify",
             "--ioengine=nbd",

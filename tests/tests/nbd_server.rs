@@ -19,32 +19,11 @@ const SIZE: u64 = 4 << 20;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Read {
-        conn: usize,
-        off: u64,
-        len: u32,
-    },
-    Write {
-        conn: usize,
-        off: u64,
-        len: u32,
-        seed: u64,
-        fua: bool,
-    },
-    Trim {
-        conn: usize,
-        off: u64,
-        len: u32,
-    },
-    Zero {
-        conn: usize,
-        off: u64,
-        len: u32,
-        no_hole: bool,
-    },
-    Flush {
-        conn: usize,
-    },
+    Read { conn: usize, off: u64, len: u32 },
+    Write { conn: usize, off: u64, len: u32, seed: u64, fua: bool },
+    Trim { conn: usize, off: u64, len: u32 },
+    Zero { conn: usize, off: u64, len: u32, no_hole: bool },
+    Flush { conn: usize },
 }
 
 fn range() -> impl Strategy<Value = (u64, u32)> {
@@ -85,13 +64,7 @@ async fn check_against_model(addr: std::net::SocketAddr, ops: &[Op]) {
                     "read {off}+{len} differs from the model"
                 );
             }
-            Op::Write {
-                conn,
-                off,
-                len,
-                seed,
-                fua,
-            } => {
+            Op::Write { conn, off, len, seed, fua } => {
                 let data = pattern(len as usize, seed);
                 conns[conn].write(off, &data, fua).await.expect("write");
                 model[off as usize..off as usize + len as usize].copy_from_slice(&data);
@@ -100,17 +73,9 @@ async fn check_against_model(addr: std::net::SocketAddr, ops: &[Op]) {
                 conns[conn].trim(off, len).await.expect("trim");
                 model[off as usize..off as usize + len as usize].fill(0);
             }
-            Op::Zero {
-                conn,
-                off,
-                len,
-                no_hole,
-            } => {
+            Op::Zero { conn, off, len, no_hole } => {
                 let flags = if no_hole { cmd_flags::NO_HOLE } else { 0 };
-                conns[conn]
-                    .write_zeroes(off, len, flags)
-                    .await
-                    .expect("zero");
+                conns[conn].write_zeroes(off, len, flags).await.expect("zero");
                 model[off as usize..off as usize + len as usize].fill(0);
             }
             Op::Flush { conn } => conns[conn].flush().await.expect("flush"),
@@ -120,10 +85,7 @@ async fn check_against_model(addr: std::net::SocketAddr, ops: &[Op]) {
     let c = NbdClient::connect(addr, "model").await.expect("connect");
     for off in (0..SIZE).step_by(1 << 20) {
         let got = c.read(off, 1 << 20).await.expect("read");
-        assert!(
-            got == model[off as usize..off as usize + (1 << 20)],
-            "final read at {off} differs"
-        );
+        assert!(got == model[off as usize..off as usize + (1 << 20)], "final read at {off} differs");
     }
 }
 
@@ -156,10 +118,7 @@ fn concurrent_pipelined_writes_from_many_connections_are_all_visible() {
                         let client = client.clone();
                         let off = (i * 4 + conn) * 65536;
                         inflight.push(tokio::spawn(async move {
-                            client
-                                .write(off, &pattern(65536, off), false)
-                                .await
-                                .expect("write");
+                            client.write(off, &pattern(65536, off), false).await.expect("write");
                         }));
                     }
                     for t in inflight {
@@ -174,11 +133,7 @@ fn concurrent_pipelined_writes_from_many_connections_are_all_visible() {
             let reader = NbdClient::connect(addr, "disk").await.expect("connect");
             for blk in 0..256u64 {
                 let off = blk * 65536;
-                assert_eq!(
-                    reader.read(off, 65536).await.expect("read"),
-                    pattern(65536, off),
-                    "block {blk}"
-                );
+                assert_eq!(reader.read(off, 65536).await.expect("read"), pattern(65536, off), "block {blk}");
             }
         });
     }
@@ -187,11 +142,7 @@ fn concurrent_pipelined_writes_from_many_connections_are_all_visible() {
 fn fault_server(rules: Vec<FaultRule>) -> Corona {
     let c = Corona::start(IoEngine::Threads);
     let b = AnyBackend::Fault(FaultBackend::new(SIZE, rules));
-    c.srv()
-        .shared
-        .exports
-        .insert("faulty", b, false)
-        .expect("insert");
+    c.srv().shared.exports.insert("faulty", b, false).expect("insert");
     c
 }
 
@@ -213,17 +164,11 @@ fn a_slow_request_does_not_hold_back_later_replies() {
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         // Sent after the slow read, on the same connection; answered first.
-        client
-            .write(1 << 20, &[1; 4096], false)
-            .await
-            .expect("write");
+        client.write(1 << 20, &[1; 4096], false).await.expect("write");
         client.read(1 << 20, 4096).await.expect("fast read");
         let fast = start.elapsed();
         let slow = slow.await.expect("task");
-        assert!(
-            fast < Duration::from_millis(500),
-            "fast requests waited for the slow one: {fast:?}"
-        );
+        assert!(fast < Duration::from_millis(500), "fast requests waited for the slow one: {fast:?}");
         assert!(
             slow >= Duration::from_millis(600) && fast < slow,
             "replies came out of order: fast {fast:?}, slow {slow:?}"
@@ -234,21 +179,9 @@ fn a_slow_request_does_not_hold_back_later_replies() {
 #[test]
 fn backend_errors_map_to_nbd_errnos_and_the_connection_survives() {
     let c = fault_server(vec![
-        FaultRule {
-            op: FaultOp::Read,
-            range: 0..4096,
-            action: FaultAction::Fail(libc::EIO),
-        },
-        FaultRule {
-            op: FaultOp::Write,
-            range: 8192..12288,
-            action: FaultAction::Fail(libc::ENOSPC),
-        },
-        FaultRule {
-            op: FaultOp::Flush,
-            range: 0..0,
-            action: FaultAction::Fail(libc::EIO),
-        },
+        FaultRule { op: FaultOp::Read, range: 0..4096, action: FaultAction::Fail(libc::EIO) },
+        FaultRule { op: FaultOp::Write, range: 8192..12288, action: FaultAction::Fail(libc::ENOSPC) },
+        FaultRule { op: FaultOp::Flush, range: 0..0, action: FaultAction::Fail(libc::EIO) },
     ]);
     let addr = c.addr();
     c.rt.block_on(async move {
@@ -258,15 +191,9 @@ fn backend_errors_map_to_nbd_errnos_and_the_connection_survives() {
             other => panic!("expected an NBD error, got {other:?}"),
         };
         assert_eq!(errno(client.read(0, 512).await.map(|_| ())), NbdErrno::Io);
-        assert_eq!(
-            errno(client.write(8192, &[0; 100], false).await),
-            NbdErrno::NoSpc
-        );
+        assert_eq!(errno(client.write(8192, &[0; 100], false).await), NbdErrno::NoSpc);
         assert_eq!(errno(client.flush().await), NbdErrno::Io);
-        client
-            .write(1 << 20, b"still here", false)
-            .await
-            .expect("write after errors");
+        client.write(1 << 20, b"still here", false).await.expect("write after errors");
         assert_eq!(client.read(1 << 20, 10).await.expect("read"), b"still here");
     });
 }
@@ -278,24 +205,12 @@ fn unknown_commands_and_bad_flags_get_einval_without_a_disconnect() {
     let addr = c.addr();
     c.rt.block_on(async move {
         let client = NbdClient::connect(addr, "disk").await.expect("connect");
-        for (cmd, flags) in [
-            (Command::Unknown(99), 0),
-            (Command::Flush, cmd_flags::DF),
-            (Command::Write, cmd_flags::REQ_ONE),
-        ] {
-            let payload = if cmd == Command::Write {
-                vec![0; 16]
-            } else {
-                vec![]
-            };
-            match client
-                .raw(cmd, flags, 0, payload.len() as u32, &payload)
-                .await
-            {
-                Err(CoronaError::Nbd {
-                    errno: NbdErrno::Inval,
-                    ..
-                }) => {}
+        for (cmd, flags) in
+            [(Command::Unknown(99), 0), (Command::Flush, cmd_flags::DF), (Command::Write, cmd_flags::REQ_ONE)]
+        {
+            let payload = if cmd == Command::Write { vec![0; 16] } else { vec![] };
+            match client.raw(cmd, flags, 0, payload.len() as u32, &payload).await {
+                Err(CoronaError::Nbd { errno: NbdErrno::Inval, .. }) => {}
                 other => panic!("{cmd:?} with flags {flags:#x}: {other:?}"),
             }
         }
@@ -308,17 +223,12 @@ fn unknown_commands_and_bad_flags_get_einval_without_a_disconnect() {
 /// and returns the raw socket in transmission phase.
 fn raw_transmission(addr: std::net::SocketAddr, export: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     let mut greeting = [0u8; 18];
     s.read_exact(&mut greeting).expect("greeting");
     s.write_all(&3u32.to_be_bytes()).expect("flags");
     let mut opt = Vec::new();
-    coronafs::proto::handshake::encode_option(
-        coronafs::proto::opt::EXPORT_NAME,
-        export.as_bytes(),
-        &mut opt,
-    );
+    coronafs::proto::handshake::encode_option(coronafs::proto::opt::EXPORT_NAME, export.as_bytes(), &mut opt);
     s.write_all(&opt).expect("option");
     let mut info = [0u8; 10];
     s.read_exact(&mut info).expect("export info");
@@ -348,13 +258,7 @@ fn garbage_vanishing_and_stalled_clients_do_not_disturb_others() {
     abusers.push(s);
     // Vanishes in the middle of a write payload.
     let mut s = raw_transmission(addr, "disk");
-    let req = Request {
-        flags: 0,
-        command: Command::Write,
-        cookie: 1,
-        offset: 0,
-        length: 1 << 20,
-    };
+    let req = Request { flags: 0, command: Command::Write, cookie: 1, offset: 0, length: 1 << 20 };
     s.write_all(&req.encode()).expect("header");
     s.write_all(&[0xEE; 1000]).expect("partial payload");
     drop(s);
@@ -365,50 +269,26 @@ fn garbage_vanishing_and_stalled_clients_do_not_disturb_others() {
     // Sends many reads and never reads a reply: its socket buffers fill up.
     let mut stalled = raw_transmission(addr, "disk");
     for i in 0..512u64 {
-        let req = Request {
-            flags: 0,
-            command: Command::Read,
-            cookie: i,
-            offset: 0,
-            length: 1 << 20,
-        };
+        let req = Request { flags: 0, command: Command::Read, cookie: i, offset: 0, length: 1 << 20 };
         if stalled.write_all(&req.encode()).is_err() {
             break;
         }
     }
     // Meanwhile a well-behaved client is served normally.
     c.rt.block_on(async move {
-        let client = NbdClient::connect(addr, "disk")
-            .await
-            .expect("connect while others misbehave");
+        let client = NbdClient::connect(addr, "disk").await.expect("connect while others misbehave");
         for i in 0..32u64 {
-            client
-                .write(i * 4096 + (2 << 20), &pattern(4096, i), false)
-                .await
-                .expect("write");
+            client.write(i * 4096 + (2 << 20), &pattern(4096, i), false).await.expect("write");
         }
         client.flush().await.expect("flush");
         for i in 0..32u64 {
-            assert_eq!(
-                client.read(i * 4096 + (2 << 20), 4096).await.expect("read"),
-                pattern(4096, i)
-            );
+            assert_eq!(client.read(i * 4096 + (2 << 20), 4096).await.expect("read"), pattern(4096, i));
         }
     });
     // The half-sent write never reached the volume.
     let head = std::fs::read(c.path("disk")).expect("read file");
-    assert!(
-        head[..1000].iter().all(|&b| b == 0),
-        "a partial payload was written"
-    );
-    assert!(
-        c.srv()
-            .shared
-            .metrics
-            .protocol_errors
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 1
-    );
+    assert!(head[..1000].iter().all(|&b| b == 0), "a partial payload was written");
+    assert!(c.srv().shared.metrics.protocol_errors.load(std::sync::atomic::Ordering::Relaxed) >= 1);
     drop(stalled);
     drop(abusers);
 }

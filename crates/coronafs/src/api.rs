@@ -36,15 +36,8 @@ pub struct ApiError {
 
 impl IntoResponse for CoronaError {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (
-            status,
-            Json(ApiError {
-                error: self.to_string(),
-            }),
-        )
-            .into_response()
+        let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(ApiError { error: self.to_string() })).into_response()
     }
 }
 
@@ -58,10 +51,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        s.metrics.render(),
-    )
+    ([("content-type", "text/plain; version=0.0.4")], s.metrics.render())
 }
 
 async fn list(State(s): State<Arc<Shared>>) -> Result<impl IntoResponse, CoronaError> {
@@ -69,10 +59,7 @@ async fn list(State(s): State<Arc<Shared>>) -> Result<impl IntoResponse, CoronaE
     Ok(Json(blocking(move || s2.exports.list()).await?))
 }
 
-async fn show(
-    State(s): State<Arc<Shared>>,
-    Path(name): Path<String>,
-) -> Result<impl IntoResponse, CoronaError> {
+async fn show(State(s): State<Arc<Shared>>, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
     Ok(Json(blocking(move || s.exports.info(&name)).await?))
 }
 
@@ -83,12 +70,7 @@ async fn create(
     let Json(req) = match body {
         Ok(b) => b,
         Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(ApiError {
-                    error: format!("bad request body: {}", e.body_text()),
-                }),
-            )
+            return (StatusCode::BAD_REQUEST, Json(ApiError { error: format!("bad request body: {}", e.body_text()) }))
                 .into_response();
         }
     };
@@ -101,7 +83,5 @@ async fn create(
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, CoronaError> + Send + 'static,
 ) -> Result<T, CoronaError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| CoronaError::Io(std::io::Error::other(e.to_string())))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| CoronaError::Io(std::io::Error::other(e.to_string())))?
 }

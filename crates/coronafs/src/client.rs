@@ -9,8 +9,7 @@ use crate::proto::handshake::{self, ClientOption, InfoItem};
 use crate::proto::reply::{self, Extent, ReplyHeader};
 use crate::proto::request::{Command, Request};
 use crate::proto::{
-    BASE_ALLOCATION, NbdErrno, ProtoError, chunk, client_flags, handshake_flags, info, opt, rep,
-    tx_flags,
+    BASE_ALLOCATION, NbdErrno, ProtoError, chunk, client_flags, handshake_flags, info, opt, rep, tx_flags,
 };
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -78,9 +77,7 @@ pub struct NbdClient {
 
 impl std::fmt::Debug for NbdClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NbdClient")
-            .field("info", &self.info)
-            .finish()
+        f.debug_struct("NbdClient").field("info", &self.info).finish()
     }
 }
 
@@ -91,11 +88,7 @@ async fn read_array<const N: usize>(rd: &mut (impl AsyncReadExt + Unpin)) -> Res
 }
 
 fn eof(e: std::io::Error) -> CoronaError {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        CoronaError::Disconnected
-    } else {
-        e.into()
-    }
+    if e.kind() == std::io::ErrorKind::UnexpectedEof { CoronaError::Disconnected } else { e.into() }
 }
 
 /// Reads option replies for `code` until ACK (or an error reply), handing
@@ -114,10 +107,7 @@ async fn option_replies(
         let mut data = vec![0u8; len as usize];
         rd.read_exact(&mut data).await.map_err(eof)?;
         if c != code {
-            return Err(ProtoError::Unexpected(format!(
-                "reply to option {c} while waiting for {code}"
-            ))
-            .into());
+            return Err(ProtoError::Unexpected(format!("reply to option {c} while waiting for {code}")).into());
         }
         if ty == rep::ACK {
             return Ok(Ok(()));
@@ -145,9 +135,7 @@ async fn greet(addr: impl ToSocketAddrs) -> Result<(BufReader<OwnedReadHalf>, Ow
     let g = read_array::<{ handshake::GREETING_LEN }>(&mut rd).await?;
     let flags = handshake::decode_greeting(&g)?;
     if flags & handshake_flags::FIXED_NEWSTYLE == 0 {
-        return Err(CoronaError::Negotiation(
-            "server does not speak fixed newstyle".into(),
-        ));
+        return Err(CoronaError::Negotiation("server does not speak fixed newstyle".into()));
     }
     let mut cf = client_flags::FIXED_NEWSTYLE;
     if flags & handshake_flags::NO_ZEROES != 0 {
@@ -182,15 +170,10 @@ impl NbdClient {
     pub async fn connect(addr: impl ToSocketAddrs, export: &str) -> Result<Self> {
         let (mut rd, mut wr) = greet(addr).await?;
         send_option(&mut wr, &ClientOption::StructuredReply).await?;
-        let structured = option_replies(&mut rd, opt::STRUCTURED_REPLY, |_, _| Ok(()))
-            .await?
-            .is_ok();
+        let structured = option_replies(&mut rd, opt::STRUCTURED_REPLY, |_, _| Ok(())).await?.is_ok();
         let mut base_allocation = false;
         if structured {
-            let q = ClientOption::SetMetaContext {
-                name: export.into(),
-                queries: vec![BASE_ALLOCATION.into()],
-            };
+            let q = ClientOption::SetMetaContext { name: export.into(), queries: vec![BASE_ALLOCATION.into()] };
             send_option(&mut wr, &q).await?;
             let r = option_replies(&mut rd, opt::SET_META_CONTEXT, |ty, d| {
                 if ty == rep::META_CONTEXT && &d[4.min(d.len())..] == BASE_ALLOCATION.as_bytes() {
@@ -205,10 +188,7 @@ impl NbdClient {
                 }
             }
         }
-        let go = ClientOption::Go {
-            name: export.into(),
-            requests: vec![info::BLOCK_SIZE],
-        };
+        let go = ClientOption::Go { name: export.into(), requests: vec![info::BLOCK_SIZE] };
         send_option(&mut wr, &go).await?;
         let mut info = ExportInfo {
             size: 0,
@@ -242,28 +222,18 @@ impl NbdClient {
         match r {
             Ok(()) if got_export => {}
             Ok(()) => {
-                return Err(CoronaError::Negotiation(
-                    "GO acknowledged without export info".into(),
-                ));
+                return Err(CoronaError::Negotiation("GO acknowledged without export info".into()));
             }
             Err((rep::ERR_UNKNOWN, msg)) => {
                 return Err(CoronaError::NotFound(format!("{export} ({msg})")));
             }
             Err((ty, msg)) => {
-                return Err(CoronaError::Negotiation(format!(
-                    "GO refused ({ty:#x}): {msg}"
-                )));
+                return Err(CoronaError::Negotiation(format!("GO refused ({ty:#x}): {msg}")));
             }
         }
         let shared = Arc::new(Shared::default());
         let reader = tokio::spawn(read_replies(rd, shared.clone()));
-        Ok(NbdClient {
-            wr: tokio::sync::Mutex::new(wr),
-            shared,
-            next_cookie: AtomicU64::new(1),
-            info,
-            reader,
-        })
+        Ok(NbdClient { wr: tokio::sync::Mutex::new(wr), shared, next_cookie: AtomicU64::new(1), info, reader })
     }
 
     pub fn info(&self) -> &ExportInfo {
@@ -292,22 +262,8 @@ impl NbdClient {
             .pending
             .lock()
             .map_err(|_| CoronaError::Disconnected)?
-            .insert(
-                cookie,
-                Pending {
-                    kind,
-                    error: None,
-                    tx,
-                },
-            );
-        let hdr = Request {
-            flags,
-            command,
-            cookie,
-            offset,
-            length,
-        }
-        .encode();
+            .insert(cookie, Pending { kind, error: None, tx });
+        let hdr = Request { flags, command, cookie, offset, length }.encode();
         {
             let mut wr = self.wr.lock().await;
             let mut slices = [IoSlice::new(&hdr), IoSlice::new(payload)];
@@ -318,11 +274,7 @@ impl NbdClient {
             while !s.is_empty() {
                 match wr.write_vectored(s).await {
                     Ok(0) | Err(_) => {
-                        self.shared
-                            .pending
-                            .lock()
-                            .ok()
-                            .and_then(|mut p| p.remove(&cookie));
+                        self.shared.pending.lock().ok().and_then(|mut p| p.remove(&cookie));
                         return Err(CoronaError::Disconnected);
                     }
                     Ok(n) => IoSlice::advance_slices(&mut s, n),
@@ -335,17 +287,7 @@ impl NbdClient {
     /// Reads `buf.len()` bytes at `offset` into `buf` and gives it back.
     pub async fn read_into(&self, buf: Vec<u8>, offset: u64) -> Result<Vec<u8>> {
         let len = buf.len() as u32;
-        match self
-            .submit(
-                Command::Read,
-                0,
-                offset,
-                len,
-                &[],
-                Kind::Read { buf, offset },
-            )
-            .await?
-        {
+        match self.submit(Command::Read, 0, offset, len, &[], Kind::Read { buf, offset }).await? {
             Done::Data(b) => Ok(b),
             _ => Err(ProtoError::Unexpected("read completed without data".into()).into()),
         }
@@ -357,63 +299,32 @@ impl NbdClient {
 
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let flags = if fua { crate::proto::cmd_flags::FUA } else { 0 };
-        self.submit(
-            Command::Write,
-            flags,
-            offset,
-            data.len() as u32,
-            data,
-            Kind::Plain,
-        )
-        .await
-        .map(|_| ())
+        self.submit(Command::Write, flags, offset, data.len() as u32, data, Kind::Plain).await.map(|_| ())
     }
 
     pub async fn flush(&self) -> Result<()> {
-        self.submit(Command::Flush, 0, 0, 0, &[], Kind::Plain)
-            .await
-            .map(|_| ())
+        self.submit(Command::Flush, 0, 0, 0, &[], Kind::Plain).await.map(|_| ())
     }
 
     pub async fn trim(&self, offset: u64, len: u32) -> Result<()> {
-        self.submit(Command::Trim, 0, offset, len, &[], Kind::Plain)
-            .await
-            .map(|_| ())
+        self.submit(Command::Trim, 0, offset, len, &[], Kind::Plain).await.map(|_| ())
     }
 
     /// `WRITE_ZEROES` with raw command flags (`NO_HOLE`, `FAST_ZERO`, `FUA`).
     pub async fn write_zeroes(&self, offset: u64, len: u32, flags: u16) -> Result<()> {
-        self.submit(Command::WriteZeroes, flags, offset, len, &[], Kind::Plain)
-            .await
-            .map(|_| ())
+        self.submit(Command::WriteZeroes, flags, offset, len, &[], Kind::Plain).await.map(|_| ())
     }
 
     pub async fn cache(&self, offset: u64, len: u32) -> Result<()> {
-        self.submit(Command::Cache, 0, offset, len, &[], Kind::Plain)
-            .await
-            .map(|_| ())
+        self.submit(Command::Cache, 0, offset, len, &[], Kind::Plain).await.map(|_| ())
     }
 
     /// `base:allocation` extents of a range.
     pub async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>> {
         if !self.info.base_allocation {
-            return Err(CoronaError::Negotiation(
-                "base:allocation was not negotiated".into(),
-            ));
+            return Err(CoronaError::Negotiation("base:allocation was not negotiated".into()));
         }
-        match self
-            .submit(
-                Command::BlockStatus,
-                0,
-                offset,
-                len,
-                &[],
-                Kind::Status {
-                    extents: Vec::new(),
-                },
-            )
-            .await?
-        {
+        match self.submit(Command::BlockStatus, 0, offset, len, &[], Kind::Status { extents: Vec::new() }).await? {
             Done::Extents(e) => Ok(e),
             _ => Err(ProtoError::Unexpected("block status without extents".into()).into()),
         }
@@ -421,38 +332,16 @@ impl NbdClient {
 
     /// Sends an arbitrary request (tests use this for requests a polite
     /// client would never send).
-    pub async fn raw(
-        &self,
-        command: Command,
-        flags: u16,
-        offset: u64,
-        length: u32,
-        payload: &[u8],
-    ) -> Result<()> {
-        let kind = if command == Command::Read {
-            Kind::Read {
-                buf: vec![0; length as usize],
-                offset,
-            }
-        } else {
-            Kind::Plain
-        };
-        self.submit(command, flags, offset, length, payload, kind)
-            .await
-            .map(|_| ())
+    pub async fn raw(&self, command: Command, flags: u16, offset: u64, length: u32, payload: &[u8]) -> Result<()> {
+        let kind =
+            if command == Command::Read { Kind::Read { buf: vec![0; length as usize], offset } } else { Kind::Plain };
+        self.submit(command, flags, offset, length, payload, kind).await.map(|_| ())
     }
 
     /// Sends `NBD_CMD_DISC` after waiting for nothing: callers should let
     /// their requests finish first.
     pub async fn disconnect(self) -> Result<()> {
-        let hdr = Request {
-            flags: 0,
-            command: Command::Disc,
-            cookie: 0,
-            offset: 0,
-            length: 0,
-        }
-        .encode();
+        let hdr = Request { flags: 0, command: Command::Disc, cookie: 0, offset: 0, length: 0 }.encode();
         let mut wr = self.wr.lock().await;
         wr.write_all(&hdr).await?;
         let _ = wr.shutdown().await;
@@ -493,10 +382,7 @@ fn take(shared: &Shared, cookie: u64) -> Result<Pending> {
 
 fn finish(p: Pending) {
     let r = match p.error {
-        Some((errno, message)) => Err(CoronaError::Nbd {
-            errno: NbdErrno::from_wire(errno),
-            message,
-        }),
+        Some((errno, message)) => Err(CoronaError::Nbd { errno: NbdErrno::from_wire(errno), message }),
         None => Ok(match p.kind {
             Kind::Read { buf, .. } => Done::Data(buf),
             Kind::Status { extents } => Done::Extents(extents),
@@ -530,26 +416,16 @@ async fn reply_loop(rd: &mut BufReader<OwnedReadHalf>, shared: &Shared) -> Resul
                 }
                 finish(p);
             }
-            ReplyHeader::Chunk {
-                flags,
-                ty,
-                length,
-                cookie,
-            } => {
+            ReplyHeader::Chunk { flags, ty, length, cookie } => {
                 match (ty, &mut p.kind) {
                     (chunk::OFFSET_DATA, Kind::Read { buf, offset }) if length >= 8 => {
                         let at = u64::from_be_bytes(read_array::<8>(rd).await?);
                         let n = (length - 8) as usize;
                         let start = at.checked_sub(*offset).map(|s| s as usize);
                         match start {
-                            Some(s) if s + n <= buf.len() => {
-                                rd.read_exact(&mut buf[s..s + n]).await.map_err(eof)?
-                            }
+                            Some(s) if s + n <= buf.len() => rd.read_exact(&mut buf[s..s + n]).await.map_err(eof)?,
                             _ => {
-                                return Err(ProtoError::Unexpected(
-                                    "data chunk outside the request".into(),
-                                )
-                                .into());
+                                return Err(ProtoError::Unexpected("data chunk outside the request".into()).into());
                             }
                         };
                     }
@@ -559,10 +435,7 @@ async fn reply_loop(rd: &mut BufReader<OwnedReadHalf>, shared: &Shared) -> Resul
                         match at.checked_sub(*offset).map(|s| s as usize) {
                             Some(s) if s + n <= buf.len() => buf[s..s + n].fill(0),
                             _ => {
-                                return Err(ProtoError::Unexpected(
-                                    "hole chunk outside the request".into(),
-                                )
-                                .into());
+                                return Err(ProtoError::Unexpected("hole chunk outside the request".into()).into());
                             }
                         }
                     }
@@ -582,10 +455,9 @@ async fn reply_loop(rd: &mut BufReader<OwnedReadHalf>, shared: &Shared) -> Resul
                                 p.error.get_or_insert((errno, msg));
                             }
                             (t, _) => {
-                                return Err(ProtoError::Unexpected(format!(
-                                    "chunk type {t} for cookie {cookie}"
-                                ))
-                                .into());
+                                return Err(
+                                    ProtoError::Unexpected(format!("chunk type {t} for cookie {cookie}")).into()
+                                );
                             }
                         }
                     }

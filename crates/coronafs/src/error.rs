@@ -22,11 +22,7 @@ pub enum CoronaError {
     ReadOnly(&'static str),
     /// A request to the control API failed.
     #[error("control API at {url}: {message}")]
-    Api {
-        url: String,
-        status: Option<u16>,
-        message: String,
-    },
+    Api { url: String, status: Option<u16>, message: String },
     /// The NBD server answered a request with an error.
     #[error("NBD server replied {errno}: {message}")]
     Nbd { errno: NbdErrno, message: String },

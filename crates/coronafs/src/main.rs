@@ -47,12 +47,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: VolumeCmd,
         /// Control API of the server.
-        #[arg(
-            long,
-            global = true,
-            value_name = "URL",
-            default_value = "http://127.0.0.1:7070"
-        )]
+        #[arg(long, global = true, value_name = "URL", default_value = "http://127.0.0.1:7070")]
         api: String,
     },
 }
@@ -75,34 +70,18 @@ enum VolumeCmd {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(run(cli))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
-        Cmd::Serve {
-            data_dir,
-            nbd,
-            api,
-            io_engine,
-            read_only,
-        } => {
-            let cfg = ServerConfig {
-                data_dir,
-                nbd,
-                api,
-                engine: io_engine,
-                read_only,
-            };
+        Cmd::Serve { data_dir, nbd, api, io_engine, read_only } => {
+            let cfg = ServerConfig { data_dir, nbd, api, engine: io_engine, read_only };
             let srv = server::start(cfg).await.context("starting the server")?;
             srv.run_until_signal().await;
             Ok(())
@@ -123,10 +102,7 @@ async fn volume(cmd: VolumeCmd, api: &str) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot reach the control API at {api}"))?;
             let v: VolumeInfo = answer(resp).await?;
-            println!(
-                "created {} ({} bytes), export nbd://<server>/{}",
-                v.name, v.size, v.nbd_export
-            );
+            println!("created {} ({} bytes), export nbd://<server>/{}", v.name, v.size, v.nbd_export);
         }
         VolumeCmd::List => {
             let resp = http
@@ -135,15 +111,9 @@ async fn volume(cmd: VolumeCmd, api: &str) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot reach the control API at {api}"))?;
             let list: Vec<VolumeInfo> = answer(resp).await?;
-            println!(
-                "{:<32} {:>16} {:>16} {:>5}",
-                "NAME", "SIZE", "ALLOCATED", "CONNS"
-            );
+            println!("{:<32} {:>16} {:>16} {:>5}", "NAME", "SIZE", "ALLOCATED", "CONNS");
             for v in list {
-                println!(
-                    "{:<32} {:>16} {:>16} {:>5}",
-                    v.name, v.size, v.allocated_bytes, v.connections
-                );
+                println!("{:<32} {:>16} {:>16} {:>5}", v.name, v.size, v.allocated_bytes, v.connections);
             }
         }
         VolumeCmd::Show { name } => {

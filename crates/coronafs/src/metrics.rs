@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds of the latency histogram buckets, in microseconds.
-const BUCKETS_US: [u64; 14] = [
-    10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 1_000_000,
-];
+const BUCKETS_US: [u64; 14] = [10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 1_000_000];
 
 const OPS: [Command; 9] = [
     Command::Read,
@@ -47,9 +45,7 @@ pub struct Metrics {
 }
 
 fn index(c: Command) -> usize {
-    OPS.iter()
-        .position(|o| std::mem::discriminant(o) == std::mem::discriminant(&c))
-        .unwrap_or(OPS.len() - 1)
+    OPS.iter().position(|o| std::mem::discriminant(o) == std::mem::discriminant(&c)).unwrap_or(OPS.len() - 1)
 }
 
 impl Metrics {
@@ -63,10 +59,7 @@ impl Metrics {
         if !ok {
             m.errors.fetch_add(1, Relaxed);
         }
-        let b = BUCKETS_US
-            .iter()
-            .position(|&le| us <= le)
-            .unwrap_or(BUCKETS_US.len());
+        let b = BUCKETS_US.iter().position(|&le| us <= le).unwrap_or(BUCKETS_US.len());
         m.buckets[b].fetch_add(1, Relaxed);
     }
 
@@ -89,61 +82,27 @@ impl Metrics {
                 let _ = writeln!(s, "{name}{{op=\"{}\"}} {}", op.name(), f(m));
             }
         };
-        family(
-            "coronafs_nbd_requests_total",
-            "counter",
-            "NBD requests answered.",
-            &|m| m.count.load(Relaxed),
-        );
-        family(
-            "coronafs_nbd_bytes_total",
-            "counter",
-            "Payload bytes read or written.",
-            &|m| m.bytes.load(Relaxed),
-        );
-        family(
-            "coronafs_nbd_errors_total",
-            "counter",
-            "NBD requests answered with an error.",
-            &|m| m.errors.load(Relaxed),
-        );
+        family("coronafs_nbd_requests_total", "counter", "NBD requests answered.", &|m| m.count.load(Relaxed));
+        family("coronafs_nbd_bytes_total", "counter", "Payload bytes read or written.", &|m| m.bytes.load(Relaxed));
+        family("coronafs_nbd_errors_total", "counter", "NBD requests answered with an error.", &|m| {
+            m.errors.load(Relaxed)
+        });
         let name = "coronafs_nbd_request_duration_seconds";
-        let _ = writeln!(
-            s,
-            "# HELP {name} Time from request received to reply ready.\n# TYPE {name} histogram"
-        );
+        let _ = writeln!(s, "# HELP {name} Time from request received to reply ready.\n# TYPE {name} histogram");
         for (op, m) in OPS.iter().zip(&self.ops) {
             let mut cum = 0;
             for (i, le) in BUCKETS_US.iter().enumerate() {
                 cum += m.buckets[i].load(Relaxed);
-                let _ = writeln!(
-                    s,
-                    "{name}_bucket{{op=\"{}\",le=\"{}\"}} {cum}",
-                    op.name(),
-                    *le as f64 / 1e6
-                );
+                let _ = writeln!(s, "{name}_bucket{{op=\"{}\",le=\"{}\"}} {cum}", op.name(), *le as f64 / 1e6);
             }
             cum += m.buckets[BUCKETS_US.len()].load(Relaxed);
             let _ = writeln!(s, "{name}_bucket{{op=\"{}\",le=\"+Inf\"}} {cum}", op.name());
-            let _ = writeln!(
-                s,
-                "{name}_sum{{op=\"{}\"}} {}",
-                op.name(),
-                m.sum_us.load(Relaxed) as f64 / 1e6
-            );
+            let _ = writeln!(s, "{name}_sum{{op=\"{}\"}} {}", op.name(), m.sum_us.load(Relaxed) as f64 / 1e6);
             let _ = writeln!(s, "{name}_count{{op=\"{}\"}} {cum}", op.name());
         }
         let gauges: [(&str, &str, i64); 4] = [
-            (
-                "coronafs_nbd_connections",
-                "Open NBD connections.",
-                self.connections.load(Relaxed),
-            ),
-            (
-                "coronafs_nbd_inflight_requests",
-                "Requests being served.",
-                self.inflight.load(Relaxed),
-            ),
+            ("coronafs_nbd_connections", "Open NBD connections.", self.connections.load(Relaxed)),
+            ("coronafs_nbd_inflight_requests", "Requests being served.", self.inflight.load(Relaxed)),
             (
                 "coronafs_nbd_handshake_failures_total",
                 "Negotiations that failed.",
@@ -156,11 +115,7 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in gauges {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
+            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         }
         s
@@ -180,13 +135,7 @@ mod tests {
         assert!(text.contains("coronafs_nbd_requests_total{op=\"read\"} 2"));
         assert!(text.contains("coronafs_nbd_errors_total{op=\"read\"} 1"));
         assert!(text.contains("coronafs_nbd_bytes_total{op=\"read\"} 8192"));
-        assert!(text.contains(
-            "coronafs_nbd_request_duration_seconds_bucket{op=\"read\",le=\"0.000025\"} 1"
-        ));
-        assert!(
-            text.contains(
-                "coronafs_nbd_request_duration_seconds_bucket{op=\"read\",le=\"+Inf\"} 2"
-            )
-        );
+        assert!(text.contains("coronafs_nbd_request_duration_seconds_bucket{op=\"read\",le=\"0.000025\"} 1"));
+        assert!(text.contains("coronafs_nbd_request_duration_seconds_bucket{op=\"read\",le=\"+Inf\"} 2"));
     }
 }

@@ -4,19 +4,12 @@ use crate::error::{CoronaError, Result};
 
 /// Parses a size such as `4G`, `512M`, `4096`, `1.5G`, `16KiB` (binary units).
 pub fn parse_size(input: &str) -> Result<u64> {
-    let err = |reason| CoronaError::InvalidSize {
-        input: input.to_owned(),
-        reason,
-    };
+    let err = |reason| CoronaError::InvalidSize { input: input.to_owned(), reason };
     let s = input.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     if num.is_empty() {
-        return Err(err(
-            "expected a number, optionally followed by K, M, G or T",
-        ));
+        return Err(err("expected a number, optionally followed by K, M, G or T"));
     }
     let shift = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 0,
@@ -25,9 +18,7 @@ pub fn parse_size(input: &str) -> Result<u64> {
         "G" | "GB" | "GIB" => 30,
         "T" | "TB" | "TIB" => 40,
         _ => {
-            return Err(err(
-                "unknown unit; use K, M, G or T (powers of 1024) or plain bytes",
-            ));
+            return Err(err("unknown unit; use K, M, G or T (powers of 1024) or plain bytes"));
         }
     };
     let value = if num.contains('.') {
@@ -39,8 +30,7 @@ pub fn parse_size(input: &str) -> Result<u64> {
         v as u64
     } else {
         let n: u64 = num.parse().map_err(|_| err("not a number"))?;
-        n.checked_mul(1u64 << shift)
-            .ok_or_else(|| err("too large"))?
+        n.checked_mul(1u64 << shift).ok_or_else(|| err("too large"))?
     };
     Ok(value)
 }
@@ -52,10 +42,7 @@ pub const MAX_NAME: usize = 128;
 /// dot or dash. That rules out path separators, `..`, hidden files and the
 /// `@` that names snapshots.
 pub fn validate_name(name: &str) -> Result<()> {
-    let err = |reason| CoronaError::InvalidName {
-        name: name.to_owned(),
-        reason,
-    };
+    let err = |reason| CoronaError::InvalidName { name: name.to_owned(), reason };
     if name.is_empty() {
         return Err(err("must not be empty"));
     }
@@ -65,10 +52,7 @@ pub fn validate_name(name: &str) -> Result<()> {
     if name.starts_with('.') || name.starts_with('-') {
         return Err(err("must not start with '.' or '-'"));
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
         return Err(err("only letters, digits, '.', '_' and '-' are allowed"));
     }
     Ok(())
@@ -96,17 +80,7 @@ mod tests {
         for ok in ["vm1", "disk-0.raw", "A_b"] {
             validate_name(ok).unwrap();
         }
-        for bad in [
-            "",
-            "..",
-            "../x",
-            "a/b",
-            ".hidden",
-            "-x",
-            "a@b",
-            &"x".repeat(129),
-            "spa ce",
-        ] {
+        for bad in ["", "..", "../x", "a/b", ".hidden", "-x", "a@b", &"x".repeat(129), "spa ce"] {
             assert!(validate_name(bad).is_err(), "{bad:?} should be refused");
         }
     }

@@ -43,10 +43,7 @@ pub struct FaultBackend {
 
 impl FaultBackend {
     pub fn new(size: u64, rules: Vec<FaultRule>) -> Self {
-        FaultBackend {
-            inner: MemBackend::new(size),
-            rules: Mutex::new(rules),
-        }
+        FaultBackend { inner: MemBackend::new(size), rules: Mutex::new(rules) }
     }
 
     /// Replaces the rules.
@@ -62,8 +59,7 @@ impl FaultBackend {
                 .iter()
                 .find(|r| {
                     (r.op == op || r.op == FaultOp::Any)
-                        && (op == FaultOp::Flush
-                            || (offset < r.range.end && offset + len.max(1) > r.range.start))
+                        && (op == FaultOp::Flush || (offset < r.range.end && offset + len.max(1) > r.range.start))
                 })
                 .map(|r| r.action)
         });
@@ -94,13 +90,7 @@ impl BlockBackend for FaultBackend {
         }
         self.inner.write_at(buf, offset, fua).await
     }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        punch: bool,
-        fast_only: bool,
-    ) -> io::Result<()> {
+    async fn write_zeroes(&self, offset: u64, len: u64, punch: bool, fast_only: bool) -> io::Result<()> {
         self.apply(FaultOp::Write, offset, len).await?;
         self.inner.write_zeroes(offset, len, punch, fast_only).await
     }

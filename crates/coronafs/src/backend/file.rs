@@ -24,15 +24,15 @@ pub struct FileBackend {
 impl FileBackend {
     pub fn new(file: File) -> io::Result<Self> {
         let size = file.metadata()?.len();
-        Ok(FileBackend {
-            file: Arc::new(file),
-            size,
-            nowait_write: Arc::new(AtomicBool::new(true)),
-        })
+        Ok(FileBackend { file: Arc::new(file), size, nowait_write: Arc::new(AtomicBool::new(true)) })
     }
 
     pub(crate) fn file(&self) -> &Arc<File> {
         &self.file
+    }
+
+    pub(crate) fn nowait_write_supported(&self) -> &AtomicBool {
+        &self.nowait_write
     }
 
     async fn blocking<T: Send + 'static>(
@@ -48,18 +48,8 @@ impl FileBackend {
 }
 
 /// One `preadv2`/`pwritev2` call; `Ok(n)` may be short.
-fn rw2(
-    fd: i32,
-    buf: *mut u8,
-    len: usize,
-    offset: u64,
-    flags: i32,
-    write: bool,
-) -> io::Result<usize> {
-    let iov = libc::iovec {
-        iov_base: buf.cast(),
-        iov_len: len,
-    };
+fn rw2(fd: i32, buf: *mut u8, len: usize, offset: u64, flags: i32, write: bool) -> io::Result<usize> {
+    let iov = libc::iovec { iov_base: buf.cast(), iov_len: len };
     // SAFETY: `iov` points into a live buffer of `len` bytes owned by the caller
     // for the duration of the call.
     let n = unsafe {
@@ -69,28 +59,44 @@ fn rw2(
             libc::preadv2(fd, &iov, 1, offset as libc::off_t, flags)
         }
     };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
 }
 
 fn would_block(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP)
-    )
+    matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP))
+}
+
+/// Reads as much of `buf` as the page cache holds, without blocking.
+/// Returns the bytes read (0 when it would block).
+pub(crate) fn nowait_read(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    match rw2(file.as_raw_fd(), buf.as_mut_ptr(), buf.len(), offset, libc::RWF_NOWAIT, false) {
+        Ok(n) => Ok(n),
+        Err(e) if would_block(&e) || e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes as much of `buf` into the page cache as can be done without
+/// blocking. Returns the bytes written (0 when it would block); clears
+/// `supported` when the filesystem cannot do non-blocking buffered writes.
+pub(crate) fn nowait_write(file: &File, buf: &[u8], offset: u64, supported: &AtomicBool) -> io::Result<usize> {
+    if !supported.load(Ordering::Relaxed) {
+        return Ok(0);
+    }
+    match rw2(file.as_raw_fd(), buf.as_ptr() as *mut u8, buf.len(), offset, libc::RWF_NOWAIT, true) {
+        Ok(n) => Ok(n),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+            supported.store(false, Ordering::Relaxed);
+            Ok(0)
+        }
+        Err(e) if would_block(&e) || e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
+    }
 }
 
 /// Reads `buf[done..]` at `offset + done`, blocking; bytes past the end of the
 /// file read as zeroes (the file may be shorter than the volume while sparse).
-pub(crate) fn read_rest(
-    file: &File,
-    buf: &mut [u8],
-    offset: u64,
-    mut done: usize,
-) -> io::Result<()> {
+pub(crate) fn read_rest(file: &File, buf: &mut [u8], offset: u64, mut done: usize) -> io::Result<()> {
     while done < buf.len() {
         match file.read_at(&mut buf[done..], offset + done as u64) {
             Ok(0) => {
@@ -111,14 +117,7 @@ pub(crate) fn write_all(file: &File, buf: &[u8], offset: u64, fua: bool) -> io::
         let mut done = 0;
         while done < buf.len() {
             let p = buf[done..].as_ptr() as *mut u8;
-            match rw2(
-                file.as_raw_fd(),
-                p,
-                buf.len() - done,
-                offset + done as u64,
-                libc::RWF_DSYNC,
-                true,
-            ) {
+            match rw2(file.as_raw_fd(), p, buf.len() - done, offset + done as u64, libc::RWF_DSYNC, true) {
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -131,30 +130,13 @@ pub(crate) fn write_all(file: &File, buf: &[u8], offset: u64, fua: bool) -> io::
 
 pub(crate) fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: plain syscall on an fd we own.
-    let r = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            mode,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// Zeroes a range: by punching a hole or by `FALLOC_FL_ZERO_RANGE`, falling
 /// back to writing zero buffers unless only a fast method is allowed.
-pub(crate) fn zero_range(
-    file: &File,
-    offset: u64,
-    len: u64,
-    punch: bool,
-    fast_only: bool,
-) -> io::Result<()> {
+pub(crate) fn zero_range(file: &File, offset: u64, len: u64, punch: bool, fast_only: bool) -> io::Result<()> {
     if len == 0 {
         return Ok(());
     }
@@ -186,18 +168,9 @@ pub(crate) fn fdatasync(file: &File) -> io::Result<()> {
 pub(crate) fn fadvise_willneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: plain syscall on an fd we own.
     let r = unsafe {
-        libc::posix_fadvise(
-            file.as_raw_fd(),
-            offset as libc::off_t,
-            len as libc::off_t,
-            libc::POSIX_FADV_WILLNEED,
-        )
+        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
     };
-    if r != 0 {
-        Err(io::Error::from_raw_os_error(r))
-    } else {
-        Ok(())
-    }
+    if r != 0 { Err(io::Error::from_raw_os_error(r)) } else { Ok(()) }
 }
 
 fn lseek(file: &File, pos: u64, whence: i32) -> io::Result<Option<u64>> {
@@ -205,23 +178,14 @@ fn lseek(file: &File, pos: u64, whence: i32) -> io::Result<Option<u64>> {
     let r = unsafe { libc::lseek(file.as_raw_fd(), pos as libc::off_t, whence) };
     if r < 0 {
         let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENXIO) {
-            Ok(None)
-        } else {
-            Err(e)
-        }
+        if e.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(e) }
     } else {
         Ok(Some(r as u64))
     }
 }
 
 /// Allocation map from `SEEK_DATA`/`SEEK_HOLE`. Holes read as zeroes.
-pub(crate) fn seek_extents(
-    file: &File,
-    offset: u64,
-    len: u64,
-    max: usize,
-) -> io::Result<Vec<Extent64>> {
+pub(crate) fn seek_extents(file: &File, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
     let end = offset + len;
     let file_len = file.metadata()?.len();
     let mut out: Vec<Extent64> = Vec::new();
@@ -231,9 +195,7 @@ pub(crate) fn seek_extents(
             (end, state::HOLE | state::ZERO)
         } else {
             match lseek(file, pos, libc::SEEK_DATA) {
-                Ok(Some(d)) if d == pos => {
-                    (lseek(file, pos, libc::SEEK_HOLE)?.unwrap_or(file_len), 0)
-                }
+                Ok(Some(d)) if d == pos => (lseek(file, pos, libc::SEEK_HOLE)?.unwrap_or(file_len), 0),
                 Ok(Some(d)) => (d, state::HOLE | state::ZERO),
                 Ok(None) => (end, state::HOLE | state::ZERO),
                 // A filesystem without SEEK_DATA: report everything as data.
@@ -244,10 +206,7 @@ pub(crate) fn seek_extents(
         let next = next.clamp(pos + 1, end);
         match out.last_mut() {
             Some(last) if last.flags == flags => last.length += next - pos,
-            _ => out.push(Extent64 {
-                length: next - pos,
-                flags,
-            }),
+            _ => out.push(Extent64 { length: next - pos, flags }),
         }
         pos = next;
     }
@@ -260,19 +219,9 @@ impl BlockBackend for FileBackend {
     }
 
     async fn read_at(&self, mut buf: Vec<u8>, offset: u64) -> BufResult {
-        let len = buf.len();
-        let done = match rw2(
-            self.file.as_raw_fd(),
-            buf.as_mut_ptr(),
-            len,
-            offset,
-            libc::RWF_NOWAIT,
-            false,
-        ) {
-            Ok(n) if n == len => return (Ok(()), buf),
-            Ok(n) if n > 0 => n,
-            Ok(_) => 0,
-            Err(e) if would_block(&e) || e.kind() == io::ErrorKind::Interrupted => 0,
+        let done = match nowait_read(&self.file, &mut buf, offset) {
+            Ok(n) if n == buf.len() => return (Ok(()), buf),
+            Ok(n) => n,
             Err(e) => return (Err(e), buf),
         };
         let file = self.file.clone();
@@ -283,32 +232,16 @@ impl BlockBackend for FileBackend {
         .await
         {
             Ok(r) => r,
-            Err(e) => (
-                Err(io::Error::other(format!("I/O worker failed: {e}"))),
-                Vec::new(),
-            ),
+            Err(e) => (Err(io::Error::other(format!("I/O worker failed: {e}"))), Vec::new()),
         }
     }
 
     async fn write_at(&self, buf: Vec<u8>, offset: u64, fua: bool) -> BufResult {
-        let len = buf.len();
         let mut done = 0;
-        if !fua && self.nowait_write.load(Ordering::Relaxed) {
-            match rw2(
-                self.file.as_raw_fd(),
-                buf.as_ptr() as *mut u8,
-                len,
-                offset,
-                libc::RWF_NOWAIT,
-                true,
-            ) {
-                Ok(n) if n == len => return (Ok(()), buf),
+        if !fua {
+            match nowait_write(&self.file, &buf, offset, &self.nowait_write) {
+                Ok(n) if n == buf.len() => return (Ok(()), buf),
                 Ok(n) => done = n,
-                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                    // This filesystem cannot do non-blocking buffered writes; stop asking.
-                    self.nowait_write.store(false, Ordering::Relaxed);
-                }
-                Err(e) if would_block(&e) || e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return (Err(e), buf),
             }
         }
@@ -320,22 +253,12 @@ impl BlockBackend for FileBackend {
         .await
         {
             Ok(r) => r,
-            Err(e) => (
-                Err(io::Error::other(format!("I/O worker failed: {e}"))),
-                Vec::new(),
-            ),
+            Err(e) => (Err(io::Error::other(format!("I/O worker failed: {e}"))), Vec::new()),
         }
     }
 
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        punch: bool,
-        fast_only: bool,
-    ) -> io::Result<()> {
-        self.blocking(move |f| zero_range(f, offset, len, punch, fast_only))
-            .await
+    async fn write_zeroes(&self, offset: u64, len: u64, punch: bool, fast_only: bool) -> io::Result<()> {
+        self.blocking(move |f| zero_range(f, offset, len, punch, fast_only)).await
     }
 
     async fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -356,7 +279,6 @@ impl BlockBackend for FileBackend {
     }
 
     async fn extents(&self, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
-        self.blocking(move |f| seek_extents(f, offset, len, max))
-            .await
+        self.blocking(move |f| seek_extents(f, offset, len, max)).await
     }
 }

@@ -24,20 +24,11 @@ struct Inner {
 impl MemBackend {
     pub fn new(size: u64) -> Self {
         let blocks = size.div_ceil(BLOCK) as usize;
-        MemBackend {
-            inner: RwLock::new(Inner {
-                data: vec![0; size as usize],
-                allocated: vec![false; blocks],
-            }),
-            size,
-        }
+        MemBackend { inner: RwLock::new(Inner { data: vec![0; size as usize], allocated: vec![false; blocks] }), size }
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> io::Result<T> {
-        let mut g = self
-            .inner
-            .write()
-            .map_err(|_| io::Error::other("memory backend lock poisoned"))?;
+        let mut g = self.inner.write().map_err(|_| io::Error::other("memory backend lock poisoned"))?;
         Ok(f(&mut g))
     }
 
@@ -77,10 +68,7 @@ impl BlockBackend for MemBackend {
 
     async fn read_at(&self, mut buf: Vec<u8>, offset: u64) -> BufResult {
         let r = self.check(offset, buf.len() as u64).and_then(|()| {
-            let g = self
-                .inner
-                .read()
-                .map_err(|_| io::Error::other("memory backend lock poisoned"))?;
+            let g = self.inner.read().map_err(|_| io::Error::other("memory backend lock poisoned"))?;
             let n = buf.len();
             buf.copy_from_slice(&g.data[offset as usize..offset as usize + n]);
             Ok(())
@@ -98,13 +86,7 @@ impl BlockBackend for MemBackend {
         (r, buf)
     }
 
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        punch: bool,
-        _fast_only: bool,
-    ) -> io::Result<()> {
+    async fn write_zeroes(&self, offset: u64, len: u64, punch: bool, _fast_only: bool) -> io::Result<()> {
         self.check(offset, len)?;
         self.with(|g| {
             g.punch(offset, len);
@@ -129,29 +111,19 @@ impl BlockBackend for MemBackend {
 
     async fn extents(&self, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
         self.check(offset, len)?;
-        let g = self
-            .inner
-            .read()
-            .map_err(|_| io::Error::other("memory backend lock poisoned"))?;
+        let g = self.inner.read().map_err(|_| io::Error::other("memory backend lock poisoned"))?;
         let mut out: Vec<Extent64> = Vec::new();
         let mut pos = offset;
         let end = offset + len;
         while pos < end {
             let b = pos / BLOCK;
             let next = ((b + 1) * BLOCK).min(end);
-            let flags = if g.allocated[b as usize] {
-                0
-            } else {
-                state::HOLE | state::ZERO
-            };
+            let flags = if g.allocated[b as usize] { 0 } else { state::HOLE | state::ZERO };
             let full = out.len() == max;
             match out.last_mut() {
                 Some(last) if last.flags == flags => last.length += next - pos,
                 _ if full => break,
-                _ => out.push(Extent64 {
-                    length: next - pos,
-                    flags,
-                }),
+                _ => out.push(Extent64 { length: next - pos, flags }),
             }
             pos = next;
         }

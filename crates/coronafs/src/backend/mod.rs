@@ -44,12 +44,7 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// Size in bytes.
     fn size(&self) -> u64;
     fn read_at(&self, buf: Vec<u8>, offset: u64) -> impl Future<Output = BufResult> + Send;
-    fn write_at(
-        &self,
-        buf: Vec<u8>,
-        offset: u64,
-        fua: bool,
-    ) -> impl Future<Output = BufResult> + Send;
+    fn write_at(&self, buf: Vec<u8>, offset: u64, fua: bool) -> impl Future<Output = BufResult> + Send;
     fn write_zeroes(
         &self,
         offset: u64,
@@ -63,12 +58,7 @@ pub trait BlockBackend: Send + Sync + 'static {
     fn cache(&self, offset: u64, len: u64) -> impl Future<Output = io::Result<()>> + Send;
     /// Allocation of `[offset, offset+len)`, at most `max` extents, in order,
     /// covering a prefix of the range (at least one extent unless `len` is 0).
-    fn extents(
-        &self,
-        offset: u64,
-        len: u64,
-        max: usize,
-    ) -> impl Future<Output = io::Result<Vec<Extent64>>> + Send;
+    fn extents(&self, offset: u64, len: u64, max: usize) -> impl Future<Output = io::Result<Vec<Extent64>>> + Send;
 }
 
 /// One of the backends, chosen at run time.
@@ -101,13 +91,7 @@ impl BlockBackend for AnyBackend {
     async fn write_at(&self, buf: Vec<u8>, offset: u64, fua: bool) -> BufResult {
         dispatch!(self, b => b.write_at(buf, offset, fua).await)
     }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        punch: bool,
-        fast_only: bool,
-    ) -> io::Result<()> {
+    async fn write_zeroes(&self, offset: u64, len: u64, punch: bool, fast_only: bool) -> io::Result<()> {
         dispatch!(self, b => b.write_zeroes(offset, len, punch, fast_only).await)
     }
     async fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -181,9 +165,7 @@ impl Opener {
         let fb = file::FileBackend::new(file)?;
         Ok(match self {
             Opener::Threads => AnyBackend::File(fb),
-            Opener::Uring(engine) => {
-                AnyBackend::Uring(uring::UringBackend::new(engine.clone(), fb)?)
-            }
+            Opener::Uring(engine) => AnyBackend::Uring(uring::UringBackend::new(engine.clone(), fb)?),
         })
     }
 }

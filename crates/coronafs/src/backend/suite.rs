@@ -6,9 +6,7 @@ use crate::proto::state;
 const SIZE: u64 = 1 << 20;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 async fn read<B: BlockBackend>(b: &B, offset: u64, len: usize) -> Vec<u8> {
@@ -26,13 +24,7 @@ async fn a_fresh_volume_reads_zero_and_is_one_hole<B: BlockBackend>(b: &B) {
     assert_eq!(b.size(), SIZE);
     assert!(read(b, 0, 8192).await.iter().all(|&x| x == 0));
     let e = b.extents(0, SIZE, 64).await.expect("extents");
-    assert_eq!(
-        e,
-        vec![Extent64 {
-            length: SIZE,
-            flags: state::HOLE | state::ZERO
-        }]
-    );
+    assert_eq!(e, vec![Extent64 { length: SIZE, flags: state::HOLE | state::ZERO }]);
 }
 
 async fn unaligned_writes_read_back<B: BlockBackend>(b: &B) {
@@ -50,20 +42,9 @@ async fn unaligned_writes_read_back<B: BlockBackend>(b: &B) {
 async fn zeroes_and_trim_read_as_zero_and_free_space<B: BlockBackend>(b: &B) {
     write(b, 0, pattern(256 * 1024, 1)).await;
     let e = b.extents(0, 256 * 1024, 64).await.expect("extents");
-    assert_eq!(
-        e,
-        vec![Extent64 {
-            length: 256 * 1024,
-            flags: 0
-        }],
-        "written range is data"
-    );
-    b.write_zeroes(64 * 1024, 64 * 1024, true, false)
-        .await
-        .expect("punch zeroes");
-    b.write_zeroes(1000, 10, false, false)
-        .await
-        .expect("zeroes no hole");
+    assert_eq!(e, vec![Extent64 { length: 256 * 1024, flags: 0 }], "written range is data");
+    b.write_zeroes(64 * 1024, 64 * 1024, true, false).await.expect("punch zeroes");
+    b.write_zeroes(1000, 10, false, false).await.expect("zeroes no hole");
     b.trim(192 * 1024, 64 * 1024).await.expect("trim");
     let got = read(b, 0, 256 * 1024).await;
     let mut want = pattern(256 * 1024, 1);
@@ -72,16 +53,8 @@ async fn zeroes_and_trim_read_as_zero_and_free_space<B: BlockBackend>(b: &B) {
     want[192 * 1024..].fill(0);
     assert_eq!(got, want);
     let e = b.extents(0, 256 * 1024, 64).await.expect("extents");
-    let holes: u64 = e
-        .iter()
-        .filter(|x| x.flags & state::HOLE != 0)
-        .map(|x| x.length)
-        .sum();
-    assert_eq!(
-        holes,
-        128 * 1024,
-        "punched and trimmed ranges are holes: {e:?}"
-    );
+    let holes: u64 = e.iter().filter(|x| x.flags & state::HOLE != 0).map(|x| x.length).sum();
+    assert_eq!(holes, 128 * 1024, "punched and trimmed ranges are holes: {e:?}");
     assert_eq!(e.iter().map(|x| x.length).sum::<u64>(), 256 * 1024);
 }
 
@@ -91,13 +64,7 @@ async fn extents_respect_the_limit_and_cover_a_prefix<B: BlockBackend>(b: &B) {
     }
     let e = b.extents(0, SIZE, 3).await.expect("extents");
     assert_eq!(e.len(), 3);
-    assert_eq!(
-        e[0],
-        Extent64 {
-            length: 4096,
-            flags: 0
-        }
-    );
+    assert_eq!(e[0], Extent64 { length: 4096, flags: 0 });
     assert_eq!(e[1].flags, state::HOLE | state::ZERO);
     let e = b.extents(4096 * 3 + 100, 50, 8).await.expect("extents");
     assert_eq!(e.iter().map(|x| x.length).sum::<u64>(), 50);
@@ -149,10 +116,6 @@ async fn threads_backend_passes_the_suite() {
 async fn uring_backend_passes_the_suite() {
     let dir = tempfile::tempdir().expect("tempdir");
     let opener = Opener::start(IoEngine::Uring);
-    assert_eq!(
-        opener.engine(),
-        IoEngine::Uring,
-        "io_uring must work on the test host"
-    );
+    assert_eq!(opener.engine(), IoEngine::Uring, "io_uring must work on the test host");
     run_all(|| opener.open(sparse_file(&dir)).expect("open")).await;
 }

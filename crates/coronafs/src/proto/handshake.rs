@@ -18,26 +18,18 @@ pub const OPTION_REPLY_HEADER_LEN: usize = 20;
 pub fn encode_greeting(out: &mut Vec<u8>) {
     out.extend_from_slice(&NBD_MAGIC.to_be_bytes());
     out.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    out.extend_from_slice(
-        &(handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES).to_be_bytes(),
-    );
+    out.extend_from_slice(&(handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES).to_be_bytes());
 }
 
 /// Checks the greeting a server sent, returning its handshake flags.
 pub fn decode_greeting(b: &[u8; GREETING_LEN]) -> Result<u16, ProtoError> {
     let m = be_u64(b, 0);
     if m != NBD_MAGIC {
-        return Err(ProtoError::BadMagic {
-            expected: NBD_MAGIC,
-            found: m,
-        });
+        return Err(ProtoError::BadMagic { expected: NBD_MAGIC, found: m });
     }
     let m = be_u64(b, 8);
     if m != IHAVEOPT {
-        return Err(ProtoError::BadMagic {
-            expected: IHAVEOPT,
-            found: m,
-        });
+        return Err(ProtoError::BadMagic { expected: IHAVEOPT, found: m });
     }
     Ok(be_u16(b, 16))
 }
@@ -46,9 +38,7 @@ pub fn decode_greeting(b: &[u8; GREETING_LEN]) -> Result<u16, ProtoError> {
 pub fn decode_client_flags(b: &[u8; 4]) -> Result<u32, ProtoError> {
     let flags = be_u32(b, 0);
     if flags & !(client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES) != 0 {
-        return Err(ProtoError::Unexpected(format!(
-            "unknown client flags {flags:#x}"
-        )));
+        return Err(ProtoError::Unexpected(format!("unknown client flags {flags:#x}")));
     }
     Ok(flags)
 }
@@ -57,10 +47,7 @@ pub fn decode_client_flags(b: &[u8; 4]) -> Result<u32, ProtoError> {
 pub fn decode_option_header(b: &[u8; OPTION_HEADER_LEN]) -> Result<(u32, u32), ProtoError> {
     let m = be_u64(b, 0);
     if m != IHAVEOPT {
-        return Err(ProtoError::BadMagic {
-            expected: IHAVEOPT,
-            found: m,
-        });
+        return Err(ProtoError::BadMagic { expected: IHAVEOPT, found: m });
     }
     Ok((be_u32(b, 8), be_u32(b, 12)))
 }
@@ -83,15 +70,10 @@ pub fn encode_option_reply(code: u32, reply: u32, data: &[u8], out: &mut Vec<u8>
 }
 
 /// Decodes an option reply header into (option code, reply type, length).
-pub fn decode_option_reply_header(
-    b: &[u8; OPTION_REPLY_HEADER_LEN],
-) -> Result<(u32, u32, u32), ProtoError> {
+pub fn decode_option_reply_header(b: &[u8; OPTION_REPLY_HEADER_LEN]) -> Result<(u32, u32, u32), ProtoError> {
     let m = be_u64(b, 0);
     if m != OPT_REPLY_MAGIC {
-        return Err(ProtoError::BadMagic {
-            expected: OPT_REPLY_MAGIC,
-            found: m,
-        });
+        return Err(ProtoError::BadMagic { expected: OPT_REPLY_MAGIC, found: m });
     }
     Ok((be_u32(b, 8), be_u32(b, 12), be_u32(b, 16)))
 }
@@ -116,19 +98,14 @@ impl ClientOption {
     /// and negotiation goes on.
     pub fn parse(code: u32, data: &[u8]) -> Result<Self, ProtoError> {
         let empty = |o: ClientOption| {
-            if data.is_empty() {
-                Ok(o)
-            } else {
-                Err(ProtoError::BadLength("option takes no payload"))
-            }
+            if data.is_empty() { Ok(o) } else { Err(ProtoError::BadLength("option takes no payload")) }
         };
         match code {
             opt::EXPORT_NAME => {
                 if data.len() > MAX_STRING {
                     return Err(ProtoError::BadLength("export name longer than 4096 bytes"));
                 }
-                let s =
-                    std::str::from_utf8(data).map_err(|_| ProtoError::BadString("not UTF-8"))?;
+                let s = std::str::from_utf8(data).map_err(|_| ProtoError::BadString("not UTF-8"))?;
                 Ok(ClientOption::ExportName(s.to_owned()))
             }
             opt::ABORT => Ok(ClientOption::Abort),
@@ -139,17 +116,12 @@ impl ClientOption {
                 let mut pos = 0;
                 let name = take_string(data, &mut pos)?;
                 if data.len() < pos + 2 {
-                    return Err(ProtoError::Truncated {
-                        need: pos + 2,
-                        have: data.len(),
-                    });
+                    return Err(ProtoError::Truncated { need: pos + 2, have: data.len() });
                 }
                 let n = be_u16(data, pos) as usize;
                 pos += 2;
                 if data.len() != pos + 2 * n {
-                    return Err(ProtoError::BadLength(
-                        "information request count does not match length",
-                    ));
+                    return Err(ProtoError::BadLength("information request count does not match length"));
                 }
                 let requests = (0..n).map(|i| be_u16(data, pos + 2 * i)).collect();
                 if code == opt::GO {
@@ -162,18 +134,13 @@ impl ClientOption {
                 let mut pos = 0;
                 let name = take_string(data, &mut pos)?;
                 if data.len() < pos + 4 {
-                    return Err(ProtoError::Truncated {
-                        need: pos + 4,
-                        have: data.len(),
-                    });
+                    return Err(ProtoError::Truncated { need: pos + 4, have: data.len() });
                 }
                 let n = be_u32(data, pos) as usize;
                 pos += 4;
                 // Each query takes at least four bytes, which bounds `n` by the payload.
                 if n > (data.len() - pos) / 4 {
-                    return Err(ProtoError::BadLength(
-                        "more queries than the payload can hold",
-                    ));
+                    return Err(ProtoError::BadLength("more queries than the payload can hold"));
                 }
                 let mut queries = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -226,9 +193,7 @@ impl ClientOption {
             ClientOption::ListMetaContext { name, queries } => {
                 (opt::LIST_META_CONTEXT, name_and_queries(name, queries))
             }
-            ClientOption::SetMetaContext { name, queries } => {
-                (opt::SET_META_CONTEXT, name_and_queries(name, queries))
-            }
+            ClientOption::SetMetaContext { name, queries } => (opt::SET_META_CONTEXT, name_and_queries(name, queries)),
             ClientOption::Unknown(code) => (*code, vec![]),
         }
     }
@@ -301,20 +266,11 @@ pub struct Negotiated {
 
 impl Negotiator {
     pub fn new(client_flags: u32) -> Self {
-        Negotiator {
-            no_zeroes: client_flags & client_flags::NO_ZEROES != 0,
-            ..Default::default()
-        }
+        Negotiator { no_zeroes: client_flags & client_flags::NO_ZEROES != 0, ..Default::default() }
     }
 
     /// Handles one option, appending any reply to `out`.
-    pub fn handle(
-        &mut self,
-        code: u32,
-        data: &[u8],
-        cat: &dyn ExportCatalog,
-        out: &mut Vec<u8>,
-    ) -> Step {
+    pub fn handle(&mut self, code: u32, data: &[u8], cat: &dyn ExportCatalog, out: &mut Vec<u8>) -> Step {
         let parsed = match ClientOption::parse(code, data) {
             Ok(o) => o,
             Err(e) => {
@@ -354,12 +310,7 @@ impl Negotiator {
                 Step::Continue
             }
             ClientOption::StartTls => {
-                error_reply(
-                    code,
-                    rep::ERR_UNSUP,
-                    "TLS is not supported by this server",
-                    out,
-                );
+                error_reply(code, rep::ERR_UNSUP, "TLS is not supported by this server", out);
                 Step::Continue
             }
             ClientOption::StructuredReply => {
@@ -384,16 +335,10 @@ impl Negotiator {
                     Step::Continue
                 }
             }
-            ClientOption::ListMetaContext { name, queries }
-            | ClientOption::SetMetaContext { name, queries } => {
+            ClientOption::ListMetaContext { name, queries } | ClientOption::SetMetaContext { name, queries } => {
                 let set = code == opt::SET_META_CONTEXT;
                 if set && !self.structured {
-                    error_reply(
-                        code,
-                        rep::ERR_INVALID,
-                        "structured replies must be negotiated first",
-                        out,
-                    );
+                    error_reply(code, rep::ERR_INVALID, "structured replies must be negotiated first", out);
                     return Step::Continue;
                 }
                 if let Err(why) = cat.lookup(&name) {
@@ -403,9 +348,7 @@ impl Negotiator {
                 let matched = if queries.is_empty() {
                     !set
                 } else {
-                    queries
-                        .iter()
-                        .any(|q| q == BASE_ALLOCATION || (!set && (q == "base:" || q.is_empty())))
+                    queries.iter().any(|q| q == BASE_ALLOCATION || (!set && (q == "base:" || q.is_empty())))
                 };
                 if set {
                     self.meta_export = if matched { Some(name) } else { None };
@@ -436,8 +379,7 @@ impl Negotiator {
     /// What transmission needs to know, once `Step::Transmit` came back.
     pub fn finish(&self, export: ExportDesc) -> Negotiated {
         Negotiated {
-            base_allocation: self.structured
-                && self.meta_export.as_deref() == Some(export.name.as_str()),
+            base_allocation: self.structured && self.meta_export.as_deref() == Some(export.name.as_str()),
             structured: self.structured,
             export,
         }
@@ -491,40 +433,22 @@ pub enum InfoItem {
 /// Decodes an `NBD_REP_INFO` payload.
 pub fn decode_info(d: &[u8]) -> Result<InfoItem, ProtoError> {
     if d.len() < 2 {
-        return Err(ProtoError::Truncated {
-            need: 2,
-            have: d.len(),
-        });
+        return Err(ProtoError::Truncated { need: 2, have: d.len() });
     }
     let want = |n: usize| {
-        if d.len() == n {
-            Ok(())
-        } else {
-            Err(ProtoError::BadLength("info item has the wrong size"))
-        }
+        if d.len() == n { Ok(()) } else { Err(ProtoError::BadLength("info item has the wrong size")) }
     };
-    let text = || {
-        std::str::from_utf8(&d[2..])
-            .map(str::to_owned)
-            .map_err(|_| ProtoError::BadString("not UTF-8"))
-    };
+    let text = || std::str::from_utf8(&d[2..]).map(str::to_owned).map_err(|_| ProtoError::BadString("not UTF-8"));
     match be_u16(d, 0) {
         info::EXPORT => {
             want(12)?;
-            Ok(InfoItem::Export {
-                size: be_u64(d, 2),
-                flags: be_u16(d, 10),
-            })
+            Ok(InfoItem::Export { size: be_u64(d, 2), flags: be_u16(d, 10) })
         }
         info::NAME => Ok(InfoItem::Name(text()?)),
         info::DESCRIPTION => Ok(InfoItem::Description(text()?)),
         info::BLOCK_SIZE => {
             want(14)?;
-            Ok(InfoItem::BlockSize {
-                min: be_u32(d, 2),
-                pref: be_u32(d, 6),
-                max: be_u32(d, 10),
-            })
+            Ok(InfoItem::BlockSize { min: be_u32(d, 2), pref: be_u32(d, 6), max: be_u32(d, 10) })
         }
         other => Ok(InfoItem::Other(other)),
     }
@@ -581,11 +505,7 @@ mod tests {
     fn go_on_a_missing_export_is_err_unknown_with_a_message() {
         let mut n = Negotiator::new(0);
         let mut out = Vec::new();
-        let (code, data) = ClientOption::Go {
-            name: "nope".into(),
-            requests: vec![],
-        }
-        .encode_payload();
+        let (code, data) = ClientOption::Go { name: "nope".into(), requests: vec![] }.encode_payload();
         assert_eq!(n.handle(code, &data, &One, &mut out), Step::Continue);
         assert_eq!(reply_types(&out), vec![rep::ERR_UNKNOWN]);
         assert!(String::from_utf8_lossy(&out[20..]).contains("nope"));
@@ -595,10 +515,7 @@ mod tests {
     fn set_meta_context_needs_structured_replies_first() {
         let mut n = Negotiator::new(0);
         let mut out = Vec::new();
-        let q = ClientOption::SetMetaContext {
-            name: "vol".into(),
-            queries: vec![BASE_ALLOCATION.into()],
-        };
+        let q = ClientOption::SetMetaContext { name: "vol".into(), queries: vec![BASE_ALLOCATION.into()] };
         let (code, data) = q.encode_payload();
         n.handle(code, &data, &One, &mut out);
         assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
@@ -608,14 +525,8 @@ mod tests {
         n.handle(code, &data, &One, &mut out);
         assert_eq!(reply_types(&out), vec![rep::META_CONTEXT, rep::ACK]);
         out.clear();
-        let (code, data) = ClientOption::Go {
-            name: "vol".into(),
-            requests: vec![],
-        }
-        .encode_payload();
-        let Step::Transmit(desc) = n.handle(code, &data, &One, &mut out) else {
-            panic!("no transmit")
-        };
+        let (code, data) = ClientOption::Go { name: "vol".into(), requests: vec![] }.encode_payload();
+        let Step::Transmit(desc) = n.handle(code, &data, &One, &mut out) else { panic!("no transmit") };
         assert!(n.finish(desc).base_allocation);
     }
 
@@ -625,14 +536,8 @@ mod tests {
         n.structured = true;
         n.meta_export = Some("other".into());
         let mut out = Vec::new();
-        let (code, data) = ClientOption::Go {
-            name: "vol".into(),
-            requests: vec![],
-        }
-        .encode_payload();
-        let Step::Transmit(desc) = n.handle(code, &data, &One, &mut out) else {
-            panic!("no transmit")
-        };
+        let (code, data) = ClientOption::Go { name: "vol".into(), requests: vec![] }.encode_payload();
+        let Step::Transmit(desc) = n.handle(code, &data, &One, &mut out) else { panic!("no transmit") };
         assert!(!n.finish(desc).base_allocation);
     }
 
@@ -640,10 +545,7 @@ mod tests {
     fn export_name_for_a_missing_export_closes() {
         let mut n = Negotiator::new(0);
         let mut out = Vec::new();
-        assert_eq!(
-            n.handle(opt::EXPORT_NAME, b"missing", &One, &mut out),
-            Step::Close
-        );
+        assert_eq!(n.handle(opt::EXPORT_NAME, b"missing", &One, &mut out), Step::Close);
         assert!(out.is_empty());
     }
 
@@ -652,10 +554,7 @@ mod tests {
         for (flags, len) in [(0, 134), (client_flags::NO_ZEROES, 10)] {
             let mut n = Negotiator::new(flags);
             let mut out = Vec::new();
-            assert!(matches!(
-                n.handle(opt::EXPORT_NAME, b"vol", &One, &mut out),
-                Step::Transmit(_)
-            ));
+            assert!(matches!(n.handle(opt::EXPORT_NAME, b"vol", &One, &mut out), Step::Transmit(_)));
             assert_eq!(out.len(), len);
             assert_eq!(be_u64(&out, 0), 1 << 20);
         }

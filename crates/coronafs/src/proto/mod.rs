@@ -239,10 +239,7 @@ pub(crate) fn be_u64(b: &[u8], at: usize) -> u64 {
 /// Reads a `u32 length` + string from `buf` at `*pos`, advancing `*pos`.
 pub(crate) fn take_string(buf: &[u8], pos: &mut usize) -> Result<String, ProtoError> {
     if buf.len() < *pos + 4 {
-        return Err(ProtoError::Truncated {
-            need: *pos + 4,
-            have: buf.len(),
-        });
+        return Err(ProtoError::Truncated { need: *pos + 4, have: buf.len() });
     }
     let len = be_u32(buf, *pos) as usize;
     *pos += 4;
@@ -250,12 +247,9 @@ pub(crate) fn take_string(buf: &[u8], pos: &mut usize) -> Result<String, ProtoEr
         return Err(ProtoError::BadLength("string longer than 4096 bytes"));
     }
     if buf.len() < *pos + len {
-        return Err(ProtoError::BadLength(
-            "string runs past the end of the option",
-        ));
+        return Err(ProtoError::BadLength("string runs past the end of the option"));
     }
-    let s = std::str::from_utf8(&buf[*pos..*pos + len])
-        .map_err(|_| ProtoError::BadString("not UTF-8"))?;
+    let s = std::str::from_utf8(&buf[*pos..*pos + len]).map_err(|_| ProtoError::BadString("not UTF-8"))?;
     if s.contains('\0') {
         return Err(ProtoError::BadString("contains NUL"));
     }

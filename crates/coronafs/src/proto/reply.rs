@@ -27,10 +27,7 @@ impl Head {
 
 /// A zero-length header, for replies whose bytes are all in a tail buffer.
 pub fn empty() -> Head {
-    Head {
-        buf: [0u8; DATA_CHUNK_LEN],
-        len: 0,
-    }
+    Head { buf: [0u8; DATA_CHUNK_LEN], len: 0 }
 }
 
 /// A simple reply header (`error` 0 for success).
@@ -39,20 +36,14 @@ pub fn simple(cookie: u64, error: u32) -> Head {
     buf[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
     buf[4..8].copy_from_slice(&error.to_be_bytes());
     buf[8..16].copy_from_slice(&cookie.to_be_bytes());
-    Head {
-        buf,
-        len: SIMPLE_LEN as u8,
-    }
+    Head { buf, len: SIMPLE_LEN as u8 }
 }
 
 /// A structured chunk header with a payload of `len` bytes.
 pub fn chunk(cookie: u64, flags: u16, ty: u16, len: u32) -> Head {
     let mut buf = [0u8; DATA_CHUNK_LEN];
     write_chunk(&mut buf, cookie, flags, ty, len);
-    Head {
-        buf,
-        len: CHUNK_LEN as u8,
-    }
+    Head { buf, len: CHUNK_LEN as u8 }
 }
 
 fn write_chunk(buf: &mut [u8], cookie: u64, flags: u16, ty: u16, len: u32) {
@@ -69,10 +60,7 @@ pub fn data_chunk(cookie: u64, done: bool, offset: u64, data_len: u32) -> Head {
     let flags = if done { chunk::FLAG_DONE } else { 0 };
     write_chunk(&mut buf, cookie, flags, chunk::OFFSET_DATA, data_len + 8);
     buf[20..28].copy_from_slice(&offset.to_be_bytes());
-    Head {
-        buf,
-        len: DATA_CHUNK_LEN as u8,
-    }
+    Head { buf, len: DATA_CHUNK_LEN as u8 }
 }
 
 /// A complete `OFFSET_HOLE` chunk.
@@ -89,13 +77,7 @@ pub fn hole_chunk(cookie: u64, done: bool, offset: u64, len: u32, out: &mut Vec<
 pub fn error_chunk(cookie: u64, errno: NbdErrno, msg: &str, out: &mut Vec<u8>) {
     let msg = &msg.as_bytes()[..msg.len().min(MAX_STRING)];
     let mut h = [0u8; CHUNK_LEN];
-    write_chunk(
-        &mut h,
-        cookie,
-        chunk::FLAG_DONE,
-        chunk::ERROR,
-        6 + msg.len() as u32,
-    );
+    write_chunk(&mut h, cookie, chunk::FLAG_DONE, chunk::ERROR, 6 + msg.len() as u32);
     out.extend_from_slice(&h);
     out.extend_from_slice(&(errno as u32).to_be_bytes());
     out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
@@ -112,13 +94,7 @@ pub struct Extent {
 /// A complete final `BLOCK_STATUS` chunk for one context.
 pub fn block_status_chunk(cookie: u64, context: u32, extents: &[Extent], out: &mut Vec<u8>) {
     let mut h = [0u8; CHUNK_LEN];
-    write_chunk(
-        &mut h,
-        cookie,
-        chunk::FLAG_DONE,
-        chunk::BLOCK_STATUS,
-        4 + 8 * extents.len() as u32,
-    );
+    write_chunk(&mut h, cookie, chunk::FLAG_DONE, chunk::BLOCK_STATUS, 4 + 8 * extents.len() as u32);
     out.extend_from_slice(&h);
     out.extend_from_slice(&context.to_be_bytes());
     for e in extents {
@@ -133,12 +109,7 @@ pub enum ReplyHeader {
     /// A simple reply; `READ` data (if no error) follows.
     Simple { cookie: u64, error: u32 },
     /// A structured chunk; `length` bytes of payload follow.
-    Chunk {
-        cookie: u64,
-        flags: u16,
-        ty: u16,
-        length: u32,
-    },
+    Chunk { cookie: u64, flags: u16, ty: u16, length: u32 },
 }
 
 impl ReplyHeader {
@@ -147,33 +118,21 @@ impl ReplyHeader {
         match magic {
             SIMPLE_REPLY_MAGIC => Ok(SIMPLE_LEN),
             STRUCTURED_REPLY_MAGIC => Ok(CHUNK_LEN),
-            other => Err(ProtoError::BadMagic {
-                expected: SIMPLE_REPLY_MAGIC as u64,
-                found: other as u64,
-            }),
+            other => Err(ProtoError::BadMagic { expected: SIMPLE_REPLY_MAGIC as u64, found: other as u64 }),
         }
     }
 
     /// Decodes a full header (16 or 20 bytes, as [`Self::header_len`] said).
     pub fn decode(b: &[u8]) -> Result<Self, ProtoError> {
         if b.len() < 4 {
-            return Err(ProtoError::Truncated {
-                need: 4,
-                have: b.len(),
-            });
+            return Err(ProtoError::Truncated { need: 4, have: b.len() });
         }
         let need = Self::header_len(be_u32(b, 0))?;
         if b.len() < need {
-            return Err(ProtoError::Truncated {
-                need,
-                have: b.len(),
-            });
+            return Err(ProtoError::Truncated { need, have: b.len() });
         }
         if need == SIMPLE_LEN {
-            Ok(ReplyHeader::Simple {
-                error: be_u32(b, 4),
-                cookie: be_u64(b, 8),
-            })
+            Ok(ReplyHeader::Simple { error: be_u32(b, 4), cookie: be_u64(b, 8) })
         } else {
             Ok(ReplyHeader::Chunk {
                 flags: be_u16(b, 4),
@@ -194,35 +153,21 @@ impl ReplyHeader {
 /// Decodes an error chunk payload into (errno, message).
 pub fn decode_error_payload(p: &[u8]) -> Result<(u32, String), ProtoError> {
     if p.len() < 6 {
-        return Err(ProtoError::Truncated {
-            need: 6,
-            have: p.len(),
-        });
+        return Err(ProtoError::Truncated { need: 6, have: p.len() });
     }
     let n = be_u16(p, 4) as usize;
     if 6 + n > p.len() {
         return Err(ProtoError::BadLength("error message runs past the chunk"));
     }
-    Ok((
-        be_u32(p, 0),
-        String::from_utf8_lossy(&p[6..6 + n]).into_owned(),
-    ))
+    Ok((be_u32(p, 0), String::from_utf8_lossy(&p[6..6 + n]).into_owned()))
 }
 
 /// Decodes a `BLOCK_STATUS` payload into (context id, extents).
 pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<Extent>), ProtoError> {
     if p.len() < 12 || (p.len() - 4) % 8 != 0 {
-        return Err(ProtoError::BadLength(
-            "block status payload is not 4 + 8n bytes",
-        ));
+        return Err(ProtoError::BadLength("block status payload is not 4 + 8n bytes"));
     }
-    let extents = p[4..]
-        .chunks_exact(8)
-        .map(|c| Extent {
-            length: be_u32(c, 0),
-            flags: be_u32(c, 4),
-        })
-        .collect();
+    let extents = p[4..].chunks_exact(8).map(|c| Extent { length: be_u32(c, 0), flags: be_u32(c, 4) }).collect();
     Ok((be_u32(p, 0), extents))
 }
 

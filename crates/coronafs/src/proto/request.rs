@@ -82,10 +82,7 @@ impl Request {
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, ProtoError> {
         let magic = be_u32(b, 0);
         if magic != REQUEST_MAGIC {
-            return Err(ProtoError::BadMagic {
-                expected: REQUEST_MAGIC as u64,
-                found: magic as u64,
-            });
+            return Err(ProtoError::BadMagic { expected: REQUEST_MAGIC as u64, found: magic as u64 });
         }
         Ok(Request {
             flags: be_u16(b, 4),
@@ -109,11 +106,7 @@ impl Request {
 
     /// Bytes of payload that follow this header on the wire.
     pub fn payload_len(&self) -> u32 {
-        if self.command == Command::Write {
-            self.length
-        } else {
-            0
-        }
+        if self.command == Command::Write { self.length } else { 0 }
     }
 
     pub fn fua(&self) -> bool {
@@ -137,19 +130,12 @@ impl Request {
         if self.flags & !allowed != 0 {
             return Err(NbdErrno::Inval);
         }
-        let writes = matches!(
-            self.command,
-            Command::Write | Command::WriteZeroes | Command::Trim
-        );
+        let writes = matches!(self.command, Command::Write | Command::WriteZeroes | Command::Trim);
         if writes && read_only {
             return Err(NbdErrno::Perm);
         }
         if matches!(self.command, Command::Read | Command::Write) && self.length > max_block {
-            return Err(if self.command == Command::Read {
-                NbdErrno::Overflow
-            } else {
-                NbdErrno::Inval
-            });
+            return Err(if self.command == Command::Read { NbdErrno::Overflow } else { NbdErrno::Inval });
         }
         if matches!(self.command, Command::Flush | Command::Disc) {
             return Ok(());
@@ -157,9 +143,7 @@ impl Request {
         let end = self.offset.checked_add(self.length as u64);
         match end {
             Some(end) if end <= size => Ok(()),
-            _ if matches!(self.command, Command::Write | Command::WriteZeroes) => {
-                Err(NbdErrno::NoSpc)
-            }
+            _ if matches!(self.command, Command::Write | Command::WriteZeroes) => Err(NbdErrno::NoSpc),
             _ => Err(NbdErrno::Inval),
         }
     }
@@ -171,75 +155,33 @@ mod tests {
     use proptest::prelude::*;
 
     fn req(command: Command, flags: u16, offset: u64, length: u32) -> Request {
-        Request {
-            flags,
-            command,
-            cookie: 7,
-            offset,
-            length,
-        }
+        Request { flags, command, cookie: 7, offset, length }
     }
 
     #[test]
     fn out_of_range_read_is_einval_and_write_is_enospc() {
-        assert_eq!(
-            req(Command::Read, 0, 4096, 1).validate(4096, false, 1 << 25),
-            Err(NbdErrno::Inval)
-        );
-        assert_eq!(
-            req(Command::Write, 0, 4095, 2).validate(4096, false, 1 << 25),
-            Err(NbdErrno::NoSpc)
-        );
-        assert_eq!(
-            req(Command::WriteZeroes, 0, 0, 8192).validate(4096, false, 1 << 25),
-            Err(NbdErrno::NoSpc)
-        );
-        assert_eq!(
-            req(Command::Trim, 0, u64::MAX, 2).validate(4096, false, 1 << 25),
-            Err(NbdErrno::Inval)
-        );
-        assert_eq!(
-            req(Command::BlockStatus, 0, 0, 4097).validate(4096, false, 1 << 25),
-            Err(NbdErrno::Inval)
-        );
-        assert_eq!(
-            req(Command::Read, 0, 0, 4096).validate(4096, false, 1 << 25),
-            Ok(())
-        );
+        assert_eq!(req(Command::Read, 0, 4096, 1).validate(4096, false, 1 << 25), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::Write, 0, 4095, 2).validate(4096, false, 1 << 25), Err(NbdErrno::NoSpc));
+        assert_eq!(req(Command::WriteZeroes, 0, 0, 8192).validate(4096, false, 1 << 25), Err(NbdErrno::NoSpc));
+        assert_eq!(req(Command::Trim, 0, u64::MAX, 2).validate(4096, false, 1 << 25), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::BlockStatus, 0, 0, 4097).validate(4096, false, 1 << 25), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::Read, 0, 0, 4096).validate(4096, false, 1 << 25), Ok(()));
     }
 
     #[test]
     fn writes_to_read_only_exports_are_eperm() {
         for c in [Command::Write, Command::Trim, Command::WriteZeroes] {
-            assert_eq!(
-                req(c, 0, 0, 1).validate(4096, true, 1 << 25),
-                Err(NbdErrno::Perm)
-            );
+            assert_eq!(req(c, 0, 0, 1).validate(4096, true, 1 << 25), Err(NbdErrno::Perm));
         }
-        assert_eq!(
-            req(Command::Read, 0, 0, 1).validate(4096, true, 1 << 25),
-            Ok(())
-        );
+        assert_eq!(req(Command::Read, 0, 0, 1).validate(4096, true, 1 << 25), Ok(()));
     }
 
     #[test]
     fn oversized_and_unknown_requests_are_rejected() {
-        assert_eq!(
-            req(Command::Read, 0, 0, 65536).validate(1 << 30, false, 4096),
-            Err(NbdErrno::Overflow)
-        );
-        assert_eq!(
-            req(Command::Write, 0, 0, 65536).validate(1 << 30, false, 4096),
-            Err(NbdErrno::Inval)
-        );
-        assert_eq!(
-            req(Command::Unknown(42), 0, 0, 0).validate(4096, false, 4096),
-            Err(NbdErrno::Inval)
-        );
-        assert_eq!(
-            req(Command::Read, cmd_flags::FUA, 0, 1).validate(4096, false, 4096),
-            Err(NbdErrno::Inval)
-        );
+        assert_eq!(req(Command::Read, 0, 0, 65536).validate(1 << 30, false, 4096), Err(NbdErrno::Overflow));
+        assert_eq!(req(Command::Write, 0, 0, 65536).validate(1 << 30, false, 4096), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::Unknown(42), 0, 0, 0).validate(4096, false, 4096), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::Read, cmd_flags::FUA, 0, 1).validate(4096, false, 4096), Err(NbdErrno::Inval));
     }
 
     proptest! {

@@ -20,18 +20,12 @@ pub struct BufPool {
 
 impl Default for BufPool {
     fn default() -> Self {
-        BufPool {
-            classes: std::array::from_fn(|_| Mutex::new(Vec::new())),
-        }
+        BufPool { classes: std::array::from_fn(|_| Mutex::new(Vec::new())) }
     }
 }
 
 fn class_of(len: usize) -> Option<usize> {
-    let shift = len
-        .max(1)
-        .next_power_of_two()
-        .trailing_zeros()
-        .max(MIN_SHIFT);
+    let shift = len.max(1).next_power_of_two().trailing_zeros().max(MIN_SHIFT);
     (shift <= MAX_SHIFT).then(|| (shift - MIN_SHIFT) as usize)
 }
 

@@ -41,27 +41,20 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(256 << 10, rd);
-    let negotiated =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut rd, &mut wr, &shared)).await {
-            Ok(Ok(Some(n))) => n,
-            Ok(Ok(None)) => return,
-            Ok(Err(e)) => {
-                shared
-                    .metrics
-                    .handshake_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(?peer, error = %e, "negotiation ended");
-                return;
-            }
-            Err(_) => {
-                shared
-                    .metrics
-                    .handshake_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(?peer, "negotiation timed out");
-                return;
-            }
-        };
+    let negotiated = match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut rd, &mut wr, &shared)).await {
+        Ok(Ok(Some(n))) => n,
+        Ok(Ok(None)) => return,
+        Ok(Err(e)) => {
+            shared.metrics.handshake_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(?peer, error = %e, "negotiation ended");
+            return;
+        }
+        Err(_) => {
+            shared.metrics.handshake_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(?peer, "negotiation timed out");
+            return;
+        }
+    };
     let volume = match shared.exports.open(&negotiated.export.name) {
         Ok(v) => v,
         Err(e) => {
@@ -73,10 +66,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     shared.metrics.connections.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(?peer, export = %volume.name, structured = negotiated.structured, "transmission");
     if let Err(e) = transmit(rd, wr, &shared, &volume, &negotiated).await {
-        shared
-            .metrics
-            .protocol_errors
-            .fetch_add(1, Ordering::Relaxed);
+        shared.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(?peer, error = %e, "connection dropped");
     }
     volume.connections.fetch_sub(1, Ordering::Relaxed);
@@ -103,8 +93,7 @@ async fn negotiate(
         let (code, len) = handshake::decode_option_header(&hdr).map_err(io::Error::other)?;
         out.clear();
         if len > MAX_OPTION_LEN {
-            let skipped =
-                tokio::io::copy(&mut (&mut *rd).take(len as u64), &mut tokio::io::sink()).await?;
+            let skipped = tokio::io::copy(&mut (&mut *rd).take(len as u64), &mut tokio::io::sink()).await?;
             if skipped < len as u64 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
@@ -169,11 +158,7 @@ async fn transmit(
     result
 }
 
-async fn read_requests(
-    rd: &mut BufReader<OwnedReadHalf>,
-    ctx: &Arc<Ctx>,
-    budget: &Arc<Semaphore>,
-) -> io::Result<()> {
+async fn read_requests(rd: &mut BufReader<OwnedReadHalf>, ctx: &Arc<Ctx>, budget: &Arc<Semaphore>) -> io::Result<()> {
     let size = ctx.volume.backend.size();
     let mut hdr = [0u8; REQUEST_LEN];
     loop {
@@ -197,22 +182,13 @@ async fn read_requests(
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
             }
-            let msg = format!(
-                "{} of {} bytes at offset {} refused",
-                req.command.name(),
-                req.length,
-                req.offset
-            );
-            ctx.shared
-                .metrics
-                .record(req.command, 0, false, started.elapsed());
+            let msg = format!("{} of {} bytes at offset {} refused", req.command.name(), req.length, req.offset);
+            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
             ctx.send(error_reply(ctx, &req, errno, &msg, None));
             continue;
         }
         if req.command == Command::BlockStatus && !ctx.base_allocation {
-            ctx.shared
-                .metrics
-                .record(req.command, 0, false, started.elapsed());
+            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
             let msg = "BLOCK_STATUS needs the base:allocation context to be negotiated";
             ctx.send(error_reply(ctx, &req, NbdErrno::Inval, msg, None));
             continue;
@@ -221,11 +197,7 @@ async fn read_requests(
             Command::Read | Command::Write => req.length.max(MIN_COST),
             _ => MIN_COST,
         };
-        let permit = budget
-            .clone()
-            .acquire_many_owned(cost)
-            .await
-            .map_err(io::Error::other)?;
+        let permit = budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
         let payload = if req.command == Command::Write {
             let mut buf = ctx.shared.pool.get(req.length as usize);
             if let Err(e) = rd.read_exact(&mut buf).await {
@@ -258,38 +230,17 @@ impl Ctx {
 }
 
 fn ok_reply(req: &Request, permit: Option<OwnedSemaphorePermit>) -> Reply {
-    Reply {
-        head: reply::simple(req.cookie, 0),
-        data: None,
-        tail: Vec::new(),
-        _permit: permit,
-    }
+    Reply { head: reply::simple(req.cookie, 0), data: None, tail: Vec::new(), _permit: permit }
 }
 
-fn error_reply(
-    ctx: &Ctx,
-    req: &Request,
-    errno: NbdErrno,
-    msg: &str,
-    permit: Option<OwnedSemaphorePermit>,
-) -> Reply {
+fn error_reply(ctx: &Ctx, req: &Request, errno: NbdErrno, msg: &str, permit: Option<OwnedSemaphorePermit>) -> Reply {
     if ctx.structured {
         let mut tail = Vec::with_capacity(32 + msg.len());
         reply::error_chunk(req.cookie, errno, msg, &mut tail);
         // The whole chunk is in `tail`; an empty head keeps the writer simple.
-        Reply {
-            head: reply::empty(),
-            data: None,
-            tail,
-            _permit: permit,
-        }
+        Reply { head: reply::empty(), data: None, tail, _permit: permit }
     } else {
-        Reply {
-            head: reply::simple(req.cookie, errno as u32),
-            data: None,
-            tail: Vec::new(),
-            _permit: permit,
-        }
+        Reply { head: reply::simple(req.cookie, errno as u32), data: None, tail: Vec::new(), _permit: permit }
     }
 }
 
@@ -305,9 +256,7 @@ async fn execute(
     let permit = Some(permit);
     let result: io::Result<Reply> = match req.command {
         Command::Read => {
-            let (r, buf) = b
-                .read_at(ctx.shared.pool.get(req.length as usize), off)
-                .await;
+            let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize), off).await;
             match r {
                 Ok(()) => {
                     let head = if ctx.structured {
@@ -315,12 +264,7 @@ async fn execute(
                     } else {
                         reply::simple(req.cookie, 0)
                     };
-                    Ok(Reply {
-                        head,
-                        data: Some(buf),
-                        tail: Vec::new(),
-                        _permit: permit,
-                    })
+                    Ok(Reply { head, data: Some(buf), tail: Vec::new(), _permit: permit })
                 }
                 Err(e) => {
                     ctx.shared.pool.put(buf);
@@ -346,8 +290,7 @@ async fn execute(
         .map(|()| ok_reply(&req, permit)),
         Command::WriteZeroes => async {
             let punch = req.flags & cmd_flags::NO_HOLE == 0;
-            b.write_zeroes(off, len, punch, req.flags & cmd_flags::FAST_ZERO != 0)
-                .await?;
+            b.write_zeroes(off, len, punch, req.flags & cmd_flags::FAST_ZERO != 0).await?;
             if req.fua() {
                 b.flush().await?;
             }
@@ -357,42 +300,22 @@ async fn execute(
         .map(|()| ok_reply(&req, permit)),
         Command::Cache => b.cache(off, len).await.map(|()| ok_reply(&req, permit)),
         Command::BlockStatus => {
-            let max = if req.flags & cmd_flags::REQ_ONE != 0 {
-                1
-            } else {
-                MAX_EXTENTS
-            };
+            let max = if req.flags & cmd_flags::REQ_ONE != 0 { 1 } else { MAX_EXTENTS };
             b.extents(off, len, max).await.and_then(|ext| {
                 if ext.is_empty() {
                     return Err(io::Error::other("backend returned no extents"));
                 }
-                let ext: Vec<Extent> = ext
-                    .iter()
-                    .map(|e| Extent {
-                        length: e.length.min(len) as u32,
-                        flags: e.flags,
-                    })
-                    .collect();
+                let ext: Vec<Extent> =
+                    ext.iter().map(|e| Extent { length: e.length.min(len) as u32, flags: e.flags }).collect();
                 let mut tail = Vec::with_capacity(24 + 8 * ext.len());
                 reply::block_status_chunk(req.cookie, BASE_ALLOCATION_ID, &ext, &mut tail);
-                Ok(Reply {
-                    head: reply::empty(),
-                    data: None,
-                    tail,
-                    _permit: permit,
-                })
+                Ok(Reply { head: reply::empty(), data: None, tail, _permit: permit })
             })
         }
         Command::Disc | Command::Unknown(_) => Err(io::Error::from_raw_os_error(libc::EINVAL)),
     };
-    let bytes = if matches!(req.command, Command::Read | Command::Write) {
-        len
-    } else {
-        0
-    };
-    ctx.shared
-        .metrics
-        .record(req.command, bytes, result.is_ok(), started.elapsed());
+    let bytes = if matches!(req.command, Command::Read | Command::Write) { len } else { 0 };
+    ctx.shared.metrics.record(req.command, bytes, result.is_ok(), started.elapsed());
     match result {
         Ok(r) => r,
         Err(e) => {
@@ -407,11 +330,7 @@ async fn execute(
 }
 
 /// Writes replies as they arrive, several per syscall when they queue up.
-async fn write_replies(
-    mut wr: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Reply>,
-    shared: Arc<Shared>,
-) {
+async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Reply>, shared: Arc<Shared>) {
     let pool: &BufPool = &shared.pool;
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH);
     let mut failed = false;
@@ -420,11 +339,7 @@ async fn write_replies(
             let mut slices: [IoSlice<'_>; 3 * BATCH] = [IoSlice::new(&[]); 3 * BATCH];
             let mut n = 0;
             for r in &batch {
-                for part in [
-                    r.head.as_bytes(),
-                    r.data.as_deref().unwrap_or(&[]),
-                    &r.tail[..],
-                ] {
+                for part in [r.head.as_bytes(), r.data.as_deref().unwrap_or(&[]), &r.tail[..]] {
                     if !part.is_empty() {
                         slices[n] = IoSlice::new(part);
                         n += 1;
@@ -446,10 +361,7 @@ async fn write_replies(
     let _ = wr.shutdown().await;
 }
 
-async fn write_all_vectored(
-    wr: &mut OwnedWriteHalf,
-    mut slices: &mut [IoSlice<'_>],
-) -> io::Result<()> {
+async fn write_all_vectored(wr: &mut OwnedWriteHalf, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
     while !slices.is_empty() {
         let n = wr.write_vectored(slices).await?;
         if n == 0 {

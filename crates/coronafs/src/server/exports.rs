@@ -51,13 +51,7 @@ pub struct Exports {
 
 impl Exports {
     pub fn new(dir: PathBuf, opener: Opener, read_only: bool) -> Self {
-        Exports {
-            dir,
-            opener,
-            read_only,
-            open: Mutex::new(HashMap::new()),
-            pinned: Mutex::new(HashMap::new()),
-        }
+        Exports { dir, opener, read_only, open: Mutex::new(HashMap::new()), pinned: Mutex::new(HashMap::new()) }
     }
 
     pub fn opener(&self) -> &Opener {
@@ -73,12 +67,7 @@ impl Exports {
     /// for in-memory and fault-injecting volumes.
     pub fn insert(&self, name: &str, backend: AnyBackend, read_only: bool) -> Result<Arc<Volume>> {
         validate_name(name)?;
-        let v = Arc::new(Volume {
-            name: name.to_owned(),
-            backend,
-            read_only,
-            connections: AtomicUsize::new(0),
-        });
+        let v = Arc::new(Volume { name: name.to_owned(), backend, read_only, connections: AtomicUsize::new(0) });
         if let Ok(mut p) = self.pinned.lock() {
             p.insert(name.to_owned(), v.clone());
         }
@@ -91,24 +80,13 @@ impl Exports {
             return Ok(v);
         }
         let path = self.path(name)?;
-        let mut open = self
-            .open
-            .lock()
-            .map_err(|_| CoronaError::Io(std::io::Error::other("export table poisoned")))?;
+        let mut open = self.open.lock().map_err(|_| CoronaError::Io(std::io::Error::other("export table poisoned")))?;
         if let Some(v) = open.get(name).and_then(Weak::upgrade) {
             return Ok(v);
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(!self.read_only)
-            .open(&path)
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    CoronaError::NotFound(name.to_owned())
-                } else {
-                    e.into()
-                }
-            })?;
+        let file = std::fs::OpenOptions::new().read(true).write(!self.read_only).open(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound { CoronaError::NotFound(name.to_owned()) } else { e.into() }
+        })?;
         let backend = self.opener.open(file)?;
         let v = Arc::new(Volume {
             name: name.to_owned(),
@@ -133,17 +111,13 @@ impl Exports {
                 reason: "must be between 1 byte and 1 PiB",
             });
         }
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    CoronaError::AlreadyExists(name.to_owned())
-                } else {
-                    e.into()
-                }
-            })?;
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                CoronaError::AlreadyExists(name.to_owned())
+            } else {
+                e.into()
+            }
+        })?;
         file.set_len(size)?;
         file.sync_all()?;
         std::fs::File::open(&self.dir)?.sync_all()?;
@@ -156,11 +130,7 @@ impl Exports {
         use std::os::unix::fs::MetadataExt;
         let path = self.path(name)?;
         let md = std::fs::metadata(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                CoronaError::NotFound(name.to_owned())
-            } else {
-                e.into()
-            }
+            if e.kind() == std::io::ErrorKind::NotFound { CoronaError::NotFound(name.to_owned()) } else { e.into() }
         })?;
         if !md.is_file() {
             return Err(CoronaError::NotFound(name.to_owned()));
@@ -213,8 +183,6 @@ impl ExportCatalog for Exports {
     }
 
     fn names(&self) -> Vec<String> {
-        self.list()
-            .map(|l| l.into_iter().map(|v| v.name).collect())
-            .unwrap_or_default()
+        self.list().map(|l| l.into_iter().map(|v| v.name).collect()).unwrap_or_default()
     }
 }

@@ -85,8 +85,7 @@ impl RunningServer {
 
     /// Runs until ctrl-c or SIGTERM, then shuts down.
     pub async fn run_until_signal(self) {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
@@ -123,21 +122,10 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
         }
     });
     tracing::info!(%nbd_addr, %api_addr, %engine, dir = %cfg.data_dir.display(), "coronafs serving");
-    Ok(RunningServer {
-        nbd_addr,
-        api_addr,
-        engine,
-        shared,
-        stop,
-        tasks,
-    })
+    Ok(RunningServer { nbd_addr, api_addr, engine, shared, stop, tasks })
 }
 
-async fn accept_nbd(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    mut stopped: watch::Receiver<bool>,
-) {
+async fn accept_nbd(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {

@@ -1,0 +1,82 @@
+//! Running fio and reading its JSON output.
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use std::process::Command;
+
+/// One fio workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct Workload {
+    pub name: &'static str,
+    pub rw: &'static str,
+    pub bs: &'static str,
+    pub iodepth: u32,
+    pub numjobs: u32,
+}
+
+/// The figures of one fio run (summed over jobs for one direction).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct FioResult {
+    pub bw_bytes: f64,
+    pub iops: f64,
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+}
+
+/// Runs `w` with the nbd engine against `uri` for `runtime_s` seconds.
+pub fn run_nbd(uri: &str, w: &Workload, size: &str, runtime_s: u32) -> anyhow::Result<FioResult> {
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=bench",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        &format!("--rw={}", w.rw),
+        &format!("--bs={}", w.bs),
+        &format!("--iodepth={}", w.iodepth),
+        &format!("--numjobs={}", w.numjobs),
+        &format!("--size={size}"),
+        &format!("--runtime={runtime_s}"),
+        "--time_based",
+        "--ramp_time=1",
+        "--group_reporting",
+        "--randrepeat=0",
+        "--output-format=json",
+    ]);
+    let out = cmd.output().context("running fio (is it installed? apt-get install fio)")?;
+    if !out.status.success() {
+        bail!("fio failed on {uri}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    parse(&out.stdout, w.rw.contains("write") && !w.rw.contains("read"))
+}
+
+/// Extracts read (or write) figures from fio's JSON.
+pub fn parse(json: &[u8], write: bool) -> anyhow::Result<FioResult> {
+    // fio may print notices before the JSON object.
+    let start = json.iter().position(|&b| b == b'{').context("no JSON in fio output")?;
+    let v: serde_json::Value = serde_json::from_slice(&json[start..]).context("parsing fio JSON")?;
+    let job = &v["jobs"][0][if write { "write" } else { "read" }];
+    let f = |p: &str| job.pointer(p).and_then(|x| x.as_f64());
+    let pct = |k: &str| f(&format!("/clat_ns/percentile/{k}")).unwrap_or(0.0) / 1000.0;
+    Ok(FioResult {
+        bw_bytes: f("/bw_bytes").context("fio JSON lacks bw_bytes")?,
+        iops: f("/iops").context("fio JSON lacks iops")?,
+        lat_p50_us: pct("50.000000"),
+        lat_p99_us: pct("99.000000"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_read_side_of_fio_json() {
+        let json = br#"note: something
+{"jobs":[{"read":{"bw_bytes":1048576,"iops":256.5,"clat_ns":{"percentile":{"50.000000":2000,"99.000000":9000}}},
+"write":{"bw_bytes":0,"iops":0}}]}"#;
+        let r = parse(json, false).unwrap();
+        assert_eq!((r.bw_bytes, r.iops, r.lat_p50_us, r.lat_p99_us), (1048576.0, 256.5, 2.0, 9.0));
+        assert!(parse(b"garbage", false).is_err());
+        assert!(parse(br#"{"jobs":[{"read":{}}]}"#, false).is_err());
+    }
+}

@@ -1,0 +1,193 @@
+//! CoronaFS against nbdkit and qemu-nbd: one and the same file served by
+//! each, fio's nbd engine on each in the same run, iterations interleaved so
+//! that machine noise falls on every peer alike.
+
+use crate::fio::{self, FioResult, Workload};
+use crate::peers::{Peer, PeerProc};
+use crate::stats::Summary;
+use anyhow::Context;
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Size of the served file in bytes.
+    pub size: u64,
+    pub iterations: usize,
+    /// Seconds per fio run.
+    pub runtime_s: u32,
+    pub peers: Vec<Peer>,
+}
+
+pub const WORKLOADS: [Workload; 4] = [
+    Workload { name: "seq-read-1m-qd16", rw: "read", bs: "1m", iodepth: 16, numjobs: 1 },
+    Workload { name: "seq-write-1m-qd16", rw: "write", bs: "1m", iodepth: 16, numjobs: 1 },
+    Workload { name: "rand-read-4k-qd1", rw: "randread", bs: "4k", iodepth: 1, numjobs: 1 },
+    Workload { name: "rand-read-4k-qd32", rw: "randread", bs: "4k", iodepth: 32, numjobs: 1 },
+];
+
+/// The memory probe: QD32 on 8 connections.
+pub const MEMORY_WORKLOAD: Workload =
+    Workload { name: "rand-read-4k-qd32-x8", rw: "randread", bs: "4k", iodepth: 32, numjobs: 8 };
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerFigures {
+    pub peer: String,
+    pub mib_s: Summary,
+    pub iops: Summary,
+    pub lat_p50_us: Summary,
+    pub lat_p99_us: Summary,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadResult {
+    pub workload: Workload,
+    pub peers: Vec<PeerFigures>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryResult {
+    pub peer: String,
+    pub peak_rss_bytes: u64,
+    pub iops: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub size_bytes: u64,
+    pub iterations: usize,
+    pub runtime_s: u32,
+    pub workloads: Vec<WorkloadResult>,
+    pub memory: Vec<MemoryResult>,
+}
+
+fn make_file(path: &Path, size: u64) -> anyhow::Result<()> {
+    // Real data everywhere, so reads are not served from holes.
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for b in chunk.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for i in 0..size.div_ceil(1 << 20) {
+        chunk[0..8].copy_from_slice(&i.to_le_bytes());
+        f.write_all(&chunk)?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// Runs the comparison, printing progress lines to stderr.
+pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
+    let file = workdir.join("disk");
+    eprintln!("bench: writing a {} MiB test file", opts.size >> 20);
+    make_file(&file, opts.size)?;
+    let size_arg = format!("{}", opts.size);
+    let mut raw: Vec<Vec<Vec<FioResult>>> = vec![vec![Vec::new(); opts.peers.len()]; WORKLOADS.len()];
+    let mut memory = Vec::new();
+    for (pi, &peer) in opts.peers.iter().enumerate() {
+        let _ = pi;
+        // Start each peer once and make sure it can be started before the long loop.
+        PeerProc::start(peer, &file).with_context(|| format!("checking {}", peer.label()))?;
+    }
+    for it in 0..opts.iterations {
+        for (wi, w) in WORKLOADS.iter().enumerate() {
+            for (pi, &peer) in opts.peers.iter().enumerate() {
+                let p = PeerProc::start(peer, &file)?;
+                let r = fio::run_nbd(&p.uri, w, &size_arg, opts.runtime_s)?;
+                eprintln!(
+                    "bench: iteration {}/{} {:<20} {:<16} {:>9.1} MiB/s {:>9.0} IOPS p50 {:>7.1} us p99 {:>7.1} us",
+                    it + 1,
+                    opts.iterations,
+                    w.name,
+                    peer.label(),
+                    r.bw_bytes / 1048576.0,
+                    r.iops,
+                    r.lat_p50_us,
+                    r.lat_p99_us
+                );
+                raw[wi][pi].push(r);
+            }
+        }
+    }
+    for &peer in &opts.peers {
+        let p = PeerProc::start(peer, &file)?;
+        let r = fio::run_nbd(&p.uri, &MEMORY_WORKLOAD, &size_arg, opts.runtime_s)?;
+        let (peak, _) = p.memory();
+        eprintln!(
+            "bench: memory {:<16} peak RSS {:>6.1} MiB at QD32 x 8 connections ({:.0} IOPS)",
+            peer.label(),
+            peak as f64 / 1048576.0,
+            r.iops
+        );
+        memory.push(MemoryResult { peer: peer.label(), peak_rss_bytes: peak, iops: r.iops });
+    }
+    let workloads = WORKLOADS
+        .iter()
+        .zip(raw)
+        .map(|(w, per_peer)| WorkloadResult {
+            workload: w.clone(),
+            peers: opts
+                .peers
+                .iter()
+                .zip(per_peer)
+                .map(|(p, rs)| {
+                    let col = |f: fn(&FioResult) -> f64| Summary::of(&rs.iter().map(f).collect::<Vec<_>>());
+                    PeerFigures {
+                        peer: p.label(),
+                        mib_s: col(|r| r.bw_bytes / 1048576.0),
+                        iops: col(|r| r.iops),
+                        lat_p50_us: col(|r| r.lat_p50_us),
+                        lat_p99_us: col(|r| r.lat_p99_us),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(Report { size_bytes: opts.size, iterations: opts.iterations, runtime_s: opts.runtime_s, workloads, memory })
+}
+
+/// The report as a Markdown table, with coronafs / peer ratios of medians.
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "## NBD export: CoronaFS vs nbdkit vs qemu-nbd\n\nOne {} MiB file served by each, fio `--ioengine=nbd`, {} iterations of {} s each, interleaved. Median (spread = (max-min)/median).\n\n",
+        r.size_bytes >> 20,
+        r.iterations,
+        r.runtime_s
+    ));
+    s.push_str("| Workload | Server | MiB/s | IOPS | p50 µs | p99 µs | spread |\n|---|---|---:|---:|---:|---:|---:|\n");
+    for w in &r.workloads {
+        for p in &w.peers {
+            s.push_str(&format!(
+                "| {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.0}% |\n",
+                w.workload.name,
+                p.peer,
+                p.mib_s.median,
+                p.iops.median,
+                p.lat_p50_us.median,
+                p.lat_p99_us.median,
+                p.iops.spread_pct()
+            ));
+        }
+    }
+    s.push_str("\n### Ratios (IOPS medians)\n\n| Workload | Ratio | Value |\n|---|---|---:|\n");
+    for w in &r.workloads {
+        for c in w.peers.iter().filter(|p| p.peer.starts_with("coronafs")) {
+            for o in w.peers.iter().filter(|p| !p.peer.starts_with("coronafs")) {
+                let ratio = if o.iops.median > 0.0 { c.iops.median / o.iops.median } else { 0.0 };
+                s.push_str(&format!("| {} | {} / {} | {:.2} |\n", w.workload.name, c.peer, o.peer, ratio));
+            }
+        }
+    }
+    s.push_str("\n### Server memory at QD32 on 8 connections\n\n| Server | Peak RSS MiB | IOPS |\n|---|---:|---:|\n");
+    for m in &r.memory {
+        s.push_str(&format!("| {} | {:.1} | {:.0} |\n", m.peer, m.peak_rss_bytes as f64 / 1048576.0, m.iops));
+    }
+    s
+}

@@ -1,0 +1,49 @@
+//! Summary statistics over iterations.
+
+use serde::Serialize;
+
+/// Median and spread of one figure over several iterations.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Summary {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub stddev: f64,
+    pub n: usize,
+}
+
+impl Summary {
+    pub fn of(values: &[f64]) -> Summary {
+        let n = values.len();
+        if n == 0 {
+            return Summary { median: 0.0, min: 0.0, max: 0.0, mean: 0.0, stddev: 0.0, n };
+        }
+        let mut v = values.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        let mean = v.iter().sum::<f64>() / n as f64;
+        let var = if n > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64 } else { 0.0 };
+        Summary { median, min: v[0], max: v[n - 1], mean, stddev: var.sqrt(), n }
+    }
+
+    /// Spread as a percentage of the median ((max - min) / median).
+    pub fn spread_pct(&self) -> f64 {
+        if self.median == 0.0 { 0.0 } else { 100.0 * (self.max - self.min) / self.median }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_spread_of_odd_and_even_samples() {
+        let s = Summary::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max, s.mean), (2.0, 1.0, 3.0, 2.0));
+        assert!((s.stddev - 1.0).abs() < 1e-9);
+        assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert!((Summary::of(&[90.0, 100.0, 110.0]).spread_pct() - 20.0).abs() < 1e-9);
+        assert_eq!(Summary::of(&[]).n, 0);
+    }
+}
