@@ -41,13 +41,15 @@ pub fn target_dir() -> PathBuf {
     exe.parent().and_then(|d| d.parent()).expect("target dir").to_path_buf()
 }
 
-static BUILD: Mutex<()> = Mutex::new(());
+static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Path to one of the workspace's binaries, built on first use if needed.
+/// Path to one of the workspace's binaries, (re)built once per test process
+/// so a test never runs a stale binary (cargo returns at once when it is fresh).
 pub fn bin(package: &str, name: &str) -> PathBuf {
     let path = target_dir().join(name);
-    let _g = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    if !path.exists() {
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|b| b == name) {
+        built.push(name.to_owned());
         let release = target_dir().file_name().is_some_and(|n| n == "release");
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.args(["build", "-p", package, "--bin", name]);

@@ -36,8 +36,35 @@ fn the_cli_creates_lists_and_explains_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(needle), "{args:?}: {err}");
     }
+    // Traffic shows up in the Prometheus metrics on the API address.
+    let nbd = p.nbd;
+    tokio::runtime::Runtime::new().expect("rt").block_on(async move {
+        let c = NbdClient::connect(nbd, "vm-disk").await.expect("connect");
+        c.write(0, &[1; 4096], false).await.expect("write");
+        c.read(0, 4096).await.expect("read");
+        let _ = c.read(5 << 30, 1).await;
+    });
+    let metrics = http_get(p.api, "/metrics");
+    for needle in [
+        "coronafs_nbd_requests_total{op=\"write\"} 1",
+        "coronafs_nbd_bytes_total{op=\"read\"} 4096",
+        "coronafs_nbd_errors_total{op=\"read\"} 1",
+        "coronafs_nbd_request_duration_seconds_bucket{op=\"read\",le=\"+Inf\"} 2",
+    ] {
+        assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");
+    }
     let out = cli("127.0.0.1:1".parse().expect("addr"), &["list"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the control API"));
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect API");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("send");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("read");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    body
 }
 
 async fn write_then_make_durable(addr: std::net::SocketAddr, round: u64, use_fua: bool) -> Vec<(u64, Vec<u8>)> {
