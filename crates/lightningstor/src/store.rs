@@ -1,0 +1,538 @@
+//! The storage engine: streams bodies into blocks, reads them back verified,
+//! and commits metadata only after the blocks are durable.
+//!
+//! Blocks written by an upload are *pinned* until its metadata commits (or
+//! the upload fails), so a concurrent delete that drops the last reference
+//! to an identical block cannot remove a file an upload is about to
+//! reference. Deleting an unreferenced block happens under the pin lock after
+//! re-reading its reference count.
+
+use crate::block::{BlockHash, BlockStore};
+use crate::checksum::{BodyHasher, Checksum, ChecksumAlgo};
+use crate::config::Config;
+use crate::error::{LightningError, Result};
+use crate::meta::MetaStore;
+use crate::meta::types::{BlockRef, ObjectData, ObjectMeta};
+use crate::metrics::Metrics;
+use bytes::{Bytes, BytesMut};
+use futures::stream::{self, BoxStream, FuturesOrdered};
+use futures::{Stream, StreamExt};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Block writes one upload keeps in flight while it reads the next block.
+const WRITES_IN_FLIGHT: usize = 3;
+/// Block reads a download prefetches.
+const READS_AHEAD: usize = 2;
+/// Below this, hashing runs inline instead of on a blocking thread.
+const SMALL_HASH: usize = 64 * 1024;
+
+/// Shared engine state.
+pub struct Store {
+    /// Metadata.
+    pub meta: MetaStore,
+    /// Block storage.
+    pub blocks: Arc<dyn BlockStore>,
+    /// The configuration the node runs with.
+    pub config: Config,
+    /// Counters exported at /metrics.
+    pub metrics: Arc<Metrics>,
+    pins: Mutex<HashMap<BlockHash, usize>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+/// Blocks an upload has written but not yet committed.
+pub struct Pins {
+    store: Arc<Store>,
+    hashes: Vec<BlockHash>,
+}
+
+impl Pins {
+    /// The upload committed: its blocks are referenced now, unpin them.
+    pub fn release(mut self) {
+        self.store.unpin(&std::mem::take(&mut self.hashes));
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        if self.hashes.is_empty() {
+            return;
+        }
+        // The upload failed or was cancelled: unpin and delete what nothing references.
+        let hashes = std::mem::take(&mut self.hashes);
+        let store = self.store.clone();
+        let work = move || {
+            store.unpin(&hashes);
+            store.delete_unused(&hashes);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(work);
+            }
+            Err(_) => work(),
+        }
+    }
+}
+
+/// The result of streaming a body in.
+pub struct Ingested {
+    /// Bytes received.
+    pub size: u64,
+    /// MD5 of the body.
+    pub md5: [u8; 16],
+    /// The extra checksum computed, if one was asked for.
+    pub checksum: Option<Checksum>,
+    /// Where the bytes went.
+    pub data: ObjectData,
+    /// Pins on the written blocks; release after the metadata commit.
+    pub pins: Pins,
+}
+
+impl Store {
+    /// Opens the node's data directory: metadata, blocks, and collects orphans.
+    pub fn open(config: Config) -> Result<Arc<Self>> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.data_dir)?;
+        let blocks: Arc<dyn BlockStore> = Arc::new(crate::block::file::FileBlockStore::open(
+            &config.data_dir.join("blocks"),
+            config.fsync,
+        )?);
+        Self::with_backends(config, blocks)
+    }
+
+    /// Builds a store over a given block backend (metadata still under `data_dir`).
+    pub fn with_backends(config: Config, blocks: Arc<dyn BlockStore>) -> Result<Arc<Self>> {
+        std::fs::create_dir_all(&config.data_dir)?;
+        let meta = MetaStore::open(
+            &config.data_dir.join("meta.redb"),
+            blocks.clone(),
+            config.fsync,
+        )?;
+        let orphans = crate::meta::collect_orphans(&meta, &*blocks)?;
+        if orphans > 0 {
+            tracing::info!(orphans, "collected unreferenced blocks");
+        }
+        let metrics = Arc::new(Metrics::default());
+        metrics.add(&metrics.gc_blocks_deleted, orphans as u64);
+        Ok(Arc::new(Store {
+            meta,
+            blocks,
+            config,
+            metrics,
+            pins: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    fn pin(&self, hash: BlockHash) {
+        if let Ok(mut p) = self.pins.lock() {
+            *p.entry(hash).or_insert(0) += 1;
+        }
+    }
+
+    fn unpin(&self, hashes: &[BlockHash]) {
+        if let Ok(mut p) = self.pins.lock() {
+            for h in hashes {
+                if let Some(n) = p.get_mut(h) {
+                    *n -= 1;
+                    if *n == 0 {
+                        p.remove(h);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes each block that is neither pinned nor referenced. Blocking.
+    pub fn delete_unused(&self, hashes: &[BlockHash]) {
+        let Ok(pins) = self.pins.lock() else { return };
+        let mut deleted = 0u64;
+        for h in hashes {
+            if pins.contains_key(h) {
+                continue;
+            }
+            match self.meta.refcount(h) {
+                Ok(0) => match self.blocks.delete(h) {
+                    Ok(()) => deleted += 1,
+                    Err(e) => tracing::warn!(block = %h, error = %e, "deleting a block failed"),
+                },
+                Ok(_) => {}
+                Err(e) => tracing::warn!(block = %h, error = %e, "reading a refcount failed"),
+            }
+        }
+        drop(pins);
+        self.metrics.add(&self.metrics.gc_blocks_deleted, deleted);
+    }
+
+    /// Deletes freed blocks in the background after a commit.
+    pub fn spawn_delete(self: &Arc<Self>, freed: Vec<BlockHash>) {
+        if freed.is_empty() {
+            return;
+        }
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.delete_unused(&freed));
+    }
+
+    /// Streams a body into blocks (or inline data when `inline` allows and it
+    /// is small), computing MD5 and `algo` on the way. Never holds more than a
+    /// few blocks in memory.
+    pub async fn ingest<S, E>(
+        self: &Arc<Self>,
+        body: S,
+        algo: Option<ChecksumAlgo>,
+        inline: bool,
+    ) -> Result<Ingested>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        let bs = self.config.block_size;
+        let mut body = std::pin::pin!(body);
+        let mut hasher = Some(BodyHasher::new(algo));
+        let mut buf = BytesMut::with_capacity(bs.min(64 * 1024));
+        let mut pins = Pins {
+            store: self.clone(),
+            hashes: Vec::new(),
+        };
+        let mut refs: Vec<BlockRef> = Vec::new();
+        let mut writes = FuturesOrdered::new();
+
+        while let Some(chunk) = body.next().await {
+            let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
+            while !chunk.is_empty() {
+                if buf.capacity() < bs {
+                    buf.reserve(bs - buf.len());
+                }
+                let take = (bs - buf.len()).min(chunk.len());
+                buf.extend_from_slice(&chunk.split_to(take));
+                if buf.len() == bs {
+                    let block = buf.split().freeze();
+                    let (h, hash) = hash_block(hasher.take(), block.clone()).await?;
+                    hasher = Some(h);
+                    self.start_write(&mut writes, &mut pins, &mut refs, hash, block);
+                    while writes.len() > WRITES_IN_FLIGHT {
+                        finish_one(&mut writes).await?;
+                    }
+                }
+            }
+        }
+        let mut h = hasher
+            .take()
+            .ok_or_else(|| LightningError::Db("hasher lost".into()))?;
+        let tail = buf.split().freeze();
+        let size = h.len() + tail.len() as u64;
+        let data = if refs.is_empty() && inline && tail.len() <= self.config.inline_threshold {
+            h.update(&tail);
+            ObjectData::Inline(tail.to_vec())
+        } else {
+            if !tail.is_empty() {
+                let (h2, hash) = hash_block(Some(h), tail.clone()).await?;
+                h = h2;
+                self.start_write(&mut writes, &mut pins, &mut refs, hash, tail);
+            }
+            ObjectData::Blocks(refs)
+        };
+        while !writes.is_empty() {
+            finish_one(&mut writes).await?;
+        }
+        let (md5, checksum) = h.finalize();
+        self.metrics.add(&self.metrics.bytes_in, size);
+        Ok(Ingested {
+            size,
+            md5,
+            checksum,
+            data,
+            pins,
+        })
+    }
+
+    fn start_write(
+        &self,
+        writes: &mut FuturesOrdered<tokio::task::JoinHandle<Result<()>>>,
+        pins: &mut Pins,
+        refs: &mut Vec<BlockRef>,
+        hash: BlockHash,
+        block: Bytes,
+    ) {
+        self.pin(hash);
+        pins.hashes.push(hash);
+        refs.push(BlockRef {
+            hash,
+            len: u32::try_from(block.len()).unwrap_or(u32::MAX),
+        });
+        let blocks = self.blocks.clone();
+        let metrics = self.metrics.clone();
+        writes.push_back(tokio::task::spawn_blocking(move || {
+            blocks.put(&hash, &block)?;
+            metrics.inc(&metrics.blocks_written);
+            Ok(())
+        }));
+    }
+
+    /// Streams `range` of an object, verifying every block as it is read.
+    pub fn read(
+        self: &Arc<Self>,
+        meta: &ObjectMeta,
+        range: Range<u64>,
+    ) -> BoxStream<'static, Result<Bytes>> {
+        let len = range.end.saturating_sub(range.start);
+        self.metrics.add(&self.metrics.bytes_out, len);
+        match &meta.data {
+            ObjectData::Inline(d) => {
+                let s = usize::try_from(range.start)
+                    .unwrap_or(usize::MAX)
+                    .min(d.len());
+                let e = usize::try_from(range.end)
+                    .unwrap_or(usize::MAX)
+                    .min(d.len());
+                let b = Bytes::copy_from_slice(&d[s..e]);
+                stream::once(async move { Ok(b) }).boxed()
+            }
+            ObjectData::Blocks(blocks) => {
+                let mut plan = Vec::new();
+                let mut off = 0u64;
+                for b in blocks {
+                    let (start, end) = (off, off + u64::from(b.len));
+                    off = end;
+                    if end <= range.start || start >= range.end {
+                        continue;
+                    }
+                    let cut_s = range.start.saturating_sub(start);
+                    let cut_e = range.end.min(end) - start;
+                    plan.push((b.hash, cut_s as usize..cut_e as usize));
+                }
+                let store = self.clone();
+                stream::iter(plan)
+                    .map(move |(hash, cut)| {
+                        let store = store.clone();
+                        async move {
+                            let data = tokio::task::spawn_blocking(move || {
+                                let r = store.blocks.get(&hash);
+                                match &r {
+                                    Ok(_) => store.metrics.inc(&store.metrics.blocks_read),
+                                    Err(LightningError::CorruptBlock { .. }) => {
+                                        store.metrics.inc(&store.metrics.corrupt_blocks);
+                                    }
+                                    Err(_) => {}
+                                }
+                                r
+                            })
+                            .await
+                            .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+                            Ok(data.slice(cut))
+                        }
+                    })
+                    .buffered(READS_AHEAD)
+                    .boxed()
+            }
+        }
+    }
+
+    /// Pins `blocks` and checks they are all present: the caller may then
+    /// reference them from a new row without racing a delete.
+    pub fn pin_existing(self: &Arc<Self>, blocks: &[BlockRef]) -> Result<Pins> {
+        let mut pins = Pins {
+            store: self.clone(),
+            hashes: Vec::with_capacity(blocks.len()),
+        };
+        for b in blocks {
+            self.pin(b.hash);
+            pins.hashes.push(b.hash);
+        }
+        for b in blocks {
+            if !self.blocks.contains(&b.hash)? {
+                return Err(LightningError::MissingBlock {
+                    hash: b.hash.to_hex(),
+                });
+            }
+        }
+        Ok(pins)
+    }
+}
+
+async fn hash_block(hasher: Option<BodyHasher>, block: Bytes) -> Result<(BodyHasher, BlockHash)> {
+    let mut h = hasher.ok_or_else(|| LightningError::Db("hasher lost".into()))?;
+    if block.len() <= SMALL_HASH {
+        h.update(&block);
+        return Ok((h, BlockHash::of(&block)));
+    }
+    tokio::task::spawn_blocking(move || {
+        h.update(&block);
+        (h, BlockHash::of(&block))
+    })
+    .await
+    .map_err(|e| LightningError::Io(std::io::Error::other(e)))
+}
+
+async fn finish_one(
+    writes: &mut FuturesOrdered<tokio::task::JoinHandle<Result<()>>>,
+) -> Result<()> {
+    match writes.next().await {
+        Some(r) => r.map_err(|e| LightningError::Io(std::io::Error::other(e)))?,
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::memory::MemoryBlockStore;
+    use crate::meta::ops;
+    use futures::TryStreamExt;
+
+    fn store(dir: &std::path::Path) -> (Arc<Store>, Arc<MemoryBlockStore>) {
+        let mem = Arc::new(MemoryBlockStore::new());
+        let cfg = Config {
+            block_size: 4096,
+            inline_threshold: 100,
+            anonymous: true,
+            ..Config::new(dir)
+        };
+        (Store::with_backends(cfg, mem.clone()).expect("store"), mem)
+    }
+
+    fn body(
+        data: &[u8],
+        piece: usize,
+    ) -> impl Stream<Item = std::result::Result<Bytes, String>> + Send + use<> {
+        let chunks: Vec<_> = data
+            .chunks(piece.max(1))
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        stream::iter(chunks)
+    }
+
+    async fn read_all(store: &Arc<Store>, meta: &ObjectMeta, r: Range<u64>) -> Result<Vec<u8>> {
+        let parts: Vec<Bytes> = store.read(meta, r).try_collect().await?;
+        Ok(parts.concat())
+    }
+
+    fn object(ing: &Ingested) -> ObjectMeta {
+        ObjectMeta {
+            version: 1,
+            size: ing.size,
+            etag: hex::encode(ing.md5),
+            last_modified_ms: 0,
+            headers: Default::default(),
+            checksum: None,
+            parts: vec![],
+            data: ing.data.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn bodies_are_cut_into_blocks_and_read_back_in_any_range() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, _) = store(dir.path());
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 256) as u8).collect();
+        let ing = store
+            .ingest(body(&data, 1000), None, true)
+            .await
+            .expect("ingest");
+        assert_eq!(ing.data.blocks().len(), 5);
+        let meta = object(&ing);
+        for r in [
+            0..20_000u64,
+            0..1,
+            4095..4097,
+            8192..8192,
+            19_999..20_000,
+            100..12_345,
+        ] {
+            let got = read_all(&store, &meta, r.clone()).await.expect("read");
+            assert_eq!(got, &data[r.start as usize..r.end as usize]);
+        }
+    }
+
+    #[tokio::test]
+    async fn small_bodies_are_stored_inline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, mem) = store(dir.path());
+        let ing = store
+            .ingest(body(b"tiny", 2), None, true)
+            .await
+            .expect("ingest");
+        assert_eq!(ing.data, ObjectData::Inline(b"tiny".to_vec()));
+        assert!(mem.list().expect("list").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_upload_leaves_no_blocks_behind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, mem) = store(dir.path());
+        let ing = store
+            .ingest(body(&vec![3u8; 10_000], 500), None, true)
+            .await
+            .expect("ingest");
+        assert!(!mem.list().expect("list").is_empty());
+        drop(ing); // never committed
+        for _ in 0..100 {
+            if mem.list().expect("list").is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("uncommitted blocks were not deleted");
+    }
+
+    #[tokio::test]
+    async fn overwriting_an_object_frees_the_old_blocks_but_keeps_shared_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, mem) = store(dir.path());
+        store
+            .meta
+            .write(|t| ops::create_bucket(t, "b", 0))
+            .await
+            .expect("bucket");
+        let a: Vec<u8> = vec![1u8; 8192];
+        let mut b = vec![1u8; 4096];
+        b.extend(vec![2u8; 4096]);
+        for data in [a, b] {
+            let ing = store
+                .ingest(body(&data, 4096), None, true)
+                .await
+                .expect("ingest");
+            let meta = object(&ing);
+            let freed = store
+                .meta
+                .write(move |t| ops::put_object(t, "b", "k", &meta, &Default::default()))
+                .await
+                .expect("put");
+            ing.pins.release();
+            store.delete_unused(&freed);
+        }
+        // Only [1;4096] (shared) and [2;4096] remain.
+        assert_eq!(mem.list().expect("list").len(), 2);
+        let freed = store
+            .meta
+            .write(|t| ops::delete_object(t, "b", "k"))
+            .await
+            .expect("delete");
+        store.delete_unused(&freed);
+        assert!(mem.list().expect("list").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_block_fails_the_read_instead_of_returning_bad_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, mem) = store(dir.path());
+        let data = vec![9u8; 5000];
+        let ing = store
+            .ingest(body(&data, 5000), None, true)
+            .await
+            .expect("ingest");
+        let meta = object(&ing);
+        let first = meta.data.blocks()[0].hash;
+        mem.corrupt(&first, vec![0u8; 4096]);
+        assert!(matches!(
+            read_all(&store, &meta, 0..5000).await,
+            Err(LightningError::CorruptBlock { .. })
+        ));
+    }
+}
