@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,s3s=warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,s3s=off")),
         )
         .with_writer(std::io::stderr)
         .init();

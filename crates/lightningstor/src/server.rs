@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use s3s::access::{S3Access, S3AccessContext};
-use s3s::auth::SimpleAuth;
+use s3s::auth::{S3Auth, SecretKey};
 use s3s::host::{S3Host, VirtualHost};
 use s3s::service::{S3Service, S3ServiceBuilder};
 use s3s::{HttpError, S3Result};
@@ -51,6 +51,27 @@ impl S3Host for Domains {
     }
 }
 
+/// The configured key pair. Unknown keys are `InvalidAccessKeyId`, as S3
+/// answers (s3s's `SimpleAuth` says `NotSignedUp`).
+struct KeyAuth {
+    access_key: String,
+    secret_key: String,
+}
+
+#[async_trait::async_trait]
+impl S3Auth for KeyAuth {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        if access_key == self.access_key {
+            Ok(SecretKey::from(self.secret_key.clone()))
+        } else {
+            Err(s3s::S3Error::with_message(
+                s3s::S3ErrorCode::InvalidAccessKeyId,
+                "the access key id you provided does not exist in our records",
+            ))
+        }
+    }
+}
+
 /// With keys *and* `anonymous`, signed requests are checked and unsigned ones allowed.
 struct AllowAnonymous;
 
@@ -66,7 +87,10 @@ pub fn service(store: Arc<Store>) -> S3Service {
     let cfg = store.config.clone();
     let mut b = S3ServiceBuilder::new(LightningS3::new(store));
     if let Some((ak, sk)) = cfg.keys() {
-        b.set_auth(SimpleAuth::from_single(ak, sk.to_owned()));
+        b.set_auth(KeyAuth {
+            access_key: ak.to_owned(),
+            secret_key: sk.to_owned(),
+        });
         if cfg.anonymous {
             b.set_access(AllowAnonymous);
         }
