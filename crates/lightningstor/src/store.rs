@@ -308,8 +308,12 @@ impl Store {
                     plan.push((b.hash, cut_s as usize..cut_e as usize));
                 }
                 let store = self.clone();
+                // Pinned for the life of the stream: a concurrent delete of the
+                // object leaves the files alone until this read is done.
+                let pins = self.pin_all(plan.iter().map(|(h, _)| *h));
                 stream::iter(plan)
                     .map(move |(hash, cut)| {
+                        let _keep = &pins;
                         let store = store.clone();
                         async move {
                             let data = tokio::task::spawn_blocking(move || {
@@ -334,17 +338,22 @@ impl Store {
         }
     }
 
+    fn pin_all(self: &Arc<Self>, hashes: impl Iterator<Item = BlockHash>) -> Pins {
+        let mut pins = Pins {
+            store: self.clone(),
+            hashes: Vec::new(),
+        };
+        for h in hashes {
+            self.pin(h);
+            pins.hashes.push(h);
+        }
+        pins
+    }
+
     /// Pins `blocks` and checks they are all present: the caller may then
     /// reference them from a new row without racing a delete.
     pub fn pin_existing(self: &Arc<Self>, blocks: &[BlockRef]) -> Result<Pins> {
-        let mut pins = Pins {
-            store: self.clone(),
-            hashes: Vec::with_capacity(blocks.len()),
-        };
-        for b in blocks {
-            self.pin(b.hash);
-            pins.hashes.push(b.hash);
-        }
+        let pins = self.pin_all(blocks.iter().map(|b| b.hash));
         for b in blocks {
             if !self.blocks.contains(&b.hash)? {
                 return Err(LightningError::MissingBlock {
@@ -516,6 +525,48 @@ mod tests {
             .expect("delete");
         store.delete_unused(&freed);
         assert!(mem.list().expect("list").is_empty());
+    }
+
+    #[tokio::test]
+    async fn deleting_an_object_during_a_read_keeps_its_blocks_until_the_read_ends() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, mem) = store(dir.path());
+        store
+            .meta
+            .write(|t| ops::create_bucket(t, "b", 0))
+            .await
+            .expect("bucket");
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
+        let ing = store.ingest(body(&data, 4096), None, true).await.expect("ingest");
+        let meta = object(&ing);
+        let row = meta.clone();
+        store
+            .meta
+            .write(move |t| ops::put_object(t, "b", "k", &row, &Default::default()))
+            .await
+            .expect("put");
+        ing.pins.release();
+        let mut reader = store.read(&meta, 0..20_000);
+        let first = reader.next().await.expect("first").expect("ok");
+        let freed = store
+            .meta
+            .write(|t| ops::delete_object(t, "b", "k"))
+            .await
+            .expect("delete");
+        store.delete_unused(&freed);
+        let mut got = first.to_vec();
+        while let Some(chunk) = reader.next().await {
+            got.extend_from_slice(&chunk.expect("block still readable"));
+        }
+        assert_eq!(got, data);
+        drop(reader);
+        for _ in 0..100 {
+            if mem.list().expect("list").is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("blocks of the deleted object were not collected after the read");
     }
 
     #[tokio::test]
