@@ -22,7 +22,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// Block writes one upload keeps in flight while it reads the next block.
-const WRITES_IN_FLIGHT: usize = 3;
+const WRITES_IN_FLIGHT: usize = 2;
 /// Block reads a download prefetches.
 const READS_AHEAD: usize = 2;
 /// Below this, hashing runs inline instead of on a blocking thread.
@@ -39,6 +39,7 @@ pub struct Store {
     /// Counters exported at /metrics.
     pub metrics: Arc<Metrics>,
     pins: Mutex<HashMap<BlockHash, usize>>,
+    budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Store {
@@ -127,6 +128,7 @@ impl Store {
             config,
             metrics,
             pins: Mutex::new(HashMap::new()),
+            budget: Arc::new(tokio::sync::Semaphore::new(BLOCK_BUDGET)),
         }))
     }
 
@@ -180,8 +182,9 @@ impl Store {
     }
 
     /// Streams a body into blocks (or inline data when `inline` allows and it
-    /// is small), computing MD5 and `algo` on the way. Never holds more than a
-    /// few blocks in memory.
+    /// is small), computing MD5 and `algo` on the way. Receiving, hashing and
+    /// writing overlap; never more than a few blocks per upload, and
+    /// [`BLOCK_BUDGET`] blocks over all uploads, are in memory.
     pub async fn ingest<S, E>(
         self: &Arc<Self>,
         body: S,
@@ -192,87 +195,27 @@ impl Store {
         S: Stream<Item = std::result::Result<Bytes, E>> + Send,
         E: std::fmt::Display,
     {
-        let bs = self.config.block_size;
-        let mut body = std::pin::pin!(body);
-        let mut hasher = Some(BodyHasher::new(algo));
-        let mut buf = BytesMut::with_capacity(bs.min(64 * 1024));
-        let mut pins = Pins {
+        let mut p = Pipeline {
             store: self.clone(),
-            hashes: Vec::new(),
+            hasher: Some(BodyHasher::new(algo)),
+            hashing: None,
+            writes: FuturesOrdered::new(),
+            refs: Vec::new(),
+            pins: Pins {
+                store: self.clone(),
+                hashes: Vec::new(),
+            },
+            received: 0,
         };
-        let mut refs: Vec<BlockRef> = Vec::new();
-        let mut writes = FuturesOrdered::new();
-
-        while let Some(chunk) = body.next().await {
-            let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
-            while !chunk.is_empty() {
-                if buf.capacity() < bs {
-                    buf.reserve(bs - buf.len());
-                }
-                let take = (bs - buf.len()).min(chunk.len());
-                buf.extend_from_slice(&chunk.split_to(take));
-                if buf.len() == bs {
-                    let block = buf.split().freeze();
-                    let (h, hash) = hash_block(hasher.take(), block.clone()).await?;
-                    hasher = Some(h);
-                    self.start_write(&mut writes, &mut pins, &mut refs, hash, block);
-                    while writes.len() > WRITES_IN_FLIGHT {
-                        finish_one(&mut writes).await?;
-                    }
-                }
+        match p.run(body, inline).await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                // Let in-flight writes finish so their pins are recorded and
+                // released (and the blocks deleted) when `p` drops.
+                let _ = p.drain().await;
+                Err(e)
             }
         }
-        let mut h = hasher
-            .take()
-            .ok_or_else(|| LightningError::Db("hasher lost".into()))?;
-        let tail = buf.split().freeze();
-        let size = h.len() + tail.len() as u64;
-        let data = if refs.is_empty() && inline && tail.len() <= self.config.inline_threshold {
-            h.update(&tail);
-            ObjectData::Inline(tail.to_vec())
-        } else {
-            if !tail.is_empty() {
-                let (h2, hash) = hash_block(Some(h), tail.clone()).await?;
-                h = h2;
-                self.start_write(&mut writes, &mut pins, &mut refs, hash, tail);
-            }
-            ObjectData::Blocks(refs)
-        };
-        while !writes.is_empty() {
-            finish_one(&mut writes).await?;
-        }
-        let (md5, checksum) = h.finalize();
-        self.metrics.add(&self.metrics.bytes_in, size);
-        Ok(Ingested {
-            size,
-            md5,
-            checksum,
-            data,
-            pins,
-        })
-    }
-
-    fn start_write(
-        &self,
-        writes: &mut FuturesOrdered<tokio::task::JoinHandle<Result<()>>>,
-        pins: &mut Pins,
-        refs: &mut Vec<BlockRef>,
-        hash: BlockHash,
-        block: Bytes,
-    ) {
-        self.pin(hash);
-        pins.hashes.push(hash);
-        refs.push(BlockRef {
-            hash,
-            len: u32::try_from(block.len()).unwrap_or(u32::MAX),
-        });
-        let blocks = self.blocks.clone();
-        let metrics = self.metrics.clone();
-        writes.push_back(tokio::task::spawn_blocking(move || {
-            blocks.put(&hash, &block)?;
-            metrics.inc(&metrics.blocks_written);
-            Ok(())
-        }));
     }
 
     /// Streams `range` of an object, verifying every block as it is read.
@@ -365,26 +308,154 @@ impl Store {
     }
 }
 
-async fn hash_block(hasher: Option<BodyHasher>, block: Bytes) -> Result<(BodyHasher, BlockHash)> {
-    let mut h = hasher.ok_or_else(|| LightningError::Db("hasher lost".into()))?;
-    if block.len() <= SMALL_HASH {
-        h.update(&block);
-        return Ok((h, BlockHash::of(&block)));
-    }
-    tokio::task::spawn_blocking(move || {
-        h.update(&block);
-        (h, BlockHash::of(&block))
-    })
-    .await
-    .map_err(|e| LightningError::Io(std::io::Error::other(e)))
+/// Blocks in memory (being hashed or written) over all uploads.
+pub const BLOCK_BUDGET: usize = 64;
+
+type WriteJob = tokio::task::JoinHandle<(BlockHash, u32, Result<()>)>;
+
+/// One upload's ingest state: a hashing job chained block after block (MD5
+/// and CRCs are sequential) and block writes in flight beside it.
+struct Pipeline {
+    store: Arc<Store>,
+    hasher: Option<BodyHasher>,
+    hashing: Option<tokio::task::JoinHandle<BodyHasher>>,
+    writes: FuturesOrdered<WriteJob>,
+    refs: Vec<BlockRef>,
+    pins: Pins,
+    received: u64,
 }
 
-async fn finish_one(
-    writes: &mut FuturesOrdered<tokio::task::JoinHandle<Result<()>>>,
-) -> Result<()> {
-    match writes.next().await {
-        Some(r) => r.map_err(|e| LightningError::Io(std::io::Error::other(e)))?,
-        None => Ok(()),
+fn join_err(e: tokio::task::JoinError) -> LightningError {
+    LightningError::Io(std::io::Error::other(e))
+}
+
+impl Pipeline {
+    async fn run<S, E>(&mut self, body: S, inline: bool) -> Result<Ingested>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        let bs = self.store.config.block_size;
+        let mut body = std::pin::pin!(body);
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = body.next().await {
+            let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
+            self.received += chunk.len() as u64;
+            while !chunk.is_empty() {
+                if buf.capacity() < bs {
+                    buf.reserve(bs - buf.len());
+                }
+                let take = (bs - buf.len()).min(chunk.len());
+                buf.extend_from_slice(&chunk.split_to(take));
+                if buf.len() == bs {
+                    self.push_block(buf.split().freeze()).await?;
+                }
+            }
+        }
+        let tail = buf.split().freeze();
+        let data = if self.writes.is_empty()
+            && self.refs.is_empty()
+            && inline
+            && tail.len() <= self.store.config.inline_threshold
+        {
+            let mut h = self.take_hasher().await?;
+            h.update(&tail);
+            self.hasher = Some(h);
+            ObjectData::Inline(tail.to_vec())
+        } else {
+            if !tail.is_empty() {
+                self.push_block(tail).await?;
+            }
+            self.drain().await?;
+            ObjectData::Blocks(std::mem::take(&mut self.refs))
+        };
+        let h = self.take_hasher().await?;
+        let (md5, checksum) = h.finalize();
+        self.store
+            .metrics
+            .add(&self.store.metrics.bytes_in, self.received);
+        Ok(Ingested {
+            size: self.received,
+            md5,
+            checksum,
+            data,
+            pins: Pins {
+                store: self.store.clone(),
+                hashes: std::mem::take(&mut self.pins.hashes),
+            },
+        })
+    }
+
+    async fn take_hasher(&mut self) -> Result<BodyHasher> {
+        match self.hashing.take() {
+            Some(job) => job.await.map_err(join_err),
+            None => self
+                .hasher
+                .take()
+                .ok_or_else(|| LightningError::Db("body hasher lost".into())),
+        }
+    }
+
+    async fn push_block(&mut self, block: Bytes) -> Result<()> {
+        let permit = self
+            .store
+            .budget
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?;
+        let mut h = self.take_hasher().await?;
+        if block.len() <= SMALL_HASH {
+            h.update(&block);
+            self.hasher = Some(h);
+        } else {
+            let b = block.clone();
+            self.hashing = Some(tokio::task::spawn_blocking(move || {
+                h.update(&b);
+                h
+            }));
+        }
+        let store = self.store.clone();
+        self.writes.push_back(tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let hash = BlockHash::of(&block);
+            let len = u32::try_from(block.len()).unwrap_or(u32::MAX);
+            // Pin before writing: an existing identical block must not be
+            // deleted between this put finding it and the commit.
+            store.pin(hash);
+            let r = store.blocks.put(&hash, &block);
+            if r.is_ok() {
+                store.metrics.inc(&store.metrics.blocks_written);
+            }
+            (hash, len, r)
+        }));
+        while self.writes.len() > WRITES_IN_FLIGHT {
+            self.finish_one().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish_one(&mut self) -> Result<()> {
+        let Some(job) = self.writes.next().await else {
+            return Ok(());
+        };
+        let (hash, len, r) = job.map_err(join_err)?;
+        self.pins.hashes.push(hash);
+        r?;
+        self.refs.push(BlockRef { hash, len });
+        Ok(())
+    }
+
+    /// Waits for every write in flight; the first error wins.
+    async fn drain(&mut self) -> Result<()> {
+        let mut first = Ok(());
+        while !self.writes.is_empty() {
+            let r = self.finish_one().await;
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     }
 }
 
