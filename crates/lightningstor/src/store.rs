@@ -25,8 +25,6 @@ use std::sync::{Arc, Mutex};
 const WRITES_IN_FLIGHT: usize = 2;
 /// Block reads a download prefetches.
 const READS_AHEAD: usize = 2;
-/// Below this, hashing runs inline instead of on a blocking thread.
-const SMALL_HASH: usize = 64 * 1024;
 
 /// Shared engine state.
 pub struct Store {
@@ -198,7 +196,6 @@ impl Store {
         let mut p = Pipeline {
             store: self.clone(),
             hasher: Some(BodyHasher::new(algo)),
-            hashing: None,
             writes: FuturesOrdered::new(),
             refs: Vec::new(),
             pins: Pins {
@@ -313,12 +310,11 @@ pub const BLOCK_BUDGET: usize = 64;
 
 type WriteJob = tokio::task::JoinHandle<(BlockHash, u32, Result<()>)>;
 
-/// One upload's ingest state: a hashing job chained block after block (MD5
-/// and CRCs are sequential) and block writes in flight beside it.
+/// One upload's ingest state: the running body digests and the block writes
+/// in flight.
 struct Pipeline {
     store: Arc<Store>,
     hasher: Option<BodyHasher>,
-    hashing: Option<tokio::task::JoinHandle<BodyHasher>>,
     writes: FuturesOrdered<WriteJob>,
     refs: Vec<BlockRef>,
     pins: Pins,
@@ -341,6 +337,12 @@ impl Pipeline {
         while let Some(chunk) = body.next().await {
             let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
             self.received += chunk.len() as u64;
+            // MD5 and the CRCs are sequential; hashing each chunk as it
+            // arrives (like any streaming server) avoids a thread hand-off per
+            // block. BLAKE3 runs with the block write on a blocking thread.
+            if let Some(h) = self.hasher.as_mut() {
+                h.update(&chunk);
+            }
             while !chunk.is_empty() {
                 if buf.capacity() < bs {
                     buf.reserve(bs - buf.len());
@@ -358,9 +360,6 @@ impl Pipeline {
             && inline
             && tail.len() <= self.store.config.inline_threshold
         {
-            let mut h = self.take_hasher().await?;
-            h.update(&tail);
-            self.hasher = Some(h);
             ObjectData::Inline(tail.to_vec())
         } else {
             if !tail.is_empty() {
@@ -387,13 +386,9 @@ impl Pipeline {
     }
 
     async fn take_hasher(&mut self) -> Result<BodyHasher> {
-        match self.hashing.take() {
-            Some(job) => job.await.map_err(join_err),
-            None => self
-                .hasher
-                .take()
-                .ok_or_else(|| LightningError::Db("body hasher lost".into())),
-        }
+        self.hasher
+            .take()
+            .ok_or_else(|| LightningError::Db("body hasher lost".into()))
     }
 
     async fn push_block(&mut self, block: Bytes) -> Result<()> {
@@ -404,17 +399,6 @@ impl Pipeline {
             .acquire_owned()
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?;
-        let mut h = self.take_hasher().await?;
-        if block.len() <= SMALL_HASH {
-            h.update(&block);
-            self.hasher = Some(h);
-        } else {
-            let b = block.clone();
-            self.hashing = Some(tokio::task::spawn_blocking(move || {
-                h.update(&b);
-                h
-            }));
-        }
         let store = self.store.clone();
         self.writes.push_back(tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -608,7 +592,10 @@ mod tests {
             .await
             .expect("bucket");
         let data: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
-        let ing = store.ingest(body(&data, 4096), None, true).await.expect("ingest");
+        let ing = store
+            .ingest(body(&data, 4096), None, true)
+            .await
+            .expect("ingest");
         let meta = object(&ing);
         let row = meta.clone();
         store

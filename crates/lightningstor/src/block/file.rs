@@ -1,10 +1,18 @@
 //! Blocks as files: `blocks/<first byte in hex>/<hash in hex>`.
 //!
-//! A block is written to `blocks/tmp/`, fsynced, then renamed into place; the
-//! shard directory is fsynced by the next [`BlockStore::flush`], which the
-//! metadata layer calls before it commits a row that references the block.
-//! A crash therefore leaves either no file, a stray temp file (removed at
-//! startup) or a complete block that no row references (collected by GC).
+//! A block is written to `blocks/tmp/`, its writeback is started at once
+//! (`sync_file_range`), and it is renamed into place and remembered as
+//! *unsynced*. The next [`BlockStore::flush`] — which the metadata layer calls
+//! before it commits any row — `fdatasync`s every unsynced block and then the
+//! shard directories. Data therefore reaches the disk in the background while
+//! the upload goes on, and the one journal commit at flush covers every
+//! rename of the batch instead of one commit per block.
+//!
+//! A crash before the flush can leave a block file that is incomplete; no
+//! committed row can reference it (commits happen after the flush), so the
+//! startup garbage collection deletes it. A block found already present by a
+//! later upload (deduplication) is either durable or still on the unsynced
+//! list, so that upload's flush makes it durable too.
 
 use super::{BlockHash, BlockStore};
 use crate::error::{LightningError, Result};
@@ -23,6 +31,8 @@ pub struct FileBlockStore {
     fsync: bool,
     /// Shard directories with renames or unlinks not yet fsynced.
     dirty: Mutex<BTreeSet<u8>>,
+    /// Block files renamed into place whose data is not yet fsynced.
+    unsynced: Mutex<Vec<PathBuf>>,
     seq: AtomicU64,
 }
 
@@ -46,6 +56,7 @@ impl FileBlockStore {
             tmp,
             fsync,
             dirty: Mutex::new(BTreeSet::new()),
+            unsynced: Mutex::new(Vec::new()),
             seq: AtomicU64::new(0),
         })
     }
@@ -74,7 +85,12 @@ impl BlockStore for FileBlockStore {
         let res = (|| {
             f.write_all(data)?;
             if self.fsync {
-                f.sync_data()?;
+                start_writeback(&f);
+                // Listed before it becomes visible under its final name, so a
+                // flush after any upload that finds it will sync it.
+                if let Ok(mut u) = self.unsynced.lock() {
+                    u.push(path.clone());
+                }
             }
             fs::rename(&tmp, &path)
         })();
@@ -128,6 +144,24 @@ impl BlockStore for FileBlockStore {
         if !self.fsync {
             return Ok(());
         }
+        let files = match self.unsynced.lock() {
+            Ok(mut u) => std::mem::take(&mut *u),
+            Err(_) => Vec::new(),
+        };
+        for (i, path) in files.iter().enumerate() {
+            let r = match File::open(path) {
+                Ok(f) => f.sync_data(),
+                // Deleted since (unreferenced): nothing to make durable.
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                if let Ok(mut u) = self.unsynced.lock() {
+                    u.extend_from_slice(&files[i..]);
+                }
+                return Err(e.into());
+            }
+        }
         let shards = match self.dirty.lock() {
             Ok(mut d) => std::mem::take(&mut *d),
             Err(_) => (0..=255u8).collect(),
@@ -142,6 +176,14 @@ impl BlockStore for FileBlockStore {
         }
         Ok(())
     }
+}
+
+/// Asks the kernel to start writing `f` back now, without waiting.
+fn start_writeback(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is valid for the duration of the call; the
+    // syscall only schedules writeback of the file's dirty pages.
+    let _ = unsafe { libc::sync_file_range(f.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
 #[cfg(test)]
