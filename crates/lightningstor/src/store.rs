@@ -46,26 +46,56 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Blocks an upload has written but not yet committed.
-pub struct Pins {
+/// Blocks an upload has written (or a reader is reading) that must not be
+/// deleted yet. Shared with the upload's block-write tasks, so even a
+/// cancelled upload (client gone) unpins and cleans up once its last write
+/// finishes.
+#[derive(Clone)]
+pub struct Pins(Arc<PinSet>);
+
+struct PinSet {
     store: Arc<Store>,
-    hashes: Vec<BlockHash>,
+    hashes: Mutex<Vec<BlockHash>>,
 }
 
 impl Pins {
-    /// The upload committed: its blocks are referenced now, unpin them.
-    pub fn release(mut self) {
-        self.store.unpin(&std::mem::take(&mut self.hashes));
+    fn new(store: &Arc<Store>) -> Self {
+        Pins(Arc::new(PinSet {
+            store: store.clone(),
+            hashes: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Pins `hash` for as long as this set lives.
+    fn add(&self, hash: BlockHash) {
+        self.0.store.pin(hash);
+        if let Ok(mut h) = self.0.hashes.lock() {
+            h.push(hash);
+        }
+    }
+
+    /// The upload committed: its blocks are referenced now, unpin them
+    /// without looking for garbage.
+    pub fn release(self) {
+        let hashes = match self.0.hashes.lock() {
+            Ok(mut h) => std::mem::take(&mut *h),
+            Err(_) => return,
+        };
+        self.0.store.unpin(&hashes);
     }
 }
 
-impl Drop for Pins {
+impl Drop for PinSet {
     fn drop(&mut self) {
-        if self.hashes.is_empty() {
+        let hashes = match self.hashes.get_mut() {
+            Ok(h) => std::mem::take(h),
+            Err(_) => return,
+        };
+        if hashes.is_empty() {
             return;
         }
-        // The upload failed or was cancelled: unpin and delete what nothing references.
-        let hashes = std::mem::take(&mut self.hashes);
+        // Not committed (failed, cancelled) or a finished read: unpin and
+        // delete whatever nothing references any more.
         let store = self.store.clone();
         let work = move || {
             store.unpin(&hashes);
@@ -198,18 +228,14 @@ impl Store {
             hasher: Some(BodyHasher::new(algo)),
             writes: FuturesOrdered::new(),
             refs: Vec::new(),
-            pins: Pins {
-                store: self.clone(),
-                hashes: Vec::new(),
-            },
+            pins: Pins::new(self),
             received: 0,
         };
         match p.run(body, inline).await {
             Ok(r) => Ok(r),
             Err(e) => {
-                // Let in-flight writes finish so their pins are recorded and
-                // released (and the blocks deleted) when `p` drops.
-                let _ = p.drain().await;
+                // Dropping `p` drops its pins; in-flight writes hold the
+                // same set, which cleans up after the last of them.
                 Err(e)
             }
         }
@@ -279,13 +305,9 @@ impl Store {
     }
 
     fn pin_all(self: &Arc<Self>, hashes: impl Iterator<Item = BlockHash>) -> Pins {
-        let mut pins = Pins {
-            store: self.clone(),
-            hashes: Vec::new(),
-        };
+        let pins = Pins::new(self);
         for h in hashes {
-            self.pin(h);
-            pins.hashes.push(h);
+            pins.add(h);
         }
         pins
     }
@@ -378,10 +400,7 @@ impl Pipeline {
             md5,
             checksum,
             data,
-            pins: Pins {
-                store: self.store.clone(),
-                hashes: std::mem::take(&mut self.pins.hashes),
-            },
+            pins: self.pins.clone(),
         })
     }
 
@@ -400,13 +419,14 @@ impl Pipeline {
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?;
         let store = self.store.clone();
+        let pins = self.pins.clone();
         self.writes.push_back(tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let hash = BlockHash::of(&block);
             let len = u32::try_from(block.len()).unwrap_or(u32::MAX);
             // Pin before writing: an existing identical block must not be
             // deleted between this put finding it and the commit.
-            store.pin(hash);
+            pins.add(hash);
             let r = store.blocks.put(&hash, &block);
             if r.is_ok() {
                 store.metrics.inc(&store.metrics.blocks_written);
@@ -424,7 +444,6 @@ impl Pipeline {
             return Ok(());
         };
         let (hash, len, r) = job.map_err(join_err)?;
-        self.pins.hashes.push(hash);
         r?;
         self.refs.push(BlockRef { hash, len });
         Ok(())

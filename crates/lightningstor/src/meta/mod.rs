@@ -329,7 +329,9 @@ fn run_batch(
     }
     let mut ok = true;
     for op in ops.iter_mut() {
-        ok &= op.run(&txn);
+        // A panicking operation (a bug) must not take the writer thread down.
+        ok &= std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.run(&txn)))
+            .unwrap_or(false);
         if !ok {
             break;
         }
