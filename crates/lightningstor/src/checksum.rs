@@ -73,7 +73,7 @@ impl ChecksumAlgo {
     }
 
     /// Length of a raw digest.
-    pub fn len(self) -> usize {
+    pub fn digest_len(self) -> usize {
         match self {
             ChecksumAlgo::Crc32 | ChecksumAlgo::Crc32c => 4,
             ChecksumAlgo::Crc64Nvme => 8,
@@ -153,7 +153,7 @@ impl Checksum {
         let raw = B64
             .decode(value.trim())
             .ok()
-            .filter(|r| r.len() == algo.len())
+            .filter(|r| r.len() == algo.digest_len())
             .ok_or_else(|| {
                 LightningError::InvalidRequest(format!("value for {} is invalid", algo.header()))
             })?;

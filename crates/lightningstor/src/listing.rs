@@ -10,6 +10,9 @@ use crate::error::{LightningError, Result};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+/// What [`Cursor::next`] yields: a key and its value, or the end.
+pub type Item<V, E> = Result<Option<(Vec<u8>, V)>, E>;
+
 /// An ordered source of `(key, value)` pairs, keys compared as bytes.
 pub trait Cursor {
     /// What is stored under each key.
@@ -19,7 +22,7 @@ pub trait Cursor {
     /// Positions the cursor so that `next` yields keys `>= from`, in order.
     fn seek(&mut self, from: &[u8]) -> Result<(), Self::Error>;
     /// The next pair, or `None` at the end.
-    fn next(&mut self) -> Result<Option<(Vec<u8>, Self::Value)>, Self::Error>;
+    fn next(&mut self) -> Item<Self::Value, Self::Error>;
 }
 
 /// One listing request.
@@ -188,7 +191,7 @@ impl<V: Clone> Cursor for MapCursor<'_, V> {
         self.range = Some(self.map.range(from.to_vec()..));
         Ok(())
     }
-    fn next(&mut self) -> Result<Option<(Vec<u8>, V)>, Self::Error> {
+    fn next(&mut self) -> Item<V, Self::Error> {
         Ok(self
             .range
             .as_mut()

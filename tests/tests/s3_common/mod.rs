@@ -122,7 +122,7 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// Where cargo put the `lightningstor` binary; built once if missing.
+/// Where cargo put the `lightningstor` binary; (re)built once per test process.
 pub fn binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -134,7 +134,9 @@ pub fn binary() -> PathBuf {
             .expect("test binary lives in target/<profile>/deps")
             .to_path_buf();
         let bin = profile_dir.join("lightningstor");
-        if !bin.exists() {
+        // Always ask cargo: a no-op when the binary is current, and it keeps
+        // these tests from running a stale server after an edit.
+        {
             let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let mut cmd = Command::new(cargo);

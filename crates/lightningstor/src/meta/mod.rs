@@ -350,11 +350,13 @@ fn run_batch(
     txn.commit().map_err(|e| e.to_string())
 }
 
+type ObjectKey = (&'static str, &'static [u8]);
+
 /// A [`Cursor`] over one bucket of the objects table.
 struct ObjectCursor {
-    table: ReadOnlyTable<(&'static str, &'static [u8]), &'static [u8]>,
+    table: ReadOnlyTable<ObjectKey, &'static [u8]>,
     bucket: String,
-    range: Option<redb::Range<'static, (&'static str, &'static [u8]), &'static [u8]>>,
+    range: Option<redb::Range<'static, ObjectKey, &'static [u8]>>,
 }
 
 impl Cursor for ObjectCursor {
