@@ -14,7 +14,7 @@ use crate::error::{LightningError, Result};
 use crate::meta::MetaStore;
 use crate::meta::types::{BlockRef, ObjectData, ObjectMeta};
 use crate::metrics::Metrics;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::stream::{self, BoxStream, FuturesOrdered};
 use futures::{Stream, StreamExt};
 use std::collections::HashMap;
@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 
 /// Block writes one upload keeps in flight while it reads the next block.
 const WRITES_IN_FLIGHT: usize = 2;
+/// Slices of one block kept before they are coalesced.
+const MAX_PARTS: usize = 512;
 /// Block reads a download prefetches.
 const READS_AHEAD: usize = 2;
 
@@ -355,7 +357,9 @@ impl Pipeline {
     {
         let bs = self.store.config.block_size;
         let mut body = std::pin::pin!(body);
-        let mut buf = BytesMut::new();
+        // The current block, as the body's own chunks (no copy).
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut filled = 0usize;
         while let Some(chunk) = body.next().await {
             let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
             self.received += chunk.len() as u64;
@@ -366,26 +370,29 @@ impl Pipeline {
                 h.update(&chunk);
             }
             while !chunk.is_empty() {
-                if buf.capacity() < bs {
-                    buf.reserve(bs - buf.len());
+                let take = (bs - filled).min(chunk.len());
+                parts.push(chunk.split_to(take));
+                filled += take;
+                if parts.len() >= MAX_PARTS {
+                    // A client sending tiny chunks: coalesce rather than keep
+                    // thousands of slices.
+                    parts = vec![Bytes::from(parts.concat())];
                 }
-                let take = (bs - buf.len()).min(chunk.len());
-                buf.extend_from_slice(&chunk.split_to(take));
-                if buf.len() == bs {
-                    self.push_block(buf.split().freeze()).await?;
+                if filled == bs {
+                    self.push_block(std::mem::take(&mut parts), filled).await?;
+                    filled = 0;
                 }
             }
         }
-        let tail = buf.split().freeze();
         let data = if self.writes.is_empty()
             && self.refs.is_empty()
             && inline
-            && tail.len() <= self.store.config.inline_threshold
+            && filled <= self.store.config.inline_threshold
         {
-            ObjectData::Inline(tail.to_vec())
+            ObjectData::Inline(parts.concat())
         } else {
-            if !tail.is_empty() {
-                self.push_block(tail).await?;
+            if filled > 0 {
+                self.push_block(parts, filled).await?;
             }
             self.drain().await?;
             ObjectData::Blocks(std::mem::take(&mut self.refs))
@@ -410,7 +417,7 @@ impl Pipeline {
             .ok_or_else(|| LightningError::Db("body hasher lost".into()))
     }
 
-    async fn push_block(&mut self, block: Bytes) -> Result<()> {
+    async fn push_block(&mut self, block: Vec<Bytes>, len: usize) -> Result<()> {
         let permit = self
             .store
             .budget
@@ -422,12 +429,12 @@ impl Pipeline {
         let pins = self.pins.clone();
         self.writes.push_back(tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let hash = BlockHash::of(&block);
-            let len = u32::try_from(block.len()).unwrap_or(u32::MAX);
+            let hash = BlockHash::of_parts(&block);
+            let len = u32::try_from(len).unwrap_or(u32::MAX);
             // Pin before writing: an existing identical block must not be
             // deleted between this put finding it and the commit.
             pins.add(hash);
-            let r = store.blocks.put(&hash, &block);
+            let r = store.blocks.put_parts(&hash, &block);
             if r.is_ok() {
                 store.metrics.inc(&store.metrics.blocks_written);
             }

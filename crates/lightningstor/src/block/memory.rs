@@ -2,6 +2,7 @@
 
 use super::{BlockHash, BlockStore};
 use crate::error::{LightningError, Result};
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -32,8 +33,8 @@ impl MemoryBlockStore {
 }
 
 impl BlockStore for MemoryBlockStore {
-    fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<()> {
-        self.lock()?.entry(*hash).or_insert_with(|| data.to_vec());
+    fn put_parts(&self, hash: &BlockHash, parts: &[Bytes]) -> Result<()> {
+        self.lock()?.entry(*hash).or_insert_with(|| parts.concat());
         Ok(())
     }
 

@@ -27,6 +27,15 @@ impl BlockHash {
         BlockHash(*blake3::hash(data).as_bytes())
     }
 
+    /// Hashes the concatenation of `parts`.
+    pub fn of_parts(parts: &[Bytes]) -> Self {
+        let mut h = blake3::Hasher::new();
+        for p in parts {
+            h.update(p);
+        }
+        BlockHash(*h.finalize().as_bytes())
+    }
+
     /// Lowercase hex, as used in file names.
     pub fn to_hex(&self) -> String {
         hex::encode(self.0)
@@ -69,9 +78,11 @@ pub fn verify(hash: &BlockHash, data: &[u8]) -> Result<()> {
 /// written by [`put`](BlockStore::put) is durable once a later
 /// [`flush`](BlockStore::flush) returns.
 pub trait BlockStore: Send + Sync + 'static {
-    /// Stores `data` under `hash` (which the caller computed). Storing a block
-    /// that is already present is a cheap no-op.
-    fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<()>;
+    /// Stores the concatenation of `parts` under `hash` (which the caller
+    /// computed). Storing a block that is already present is a cheap no-op.
+    /// Taking parts lets uploads write the body's chunks without copying them
+    /// into one buffer first.
+    fn put_parts(&self, hash: &BlockHash, parts: &[Bytes]) -> Result<()>;
     /// Reads a block's bytes without verifying them.
     fn read_raw(&self, hash: &BlockHash) -> Result<Vec<u8>>;
     /// Removes a block; removing a missing block is not an error.
@@ -80,8 +91,14 @@ pub trait BlockStore: Send + Sync + 'static {
     fn contains(&self, hash: &BlockHash) -> Result<bool>;
     /// Every stored block, for garbage collection.
     fn list(&self) -> Result<Vec<BlockHash>>;
-    /// Makes every earlier `put` and `delete` durable.
+    /// Makes every earlier `put` durable (deletes need not be: a block that
+    /// reappears after a crash is garbage the next collection removes).
     fn flush(&self) -> Result<()>;
+
+    /// Stores `data` under `hash`.
+    fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<()> {
+        self.put_parts(hash, &[Bytes::copy_from_slice(data)])
+    }
 
     /// Reads a block and verifies it against its hash.
     fn get(&self, hash: &BlockHash) -> Result<Bytes> {
