@@ -62,6 +62,9 @@ struct Args {
     /// Extra arguments for `lightningstor serve` (e.g. `--config tuning.toml`).
     #[arg(long, allow_hyphen_values = true)]
     ls_arg: Vec<String>,
+    /// Run only lightningstor (for profiling it alone).
+    #[arg(long)]
+    only_lightningstor: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -476,13 +479,17 @@ async fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| scratch_tmp.path().to_owned());
 
-    let servers = vec![
-        start_lightningstor(&ls_bin, &scratch, &a.ls_arg)?,
-        start_s3s_fs(&fs_bin, &scratch)?,
-    ];
+    let mut servers = vec![start_lightningstor(&ls_bin, &scratch, &a.ls_arg)?];
+    if !a.only_lightningstor {
+        servers.push(start_s3s_fs(&fs_bin, &scratch)?);
+    }
     let mut results = run_both(&servers, &a).await?;
     drop(servers);
-    let fs = results.pop().context("s3s-fs results")?;
+    let fs = if a.only_lightningstor {
+        Results::default()
+    } else {
+        results.pop().context("s3s-fs results")?
+    };
     let ls = results.pop().context("lightningstor results")?;
 
     println!(
