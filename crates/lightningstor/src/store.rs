@@ -653,6 +653,131 @@ mod tests {
         panic!("blocks of the deleted object were not collected after the read");
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put(u8, u8, usize),
+        Copy(u8, u8),
+        Delete(u8),
+    }
+
+    fn arb_op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            // Few keys and few fill bytes: overwrites and shared blocks are common.
+            (0u8..4, 0u8..3, 0usize..13_000).prop_map(|(k, b, n)| Op::Put(k, b, n)),
+            (0u8..4, 0u8..4).prop_map(|(a, b)| Op::Copy(a, b)),
+            (0u8..4).prop_map(Op::Delete),
+        ]
+    }
+
+    async fn apply(
+        store: &Arc<Store>,
+        op: &Op,
+        model: &mut std::collections::BTreeMap<String, Vec<u8>>,
+    ) {
+        match op.clone() {
+            Op::Put(k, fill, n) => {
+                let key = format!("k{k}");
+                let data: Vec<u8> = (0..n)
+                    .map(|i| fill.wrapping_add((i / 4096) as u8))
+                    .collect();
+                let ing = store
+                    .ingest(body(&data, 1000), None, true)
+                    .await
+                    .expect("ingest");
+                let meta = object(&ing);
+                let freed = store
+                    .meta
+                    .write(move |t| ops::put_object(t, "b", &key, &meta, &Default::default()))
+                    .await
+                    .expect("put");
+                ing.pins.release();
+                store.delete_unused(&freed);
+                model.insert(format!("k{k}"), data);
+            }
+            Op::Copy(a, b) => {
+                let (src, dst) = (format!("k{a}"), format!("k{b}"));
+                let Some(meta) = store.meta.get_object("b", &src).expect("get") else {
+                    return;
+                };
+                let pins = store.pin_existing(meta.data.blocks()).expect("pin");
+                let d = dst.clone();
+                let freed = store
+                    .meta
+                    .write(move |t| ops::put_object(t, "b", &d, &meta, &Default::default()))
+                    .await
+                    .expect("copy");
+                pins.release();
+                store.delete_unused(&freed);
+                let v = model.get(&src).cloned().expect("model has source");
+                model.insert(dst, v);
+            }
+            Op::Delete(k) => {
+                let key = format!("k{k}");
+                let freed = store
+                    .meta
+                    .write(move |t| ops::delete_object(t, "b", &key))
+                    .await
+                    .expect("delete");
+                store.delete_unused(&freed);
+                model.remove(&format!("k{k}"));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn random_puts_copies_and_deletes_match_a_btreemap_and_leak_no_blocks(
+            ops_list in proptest::collection::vec(arb_op(), 1..25)
+        ) {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let (store, mem) = store(dir.path());
+                store.meta.write(|t| ops::create_bucket(t, "b", 0)).await.expect("bucket");
+                let mut model = std::collections::BTreeMap::new();
+                for op in &ops_list {
+                    apply(&store, op, &mut model).await;
+                }
+                // Contents.
+                for (k, v) in &model {
+                    let meta = store.meta.get_object("b", k).expect("get").expect("present");
+                    assert_eq!(&read_all(&store, &meta, 0..meta.size).await.expect("read"), v);
+                }
+                // Listing.
+                let page = store
+                    .meta
+                    .list_objects("b", &crate::listing::ListQuery { max_keys: 1000, ..Default::default() })
+                    .expect("list");
+                let listed: Vec<Vec<u8>> = page.entries.iter().map(|e| e.name().to_vec()).collect();
+                let want: Vec<Vec<u8>> = model.keys().map(|k| k.as_bytes().to_vec()).collect();
+                assert_eq!(listed, want);
+                // Exactly the referenced blocks remain, with exact counts.
+                let mut referenced = std::collections::HashMap::<BlockHash, u64>::new();
+                for k in model.keys() {
+                    let meta = store.meta.get_object("b", k).expect("get").expect("present");
+                    for b in meta.data.blocks() {
+                        *referenced.entry(b.hash).or_default() += 1;
+                    }
+                }
+                let mut stored = mem.list().expect("list");
+                stored.sort();
+                let mut want_blocks: Vec<BlockHash> = referenced.keys().copied().collect();
+                want_blocks.sort();
+                assert_eq!(stored, want_blocks);
+                for (h, n) in referenced {
+                    assert_eq!(store.meta.refcount(&h).expect("refcount"), n);
+                }
+            });
+        }
+    }
+
     #[tokio::test]
     async fn a_corrupt_block_fails_the_read_instead_of_returning_bad_bytes() {
         let dir = tempfile::tempdir().expect("tempdir");
