@@ -330,7 +330,7 @@ impl Store {
 }
 
 /// Blocks in memory (being hashed or written) over all uploads.
-pub const BLOCK_BUDGET: usize = 64;
+pub const BLOCK_BUDGET: usize = 32;
 
 type WriteJob = tokio::task::JoinHandle<(BlockHash, u32, Result<()>)>;
 
