@@ -1223,6 +1223,32 @@ async fn every_auth_failure_gets_its_s3_error() -> R {
     let resp = s.raw(request(p.uri())).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(bytes_of(resp).await.as_slice(), b"secret data");
+    let expired = s
+        .client()
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .presigned(
+            PresigningConfig::builder()
+                .start_time(std::time::SystemTime::now() - Duration::from_secs(3600))
+                .expires_in(Duration::from_secs(60))
+                .build()?,
+        )
+        .await?;
+    let mut r = http::Request::builder()
+        .method(expired.method())
+        .uri(expired.uri());
+    for (k, v) in expired.headers() {
+        r = r.header(k, v);
+    }
+    let resp = s
+        .raw(
+            r.header("host", "localhost:9000")
+                .body(s3s::Body::empty())?,
+        )
+        .await;
+    assert_eq!(resp.status(), 403);
+    assert!(String::from_utf8_lossy(&bytes_of(resp).await).contains("AccessDenied"));
     let tampered = p.uri().replace("/bkt/k", "/bkt/other");
     let resp = s.raw(request(&tampered)).await;
     assert_eq!(resp.status(), 403);

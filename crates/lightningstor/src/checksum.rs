@@ -540,6 +540,29 @@ mod tests {
         }
 
         #[test]
+        fn arbitrary_header_values_never_panic(
+            md5 in proptest::option::of(".{0,30}"),
+            algo in proptest::option::of("[A-Za-z0-9]{0,10}"),
+            crc in proptest::option::of(".{0,20}"),
+            trailer in proptest::option::of(".{0,30}"),
+            value in proptest::option::of(".{0,20}"),
+        ) {
+            let h = ChecksumHeaders {
+                content_md5: md5.as_deref(),
+                algorithm: algo.as_deref(),
+                crc32: crc.as_deref(),
+                trailer: trailer.as_deref(),
+                ..Default::default()
+            };
+            if let Ok(plan) = ChecksumPlan::from_headers(&h) {
+                let mut b = BodyHasher::new(plan.algo);
+                b.update(b"body");
+                let (m, c) = b.finalize();
+                let _ = plan.verify(&m, c.as_ref(), value.as_deref());
+            }
+        }
+
+        #[test]
         fn base64_checksums_round_trip(raw in proptest::collection::vec(any::<u8>(), 4)) {
             let c = Checksum { algo: ChecksumAlgo::Crc32, raw, parts: None };
             prop_assert_eq!(Checksum::from_base64(ChecksumAlgo::Crc32, &c.to_base64()).ok(), Some(c));
