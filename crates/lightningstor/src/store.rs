@@ -397,7 +397,7 @@ impl Pipeline {
             self.drain().await?;
             ObjectData::Blocks(std::mem::take(&mut self.refs))
         };
-        let h = self.take_hasher().await?;
+        let h = self.take_hasher()?;
         let (md5, checksum) = h.finalize();
         self.store
             .metrics
@@ -411,7 +411,7 @@ impl Pipeline {
         })
     }
 
-    async fn take_hasher(&mut self) -> Result<BodyHasher> {
+    fn take_hasher(&mut self) -> Result<BodyHasher> {
         self.hasher
             .take()
             .ok_or_else(|| LightningError::Db("body hasher lost".into()))
