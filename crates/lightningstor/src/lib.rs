@@ -1,1 +1,26 @@
-//! LightningStor: S3-compatible object store (to be built; see issue tracker).
+//! LightningStor: an S3-compatible object store on s3s.
+//!
+//! The module list is the dependency stack, bottom up:
+//!
+//! - [`block`]: content-addressed blocks (trait + file and memory backends);
+//! - [`meta`]: metadata tables in redb with a group-committing writer;
+//! - [`checksum`], [`listing`], [`conditions`]: pure protocol logic;
+//! - [`store`]: the engine that streams bodies into blocks and commits rows;
+//! - [`s3`]: `impl S3`, one method per operation;
+//! - [`server`]: hyper serving, auth, virtual hosts, `/metrics`.
+
+pub mod block;
+pub mod checksum;
+pub mod conditions;
+pub mod config;
+pub mod error;
+pub mod listing;
+pub mod meta;
+pub mod metrics;
+pub mod s3;
+pub mod server;
+pub mod store;
+
+pub use config::Config;
+pub use error::{LightningError, Result};
+pub use store::Store;

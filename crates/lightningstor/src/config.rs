@@ -1,0 +1,164 @@
+//! Server configuration: a TOML file, overridden by CLI flags and environment.
+//!
+//! [`Config`] is what the server runs with; [`Config::validate`] enforces the
+//! rules that keep a misconfigured node from starting (notably: no keys and no
+//! explicit `anonymous = true` is refused).
+
+use crate::error::{LightningError, Result};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Default block size: objects are cut into blocks of this many bytes.
+pub const DEFAULT_BLOCK_SIZE: usize = 1024 * 1024;
+/// Default inline threshold: objects up to this size live in the metadata row.
+pub const DEFAULT_INLINE_THRESHOLD: usize = 8 * 1024;
+
+/// Everything a LightningStor node needs to run.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Directory holding the metadata database and the block files.
+    pub data_dir: PathBuf,
+    /// S3 (and /metrics) listen address.
+    pub listen: SocketAddr,
+    /// Access key id clients sign with. Needs `secret_key`.
+    pub access_key: Option<String>,
+    /// Secret key clients sign with. Needs `access_key`.
+    pub secret_key: Option<String>,
+    /// Accept unsigned requests. Must be set explicitly to run without keys.
+    pub anonymous: bool,
+    /// Region reported by GetBucketLocation and used in signatures.
+    pub region: String,
+    /// Base domains for virtual-hosted-style requests (`BUCKET.DOMAIN`).
+    pub domains: Vec<String>,
+    /// Size in bytes of the blocks objects are cut into.
+    pub block_size: usize,
+    /// Objects up to this many bytes are stored inline in the metadata row.
+    pub inline_threshold: usize,
+    /// fsync blocks and metadata before acknowledging a write (never turn off in production).
+    pub fsync: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./lightningstor-data"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
+            access_key: None,
+            secret_key: None,
+            anonymous: false,
+            region: "us-east-1".to_owned(),
+            domains: vec!["localhost".to_owned()],
+            block_size: DEFAULT_BLOCK_SIZE,
+            inline_threshold: DEFAULT_INLINE_THRESHOLD,
+            fsync: true,
+        }
+    }
+}
+
+impl Config {
+    /// A configuration for `data_dir` with every other field at its default.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Config {
+            data_dir: data_dir.into(),
+            ..Config::default()
+        }
+    }
+
+    /// Sets the access and secret key (builder style).
+    pub fn with_keys(mut self, access_key: &str, secret_key: &str) -> Self {
+        self.access_key = Some(access_key.to_owned());
+        self.secret_key = Some(secret_key.to_owned());
+        self
+    }
+
+    /// Reads a TOML configuration file (unknown fields are an error).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)?;
+        Self::from_toml(&text)
+    }
+
+    /// Parses a TOML configuration (unknown fields are an error).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| LightningError::Config(e.to_string()))
+    }
+
+    /// The access/secret key pair, if both are configured.
+    pub fn keys(&self) -> Option<(&str, &str)> {
+        match (&self.access_key, &self.secret_key) {
+            (Some(a), Some(s)) => Some((a, s)),
+            _ => None,
+        }
+    }
+
+    /// Checks the rules a configuration must follow before the server starts.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(LightningError::Config(m.to_owned()));
+        match (&self.access_key, &self.secret_key) {
+            (Some(_), None) | (None, Some(_)) => {
+                return bad("access key and secret key must be given together");
+            }
+            (Some(a), Some(s)) if a.is_empty() || s.is_empty() => {
+                return bad("access key and secret key must not be empty");
+            }
+            (None, None) if !self.anonymous => {
+                return bad(
+                    "no access key configured: give --access-key and --secret-key \
+                     (or LIGHTNINGSTOR_ACCESS_KEY / LIGHTNINGSTOR_SECRET_KEY), \
+                     or pass --anonymous to accept unsigned requests",
+                );
+            }
+            _ => {}
+        }
+        if !(4096..=64 * 1024 * 1024).contains(&self.block_size) {
+            return bad("block_size must be between 4 KiB and 64 MiB");
+        }
+        if self.inline_threshold > 256 * 1024 {
+            return bad("inline_threshold must be at most 256 KiB");
+        }
+        if self.region.is_empty() {
+            return bad("region must not be empty");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_without_keys_is_refused_unless_anonymous() {
+        let c = Config::new("/tmp/x");
+        assert!(c.validate().is_err());
+        let c = Config {
+            anonymous: true,
+            ..Config::new("/tmp/x")
+        };
+        assert!(c.validate().is_ok());
+        assert!(Config::new("/tmp/x").with_keys("a", "b").validate().is_ok());
+    }
+
+    #[test]
+    fn half_a_key_pair_is_refused() {
+        let c = Config {
+            access_key: Some("a".into()),
+            anonymous: true,
+            ..Config::new("/tmp/x")
+        };
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn toml_files_parse_and_reject_unknown_fields() {
+        let c = Config::from_toml(
+            "data_dir = \"/srv/ls\"\nlisten = \"127.0.0.1:9100\"\naccess_key = \"k\"\nsecret_key = \"s\"\n",
+        )
+        .expect("valid config");
+        assert_eq!(c.data_dir, PathBuf::from("/srv/ls"));
+        assert_eq!(c.listen.port(), 9100);
+        assert_eq!(c.block_size, DEFAULT_BLOCK_SIZE);
+        assert!(Config::from_toml("data_dir = \"/x\"\nbogus = 1\n").is_err());
+    }
+}

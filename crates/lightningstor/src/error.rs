@@ -1,0 +1,193 @@
+//! The crate's error type, and the one place that maps it to S3 error codes.
+//!
+//! Every fallible function in the crate returns [`LightningError`]; the S3
+//! layer converts it with [`LightningError::to_s3_error`], so the wire code
+//! and HTTP status of each failure are decided in exactly one match.
+
+use s3s::{S3Error, S3ErrorCode};
+
+/// Everything that can go wrong in LightningStor.
+#[derive(Debug, thiserror::Error)]
+pub enum LightningError {
+    /// The bucket does not exist.
+    #[error("bucket {0:?} does not exist")]
+    NoSuchBucket(String),
+    /// The bucket already exists (we have a single owner, so it is always ours).
+    #[error("bucket {0:?} already exists")]
+    BucketAlreadyExists(String),
+    /// The bucket still holds objects or multipart uploads.
+    #[error("bucket {0:?} is not empty")]
+    BucketNotEmpty(String),
+    /// The bucket name breaks the S3 naming rules.
+    #[error("invalid bucket name {0:?}")]
+    InvalidBucketName(String),
+    /// The object does not exist.
+    #[error("object {key:?} does not exist")]
+    NoSuchKey { key: String },
+    /// The key is longer than 1024 bytes.
+    #[error("key is {0} bytes long, more than the 1024 allowed")]
+    KeyTooLong(usize),
+    /// The multipart upload does not exist (never created, completed or aborted).
+    #[error("multipart upload {0:?} does not exist")]
+    NoSuchUpload(String),
+    /// A part named in CompleteMultipartUpload is missing or its ETag differs.
+    #[error("invalid part: {0}")]
+    InvalidPart(String),
+    /// Parts in CompleteMultipartUpload are not in ascending order.
+    #[error("the list of parts was not in ascending order")]
+    InvalidPartOrder,
+    /// A part other than the last is smaller than the minimum part size.
+    #[error("part {part} is {size} bytes, smaller than the minimum of {min}")]
+    EntityTooSmall { part: u32, size: u64, min: u64 },
+    /// The body does not match Content-MD5 or an `x-amz-checksum-*` value.
+    #[error("{0}")]
+    BadDigest(String),
+    /// A Content-MD5 header that is not the base64 of 16 bytes.
+    #[error("invalid Content-MD5: {0}")]
+    InvalidDigest(String),
+    /// The body is shorter or longer than its declared length.
+    #[error("body length {got} does not match the declared {declared}")]
+    IncompleteBody { declared: u64, got: u64 },
+    /// The requested range lies outside the object.
+    #[error("the requested range is not satisfiable")]
+    InvalidRange,
+    /// A precondition (If-Match, If-Unmodified-Since, copy-source conditions) failed.
+    #[error("at least one of the preconditions you specified did not hold")]
+    PreconditionFailed,
+    /// If-None-Match or If-Modified-Since on GET/HEAD: the client's copy is current.
+    #[error("not modified")]
+    NotModified,
+    /// A request argument is malformed (bad continuation token, part number, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A request is malformed in a way S3 reports as InvalidRequest.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The request uses a feature this server does not implement.
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
+    /// A stored block failed verification: its content no longer matches its hash.
+    #[error("block {hash} is corrupt")]
+    CorruptBlock { hash: String },
+    /// A block referenced by metadata is missing from the block store.
+    #[error("block {hash} is missing")]
+    MissingBlock { hash: String },
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The client's body stream failed.
+    #[error("reading the request body failed: {0}")]
+    Body(String),
+    /// The metadata database failed.
+    #[error("metadata database: {0}")]
+    Db(String),
+    /// An I/O error from the host.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+macro_rules! db_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for LightningError {
+            fn from(e: $t) -> Self {
+                LightningError::Db(e.to_string())
+            }
+        }
+    )*};
+}
+db_from!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    postcard::Error
+);
+
+impl LightningError {
+    /// The S3 error code (and so HTTP status) this error is answered with.
+    ///
+    /// This is the only mapping from crate errors to the wire.
+    pub fn s3_code(&self) -> S3ErrorCode {
+        use LightningError as E;
+        match self {
+            E::NoSuchBucket(_) => S3ErrorCode::NoSuchBucket,
+            E::BucketAlreadyExists(_) => S3ErrorCode::BucketAlreadyOwnedByYou,
+            E::BucketNotEmpty(_) => S3ErrorCode::BucketNotEmpty,
+            E::InvalidBucketName(_) => S3ErrorCode::InvalidBucketName,
+            E::NoSuchKey { .. } => S3ErrorCode::NoSuchKey,
+            E::KeyTooLong(_) => S3ErrorCode::KeyTooLongError,
+            E::NoSuchUpload(_) => S3ErrorCode::NoSuchUpload,
+            E::InvalidPart(_) => S3ErrorCode::InvalidPart,
+            E::InvalidPartOrder => S3ErrorCode::InvalidPartOrder,
+            E::EntityTooSmall { .. } => S3ErrorCode::EntityTooSmall,
+            E::BadDigest(_) => S3ErrorCode::BadDigest,
+            E::InvalidDigest(_) => S3ErrorCode::InvalidDigest,
+            E::IncompleteBody { .. } => S3ErrorCode::IncompleteBody,
+            E::InvalidRange => S3ErrorCode::InvalidRange,
+            E::PreconditionFailed => S3ErrorCode::PreconditionFailed,
+            E::NotModified => S3ErrorCode::NotModified,
+            E::InvalidArgument(_) => S3ErrorCode::InvalidArgument,
+            E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
+            E::NotImplemented(_) => S3ErrorCode::NotImplemented,
+            E::CorruptBlock { .. }
+            | E::MissingBlock { .. }
+            | E::Config(_)
+            | E::Db(_)
+            | E::Io(_) => S3ErrorCode::InternalError,
+            E::Body(_) => S3ErrorCode::IncompleteBody,
+        }
+    }
+
+    /// Converts into the s3s error answered on the wire.
+    pub fn to_s3_error(&self) -> S3Error {
+        let code = self.s3_code();
+        if code == S3ErrorCode::InternalError {
+            tracing::error!(error = %self, "internal error");
+        }
+        S3Error::with_message(code, self.to_string())
+    }
+}
+
+impl From<LightningError> for S3Error {
+    fn from(e: LightningError) -> Self {
+        e.to_s3_error()
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = LightningError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_errors_map_to_their_s3_codes() {
+        assert_eq!(
+            LightningError::BucketNotEmpty("b".into()).s3_code(),
+            S3ErrorCode::BucketNotEmpty
+        );
+        assert_eq!(
+            LightningError::BadDigest("x".into()).s3_code(),
+            S3ErrorCode::BadDigest
+        );
+        assert_eq!(
+            LightningError::PreconditionFailed.s3_code(),
+            S3ErrorCode::PreconditionFailed
+        );
+        assert_eq!(
+            LightningError::KeyTooLong(2000).s3_code(),
+            S3ErrorCode::KeyTooLongError
+        );
+    }
+
+    #[test]
+    fn storage_failures_are_internal_errors() {
+        let e = LightningError::CorruptBlock { hash: "ab".into() };
+        assert_eq!(e.s3_code(), S3ErrorCode::InternalError);
+        let e = LightningError::Io(std::io::Error::other("disk"));
+        assert_eq!(e.to_s3_error().code(), &S3ErrorCode::InternalError);
+    }
+}

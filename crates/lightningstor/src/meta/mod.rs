@@ -1,0 +1,403 @@
+//! Metadata in redb: buckets, objects, multipart uploads, block references.
+//!
+//! Reads open their own read transaction and run concurrently. Writes are
+//! closures sent to one writer thread that runs everything queued in a
+//! single transaction (group commit): it calls [`BlockStore::flush`] so every
+//! block the batch references is durable, then commits with fsync, and only
+//! then answers the callers. One fsync pays for many small PUTs.
+//!
+//! Write closures must check before they change anything: a closure that
+//! returns a client error leaves the transaction as it found it, so the rest
+//! of the batch still commits. A storage error aborts the whole batch.
+
+pub mod ops;
+pub mod types;
+
+use crate::block::{BlockHash, BlockStore};
+use crate::error::{LightningError, Result};
+use crate::listing::{self, Cursor, ListPage, ListQuery};
+use redb::{
+    Database, Durability, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition,
+    WriteTransaction,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use tokio::sync::oneshot;
+use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, UploadMeta};
+
+/// bucket name -> [`BucketMeta`].
+pub const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
+/// (bucket, key bytes) -> [`ObjectMeta`].
+pub const OBJECTS: TableDefinition<(&str, &[u8]), &[u8]> = TableDefinition::new("objects");
+/// upload id -> [`UploadMeta`].
+pub const UPLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("uploads");
+/// (bucket, key bytes, upload id) -> (), to list uploads by bucket.
+pub const UPLOAD_INDEX: TableDefinition<(&str, &[u8], &str), ()> =
+    TableDefinition::new("upload_index");
+/// (upload id, part number) -> [`PartMeta`].
+pub const PARTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("parts");
+/// block hash -> number of references from objects and parts.
+pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
+
+trait PendingOp: Send {
+    fn run(&mut self, txn: &WriteTransaction) -> bool;
+    fn finish(self: Box<Self>, commit: std::result::Result<(), String>);
+}
+
+struct Op<T, F> {
+    f: Option<F>,
+    result: Option<Result<T>>,
+    tx: Option<oneshot::Sender<Result<T>>>,
+}
+
+impl<T: Send, F: FnOnce(&WriteTransaction) -> Result<T> + Send> PendingOp for Op<T, F> {
+    /// Returns false when the op hit a storage error (the batch must abort).
+    fn run(&mut self, txn: &WriteTransaction) -> bool {
+        let Some(f) = self.f.take() else { return true };
+        let r = f(txn);
+        let ok = !matches!(r, Err(LightningError::Db(_) | LightningError::Io(_)));
+        self.result = Some(r);
+        ok
+    }
+
+    fn finish(mut self: Box<Self>, commit: std::result::Result<(), String>) {
+        let r = match commit {
+            Ok(()) => self
+                .result
+                .take()
+                .unwrap_or_else(|| Err(LightningError::Db("operation did not run".into()))),
+            Err(e) => match self.result.take() {
+                Some(Err(own)) => Err(own),
+                _ => Err(LightningError::Db(e)),
+            },
+        };
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(r);
+        }
+    }
+}
+
+/// The metadata store.
+pub struct MetaStore {
+    db: Arc<Database>,
+    writer: mpsc::Sender<Box<dyn PendingOp>>,
+    version: AtomicU64,
+}
+
+impl std::fmt::Debug for MetaStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaStore").finish_non_exhaustive()
+    }
+}
+
+/// Current time in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl MetaStore {
+    /// Opens (creating) the database at `path` and starts the writer thread.
+    /// `blocks` is flushed before every commit.
+    pub fn open(path: &std::path::Path, blocks: Arc<dyn BlockStore>, fsync: bool) -> Result<Self> {
+        let db = Arc::new(Database::create(path)?);
+        {
+            let txn = db.begin_write()?;
+            txn.open_table(BUCKETS)?;
+            txn.open_table(OBJECTS)?;
+            txn.open_table(UPLOADS)?;
+            txn.open_table(UPLOAD_INDEX)?;
+            txn.open_table(PARTS)?;
+            txn.open_table(REFS)?;
+            txn.commit()?;
+        }
+        let (tx, rx) = mpsc::channel::<Box<dyn PendingOp>>();
+        let wdb = db.clone();
+        std::thread::Builder::new()
+            .name("ls-meta-writer".into())
+            .spawn(move || writer_loop(&wdb, &rx, &*blocks, fsync))?;
+        let start = u64::try_from(now_ms()).unwrap_or(0).saturating_mul(1000);
+        Ok(MetaStore {
+            db,
+            writer: tx,
+            version: AtomicU64::new(start),
+        })
+    }
+
+    /// A fresh row version, unique and increasing on this node.
+    pub fn next_version(&self) -> u64 {
+        let now = u64::try_from(now_ms()).unwrap_or(0).saturating_mul(1000);
+        let mut cur = self.version.load(Ordering::Relaxed);
+        loop {
+            let next = cur.saturating_add(1).max(now);
+            match self.version.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return next,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Runs `f` in the next group-committed write transaction; resolves after commit.
+    pub async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteTransaction) -> Result<T> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let op: Box<dyn PendingOp> = Box::new(Op {
+            f: Some(f),
+            result: None,
+            tx: Some(tx),
+        });
+        self.writer
+            .send(op)
+            .map_err(|_| LightningError::Db("metadata writer is gone".into()))?;
+        rx.await
+            .map_err(|_| LightningError::Db("metadata writer dropped a request".into()))?
+    }
+
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        def: TableDefinition<K, V>,
+    ) -> Result<ReadOnlyTable<K, V>> {
+        Ok(self.db.begin_read()?.open_table(def)?)
+    }
+
+    /// A bucket's row.
+    pub fn get_bucket(&self, name: &str) -> Result<Option<BucketMeta>> {
+        let t = self.table(BUCKETS)?;
+        match t.get(name)? {
+            Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every bucket, by name.
+    pub fn list_buckets(&self) -> Result<Vec<(String, BucketMeta)>> {
+        let t = self.table(BUCKETS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            out.push((k.value().to_owned(), postcard::from_bytes(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// An object's row.
+    pub fn get_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectMeta>> {
+        let t = self.table(OBJECTS)?;
+        match t.get((bucket, key.as_bytes()))? {
+            Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// One page of a bucket's objects.
+    pub fn list_objects(&self, bucket: &str, q: &ListQuery) -> Result<ListPage<ObjectSummary>> {
+        let mut cur = ObjectCursor {
+            table: self.table(OBJECTS)?,
+            bucket: bucket.to_owned(),
+            range: None,
+        };
+        listing::list(&mut cur, q)
+    }
+
+    /// A multipart upload's row.
+    pub fn get_upload(&self, id: &str) -> Result<Option<UploadMeta>> {
+        let t = self.table(UPLOADS)?;
+        match t.get(id)? {
+            Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Parts of an upload with numbers above `marker`, at most `max` (+1 to tell truncation).
+    pub fn list_parts(&self, id: &str, marker: u32, max: usize) -> Result<Vec<(u32, PartMeta)>> {
+        let t = self.table(PARTS)?;
+        let mut out = Vec::new();
+        let start = marker.saturating_add(1);
+        if marker == u32::MAX {
+            return Ok(out);
+        }
+        for row in t.range((id, start)..=(id, u32::MAX))? {
+            let (k, v) = row?;
+            out.push((k.value().1, postcard::from_bytes(v.value())?));
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Uploads of a bucket in (key, upload id) order, starting after the markers.
+    pub fn list_uploads(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        key_marker: Option<&str>,
+        upload_id_marker: Option<&str>,
+        max: usize,
+    ) -> Result<Vec<(String, String, UploadMeta)>> {
+        let index = self.table(UPLOAD_INDEX)?;
+        let uploads = self.table(UPLOADS)?;
+        let start: &[u8] = match key_marker {
+            Some(m) if m.as_bytes() > prefix.as_bytes() => m.as_bytes(),
+            _ => prefix.as_bytes(),
+        };
+        let mut out = Vec::new();
+        for row in index.range((bucket, start, "")..)? {
+            let (k, _) = row?;
+            let (b, key, id) = k.value();
+            if b != bucket || !key.starts_with(prefix.as_bytes()) {
+                break;
+            }
+            if let Some(m) = key_marker {
+                let after = match upload_id_marker {
+                    Some(um) => (key, id) > (m.as_bytes(), um),
+                    None => key > m.as_bytes(),
+                };
+                if !after {
+                    continue;
+                }
+            }
+            let key = String::from_utf8(key.to_vec())
+                .map_err(|_| LightningError::Db("non-UTF-8 key in upload index".into()))?;
+            if let Some(meta) = uploads.get(id)? {
+                out.push((key, id.to_owned(), postcard::from_bytes(meta.value())?));
+            }
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The reference count of a block.
+    pub fn refcount(&self, hash: &BlockHash) -> Result<u64> {
+        let t = self.table(REFS)?;
+        Ok(t.get(hash.0.as_slice())?.map(|v| v.value()).unwrap_or(0))
+    }
+
+    /// Number of referenced blocks and of objects (for metrics).
+    pub fn counts(&self) -> Result<(u64, u64)> {
+        let txn = self.db.begin_read()?;
+        Ok((
+            txn.open_table(REFS)?.len()?,
+            txn.open_table(OBJECTS)?.len()?,
+        ))
+    }
+}
+
+fn writer_loop(
+    db: &Database,
+    rx: &mpsc::Receiver<Box<dyn PendingOp>>,
+    blocks: &dyn BlockStore,
+    fsync: bool,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut ops = vec![first];
+        while ops.len() < 256 {
+            match rx.try_recv() {
+                Ok(op) => ops.push(op),
+                Err(_) => break,
+            }
+        }
+        let outcome = run_batch(db, &mut ops, blocks, fsync);
+        for op in ops {
+            op.finish(outcome.clone());
+        }
+    }
+}
+
+fn run_batch(
+    db: &Database,
+    ops: &mut [Box<dyn PendingOp>],
+    blocks: &dyn BlockStore,
+    fsync: bool,
+) -> std::result::Result<(), String> {
+    let mut txn = db.begin_write().map_err(|e| e.to_string())?;
+    if !fsync {
+        txn.set_durability(Durability::Eventual);
+    }
+    let mut ok = true;
+    for op in ops.iter_mut() {
+        // A panicking operation (a bug) must not take the writer thread down.
+        ok &= std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.run(&txn)))
+            .unwrap_or(false);
+        if !ok {
+            break;
+        }
+    }
+    if !ok {
+        let _ = txn.abort();
+        return Err("a storage error aborted the transaction".into());
+    }
+    // Durability order: every block the batch references is on disk
+    // (file fsynced at write, directory entry fsynced here) before the rows
+    // that reference it are committed.
+    if let Err(e) = blocks.flush() {
+        let _ = txn.abort();
+        return Err(e.to_string());
+    }
+    txn.commit().map_err(|e| e.to_string())
+}
+
+type ObjectKey = (&'static str, &'static [u8]);
+
+/// A [`Cursor`] over one bucket of the objects table.
+struct ObjectCursor {
+    table: ReadOnlyTable<ObjectKey, &'static [u8]>,
+    bucket: String,
+    range: Option<redb::Range<'static, ObjectKey, &'static [u8]>>,
+}
+
+impl Cursor for ObjectCursor {
+    type Value = ObjectSummary;
+    type Error = LightningError;
+
+    fn seek(&mut self, from: &[u8]) -> Result<()> {
+        self.range = Some(self.table.range((self.bucket.as_str(), from)..)?);
+        Ok(())
+    }
+
+    fn next(&mut self) -> Result<Option<(Vec<u8>, ObjectSummary)>> {
+        let Some(range) = self.range.as_mut() else {
+            return Ok(None);
+        };
+        match range.next() {
+            None => Ok(None),
+            Some(row) => {
+                let (k, v) = row?;
+                let (b, key) = k.value();
+                if b != self.bucket {
+                    return Ok(None);
+                }
+                let (summary, _) = postcard::take_from_bytes::<ObjectSummary>(v.value())?;
+                Ok(Some((key.to_vec(), summary)))
+            }
+        }
+    }
+}
+
+/// Deletes every stored block no row references. Run at startup, before
+/// any upload can be in flight.
+pub fn collect_orphans(meta: &MetaStore, blocks: &dyn BlockStore) -> Result<usize> {
+    let refs = meta.table(REFS)?;
+    let mut n = 0;
+    for hash in blocks.list()? {
+        if refs.get(hash.0.as_slice())?.is_none() {
+            blocks.delete(&hash)?;
+            n += 1;
+        }
+    }
+    blocks.flush()?;
+    Ok(n)
+}

@@ -1,0 +1,365 @@
+//! Write-transaction bodies: each checks everything it can fail on before it
+//! changes a table (see the module docs of [`crate::meta`]), keeps block
+//! reference counts exact, and returns the blocks whose count reached zero
+//! so the caller can delete them after the commit.
+
+use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, UploadMeta};
+use super::{BUCKETS, OBJECTS, PARTS, REFS, UPLOAD_INDEX, UPLOADS};
+use crate::block::BlockHash;
+use crate::checksum::Checksum;
+use crate::conditions;
+use crate::error::{LightningError, Result};
+use md5::Digest as _;
+use redb::{ReadableTable, WriteTransaction};
+use s3s::dto::ETagCondition;
+
+/// S3's minimum size of every part but the last.
+pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
+
+/// Conditions a write is subject to (If-Match / If-None-Match).
+#[derive(Debug, Clone, Default)]
+pub struct WriteConditions {
+    /// If-Match.
+    pub if_match: Option<ETagCondition>,
+    /// If-None-Match.
+    pub if_none_match: Option<ETagCondition>,
+}
+
+fn require_bucket(txn: &WriteTransaction, bucket: &str) -> Result<()> {
+    if txn.open_table(BUCKETS)?.get(bucket)?.is_none() {
+        return Err(LightningError::NoSuchBucket(bucket.to_owned()));
+    }
+    Ok(())
+}
+
+fn incref(txn: &WriteTransaction, blocks: &[BlockRef]) -> Result<()> {
+    let mut refs = txn.open_table(REFS)?;
+    for b in blocks {
+        let n = refs
+            .get(b.hash.0.as_slice())?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        refs.insert(b.hash.0.as_slice(), n + 1)?;
+    }
+    Ok(())
+}
+
+fn decref(txn: &WriteTransaction, blocks: &[BlockRef], freed: &mut Vec<BlockHash>) -> Result<()> {
+    let mut refs = txn.open_table(REFS)?;
+    for b in blocks {
+        let n = refs
+            .get(b.hash.0.as_slice())?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        if n <= 1 {
+            refs.remove(b.hash.0.as_slice())?;
+            freed.push(b.hash);
+        } else {
+            refs.insert(b.hash.0.as_slice(), n - 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates a bucket.
+pub fn create_bucket(txn: &WriteTransaction, name: &str, now_ms: i64) -> Result<()> {
+    let mut t = txn.open_table(BUCKETS)?;
+    if t.get(name)?.is_some() {
+        return Err(LightningError::BucketAlreadyExists(name.to_owned()));
+    }
+    let row = postcard::to_allocvec(&BucketMeta { created_ms: now_ms })?;
+    t.insert(name, row.as_slice())?;
+    Ok(())
+}
+
+/// Deletes an empty bucket.
+pub fn delete_bucket(txn: &WriteTransaction, name: &str) -> Result<()> {
+    require_bucket(txn, name)?;
+    let objects = txn.open_table(OBJECTS)?;
+    let has_object = match objects.range((name, &b""[..])..)?.next() {
+        Some(row) => row?.0.value().0 == name,
+        None => false,
+    };
+    let index = txn.open_table(UPLOAD_INDEX)?;
+    let has_upload = match index.range((name, &b""[..], "")..)?.next() {
+        Some(row) => row?.0.value().0 == name,
+        None => false,
+    };
+    if has_object || has_upload {
+        return Err(LightningError::BucketNotEmpty(name.to_owned()));
+    }
+    txn.open_table(BUCKETS)?.remove(name)?;
+    Ok(())
+}
+
+fn existing_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Option<ObjectMeta>> {
+    let t = txn.open_table(OBJECTS)?;
+    let row = t.get((bucket, key.as_bytes()))?;
+    match row {
+        Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
+        None => Ok(None),
+    }
+}
+
+fn replace_object(
+    txn: &WriteTransaction,
+    bucket: &str,
+    key: &str,
+    old: Option<ObjectMeta>,
+    meta: &ObjectMeta,
+    freed: &mut Vec<BlockHash>,
+) -> Result<()> {
+    let row = postcard::to_allocvec(meta)?;
+    incref(txn, meta.data.blocks())?;
+    if let Some(old) = old {
+        decref(txn, old.data.blocks(), freed)?;
+    }
+    txn.open_table(OBJECTS)?
+        .insert((bucket, key.as_bytes()), row.as_slice())?;
+    Ok(())
+}
+
+/// Stores an object row (taking a reference on each of its blocks), replacing
+/// any previous version. Returns the blocks no longer referenced.
+pub fn put_object(
+    txn: &WriteTransaction,
+    bucket: &str,
+    key: &str,
+    meta: &ObjectMeta,
+    cond: &WriteConditions,
+) -> Result<Vec<BlockHash>> {
+    require_bucket(txn, bucket)?;
+    let old = existing_object(txn, bucket, key)?;
+    conditions::check_write(
+        old.as_ref().map(|o| o.etag.as_str()),
+        cond.if_match.as_ref(),
+        cond.if_none_match.as_ref(),
+        key,
+    )?;
+    let mut freed = Vec::new();
+    replace_object(txn, bucket, key, old, meta, &mut freed)?;
+    Ok(freed)
+}
+
+/// Deletes an object (a missing key is not an error). Returns freed blocks.
+pub fn delete_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Vec<BlockHash>> {
+    require_bucket(txn, bucket)?;
+    let mut freed = Vec::new();
+    if let Some(old) = existing_object(txn, bucket, key)? {
+        decref(txn, old.data.blocks(), &mut freed)?;
+        txn.open_table(OBJECTS)?.remove((bucket, key.as_bytes()))?;
+    }
+    Ok(freed)
+}
+
+/// Records a new multipart upload.
+pub fn create_upload(txn: &WriteTransaction, id: &str, meta: &UploadMeta) -> Result<()> {
+    require_bucket(txn, &meta.bucket)?;
+    let row = postcard::to_allocvec(meta)?;
+    txn.open_table(UPLOADS)?.insert(id, row.as_slice())?;
+    txn.open_table(UPLOAD_INDEX)?
+        .insert((meta.bucket.as_str(), meta.key.as_bytes(), id), ())?;
+    Ok(())
+}
+
+fn require_upload(txn: &WriteTransaction, id: &str, bucket: &str, key: &str) -> Result<UploadMeta> {
+    let t = txn.open_table(UPLOADS)?;
+    let row = t.get(id)?;
+    let meta: UploadMeta = match row {
+        Some(v) => postcard::from_bytes(v.value())?,
+        None => return Err(LightningError::NoSuchUpload(id.to_owned())),
+    };
+    if meta.bucket != bucket || meta.key != key {
+        return Err(LightningError::NoSuchUpload(id.to_owned()));
+    }
+    Ok(meta)
+}
+
+/// Stores (or replaces) a part. Returns freed blocks.
+pub fn put_part(
+    txn: &WriteTransaction,
+    id: &str,
+    bucket: &str,
+    key: &str,
+    number: u32,
+    part: &PartMeta,
+) -> Result<Vec<BlockHash>> {
+    require_upload(txn, id, bucket, key)?;
+    let row = postcard::to_allocvec(part)?;
+    let mut parts = txn.open_table(PARTS)?;
+    let old: Option<PartMeta> = match parts.get((id, number))? {
+        Some(v) => Some(postcard::from_bytes(v.value())?),
+        None => None,
+    };
+    let mut freed = Vec::new();
+    incref(txn, &part.blocks)?;
+    if let Some(old) = old {
+        decref(txn, &old.blocks, &mut freed)?;
+    }
+    parts.insert((id, number), row.as_slice())?;
+    Ok(freed)
+}
+
+fn all_parts(txn: &WriteTransaction, id: &str) -> Result<Vec<(u32, PartMeta)>> {
+    let parts = txn.open_table(PARTS)?;
+    let mut out = Vec::new();
+    for row in parts.range((id, 0u32)..=(id, u32::MAX))? {
+        let (k, v) = row?;
+        out.push((k.value().1, postcard::from_bytes(v.value())?));
+    }
+    Ok(out)
+}
+
+fn remove_upload(
+    txn: &WriteTransaction,
+    id: &str,
+    upload: &UploadMeta,
+    parts: &[(u32, PartMeta)],
+) -> Result<()> {
+    let mut t = txn.open_table(PARTS)?;
+    for (n, _) in parts {
+        t.remove((id, *n))?;
+    }
+    txn.open_table(UPLOADS)?.remove(id)?;
+    txn.open_table(UPLOAD_INDEX)?
+        .remove((upload.bucket.as_str(), upload.key.as_bytes(), id))?;
+    Ok(())
+}
+
+/// Aborts an upload, dropping its parts. Returns freed blocks.
+pub fn abort_upload(
+    txn: &WriteTransaction,
+    id: &str,
+    bucket: &str,
+    key: &str,
+) -> Result<Vec<BlockHash>> {
+    let upload = require_upload(txn, id, bucket, key)?;
+    let parts = all_parts(txn, id)?;
+    let mut freed = Vec::new();
+    for (_, p) in &parts {
+        decref(txn, &p.blocks, &mut freed)?;
+    }
+    remove_upload(txn, id, &upload, &parts)?;
+    Ok(freed)
+}
+
+/// One entry of a CompleteMultipartUpload request.
+#[derive(Debug, Clone)]
+pub struct CompletedPart {
+    /// Part number.
+    pub number: u32,
+    /// The ETag the client got for it (unquoted).
+    pub etag: String,
+    /// Checksum the client claims for it, if any.
+    pub checksum: Option<Checksum>,
+}
+
+/// Turns an upload into an object. Returns the object and freed blocks.
+#[allow(clippy::too_many_arguments)]
+pub fn complete_upload(
+    txn: &WriteTransaction,
+    id: &str,
+    bucket: &str,
+    key: &str,
+    requested: &[CompletedPart],
+    version: u64,
+    now_ms: i64,
+    cond: &WriteConditions,
+) -> Result<(ObjectMeta, Vec<BlockHash>)> {
+    let upload = require_upload(txn, id, bucket, key)?;
+    if requested.is_empty() {
+        return Err(LightningError::InvalidRequest(
+            "you must specify at least one part".into(),
+        ));
+    }
+    if requested.windows(2).any(|w| w[0].number >= w[1].number) {
+        return Err(LightningError::InvalidPartOrder);
+    }
+    let stored = all_parts(txn, id)?;
+    let mut chosen: Vec<&PartMeta> = Vec::with_capacity(requested.len());
+    for (i, want) in requested.iter().enumerate() {
+        let part = stored
+            .iter()
+            .find(|(n, _)| *n == want.number)
+            .map(|(_, p)| p)
+            .ok_or_else(|| {
+                LightningError::InvalidPart(format!("part {} was not uploaded", want.number))
+            })?;
+        if part.etag() != want.etag.trim_matches('"') {
+            return Err(LightningError::InvalidPart(format!(
+                "part {} has ETag {}, not {}",
+                want.number,
+                part.etag(),
+                want.etag
+            )));
+        }
+        if let Some(c) = &want.checksum
+            && part
+                .checksum
+                .as_ref()
+                .is_some_and(|p| p.algo == c.algo && p.raw != c.raw)
+        {
+            return Err(LightningError::InvalidPart(format!(
+                "part {} checksum does not match",
+                want.number
+            )));
+        }
+        if i + 1 < requested.len() && part.size < MIN_PART_SIZE {
+            return Err(LightningError::EntityTooSmall {
+                part: want.number,
+                size: part.size,
+                min: MIN_PART_SIZE,
+            });
+        }
+        chosen.push(part);
+    }
+    let old = existing_object(txn, bucket, key)?;
+    conditions::check_write(
+        old.as_ref().map(|o| o.etag.as_str()),
+        cond.if_match.as_ref(),
+        cond.if_none_match.as_ref(),
+        key,
+    )?;
+
+    let mut md5s = md5::Md5::new();
+    for p in &chosen {
+        md5s.update(p.md5);
+    }
+    let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
+    let checksum = upload.checksum_algo.and_then(|algo| {
+        let digests: Option<Vec<&[u8]>> = chosen
+            .iter()
+            .map(|p| {
+                p.checksum
+                    .as_ref()
+                    .filter(|c| c.algo == algo)
+                    .map(|c| c.raw.as_slice())
+            })
+            .collect();
+        digests.map(|d| Checksum::composite(algo, &d))
+    });
+    let blocks: Vec<BlockRef> = chosen
+        .iter()
+        .flat_map(|p| p.blocks.iter().copied())
+        .collect();
+    let meta = ObjectMeta {
+        version,
+        size: chosen.iter().map(|p| p.size).sum(),
+        etag,
+        last_modified_ms: now_ms,
+        headers: upload.headers.clone(),
+        checksum,
+        parts: chosen.iter().map(|p| p.size).collect(),
+        data: ObjectData::Blocks(blocks),
+    };
+
+    let mut freed = Vec::new();
+    // The object takes its own references; dropping every part's afterwards
+    // leaves exactly the object's, and frees the blocks of unused parts.
+    replace_object(txn, bucket, key, old, &meta, &mut freed)?;
+    for (_, p) in &stored {
+        decref(txn, &p.blocks, &mut freed)?;
+    }
+    remove_upload(txn, id, &upload, &stored)?;
+    Ok((meta, freed))
+}

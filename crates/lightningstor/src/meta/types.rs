@@ -1,0 +1,169 @@
+//! The rows stored in the metadata tables (serialized with postcard).
+//!
+//! Field order matters: [`ObjectSummary`] is a prefix of [`ObjectMeta`], so a
+//! listing decodes only the summary and never the block list.
+
+use crate::block::BlockHash;
+use crate::checksum::{Checksum, ChecksumAlgo};
+use serde::{Deserialize, Serialize};
+
+/// A bucket row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketMeta {
+    /// Creation time, Unix milliseconds.
+    pub created_ms: i64,
+}
+
+/// A block of an object or part: its hash and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRef {
+    /// Content hash.
+    pub hash: BlockHash,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// Where an object's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjectData {
+    /// Small objects: the bytes themselves.
+    Inline(Vec<u8>),
+    /// Larger objects: blocks in order.
+    Blocks(Vec<BlockRef>),
+}
+
+impl ObjectData {
+    /// The blocks referenced (none for inline data).
+    pub fn blocks(&self) -> &[BlockRef] {
+        match self {
+            ObjectData::Inline(_) => &[],
+            ObjectData::Blocks(b) => b,
+        }
+    }
+}
+
+/// Standard headers and user metadata stored with an object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectHeaders {
+    /// Content-Type.
+    pub content_type: Option<String>,
+    /// Content-Encoding.
+    pub content_encoding: Option<String>,
+    /// Content-Disposition.
+    pub content_disposition: Option<String>,
+    /// Content-Language.
+    pub content_language: Option<String>,
+    /// Cache-Control.
+    pub cache_control: Option<String>,
+    /// Expires, Unix seconds.
+    pub expires: Option<i64>,
+    /// x-amz-meta-* pairs, sorted by name.
+    pub user: Vec<(String, String)>,
+}
+
+/// The first fields of every [`ObjectMeta`], enough for a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectSummary {
+    /// Row version: unique and increasing per node (replication will order by it).
+    pub version: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// ETag without quotes.
+    pub etag: String,
+    /// Last modification, Unix milliseconds.
+    pub last_modified_ms: i64,
+}
+
+/// An object row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    /// Row version: unique and increasing per node.
+    pub version: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// ETag without quotes.
+    pub etag: String,
+    /// Last modification, Unix milliseconds.
+    pub last_modified_ms: i64,
+    /// Standard headers and user metadata.
+    pub headers: ObjectHeaders,
+    /// Full-object or composite checksum, if one was given or asked for.
+    pub checksum: Option<Checksum>,
+    /// Part sizes for a multipart object (empty otherwise).
+    pub parts: Vec<u64>,
+    /// The bytes.
+    pub data: ObjectData,
+}
+
+impl ObjectMeta {
+    /// Last modification in Unix seconds (the resolution of HTTP dates).
+    pub fn last_modified_secs(&self) -> i64 {
+        self.last_modified_ms.div_euclid(1000)
+    }
+}
+
+/// A multipart upload in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadMeta {
+    /// Destination bucket.
+    pub bucket: String,
+    /// Destination key.
+    pub key: String,
+    /// Creation time, Unix milliseconds.
+    pub initiated_ms: i64,
+    /// Headers the object will get.
+    pub headers: ObjectHeaders,
+    /// Checksum algorithm asked for at creation.
+    pub checksum_algo: Option<ChecksumAlgo>,
+}
+
+/// An uploaded part.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartMeta {
+    /// Size in bytes.
+    pub size: u64,
+    /// MD5 of the part (its ETag).
+    pub md5: [u8; 16],
+    /// Checksum given or computed for the part.
+    pub checksum: Option<Checksum>,
+    /// Upload time, Unix milliseconds.
+    pub last_modified_ms: i64,
+    /// The part's blocks.
+    pub blocks: Vec<BlockRef>,
+}
+
+impl PartMeta {
+    /// The part's ETag (hex MD5, unquoted).
+    pub fn etag(&self) -> String {
+        hex::encode(self.md5)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_decodes_from_the_front_of_an_object_row() {
+        let meta = ObjectMeta {
+            version: 7,
+            size: 3,
+            etag: "abc".into(),
+            last_modified_ms: 1234,
+            headers: ObjectHeaders {
+                user: vec![("a".into(), "b".into())],
+                ..Default::default()
+            },
+            checksum: None,
+            parts: vec![],
+            data: ObjectData::Inline(b"xyz".to_vec()),
+        };
+        let bytes = postcard::to_allocvec(&meta).expect("encode");
+        let (s, _) = postcard::take_from_bytes::<ObjectSummary>(&bytes).expect("decode");
+        assert_eq!(s.version, 7);
+        assert_eq!(s.etag, "abc");
+        assert_eq!(s.last_modified_ms, 1234);
+        let back: ObjectMeta = postcard::from_bytes(&bytes).expect("decode");
+        assert_eq!(back, meta);
+    }
+}

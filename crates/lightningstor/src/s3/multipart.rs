@@ -1,0 +1,460 @@
+//! Multipart uploads: create, upload-part, upload-part-copy, complete, abort,
+//! list-parts, list-multipart-uploads.
+
+use super::bucket::owner;
+use super::convert::{
+    check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp,
+    trailer_value,
+};
+use super::object::{copy_source, load};
+use crate::checksum::{Checksum, ChecksumAlgo, ChecksumPlan};
+use crate::conditions::Mode;
+use crate::error::{LightningError, Result};
+use crate::listing::common_prefix;
+use crate::meta::now_ms;
+use crate::meta::ops::{self, CompletedPart as Wanted, WriteConditions};
+use crate::meta::types::{PartMeta, UploadMeta};
+use crate::store::Store;
+use s3s::S3Request;
+use s3s::dto::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+fn new_upload_id(store: &Store, bucket: &str, key: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut h = blake3::Hasher::new();
+    h.update(&store.meta.next_version().to_le_bytes());
+    h.update(&SEQ.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(bucket.as_bytes());
+    h.update(key.as_bytes());
+    hex::encode(&h.finalize().as_bytes()[..16])
+}
+
+fn part_number(n: i32) -> Result<u32> {
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (1..=10_000).contains(n))
+        .ok_or_else(|| {
+            LightningError::InvalidArgument(
+                "part number must be an integer between 1 and 10000".into(),
+            )
+        })
+}
+
+fn upload_of(store: &Store, id: &str, bucket: &str, key: &str) -> Result<UploadMeta> {
+    store
+        .meta
+        .get_upload(id)?
+        .filter(|u| u.bucket == bucket && u.key == key)
+        .ok_or_else(|| LightningError::NoSuchUpload(id.to_owned()))
+}
+
+pub(super) async fn create_multipart_upload(
+    store: &Arc<Store>,
+    req: S3Request<CreateMultipartUploadInput>,
+) -> Result<CreateMultipartUploadOutput> {
+    let i = req.input;
+    check_key(&i.key)?;
+    let algo = match &i.checksum_algorithm {
+        None => None,
+        Some(a) => Some(ChecksumAlgo::from_name(a.as_str()).ok_or_else(|| {
+            LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str()))
+        })?),
+    };
+    let id = new_upload_id(store, &i.bucket, &i.key);
+    let meta = UploadMeta {
+        bucket: i.bucket.clone(),
+        key: i.key.clone(),
+        initiated_ms: now_ms(),
+        headers: object_headers(
+            i.content_type,
+            i.content_encoding,
+            i.content_disposition,
+            i.content_language,
+            i.cache_control,
+            i.expires.as_ref(),
+            i.metadata,
+        ),
+        checksum_algo: algo,
+    };
+    let idc = id.clone();
+    store
+        .meta
+        .write(move |t| ops::create_upload(t, &idc, &meta))
+        .await?;
+    Ok(CreateMultipartUploadOutput {
+        bucket: Some(i.bucket),
+        key: Some(i.key),
+        upload_id: Some(id),
+        checksum_algorithm: i.checksum_algorithm,
+        checksum_type: algo.map(|_| ChecksumType::from_static(ChecksumType::COMPOSITE)),
+        ..Default::default()
+    })
+}
+
+async fn store_part(
+    store: &Arc<Store>,
+    id: String,
+    bucket: String,
+    key: String,
+    number: u32,
+    part: PartMeta,
+    pins: crate::store::Pins,
+) -> Result<()> {
+    let freed = store
+        .meta
+        .write(move |t| ops::put_part(t, &id, &bucket, &key, number, &part))
+        .await?;
+    pins.release();
+    store.spawn_delete(freed);
+    Ok(())
+}
+
+pub(super) async fn upload_part(
+    store: &Arc<Store>,
+    req: S3Request<UploadPartInput>,
+) -> Result<UploadPartOutput> {
+    let S3Request {
+        input: i,
+        headers,
+        trailing_headers,
+        ..
+    } = req;
+    let number = part_number(i.part_number)?;
+    let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
+    let plan = ChecksumPlan::from_headers(&checksum_headers(
+        &headers,
+        i.content_md5.as_deref(),
+        i.checksum_algorithm.as_ref(),
+        i.checksum_crc32.as_deref(),
+        i.checksum_crc32c.as_deref(),
+        i.checksum_crc64nvme.as_deref(),
+        i.checksum_sha1.as_deref(),
+        i.checksum_sha256.as_deref(),
+    ))?;
+    let algo = plan.algo.or(upload.checksum_algo);
+    let ing = match i.body {
+        Some(body) => store.ingest(body, algo, false).await?,
+        None => {
+            store
+                .ingest(
+                    futures::stream::empty::<std::result::Result<bytes::Bytes, String>>(),
+                    algo,
+                    false,
+                )
+                .await?
+        }
+    };
+    if let Some(declared) = i.content_length
+        && u64::try_from(declared).ok() != Some(ing.size)
+    {
+        return Err(LightningError::IncompleteBody {
+            declared: u64::try_from(declared).unwrap_or(0),
+            got: ing.size,
+        });
+    }
+    let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
+    plan.verify(&ing.md5, ing.checksum.as_ref(), trailer.as_deref())?;
+    let part = PartMeta {
+        size: ing.size,
+        md5: ing.md5,
+        checksum: ing.checksum.clone(),
+        last_modified_ms: now_ms(),
+        blocks: ing.data.blocks().to_vec(),
+    };
+    let tag = part.etag();
+    let c = checksum_fields(part.checksum.as_ref());
+    store_part(store, i.upload_id, i.bucket, i.key, number, part, ing.pins).await?;
+    Ok(UploadPartOutput {
+        e_tag: Some(etag(&tag)),
+        checksum_crc32: c.crc32,
+        checksum_crc32c: c.crc32c,
+        checksum_crc64nvme: c.crc64nvme,
+        checksum_sha1: c.sha1,
+        checksum_sha256: c.sha256,
+        ..Default::default()
+    })
+}
+
+pub(super) async fn upload_part_copy(
+    store: &Arc<Store>,
+    req: S3Request<UploadPartCopyInput>,
+) -> Result<UploadPartCopyOutput> {
+    let i = req.input;
+    let number = part_number(i.part_number)?;
+    let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
+    let (sb, sk) = copy_source(&i.copy_source)?;
+    let src = load(store, &sb, &sk)?;
+    crate::conditions::Preconditions {
+        if_match: i.copy_source_if_match,
+        if_none_match: i.copy_source_if_none_match,
+        if_modified_since: i
+            .copy_source_if_modified_since
+            .as_ref()
+            .map(super::convert::unix_secs),
+        if_unmodified_since: i
+            .copy_source_if_unmodified_since
+            .as_ref()
+            .map(super::convert::unix_secs),
+    }
+    .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
+    let range = match &i.copy_source_range {
+        None => 0..src.size,
+        Some(r) => Range::parse(r)
+            .ok()
+            .and_then(|r| r.check(src.size).ok())
+            .ok_or(LightningError::InvalidRange)?,
+    };
+    // Re-chunk the source range through the normal upload path; identical
+    // blocks deduplicate in the block store.
+    let body = store.read(&src, range);
+    let ing = store.ingest(body, upload.checksum_algo, false).await?;
+    let part = PartMeta {
+        size: ing.size,
+        md5: ing.md5,
+        checksum: ing.checksum.clone(),
+        last_modified_ms: now_ms(),
+        blocks: ing.data.blocks().to_vec(),
+    };
+    let tag = part.etag();
+    let modified = part.last_modified_ms;
+    store_part(store, i.upload_id, i.bucket, i.key, number, part, ing.pins).await?;
+    Ok(UploadPartCopyOutput {
+        copy_part_result: Some(CopyPartResult {
+            e_tag: Some(etag(&tag)),
+            last_modified: Some(timestamp(modified)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
+    let given = [
+        (ChecksumAlgo::Crc32, &p.checksum_crc32),
+        (ChecksumAlgo::Crc32c, &p.checksum_crc32c),
+        (ChecksumAlgo::Crc64Nvme, &p.checksum_crc64nvme),
+        (ChecksumAlgo::Sha1, &p.checksum_sha1),
+        (ChecksumAlgo::Sha256, &p.checksum_sha256),
+    ];
+    for (algo, v) in given {
+        if let Some(v) = v {
+            return Checksum::from_base64(algo, v).map(Some);
+        }
+    }
+    Ok(None)
+}
+
+pub(super) async fn complete_multipart_upload(
+    store: &Arc<Store>,
+    req: S3Request<CompleteMultipartUploadInput>,
+) -> Result<CompleteMultipartUploadOutput> {
+    let i = req.input;
+    let parts = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
+    let mut wanted = Vec::with_capacity(parts.len());
+    for p in &parts {
+        let number = part_number(p.part_number.unwrap_or(0))?;
+        let etag = p
+            .e_tag
+            .as_ref()
+            .map(etag_value)
+            .unwrap_or_default()
+            .to_owned();
+        wanted.push(Wanted {
+            number,
+            etag,
+            checksum: wanted_checksum(p)?,
+        });
+    }
+    let cond = WriteConditions {
+        if_match: i.if_match,
+        if_none_match: i.if_none_match,
+    };
+    let version = store.meta.next_version();
+    let (id, bucket, key) = (i.upload_id, i.bucket.clone(), i.key.clone());
+    let (meta, freed) = store
+        .meta
+        .write(move |t| {
+            ops::complete_upload(t, &id, &bucket, &key, &wanted, version, now_ms(), &cond)
+        })
+        .await?;
+    store.spawn_delete(freed);
+    let c = checksum_fields(meta.checksum.as_ref());
+    Ok(CompleteMultipartUploadOutput {
+        bucket: Some(i.bucket.clone()),
+        key: Some(i.key.clone()),
+        location: Some(format!("/{}/{}", i.bucket, i.key)),
+        e_tag: Some(etag(&meta.etag)),
+        checksum_crc32: c.crc32,
+        checksum_crc32c: c.crc32c,
+        checksum_crc64nvme: c.crc64nvme,
+        checksum_sha1: c.sha1,
+        checksum_sha256: c.sha256,
+        checksum_type: c.kind,
+        ..Default::default()
+    })
+}
+
+pub(super) async fn abort_multipart_upload(
+    store: &Arc<Store>,
+    req: S3Request<AbortMultipartUploadInput>,
+) -> Result<AbortMultipartUploadOutput> {
+    let i = req.input;
+    let freed = store
+        .meta
+        .write(move |t| ops::abort_upload(t, &i.upload_id, &i.bucket, &i.key))
+        .await?;
+    store.spawn_delete(freed);
+    Ok(AbortMultipartUploadOutput::default())
+}
+
+fn limit(v: Option<i32>, what: &str) -> Result<usize> {
+    match v {
+        None => Ok(1000),
+        Some(n) if n < 0 => Err(LightningError::InvalidArgument(format!(
+            "{what} must not be negative"
+        ))),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(0).min(1000)),
+    }
+}
+
+pub(super) async fn list_parts(
+    store: &Arc<Store>,
+    req: S3Request<ListPartsInput>,
+) -> Result<ListPartsOutput> {
+    let i = req.input;
+    let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
+    let max = limit(i.max_parts, "max-parts")?;
+    let marker = u32::try_from(i.part_number_marker.unwrap_or(0)).unwrap_or(0);
+    let mut rows = store.meta.list_parts(&i.upload_id, marker, max + 1)?;
+    let truncated = rows.len() > max;
+    rows.truncate(max);
+    let next = rows.last().map(|(n, _)| *n);
+    let parts = rows
+        .into_iter()
+        .map(|(n, p)| {
+            let c = checksum_fields(p.checksum.as_ref());
+            Part {
+                part_number: i32::try_from(n).ok(),
+                size: i64::try_from(p.size).ok(),
+                e_tag: Some(etag(&p.etag())),
+                last_modified: Some(timestamp(p.last_modified_ms)),
+                checksum_crc32: c.crc32,
+                checksum_crc32c: c.crc32c,
+                checksum_crc64nvme: c.crc64nvme,
+                checksum_sha1: c.sha1,
+                checksum_sha256: c.sha256,
+            }
+        })
+        .collect();
+    Ok(ListPartsOutput {
+        bucket: Some(i.bucket),
+        key: Some(i.key),
+        upload_id: Some(i.upload_id),
+        parts: Some(parts),
+        is_truncated: Some(truncated),
+        max_parts: i32::try_from(max).ok(),
+        part_number_marker: i.part_number_marker,
+        next_part_number_marker: if truncated {
+            next.and_then(|n| i32::try_from(n).ok())
+        } else {
+            None
+        },
+        checksum_algorithm: upload
+            .checksum_algo
+            .map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
+        owner: Some(owner()),
+        initiator: Some(Initiator {
+            display_name: Some("lightningstor".into()),
+            id: Some("lightningstor".into()),
+        }),
+        ..Default::default()
+    })
+}
+
+pub(super) async fn list_multipart_uploads(
+    store: &Arc<Store>,
+    req: S3Request<ListMultipartUploadsInput>,
+) -> Result<ListMultipartUploadsOutput> {
+    let i = req.input;
+    if store.meta.get_bucket(&i.bucket)?.is_none() {
+        return Err(LightningError::NoSuchBucket(i.bucket));
+    }
+    let max = limit(i.max_uploads, "max-uploads")?;
+    let prefix = i.prefix.clone().unwrap_or_default();
+    let q = crate::listing::ListQuery {
+        prefix: prefix.as_bytes().to_vec(),
+        delimiter: i.delimiter.as_ref().map(|d| d.as_bytes().to_vec()),
+        start_after: None,
+        max_keys: max,
+    };
+    let store2 = store.clone();
+    let (bucket, km, um) = (
+        i.bucket.clone(),
+        i.key_marker.clone(),
+        i.upload_id_marker.clone(),
+    );
+    let rows = tokio::task::spawn_blocking(move || {
+        store2
+            .meta
+            .list_uploads(&bucket, &prefix, km.as_deref(), um.as_deref(), 10_000)
+    })
+    .await
+    .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+    let mut uploads = Vec::new();
+    let mut prefixes: Vec<String> = Vec::new();
+    let mut truncated = false;
+    let mut last: Option<(String, String)> = None;
+    for (key, id, u) in rows {
+        if uploads.len() + prefixes.len() >= max {
+            truncated = true;
+            break;
+        }
+        if let Some(cp) = common_prefix(&q, key.as_bytes()) {
+            let cp = String::from_utf8_lossy(cp).into_owned();
+            if !prefixes.contains(&cp) {
+                prefixes.push(cp);
+            }
+            continue;
+        }
+        last = Some((key.clone(), id.clone()));
+        uploads.push(MultipartUpload {
+            key: Some(key),
+            upload_id: Some(id),
+            initiated: Some(timestamp(u.initiated_ms)),
+            checksum_algorithm: u
+                .checksum_algo
+                .map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
+            owner: Some(owner()),
+            initiator: Some(Initiator {
+                display_name: Some("lightningstor".into()),
+                id: Some("lightningstor".into()),
+            }),
+            ..Default::default()
+        });
+    }
+    Ok(ListMultipartUploadsOutput {
+        bucket: Some(i.bucket),
+        prefix: i.prefix,
+        delimiter: i.delimiter,
+        key_marker: i.key_marker,
+        upload_id_marker: i.upload_id_marker,
+        max_uploads: i32::try_from(max).ok(),
+        is_truncated: Some(truncated),
+        next_key_marker: truncated
+            .then(|| last.as_ref().map(|l| l.0.clone()))
+            .flatten(),
+        next_upload_id_marker: truncated
+            .then(|| last.as_ref().map(|l| l.1.clone()))
+            .flatten(),
+        uploads: Some(uploads),
+        common_prefixes: (!prefixes.is_empty()).then(|| {
+            prefixes
+                .into_iter()
+                .map(|p| CommonPrefix { prefix: Some(p) })
+                .collect()
+        }),
+        ..Default::default()
+    })
+}

@@ -1,0 +1,514 @@
+//! Object operations: put, get, head, delete, delete-objects, copy.
+
+use super::convert::{
+    check_key, checksum_fields, checksum_headers, etag, metadata, object_headers, part_range,
+    timestamp, trailer_value, unix_secs,
+};
+use crate::checksum::ChecksumPlan;
+use crate::conditions::{Mode, Preconditions};
+use crate::error::{LightningError, Result};
+use crate::meta::now_ms;
+use crate::meta::ops::{self, WriteConditions};
+use crate::meta::types::ObjectMeta;
+use crate::store::Store;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use s3s::S3Request;
+use s3s::dto::*;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+/// Makes a `Send` stream `Sync`, as s3s bodies must be. The mutex is never
+/// contended: only the poller touches it, through `&mut`.
+pub(super) struct SyncBody(Mutex<BoxStream<'static, Result<Bytes>>>);
+
+impl SyncBody {
+    pub(super) fn blob(s: BoxStream<'static, Result<Bytes>>) -> StreamingBlob {
+        StreamingBlob::wrap(SyncBody(Mutex::new(s)))
+    }
+}
+
+impl Stream for SyncBody {
+    type Item = Result<Bytes>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let inner = match self.get_mut().0.get_mut() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        inner.poll_next_unpin(cx)
+    }
+}
+
+fn require_bucket(store: &Store, bucket: &str) -> Result<()> {
+    store
+        .meta
+        .get_bucket(bucket)?
+        .map(|_| ())
+        .ok_or_else(|| LightningError::NoSuchBucket(bucket.to_owned()))
+}
+
+/// Reads an object row, or NoSuchKey / NoSuchBucket.
+pub(super) fn load(store: &Store, bucket: &str, key: &str) -> Result<ObjectMeta> {
+    match store.meta.get_object(bucket, key)? {
+        Some(m) => Ok(m),
+        None => {
+            require_bucket(store, bucket)?;
+            Err(LightningError::NoSuchKey {
+                key: key.to_owned(),
+            })
+        }
+    }
+}
+
+pub(super) async fn put_object(
+    store: &Arc<Store>,
+    req: S3Request<PutObjectInput>,
+) -> Result<PutObjectOutput> {
+    let S3Request {
+        input,
+        headers,
+        trailing_headers,
+        ..
+    } = req;
+    check_key(&input.key)?;
+    let plan = ChecksumPlan::from_headers(&checksum_headers(
+        &headers,
+        input.content_md5.as_deref(),
+        input.checksum_algorithm.as_ref(),
+        input.checksum_crc32.as_deref(),
+        input.checksum_crc32c.as_deref(),
+        input.checksum_crc64nvme.as_deref(),
+        input.checksum_sha1.as_deref(),
+        input.checksum_sha256.as_deref(),
+    ))?;
+    require_bucket(store, &input.bucket)?;
+    let cond = WriteConditions {
+        if_match: input.if_match.clone(),
+        if_none_match: input.if_none_match.clone(),
+    };
+    if cond.if_match.is_some() || cond.if_none_match.is_some() {
+        // Fail fast before reading the body; checked again atomically at commit.
+        let cur = store.meta.get_object(&input.bucket, &input.key)?;
+        crate::conditions::check_write(
+            cur.as_ref().map(|o| o.etag.as_str()),
+            cond.if_match.as_ref(),
+            cond.if_none_match.as_ref(),
+            &input.key,
+        )?;
+    }
+    let ing = match input.body {
+        Some(body) => store.ingest(body, plan.algo, true).await?,
+        None => {
+            store
+                .ingest(
+                    futures::stream::empty::<std::result::Result<Bytes, String>>(),
+                    plan.algo,
+                    true,
+                )
+                .await?
+        }
+    };
+    if let Some(declared) = input.content_length
+        && u64::try_from(declared).ok() != Some(ing.size)
+    {
+        return Err(LightningError::IncompleteBody {
+            declared: u64::try_from(declared).unwrap_or(0),
+            got: ing.size,
+        });
+    }
+    let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
+    plan.verify(&ing.md5, ing.checksum.as_ref(), trailer.as_deref())?;
+
+    let meta = ObjectMeta {
+        version: store.meta.next_version(),
+        size: ing.size,
+        etag: hex::encode(ing.md5),
+        last_modified_ms: now_ms(),
+        headers: object_headers(
+            input.content_type,
+            input.content_encoding,
+            input.content_disposition,
+            input.content_language,
+            input.cache_control,
+            input.expires.as_ref(),
+            input.metadata,
+        ),
+        checksum: ing.checksum.clone(),
+        parts: Vec::new(),
+        data: ing.data.clone(),
+    };
+    let (bucket, key) = (input.bucket, input.key);
+    let row = meta.clone();
+    let freed = store
+        .meta
+        .write(move |t| ops::put_object(t, &bucket, &key, &row, &cond))
+        .await?;
+    ing.pins.release();
+    store.spawn_delete(freed);
+    let c = checksum_fields(meta.checksum.as_ref());
+    Ok(PutObjectOutput {
+        e_tag: Some(etag(&meta.etag)),
+        checksum_crc32: c.crc32,
+        checksum_crc32c: c.crc32c,
+        checksum_crc64nvme: c.crc64nvme,
+        checksum_sha1: c.sha1,
+        checksum_sha256: c.sha256,
+        checksum_type: c.kind,
+        size: i64::try_from(meta.size).ok(),
+        ..Default::default()
+    })
+}
+
+/// What GET and HEAD share: the row, the preconditions, and the range.
+struct Selected {
+    meta: ObjectMeta,
+    range: std::ops::Range<u64>,
+    partial: bool,
+}
+
+fn select(
+    store: &Store,
+    bucket: &str,
+    key: &str,
+    pre: &Preconditions,
+    range: Option<&Range>,
+    part_number: Option<i32>,
+) -> Result<Selected> {
+    let meta = load(store, bucket, key)?;
+    pre.check(&meta.etag, meta.last_modified_secs(), Mode::Read)?;
+    let (range, partial) = match (range, part_number) {
+        (Some(_), Some(_)) => {
+            return Err(LightningError::InvalidRequest(
+                "cannot specify both Range and partNumber".into(),
+            ));
+        }
+        (Some(r), None) => (
+            r.check(meta.size)
+                .map_err(|_| LightningError::InvalidRange)?,
+            true,
+        ),
+        (None, Some(n)) => (part_range(&meta, n)?, !meta.parts.is_empty()),
+        (None, None) => (0..meta.size, false),
+    };
+    Ok(Selected {
+        meta,
+        range,
+        partial,
+    })
+}
+
+fn content_range(s: &Selected) -> Option<String> {
+    s.partial.then(|| {
+        format!(
+            "bytes {}-{}/{}",
+            s.range.start,
+            s.range.end.saturating_sub(1),
+            s.meta.size
+        )
+    })
+}
+
+fn preconditions(
+    if_match: Option<ETagCondition>,
+    if_none_match: Option<ETagCondition>,
+    if_modified_since: Option<&Timestamp>,
+    if_unmodified_since: Option<&Timestamp>,
+) -> Preconditions {
+    Preconditions {
+        if_match,
+        if_none_match,
+        if_modified_since: if_modified_since.map(unix_secs),
+        if_unmodified_since: if_unmodified_since.map(unix_secs),
+    }
+}
+
+fn want_checksum(mode: Option<&ChecksumMode>, s: &Selected) -> bool {
+    mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED))
+        && (!s.partial || s.meta.parts.is_empty() && s.range == (0..s.meta.size))
+}
+
+pub(super) async fn get_object(
+    store: &Arc<Store>,
+    req: S3Request<GetObjectInput>,
+) -> Result<GetObjectOutput> {
+    let i = req.input;
+    let pre = preconditions(
+        i.if_match,
+        i.if_none_match,
+        i.if_modified_since.as_ref(),
+        i.if_unmodified_since.as_ref(),
+    );
+    let s = select(
+        store,
+        &i.bucket,
+        &i.key,
+        &pre,
+        i.range.as_ref(),
+        i.part_number,
+    )?;
+    let h = &s.meta.headers;
+    let c = if want_checksum(i.checksum_mode.as_ref(), &s) {
+        checksum_fields(s.meta.checksum.as_ref())
+    } else {
+        Default::default()
+    };
+    let body = store.read(&s.meta, s.range.clone());
+    Ok(GetObjectOutput {
+        body: Some(SyncBody::blob(body)),
+        content_length: i64::try_from(s.range.end - s.range.start).ok(),
+        content_range: content_range(&s),
+        accept_ranges: Some("bytes".into()),
+        e_tag: Some(etag(&s.meta.etag)),
+        last_modified: Some(timestamp(s.meta.last_modified_ms)),
+        metadata: metadata(h),
+        content_type: i.response_content_type.or_else(|| h.content_type.clone()),
+        content_encoding: i
+            .response_content_encoding
+            .or_else(|| h.content_encoding.clone()),
+        content_disposition: i
+            .response_content_disposition
+            .or_else(|| h.content_disposition.clone()),
+        content_language: i
+            .response_content_language
+            .or_else(|| h.content_language.clone()),
+        cache_control: i.response_cache_control.or_else(|| h.cache_control.clone()),
+        expires: i
+            .response_expires
+            .or_else(|| h.expires.map(|e| timestamp(e.saturating_mul(1000)))),
+        parts_count: i
+            .part_number
+            .and_then(|_| i32::try_from(s.meta.parts.len()).ok())
+            .filter(|n| *n > 0),
+        checksum_crc32: c.crc32,
+        checksum_crc32c: c.crc32c,
+        checksum_crc64nvme: c.crc64nvme,
+        checksum_sha1: c.sha1,
+        checksum_sha256: c.sha256,
+        checksum_type: c.kind,
+        ..Default::default()
+    })
+}
+
+pub(super) async fn head_object(
+    store: &Arc<Store>,
+    req: S3Request<HeadObjectInput>,
+) -> Result<HeadObjectOutput> {
+    let i = req.input;
+    let pre = preconditions(
+        i.if_match,
+        i.if_none_match,
+        i.if_modified_since.as_ref(),
+        i.if_unmodified_since.as_ref(),
+    );
+    let s = select(
+        store,
+        &i.bucket,
+        &i.key,
+        &pre,
+        i.range.as_ref(),
+        i.part_number,
+    )?;
+    let h = &s.meta.headers;
+    let c = if want_checksum(i.checksum_mode.as_ref(), &s) {
+        checksum_fields(s.meta.checksum.as_ref())
+    } else {
+        Default::default()
+    };
+    Ok(HeadObjectOutput {
+        content_length: i64::try_from(s.range.end - s.range.start).ok(),
+        content_range: content_range(&s),
+        accept_ranges: Some("bytes".into()),
+        e_tag: Some(etag(&s.meta.etag)),
+        last_modified: Some(timestamp(s.meta.last_modified_ms)),
+        metadata: metadata(h),
+        content_type: i.response_content_type.or_else(|| h.content_type.clone()),
+        content_encoding: h.content_encoding.clone(),
+        content_disposition: h.content_disposition.clone(),
+        content_language: h.content_language.clone(),
+        cache_control: h.cache_control.clone(),
+        expires: h.expires.map(|e| timestamp(e.saturating_mul(1000))),
+        parts_count: i
+            .part_number
+            .and_then(|_| i32::try_from(s.meta.parts.len()).ok())
+            .filter(|n| *n > 0),
+        checksum_crc32: c.crc32,
+        checksum_crc32c: c.crc32c,
+        checksum_crc64nvme: c.crc64nvme,
+        checksum_sha1: c.sha1,
+        checksum_sha256: c.sha256,
+        checksum_type: c.kind,
+        ..Default::default()
+    })
+}
+
+pub(super) async fn delete_object(
+    store: &Arc<Store>,
+    req: S3Request<DeleteObjectInput>,
+) -> Result<DeleteObjectOutput> {
+    let (bucket, key) = (req.input.bucket, req.input.key);
+    check_key(&key)?;
+    let freed = store
+        .meta
+        .write(move |t| ops::delete_object(t, &bucket, &key))
+        .await?;
+    store.spawn_delete(freed);
+    Ok(DeleteObjectOutput::default())
+}
+
+pub(super) async fn delete_objects(
+    store: &Arc<Store>,
+    req: S3Request<DeleteObjectsInput>,
+) -> Result<DeleteObjectsOutput> {
+    let bucket = req.input.bucket;
+    let quiet = req.input.delete.quiet.unwrap_or(false);
+    let keys: Vec<String> = req
+        .input
+        .delete
+        .objects
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    if keys.len() > 1000 {
+        return Err(LightningError::InvalidRequest(
+            "at most 1000 keys may be deleted at once".into(),
+        ));
+    }
+    require_bucket(store, &bucket)?;
+    // One transaction for the whole batch.
+    let results = store
+        .meta
+        .write(move |t| {
+            let mut out = Vec::with_capacity(keys.len());
+            let mut freed = Vec::new();
+            for key in keys {
+                let r = check_key(&key).and_then(|()| ops::delete_object(t, &bucket, &key));
+                match r {
+                    Ok(f) => {
+                        freed.extend(f);
+                        out.push((key, None));
+                    }
+                    Err(e @ (LightningError::Db(_) | LightningError::Io(_))) => return Err(e),
+                    Err(e) => out.push((key, Some(e))),
+                }
+            }
+            Ok((out, freed))
+        })
+        .await?;
+    let (results, freed) = results;
+    store.spawn_delete(freed);
+    let mut deleted = Vec::new();
+    let mut errors = Vec::new();
+    for (key, err) in results {
+        match err {
+            None if !quiet => deleted.push(DeletedObject {
+                key: Some(key),
+                ..Default::default()
+            }),
+            None => {}
+            Some(e) => errors.push(Error {
+                code: Some(e.s3_code().as_str().to_owned()),
+                key: Some(key),
+                message: Some(e.to_string()),
+                version_id: None,
+            }),
+        }
+    }
+    Ok(DeleteObjectsOutput {
+        deleted: Some(deleted),
+        errors: (!errors.is_empty()).then_some(errors),
+        ..Default::default()
+    })
+}
+
+/// Resolves `x-amz-copy-source` to (bucket, key).
+pub(super) fn copy_source(src: &CopySource) -> Result<(String, String)> {
+    match src {
+        CopySource::Bucket {
+            bucket,
+            key,
+            version_id,
+        } => {
+            if version_id.as_deref().is_some_and(|v| v != "null") {
+                return Err(LightningError::NotImplemented("object versions".into()));
+            }
+            Ok((bucket.to_string(), key.to_string()))
+        }
+        _ => Err(LightningError::NotImplemented(
+            "access point copy sources".into(),
+        )),
+    }
+}
+
+pub(super) async fn copy_object(
+    store: &Arc<Store>,
+    req: S3Request<CopyObjectInput>,
+) -> Result<CopyObjectOutput> {
+    let i = req.input;
+    check_key(&i.key)?;
+    let (sb, sk) = copy_source(&i.copy_source)?;
+    let src = load(store, &sb, &sk)?;
+    preconditions(
+        i.copy_source_if_match,
+        i.copy_source_if_none_match,
+        i.copy_source_if_modified_since.as_ref(),
+        i.copy_source_if_unmodified_since.as_ref(),
+    )
+    .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
+    let replace = i
+        .metadata_directive
+        .as_ref()
+        .is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
+    if sb == i.bucket && sk == i.key && !replace {
+        return Err(LightningError::InvalidRequest(
+            "this copy request is illegal because it is trying to copy an object to itself \
+             without changing the object's metadata"
+                .into(),
+        ));
+    }
+    require_bucket(store, &i.bucket)?;
+    let headers = if replace {
+        object_headers(
+            i.content_type,
+            i.content_encoding,
+            i.content_disposition,
+            i.content_language,
+            i.cache_control,
+            i.expires.as_ref(),
+            i.metadata,
+        )
+    } else {
+        src.headers.clone()
+    };
+    // Pin the source's blocks, then make sure they still exist: from here on
+    // no concurrent delete can remove them before the copy commits.
+    let pins = store.pin_existing(src.data.blocks())?;
+    let meta = ObjectMeta {
+        version: store.meta.next_version(),
+        last_modified_ms: now_ms(),
+        headers,
+        ..src
+    };
+    let (bucket, key, row) = (i.bucket, i.key, meta.clone());
+    let freed = store
+        .meta
+        .write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default()))
+        .await?;
+    pins.release();
+    store.spawn_delete(freed);
+    let c = checksum_fields(meta.checksum.as_ref());
+    Ok(CopyObjectOutput {
+        copy_object_result: Some(CopyObjectResult {
+            e_tag: Some(etag(&meta.etag)),
+            last_modified: Some(timestamp(meta.last_modified_ms)),
+            checksum_crc32: c.crc32,
+            checksum_crc32c: c.crc32c,
+            checksum_crc64nvme: c.crc64nvme,
+            checksum_sha1: c.sha1,
+            checksum_sha256: c.sha256,
+            checksum_type: c.kind,
+        }),
+        ..Default::default()
+    })
+}

@@ -1,0 +1,1495 @@
+//! LightningStor driven by aws-sdk-s3: in process (the s3s service plugged in
+//! as the SDK's HTTP client) and as the spawned `lightningstor` binary.
+
+mod s3_common;
+
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::primitives::{ByteStream, DateTime};
+use aws_sdk_s3::types::{
+    ChecksumAlgorithm, ChecksumMode, CompletedMultipartUpload, CompletedPart, Delete, EncodingType,
+    MetadataDirective, ObjectIdentifier,
+};
+use md5::Digest as _;
+use s3_common::*;
+use std::time::Duration;
+
+type R = anyhow::Result<()>;
+
+async fn body_of(out: aws_sdk_s3::operation::get_object::GetObjectOutput) -> Vec<u8> {
+    out.body
+        .collect()
+        .await
+        .expect("body")
+        .into_bytes()
+        .to_vec()
+}
+
+async fn put(c: &aws_sdk_s3::Client, b: &str, k: &str, data: &[u8]) -> String {
+    c.put_object()
+        .bucket(b)
+        .key(k)
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .expect("put")
+        .e_tag
+        .expect("etag")
+}
+
+#[tokio::test]
+async fn buckets_can_be_created_listed_located_and_deleted_only_when_empty() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("alpha").send().await?;
+    c.create_bucket().bucket("beta").send().await?;
+    let e = c
+        .create_bucket()
+        .bucket("alpha")
+        .send()
+        .await
+        .expect_err("dup");
+    assert_eq!(code(&e), "BucketAlreadyOwnedByYou");
+    c.head_bucket().bucket("alpha").send().await?;
+    let e = c
+        .head_bucket()
+        .bucket("gamma")
+        .send()
+        .await
+        .expect_err("missing");
+    assert_eq!(status(&e), 404);
+    let names: Vec<_> = c
+        .list_buckets()
+        .send()
+        .await?
+        .buckets()
+        .iter()
+        .filter_map(|b| b.name().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["alpha", "beta"]);
+    let loc = c.get_bucket_location().bucket("alpha").send().await?;
+    assert!(
+        loc.location_constraint()
+            .is_none_or(|l| l.as_str().is_empty())
+    );
+
+    put(&c, "alpha", "k", b"x").await;
+    let e = c
+        .delete_bucket()
+        .bucket("alpha")
+        .send()
+        .await
+        .expect_err("not empty");
+    assert_eq!(code(&e), "BucketNotEmpty");
+    c.delete_object().bucket("alpha").key("k").send().await?;
+    c.delete_bucket().bucket("alpha").send().await?;
+    let e = c
+        .delete_bucket()
+        .bucket("alpha")
+        .send()
+        .await
+        .expect_err("gone");
+    assert_eq!(code(&e), "NoSuchBucket");
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_bucket_names_are_rejected() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    for bad in ["ab", "UPPER", "a..b", "under_score", "-dash"] {
+        let e = c.create_bucket().bucket(bad).send().await.expect_err(bad);
+        assert_eq!(code(&e), "InvalidBucketName", "{bad}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn objects_round_trip_with_metadata_and_standard_headers() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let data = pseudo_random(3 * 1024 * 1024 + 123, 1);
+    let etag = c
+        .put_object()
+        .bucket("bkt")
+        .key("dir/obj.bin")
+        .body(ByteStream::from(data.clone()))
+        .content_type("application/x-test")
+        .cache_control("max-age=60")
+        .content_disposition("attachment")
+        .content_language("en")
+        .content_encoding("identity")
+        .metadata("colour", "blue")
+        .metadata("size", "large")
+        .send()
+        .await?
+        .e_tag
+        .expect("etag");
+    assert_eq!(
+        etag,
+        format!("\"{}\"", hex::encode(md5::Md5::digest(&data)))
+    );
+    let out = c
+        .get_object()
+        .bucket("bkt")
+        .key("dir/obj.bin")
+        .send()
+        .await?;
+    assert_eq!(out.content_type(), Some("application/x-test"));
+    assert_eq!(out.cache_control(), Some("max-age=60"));
+    assert_eq!(out.content_disposition(), Some("attachment"));
+    assert_eq!(out.content_language(), Some("en"));
+    assert_eq!(out.e_tag(), Some(etag.as_str()));
+    assert_eq!(out.content_length(), Some(data.len() as i64));
+    let meta = out.metadata().cloned().unwrap_or_default();
+    assert_eq!(meta.get("colour").map(String::as_str), Some("blue"));
+    assert_eq!(meta.get("size").map(String::as_str), Some("large"));
+    assert_eq!(body_of(out).await, data);
+
+    let head = c
+        .head_object()
+        .bucket("bkt")
+        .key("dir/obj.bin")
+        .send()
+        .await?;
+    assert_eq!(head.content_length(), Some(data.len() as i64));
+    assert_eq!(head.e_tag(), Some(etag.as_str()));
+
+    // Empty objects and overwrites.
+    put(&c, "bkt", "empty", b"").await;
+    let out = c.get_object().bucket("bkt").key("empty").send().await?;
+    assert!(body_of(out).await.is_empty());
+    put(&c, "bkt", "dir/obj.bin", b"short now").await;
+    let out = c
+        .get_object()
+        .bucket("bkt")
+        .key("dir/obj.bin")
+        .send()
+        .await?;
+    assert_eq!(body_of(out).await, b"short now");
+
+    let e = c
+        .get_object()
+        .bucket("bkt")
+        .key("nope")
+        .send()
+        .await
+        .expect_err("missing");
+    assert_eq!(code(&e), "NoSuchKey");
+    let e = c
+        .get_object()
+        .bucket("nob")
+        .key("k")
+        .send()
+        .await
+        .expect_err("no bucket");
+    assert_eq!(code(&e), "NoSuchBucket");
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_are_arbitrary_utf8_and_never_paths() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let long = "é".repeat(512); // 1024 bytes
+    let keys = [
+        "../../etc/passwd",
+        "a//b/./c/..",
+        "spaces and ?query=&#frag",
+        "ünïcødé/日本語/🚀",
+        "%2F%00-percent",
+        long.as_str(),
+    ];
+    for (i, k) in keys.iter().enumerate() {
+        put(&c, "bkt", k, format!("value {i}").as_bytes()).await;
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let out = c.get_object().bucket("bkt").key(*k).send().await?;
+        assert_eq!(body_of(out).await, format!("value {i}").as_bytes(), "{k}");
+    }
+    let listed: Vec<String> = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .send()
+        .await?
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_owned))
+        .collect();
+    let mut want: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    // Keys never became paths: the data directory holds only the database and blocks.
+    let mut entries: Vec<String> = std::fs::read_dir(s.dir.path())?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    assert_eq!(entries, ["blocks", "meta.redb"]);
+    let too_long = "x".repeat(1025);
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key(&too_long)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("too long");
+    assert_eq!(code(&e), "KeyTooLongError");
+    Ok(())
+}
+
+#[tokio::test]
+async fn range_gets_cover_first_last_open_ended_and_suffix_forms() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let data = pseudo_random(2 * 1024 * 1024 + 77, 2);
+    put(&c, "bkt", "k", &data).await;
+    let n = data.len();
+    let cases: [(&str, std::ops::Range<usize>); 5] = [
+        ("bytes=0-9", 0..10),
+        ("bytes=1048570-1048600", 1_048_570..1_048_601),
+        ("bytes=2097000-", 2_097_000..n),
+        ("bytes=-100", n - 100..n),
+        ("bytes=5-99999999", 5..n),
+    ];
+    for (range, want) in cases {
+        let out = c
+            .get_object()
+            .bucket("bkt")
+            .key("k")
+            .range(range)
+            .send()
+            .await?;
+        assert_eq!(
+            out.content_range(),
+            Some(format!("bytes {}-{}/{n}", want.start, want.end - 1).as_str()),
+            "{range}"
+        );
+        assert_eq!(body_of(out).await, &data[want], "{range}");
+    }
+    for bad in [format!("bytes={n}-"), "bytes=-0".to_string()] {
+        let e = c
+            .get_object()
+            .bucket("bkt")
+            .key("k")
+            .range(&bad)
+            .send()
+            .await
+            .expect_err("416");
+        assert_eq!(code(&e), "InvalidRange", "{bad}");
+        assert_eq!(status(&e), 416);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn conditional_gets_and_heads_answer_304_and_412() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let etag = put(&c, "bkt", "k", b"hello").await;
+    let past = DateTime::from_secs(1_000_000_000);
+    let future = DateTime::from_secs(4_000_000_000);
+
+    let ok = c
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match(&etag)
+        .send()
+        .await?;
+    assert_eq!(body_of(ok).await, b"hello");
+    let e = c
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match("\"other\"")
+        .send()
+        .await
+        .expect_err("412");
+    assert_eq!(status(&e), 412);
+    let e = c
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_none_match(&etag)
+        .send()
+        .await
+        .expect_err("304");
+    assert_eq!(status(&e), 304);
+    c.get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_none_match("\"other\"")
+        .send()
+        .await?;
+    let e = c
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_modified_since(future)
+        .send()
+        .await
+        .expect_err("304");
+    assert_eq!(status(&e), 304);
+    c.get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_modified_since(past)
+        .send()
+        .await?;
+    let e = c
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_unmodified_since(past)
+        .send()
+        .await
+        .expect_err("412");
+    assert_eq!(status(&e), 412);
+    c.get_object()
+        .bucket("bkt")
+        .key("k")
+        .if_unmodified_since(future)
+        .send()
+        .await?;
+
+    let e = c
+        .head_object()
+        .bucket("bkt")
+        .key("k")
+        .if_none_match(&etag)
+        .send()
+        .await
+        .expect_err("304");
+    assert_eq!(status(&e), 304);
+    let e = c
+        .head_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match("\"x\"")
+        .send()
+        .await
+        .expect_err("412");
+    assert_eq!(status(&e), 412);
+    Ok(())
+}
+
+#[tokio::test]
+async fn conditional_puts_honour_if_none_match_and_if_match() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    c.put_object()
+        .bucket("bkt")
+        .key("k")
+        .if_none_match("*")
+        .body(ByteStream::from_static(b"1"))
+        .send()
+        .await?;
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("k")
+        .if_none_match("*")
+        .body(ByteStream::from_static(b"2"))
+        .send()
+        .await
+        .expect_err("exists");
+    assert_eq!(code(&e), "PreconditionFailed");
+    let etag = c
+        .head_object()
+        .bucket("bkt")
+        .key("k")
+        .send()
+        .await?
+        .e_tag
+        .expect("etag");
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match("\"0123\"")
+        .body(ByteStream::from_static(b"3"))
+        .send()
+        .await
+        .expect_err("mismatch");
+    assert_eq!(code(&e), "PreconditionFailed");
+    c.put_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match(&etag)
+        .body(ByteStream::from_static(b"4"))
+        .send()
+        .await?;
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("absent")
+        .if_match(&etag)
+        .body(ByteStream::from_static(b"5"))
+        .send()
+        .await
+        .expect_err("absent");
+    assert_eq!(code(&e), "NoSuchKey");
+    let out = c.get_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(body_of(out).await, b"4");
+    Ok(())
+}
+
+#[tokio::test]
+async fn copies_keep_or_replace_metadata_and_check_source_conditions() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("src").send().await?;
+    c.create_bucket().bucket("dst").send().await?;
+    let data = pseudo_random(1_500_000, 3);
+    let etag = c
+        .put_object()
+        .bucket("src")
+        .key("a")
+        .content_type("text/x-a")
+        .metadata("m", "1")
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await?
+        .e_tag
+        .expect("etag");
+    let r = c
+        .copy_object()
+        .bucket("dst")
+        .key("b")
+        .copy_source("src/a")
+        .copy_source_if_match(&etag)
+        .send()
+        .await?;
+    assert_eq!(
+        r.copy_object_result().and_then(|r| r.e_tag()),
+        Some(etag.as_str())
+    );
+    let out = c.get_object().bucket("dst").key("b").send().await?;
+    assert_eq!(out.content_type(), Some("text/x-a"));
+    assert_eq!(
+        out.metadata().and_then(|m| m.get("m")).map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(body_of(out).await, data);
+
+    c.copy_object()
+        .bucket("dst")
+        .key("c")
+        .copy_source("src/a")
+        .metadata_directive(MetadataDirective::Replace)
+        .content_type("text/x-c")
+        .metadata("n", "2")
+        .send()
+        .await?;
+    let head = c.head_object().bucket("dst").key("c").send().await?;
+    assert_eq!(head.content_type(), Some("text/x-c"));
+    assert!(
+        head.metadata()
+            .is_some_and(|m| m.get("m").is_none() && m.get("n").is_some())
+    );
+
+    let e = c
+        .copy_object()
+        .bucket("dst")
+        .key("d")
+        .copy_source("src/a")
+        .copy_source_if_match("\"nope\"")
+        .send()
+        .await
+        .expect_err("412");
+    assert_eq!(code(&e), "PreconditionFailed");
+    let e = c
+        .copy_object()
+        .bucket("dst")
+        .key("d")
+        .copy_source("src/a")
+        .copy_source_if_none_match(&etag)
+        .send()
+        .await
+        .expect_err("412");
+    assert_eq!(code(&e), "PreconditionFailed");
+    let e = c
+        .copy_object()
+        .bucket("dst")
+        .key("d")
+        .copy_source("src/a")
+        .copy_source_if_modified_since(DateTime::from_secs(4_000_000_000))
+        .send()
+        .await
+        .expect_err("412");
+    assert_eq!(code(&e), "PreconditionFailed");
+    let e = c
+        .copy_object()
+        .bucket("dst")
+        .key("d")
+        .copy_source("src/a")
+        .copy_source_if_unmodified_since(DateTime::from_secs(1_000_000_000))
+        .send()
+        .await
+        .expect_err("412");
+    assert_eq!(code(&e), "PreconditionFailed");
+    let e = c
+        .copy_object()
+        .bucket("src")
+        .key("a")
+        .copy_source("src/a")
+        .send()
+        .await
+        .expect_err("self");
+    assert_eq!(code(&e), "InvalidRequest");
+    let e = c
+        .copy_object()
+        .bucket("dst")
+        .key("x")
+        .copy_source("src/missing")
+        .send()
+        .await
+        .expect_err("404");
+    assert_eq!(code(&e), "NoSuchKey");
+
+    // Deleting the source leaves the copy intact (blocks are shared by reference).
+    c.delete_object().bucket("src").key("a").send().await?;
+    let out = c.get_object().bucket("dst").key("b").send().await?;
+    assert_eq!(body_of(out).await, data);
+    Ok(())
+}
+
+#[tokio::test]
+async fn delete_objects_removes_a_batch_and_reports_each_key() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    for i in 0..5 {
+        put(&c, "bkt", &format!("k{i}"), b"v").await;
+    }
+    let ids = ["k0", "k1", "k2", "never-existed"]
+        .iter()
+        .map(|k| ObjectIdentifier::builder().key(*k).build())
+        .collect::<Result<Vec<_>, _>>()?;
+    let out = c
+        .delete_objects()
+        .bucket("bkt")
+        .delete(Delete::builder().set_objects(Some(ids)).build()?)
+        .send()
+        .await?;
+    assert_eq!(out.deleted().len(), 4);
+    assert!(out.errors().is_empty());
+    let left: Vec<_> = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .send()
+        .await?
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_owned))
+        .collect();
+    assert_eq!(left, ["k3", "k4"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn listings_page_through_prefixes_delimiters_and_markers() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let keys = ["a/1", "a/2", "a/b/3", "b", "c/1", "c/2", "d", "e f/g+h"];
+    for k in keys {
+        put(&c, "bkt", k, b"x").await;
+    }
+    // v2 with a delimiter, two entries per page.
+    let mut seen = Vec::new();
+    let mut token = None;
+    for _ in 0..10 {
+        let out = c
+            .list_objects_v2()
+            .bucket("bkt")
+            .delimiter("/")
+            .max_keys(2)
+            .set_continuation_token(token.clone())
+            .send()
+            .await?;
+        seen.extend(
+            out.common_prefixes()
+                .iter()
+                .filter_map(|p| p.prefix().map(str::to_owned)),
+        );
+        seen.extend(
+            out.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_owned)),
+        );
+        assert!(out.key_count().unwrap_or(0) <= 2);
+        if !out.is_truncated().unwrap_or(false) {
+            break;
+        }
+        token = out.next_continuation_token().map(str::to_owned);
+    }
+    seen.sort();
+    assert_eq!(seen, ["a/", "b", "c/", "d", "e f/"]);
+
+    // Prefix plus delimiter, and start-after.
+    let out = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .prefix("a/")
+        .delimiter("/")
+        .send()
+        .await?;
+    let ks: Vec<_> = out.contents().iter().filter_map(|o| o.key()).collect();
+    assert_eq!(ks, ["a/1", "a/2"]);
+    assert_eq!(
+        out.common_prefixes()
+            .iter()
+            .filter_map(|p| p.prefix())
+            .collect::<Vec<_>>(),
+        ["a/b/"]
+    );
+    let out = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .start_after("c/1")
+        .send()
+        .await?;
+    let ks: Vec<_> = out.contents().iter().filter_map(|o| o.key()).collect();
+    assert_eq!(ks, ["c/2", "d", "e f/g+h"]);
+
+    // v1 with markers.
+    let mut all = Vec::new();
+    let mut marker: Option<String> = None;
+    for _ in 0..10 {
+        let out = c
+            .list_objects()
+            .bucket("bkt")
+            .max_keys(3)
+            .set_marker(marker.clone())
+            .send()
+            .await?;
+        all.extend(
+            out.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_owned)),
+        );
+        if !out.is_truncated().unwrap_or(false) {
+            break;
+        }
+        marker = out
+            .next_marker()
+            .map(str::to_owned)
+            .or_else(|| all.last().cloned());
+    }
+    assert_eq!(all, keys);
+
+    // URL encoding of keys in responses.
+    let out = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .prefix("e")
+        .encoding_type(EncodingType::Url)
+        .send()
+        .await?;
+    assert_eq!(
+        out.contents().first().and_then(|o| o.key()),
+        Some("e%20f/g%2Bh")
+    );
+
+    let e = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .continuation_token("!!not a token!!")
+        .send()
+        .await
+        .expect_err("bad token");
+    assert_eq!(code(&e), "InvalidArgument");
+    let e = c
+        .list_objects_v2()
+        .bucket("nob")
+        .send()
+        .await
+        .expect_err("no bucket");
+    assert_eq!(code(&e), "NoSuchBucket");
+    Ok(())
+}
+
+#[tokio::test]
+async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let p1 = pseudo_random(5 * 1024 * 1024, 10);
+    let p2 = pseudo_random(1234, 11);
+    let src = pseudo_random(3 * 1024 * 1024, 12);
+    put(&c, "bkt", "source", &src).await;
+
+    let up = c
+        .create_multipart_upload()
+        .bucket("bkt")
+        .key("big")
+        .content_type("x/y")
+        .metadata("a", "b")
+        .send()
+        .await?;
+    let id = up.upload_id().expect("id").to_owned();
+    let e1 = c
+        .upload_part()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .part_number(1)
+        .body(ByteStream::from(p1.clone()))
+        .send()
+        .await?
+        .e_tag
+        .expect("e1");
+    let e2 = c
+        .upload_part()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .part_number(2)
+        .body(ByteStream::from(p2.clone()))
+        .send()
+        .await?
+        .e_tag
+        .expect("e2");
+    let e3 = c
+        .upload_part_copy()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .part_number(3)
+        .copy_source("bkt/source")
+        .copy_source_range("bytes=100-199")
+        .send()
+        .await?
+        .copy_part_result()
+        .and_then(|r| r.e_tag().map(str::to_owned))
+        .expect("e3");
+    // Part 2 is too small to be in the middle; reorder so it is last.
+    let parts = c
+        .list_parts()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .send()
+        .await?;
+    assert_eq!(parts.parts().len(), 3);
+    assert_eq!(parts.parts()[0].size(), Some(p1.len() as i64));
+    let uploads = c.list_multipart_uploads().bucket("bkt").send().await?;
+    assert_eq!(uploads.uploads().len(), 1);
+    assert_eq!(uploads.uploads()[0].upload_id(), Some(id.as_str()));
+
+    let part = |n: i32, e: &str| CompletedPart::builder().part_number(n).e_tag(e).build();
+    // Too small a middle part.
+    let e = c
+        .complete_multipart_upload()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(part(1, &e1))
+                .parts(part(2, &e2))
+                .parts(part(3, &e3))
+                .build(),
+        )
+        .send()
+        .await
+        .expect_err("too small");
+    assert_eq!(code(&e), "EntityTooSmall");
+    // Wrong ETag.
+    let e = c
+        .complete_multipart_upload()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(part(1, "\"beef\""))
+                .build(),
+        )
+        .send()
+        .await
+        .expect_err("bad etag");
+    assert_eq!(code(&e), "InvalidPart");
+    // Out of order.
+    let e = c
+        .complete_multipart_upload()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(part(3, &e3))
+                .parts(part(1, &e1))
+                .build(),
+        )
+        .send()
+        .await
+        .expect_err("order");
+    assert_eq!(code(&e), "InvalidPartOrder");
+
+    let done = c
+        .complete_multipart_upload()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(part(1, &e1))
+                .parts(part(3, &e3))
+                .build(),
+        )
+        .send()
+        .await?;
+    let mut md5s = Vec::new();
+    md5s.extend(md5::Md5::digest(&p1));
+    md5s.extend(md5::Md5::digest(&src[100..200]));
+    let want = format!("\"{}-2\"", hex::encode(md5::Md5::digest(&md5s)));
+    assert_eq!(done.e_tag(), Some(want.as_str()));
+
+    let out = c.get_object().bucket("bkt").key("big").send().await?;
+    assert_eq!(out.content_type(), Some("x/y"));
+    let mut expect = p1.clone();
+    expect.extend_from_slice(&src[100..200]);
+    assert_eq!(body_of(out).await, expect);
+    let part2 = c
+        .get_object()
+        .bucket("bkt")
+        .key("big")
+        .part_number(2)
+        .send()
+        .await?;
+    assert_eq!(part2.parts_count(), Some(2));
+    assert_eq!(body_of(part2).await, &src[100..200]);
+
+    let e = c
+        .list_parts()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .send()
+        .await
+        .expect_err("gone");
+    assert_eq!(code(&e), "NoSuchUpload");
+
+    // Abort frees everything.
+    let up = c
+        .create_multipart_upload()
+        .bucket("bkt")
+        .key("aborted")
+        .send()
+        .await?;
+    let id2 = up.upload_id().expect("id").to_owned();
+    c.upload_part()
+        .bucket("bkt")
+        .key("aborted")
+        .upload_id(&id2)
+        .part_number(1)
+        .body(ByteStream::from(pseudo_random(2_000_000, 13)))
+        .send()
+        .await?;
+    c.abort_multipart_upload()
+        .bucket("bkt")
+        .key("aborted")
+        .upload_id(&id2)
+        .send()
+        .await?;
+    let e = c
+        .upload_part()
+        .bucket("bkt")
+        .key("aborted")
+        .upload_id(&id2)
+        .part_number(2)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("aborted");
+    assert_eq!(code(&e), "NoSuchUpload");
+    assert!(
+        c.list_multipart_uploads()
+            .bucket("bkt")
+            .send()
+            .await?
+            .uploads()
+            .is_empty()
+    );
+    let e = c
+        .delete_bucket()
+        .bucket("bkt")
+        .send()
+        .await
+        .expect_err("not empty");
+    assert_eq!(code(&e), "BucketNotEmpty");
+    Ok(())
+}
+
+#[tokio::test]
+async fn checksums_are_stored_returned_and_verified() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let data = pseudo_random(2_500_000, 20);
+    for algo in [
+        ChecksumAlgorithm::Crc32,
+        ChecksumAlgorithm::Crc32C,
+        ChecksumAlgorithm::Crc64Nvme,
+        ChecksumAlgorithm::Sha1,
+        ChecksumAlgorithm::Sha256,
+    ] {
+        let key = format!("k-{}", algo.as_str());
+        c.put_object()
+            .bucket("bkt")
+            .key(&key)
+            .checksum_algorithm(algo.clone())
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await?;
+        let out = c
+            .get_object()
+            .bucket("bkt")
+            .key(&key)
+            .checksum_mode(ChecksumMode::Enabled)
+            .send()
+            .await?;
+        let returned = [
+            out.checksum_crc32(),
+            out.checksum_crc32_c(),
+            out.checksum_crc64_nvme(),
+            out.checksum_sha1(),
+            out.checksum_sha256(),
+        ];
+        assert_eq!(returned.iter().flatten().count(), 1, "{algo:?}");
+        assert_eq!(body_of(out).await, data);
+    }
+
+    // The SDK's defaults (a CRC, sent as an aws-chunked trailer or a header) are checked and stored.
+    put(&c, "bkt", "default", &data).await;
+    let head = c
+        .head_object()
+        .bucket("bkt")
+        .key("default")
+        .checksum_mode(ChecksumMode::Enabled)
+        .send()
+        .await?;
+    assert!(
+        head.checksum_crc32().is_some() || head.checksum_crc64_nvme().is_some(),
+        "{head:?}"
+    );
+
+    // Wrong header values.
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("bad")
+        .checksum_crc32("AAAAAA==")
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await
+        .expect_err("crc32");
+    assert_eq!(code(&e), "BadDigest");
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("bad")
+        .checksum_sha256(base64(&[0u8; 32]))
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await
+        .expect_err("sha256");
+    assert_eq!(code(&e), "BadDigest");
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("bad")
+        .content_md5(base64(&md5::Md5::digest(b"other")))
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await
+        .expect_err("md5");
+    assert_eq!(code(&e), "BadDigest");
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("bad")
+        .content_md5("bm90IG1kNQ==")
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("bad md5");
+    assert_eq!(code(&e), "InvalidDigest");
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("bad")
+        .checksum_crc32("not-base64!")
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("malformed");
+    assert_eq!(code(&e), "InvalidRequest");
+    c.put_object()
+        .bucket("bkt")
+        .key("good-md5")
+        .content_md5(base64(&md5::Md5::digest(&data)))
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await?;
+    let e = c
+        .head_object()
+        .bucket("bkt")
+        .key("bad")
+        .send()
+        .await
+        .expect_err("never stored");
+    assert_eq!(status(&e), 404);
+
+    // Multipart parts too.
+    let up = c
+        .create_multipart_upload()
+        .bucket("bkt")
+        .key("mp")
+        .send()
+        .await?;
+    let id = up.upload_id().expect("id");
+    let e = c
+        .upload_part()
+        .bucket("bkt")
+        .key("mp")
+        .upload_id(id)
+        .part_number(1)
+        .checksum_crc32_c("AAAAAA==")
+        .body(ByteStream::from_static(b"part"))
+        .send()
+        .await
+        .expect_err("part");
+    assert_eq!(code(&e), "BadDigest");
+    Ok(())
+}
+
+fn base64(raw: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(raw)
+}
+
+/// Signs a raw aws-chunked PUT with an unsigned-payload trailer, the way
+/// current SDKs send uploads, so the trailer value can be chosen.
+fn chunked_put(bucket: &str, key: &str, data: &[u8], trailer: &str) -> http::Request<s3s::Body> {
+    use aws_sigv4::http_request::{
+        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
+    };
+    let mut body = Vec::new();
+    for chunk in data.chunks(64 * 1024) {
+        body.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        body.extend_from_slice(chunk);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("0\r\nx-amz-checksum-crc32:{trailer}\r\n\r\n").as_bytes());
+    let uri = format!("http://localhost:9000/{bucket}/{key}");
+    let decoded = data.len().to_string();
+    let len = body.len().to_string();
+    let headers = [
+        ("host", "localhost:9000"),
+        ("content-encoding", "aws-chunked"),
+        ("content-length", len.as_str()),
+        ("x-amz-decoded-content-length", decoded.as_str()),
+        ("x-amz-trailer", "x-amz-checksum-crc32"),
+        ("x-amz-sdk-checksum-algorithm", "CRC32"),
+    ];
+    let identity = aws_credential_types::Credentials::new(AK, SK, None, None, "t").into();
+    let mut settings = SigningSettings::default();
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .expect("params")
+        .into();
+    let signable = SignableRequest::new(
+        "PUT",
+        uri.clone(),
+        headers.iter().copied(),
+        SignableBody::Precomputed("STREAMING-UNSIGNED-PAYLOAD-TRAILER".into()),
+    )
+    .expect("signable");
+    let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
+    let mut req = http::Request::builder().method("PUT").uri(uri);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let mut req = req.body(s3s::Body::from(body)).expect("request");
+    instructions.apply_to_request_http1x(&mut req);
+    req
+}
+
+#[tokio::test]
+async fn aws_chunked_trailing_checksums_are_verified() -> R {
+    let s = InProcess::new();
+    s.client().create_bucket().bucket("bkt").send().await?;
+    let data = pseudo_random(300_000, 30);
+    let crc = base64(&crc32(&data));
+    let resp = s.raw(chunked_put("bkt", "good", &data, &crc)).await;
+    assert_eq!(resp.status(), 200);
+    let got = body_of(
+        s.client()
+            .get_object()
+            .bucket("bkt")
+            .key("good")
+            .send()
+            .await?,
+    )
+    .await;
+    assert_eq!(got, data);
+
+    let wrong = base64(&crc32(b"something else"));
+    let resp = s.raw(chunked_put("bkt", "bad", &data, &wrong)).await;
+    assert_eq!(resp.status(), 400);
+    let text = bytes_of(resp).await;
+    assert!(
+        String::from_utf8_lossy(&text).contains("BadDigest"),
+        "{text:?}"
+    );
+    let e = s
+        .client()
+        .head_object()
+        .bucket("bkt")
+        .key("bad")
+        .send()
+        .await
+        .expect_err("absent");
+    assert_eq!(status(&e), 404);
+    Ok(())
+}
+
+fn crc32(data: &[u8]) -> [u8; 4] {
+    let raw = lightningstor::checksum::ChecksumAlgo::Crc32.digest(data);
+    [raw[0], raw[1], raw[2], raw[3]]
+}
+
+#[tokio::test]
+async fn every_auth_failure_gets_its_s3_error() -> R {
+    let s = InProcess::new();
+    s.client().create_bucket().bucket("bkt").send().await?;
+    put(&s.client(), "bkt", "k", b"secret data").await;
+
+    let e = s
+        .client_with(AK, "wrong-secret")
+        .list_buckets()
+        .send()
+        .await
+        .expect_err("bad sig");
+    assert_eq!(code(&e), "SignatureDoesNotMatch");
+    let e = s
+        .client_with("unknown-key", SK)
+        .list_buckets()
+        .send()
+        .await
+        .expect_err("unknown key");
+    assert_eq!(code(&e), "InvalidAccessKeyId");
+
+    let anon = http::Request::builder()
+        .uri("http://localhost:9000/bkt/k")
+        .header("host", "localhost:9000")
+        .body(s3s::Body::empty())?;
+    let resp = s.raw(anon).await;
+    assert_eq!(resp.status(), 403);
+    let text = bytes_of(resp).await;
+    assert!(String::from_utf8_lossy(&text).contains("AccessDenied"));
+
+    // Presigned URLs work, and a tampered one does not.
+    let p = s
+        .client()
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .presigned(PresigningConfig::expires_in(Duration::from_secs(300))?)
+        .await?;
+    let request = |uri: &str| {
+        let mut r = http::Request::builder().method(p.method()).uri(uri);
+        for (k, v) in p.headers() {
+            r = r.header(k, v);
+        }
+        r.header("host", "localhost:9000")
+            .body(s3s::Body::empty())
+            .expect("req")
+    };
+    let resp = s.raw(request(p.uri())).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(bytes_of(resp).await.as_slice(), b"secret data");
+    let expired = s
+        .client()
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .presigned(
+            PresigningConfig::builder()
+                .start_time(std::time::SystemTime::now() - Duration::from_secs(3600))
+                .expires_in(Duration::from_secs(60))
+                .build()?,
+        )
+        .await?;
+    let mut r = http::Request::builder()
+        .method(expired.method())
+        .uri(expired.uri());
+    for (k, v) in expired.headers() {
+        r = r.header(k, v);
+    }
+    let resp = s
+        .raw(
+            r.header("host", "localhost:9000")
+                .body(s3s::Body::empty())?,
+        )
+        .await;
+    assert_eq!(resp.status(), 403);
+    assert!(String::from_utf8_lossy(&bytes_of(resp).await).contains("AccessDenied"));
+    let tampered = p.uri().replace("/bkt/k", "/bkt/other");
+    let resp = s.raw(request(&tampered)).await;
+    assert_eq!(resp.status(), 403);
+    let text = bytes_of(resp).await;
+    assert!(String::from_utf8_lossy(&text).contains("SignatureDoesNotMatch"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn anonymous_mode_accepts_unsigned_requests() -> R {
+    let s = InProcess::with(|c| lightningstor::Config {
+        anonymous: true,
+        ..c
+    });
+    let req = http::Request::builder()
+        .method("PUT")
+        .uri("http://localhost:9000/open")
+        .header("host", "localhost:9000")
+        .body(s3s::Body::empty())?;
+    assert_eq!(s.raw(req).await.status(), 200);
+    let req = http::Request::builder()
+        .method("PUT")
+        .uri("http://localhost:9000/open/k")
+        .header("host", "localhost:9000")
+        .body(s3s::Body::from(b"hi".to_vec()))?;
+    assert_eq!(s.raw(req).await.status(), 200);
+    let req = http::Request::builder()
+        .uri("http://localhost:9000/open/k")
+        .header("host", "localhost:9000")
+        .body(s3s::Body::empty())?;
+    let resp = s.raw(req).await;
+    assert_eq!(bytes_of(resp).await.as_slice(), b"hi");
+    Ok(())
+}
+
+#[tokio::test]
+async fn virtual_hosted_style_requests_name_the_bucket_in_the_host() -> R {
+    let s = InProcess::new();
+    let conf = sdk_config("http://localhost:9000", AK, SK)
+        .force_path_style(false)
+        .http_client(s3s_aws::Client::from(s.service.clone()))
+        .build();
+    let c = aws_sdk_s3::Client::from_conf(conf);
+    c.create_bucket().bucket("vhost").send().await?;
+    put(&c, "vhost", "dir/k", b"via host").await;
+    let out = c.get_object().bucket("vhost").key("dir/k").send().await?;
+    assert_eq!(body_of(out).await, b"via host");
+    // And the same object path style.
+    let out = s
+        .client()
+        .get_object()
+        .bucket("vhost")
+        .key("dir/k")
+        .send()
+        .await?;
+    assert_eq!(body_of(out).await, b"via host");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_spawned_binary_serves_the_sdk_and_metrics_over_http() -> R {
+    let dir = tempfile::tempdir()?;
+    let server = Spawned::start(dir.path(), &[]);
+    let c = server.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let data = pseudo_random(4 * 1024 * 1024 + 5, 40);
+    let etag = put(&c, "bkt", "k", &data).await;
+    let out = c.get_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(out.e_tag(), Some(etag.as_str()));
+    assert_eq!(body_of(out).await, data);
+    let out = c
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .range("bytes=-10")
+        .send()
+        .await?;
+    assert_eq!(body_of(out).await, &data[data.len() - 10..]);
+    let e = server_client_bad(&server)
+        .list_buckets()
+        .send()
+        .await
+        .expect_err("bad");
+    assert_eq!(code(&e), "SignatureDoesNotMatch");
+
+    let metrics = reqwest::get(format!("{}/metrics", server.endpoint()))
+        .await?
+        .text()
+        .await?;
+    assert!(metrics.contains("lightningstor_objects 1"), "{metrics}");
+    assert!(metrics.contains("lightningstor_requests_total"));
+    server.stop();
+
+    // Data survives a clean restart.
+    let server = Spawned::start(dir.path(), &[]);
+    let out = server
+        .client()
+        .get_object()
+        .bucket("bkt")
+        .key("k")
+        .send()
+        .await?;
+    assert_eq!(body_of(out).await, data);
+    Ok(())
+}
+
+fn server_client_bad(s: &Spawned) -> aws_sdk_s3::Client {
+    aws_sdk_s3::Client::from_conf(sdk_config(&s.endpoint(), AK, "bad-secret").build())
+}
+
+#[test]
+fn the_binary_refuses_to_start_without_keys_unless_anonymous() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .env_remove("LIGHTNINGSTOR_ACCESS_KEY")
+        .env_remove("LIGHTNINGSTOR_SECRET_KEY")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--anonymous"));
+
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "data_dir = \"/tmp/x\"\nunknown_field = 1\n").expect("write");
+    let out = std::process::Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_field"));
+
+    let out = std::process::Command::new(binary())
+        .args(["serve", "--help"])
+        .output()
+        .expect("help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--data-dir",
+        "--listen",
+        "--access-key",
+        "--secret-key",
+        "--anonymous",
+        "--config",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+}
+
+#[tokio::test]
+async fn a_block_corrupted_on_disk_fails_the_get_instead_of_returning_bad_bytes() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let data = pseudo_random(3 * 1024 * 1024, 50);
+    put(&c, "bkt", "k", &data).await;
+    let files = block_files(s.dir.path());
+    assert_eq!(files.len(), 3);
+    for f in &files {
+        let mut raw = std::fs::read(f)?;
+        raw[1000] ^= 0x40;
+        std::fs::write(f, raw)?;
+    }
+    let result = match c.get_object().bucket("bkt").key("k").send().await {
+        Ok(out) => out
+            .body
+            .collect()
+            .await
+            .map(|b| b.into_bytes().to_vec())
+            .ok(),
+        Err(_) => None,
+    };
+    assert!(result.is_none(), "a corrupt object was served");
+    let metrics = s.store.metrics.render(&[]);
+    assert!(
+        !metrics.contains("lightningstor_corrupt_blocks_total 0"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn multipart_uploads_are_listed_by_prefix_and_page_by_markers() -> R {
+    let s = InProcess::new();
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let mut ids = Vec::new();
+    for key in ["a/1", "a/2", "b/1", "c"] {
+        let up = c
+            .create_multipart_upload()
+            .bucket("bkt")
+            .key(key)
+            .send()
+            .await?;
+        ids.push(up.upload_id().expect("id").to_owned());
+    }
+    let out = c
+        .list_multipart_uploads()
+        .bucket("bkt")
+        .prefix("a/")
+        .send()
+        .await?;
+    let keys: Vec<_> = out.uploads().iter().filter_map(|u| u.key()).collect();
+    assert_eq!(keys, ["a/1", "a/2"]);
+    let out = c
+        .list_multipart_uploads()
+        .bucket("bkt")
+        .delimiter("/")
+        .send()
+        .await?;
+    let keys: Vec<_> = out.uploads().iter().filter_map(|u| u.key()).collect();
+    assert_eq!(keys, ["c"]);
+    let prefixes: Vec<_> = out
+        .common_prefixes()
+        .iter()
+        .filter_map(|p| p.prefix())
+        .collect();
+    assert_eq!(prefixes, ["a/", "b/"]);
+    let mut seen = Vec::new();
+    let (mut km, mut um) = (None::<String>, None::<String>);
+    for _ in 0..10 {
+        let out = c
+            .list_multipart_uploads()
+            .bucket("bkt")
+            .max_uploads(1)
+            .set_key_marker(km.clone())
+            .set_upload_id_marker(um.clone())
+            .send()
+            .await?;
+        seen.extend(
+            out.uploads()
+                .iter()
+                .filter_map(|u| u.key().map(str::to_owned)),
+        );
+        if !out.is_truncated().unwrap_or(false) {
+            break;
+        }
+        km = out.next_key_marker().map(str::to_owned);
+        um = out.next_upload_id_marker().map(str::to_owned);
+    }
+    assert_eq!(seen, ["a/1", "a/2", "b/1", "c"]);
+    Ok(())
+}

@@ -1,0 +1,273 @@
+//! Shared fixtures for the LightningStor tests: an in-process server plugged
+//! straight into aws-sdk-s3, and the real `lightningstor` binary spawned on a
+//! loopback port.
+
+#![allow(dead_code)]
+
+use aws_credential_types::Credentials;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::{BehaviorVersion, Region};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use lightningstor::{Config, Store};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const AK: &str = "test-access-key";
+pub const SK: &str = "test-secret-key-0123456789";
+
+/// An aws-sdk-s3 client for `endpoint` with the given keys.
+pub fn sdk_config(endpoint: &str, ak: &str, sk: &str) -> aws_sdk_s3::config::Builder {
+    aws_sdk_s3::config::Builder::new()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(ak, sk, None, None, "test"))
+        .endpoint_url(endpoint)
+        .force_path_style(true)
+}
+
+/// A store and its s3s service in this process.
+pub struct InProcess {
+    pub dir: tempfile::TempDir,
+    pub store: Arc<Store>,
+    pub service: s3s::service::S3Service,
+}
+
+impl InProcess {
+    /// A server with keys [`AK`]/[`SK`].
+    pub fn new() -> Self {
+        Self::with(|c| c.with_keys(AK, SK))
+    }
+
+    /// A server with a configuration adjusted by `f`.
+    pub fn with(f: impl FnOnce(Config) -> Config) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = f(Config::new(dir.path()));
+        let store = Store::open(cfg).expect("open store");
+        let service = lightningstor::server::service(store.clone());
+        InProcess {
+            dir,
+            store,
+            service,
+        }
+    }
+
+    /// A client signing with `ak`/`sk`, path style.
+    pub fn client_with(&self, ak: &str, sk: &str) -> Client {
+        let conf = sdk_config("http://localhost:9000", ak, sk)
+            .http_client(s3s_aws::Client::from(self.service.clone()))
+            .build();
+        Client::from_conf(conf)
+    }
+
+    /// A client with the right keys.
+    pub fn client(&self) -> Client {
+        self.client_with(AK, SK)
+    }
+
+    /// Sends a raw request to the service.
+    pub async fn raw(&self, req: http::Request<s3s::Body>) -> http::Response<s3s::Body> {
+        match self.service.call(req).await {
+            Ok(r) => r,
+            Err(e) => panic!("service failed: {e:?}"),
+        }
+    }
+}
+
+/// The S3 error code of a failed SDK call.
+pub fn code<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> String {
+    e.as_service_error()
+        .and_then(|s| s.code())
+        .map(str::to_owned)
+        .unwrap_or_else(|| "<no code>".to_owned())
+}
+
+/// The whole body of a raw response.
+pub async fn bytes_of(resp: http::Response<s3s::Body>) -> Vec<u8> {
+    use http_body_util::BodyExt;
+    match resp.into_body().collect().await {
+        Ok(c) => c.to_bytes().to_vec(),
+        Err(e) => panic!("body: {e}"),
+    }
+}
+
+/// The HTTP status of a failed SDK call.
+pub fn status<E, R: HasStatus>(e: &SdkError<E, R>) -> u16 {
+    e.raw_response().map(HasStatus::status).unwrap_or(0)
+}
+
+pub trait HasStatus {
+    fn status(&self) -> u16;
+}
+
+impl HasStatus for aws_smithy_runtime_api::http::Response {
+    fn status(&self) -> u16 {
+        self.status().as_u16()
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so tests need no RNG crate.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Where cargo put the `lightningstor` binary; (re)built once per test process.
+pub fn binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current exe");
+        // target/<profile>/deps/<test> -> target/<profile>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary lives in target/<profile>/deps")
+            .to_path_buf();
+        let bin = profile_dir.join("lightningstor");
+        // Always ask cargo: a no-op when the binary is current, and it keeps
+        // these tests from running a stale server after an edit.
+        {
+            let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "-p", "lightningstor", "--bin", "lightningstor"])
+                .arg("--target-dir")
+                .arg(&target_dir);
+            if profile_dir.file_name().is_some_and(|n| n == "release") {
+                cmd.arg("--release");
+            }
+            let st = cmd.status().expect("run cargo build");
+            assert!(st.success(), "cargo build of lightningstor failed");
+        }
+        assert!(bin.exists(), "{} missing after build", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// The real binary running on a loopback port.
+pub struct Spawned {
+    pub child: Child,
+    pub addr: String,
+    pub data_dir: PathBuf,
+}
+
+impl Spawned {
+    /// Starts `lightningstor serve --data-dir DIR --listen 127.0.0.1:0 EXTRA...`
+    /// with keys [`AK`]/[`SK`] in the environment, and waits until it listens.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("LIGHTNINGSTOR_ACCESS_KEY", AK)
+            .env("LIGHTNINGSTOR_SECRET_KEY", SK)
+            .env("RUST_LOG", "warn,s3s=off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn lightningstor");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(a.to_owned());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("lightningstor did not start listening within 60 s");
+            }
+        };
+        Spawned {
+            child,
+            addr,
+            data_dir: data_dir.to_owned(),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn client(&self) -> Client {
+        Client::from_conf(sdk_config(&self.endpoint(), AK, SK).build())
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid")
+    }
+
+    /// Resident set size of the server in bytes, from /proc.
+    pub fn rss(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    /// kill -9.
+    pub fn kill9(mut self) {
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(mut self) {
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every block file under a data dir.
+pub fn block_files(data_dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(shards) = std::fs::read_dir(data_dir.join("blocks")) else {
+        return out;
+    };
+    for shard in shards.flatten() {
+        if shard.file_name() == "tmp" {
+            continue;
+        }
+        if let Ok(files) = std::fs::read_dir(shard.path()) {
+            out.extend(files.flatten().map(|f| f.path()));
+        }
+    }
+    out
+}
