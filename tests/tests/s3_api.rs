@@ -6,8 +6,8 @@ mod s3_common;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::{ByteStream, DateTime};
 use aws_sdk_s3::types::{
-    ChecksumAlgorithm, ChecksumMode, CompletedMultipartUpload, CompletedPart, Delete, EncodingType,
-    MetadataDirective, ObjectIdentifier,
+    ChecksumAlgorithm, ChecksumMode, CompletedMultipartUpload, CompletedPart, Delete, EncodingType, MetadataDirective,
+    ObjectIdentifier,
 };
 use md5::Digest as _;
 use s3_common::*;
@@ -16,12 +16,7 @@ use std::time::Duration;
 type R = anyhow::Result<()>;
 
 async fn body_of(out: aws_sdk_s3::operation::get_object::GetObjectOutput) -> Vec<u8> {
-    out.body
-        .collect()
-        .await
-        .expect("body")
-        .into_bytes()
-        .to_vec()
+    out.body.collect().await.expect("body").into_bytes().to_vec()
 }
 
 async fn put(c: &aws_sdk_s3::Client, b: &str, k: &str, data: &[u8]) -> String {
@@ -42,52 +37,23 @@ async fn buckets_can_be_created_listed_located_and_deleted_only_when_empty() -> 
     let c = s.client();
     c.create_bucket().bucket("alpha").send().await?;
     c.create_bucket().bucket("beta").send().await?;
-    let e = c
-        .create_bucket()
-        .bucket("alpha")
-        .send()
-        .await
-        .expect_err("dup");
+    let e = c.create_bucket().bucket("alpha").send().await.expect_err("dup");
     assert_eq!(code(&e), "BucketAlreadyOwnedByYou");
     c.head_bucket().bucket("alpha").send().await?;
-    let e = c
-        .head_bucket()
-        .bucket("gamma")
-        .send()
-        .await
-        .expect_err("missing");
+    let e = c.head_bucket().bucket("gamma").send().await.expect_err("missing");
     assert_eq!(status(&e), 404);
-    let names: Vec<_> = c
-        .list_buckets()
-        .send()
-        .await?
-        .buckets()
-        .iter()
-        .filter_map(|b| b.name().map(str::to_owned))
-        .collect();
+    let names: Vec<_> =
+        c.list_buckets().send().await?.buckets().iter().filter_map(|b| b.name().map(str::to_owned)).collect();
     assert_eq!(names, ["alpha", "beta"]);
     let loc = c.get_bucket_location().bucket("alpha").send().await?;
-    assert!(
-        loc.location_constraint()
-            .is_none_or(|l| l.as_str().is_empty())
-    );
+    assert!(loc.location_constraint().is_none_or(|l| l.as_str().is_empty()));
 
     put(&c, "alpha", "k", b"x").await;
-    let e = c
-        .delete_bucket()
-        .bucket("alpha")
-        .send()
-        .await
-        .expect_err("not empty");
+    let e = c.delete_bucket().bucket("alpha").send().await.expect_err("not empty");
     assert_eq!(code(&e), "BucketNotEmpty");
     c.delete_object().bucket("alpha").key("k").send().await?;
     c.delete_bucket().bucket("alpha").send().await?;
-    let e = c
-        .delete_bucket()
-        .bucket("alpha")
-        .send()
-        .await
-        .expect_err("gone");
+    let e = c.delete_bucket().bucket("alpha").send().await.expect_err("gone");
     assert_eq!(code(&e), "NoSuchBucket");
     Ok(())
 }
@@ -125,16 +91,8 @@ async fn objects_round_trip_with_metadata_and_standard_headers() -> R {
         .await?
         .e_tag
         .expect("etag");
-    assert_eq!(
-        etag,
-        format!("\"{}\"", hex::encode(md5::Md5::digest(&data)))
-    );
-    let out = c
-        .get_object()
-        .bucket("bkt")
-        .key("dir/obj.bin")
-        .send()
-        .await?;
+    assert_eq!(etag, format!("\"{}\"", hex::encode(md5::Md5::digest(&data))));
+    let out = c.get_object().bucket("bkt").key("dir/obj.bin").send().await?;
     assert_eq!(out.content_type(), Some("application/x-test"));
     assert_eq!(out.cache_control(), Some("max-age=60"));
     assert_eq!(out.content_disposition(), Some("attachment"));
@@ -146,12 +104,7 @@ async fn objects_round_trip_with_metadata_and_standard_headers() -> R {
     assert_eq!(meta.get("size").map(String::as_str), Some("large"));
     assert_eq!(body_of(out).await, data);
 
-    let head = c
-        .head_object()
-        .bucket("bkt")
-        .key("dir/obj.bin")
-        .send()
-        .await?;
+    let head = c.head_object().bucket("bkt").key("dir/obj.bin").send().await?;
     assert_eq!(head.content_length(), Some(data.len() as i64));
     assert_eq!(head.e_tag(), Some(etag.as_str()));
 
@@ -160,29 +113,12 @@ async fn objects_round_trip_with_metadata_and_standard_headers() -> R {
     let out = c.get_object().bucket("bkt").key("empty").send().await?;
     assert!(body_of(out).await.is_empty());
     put(&c, "bkt", "dir/obj.bin", b"short now").await;
-    let out = c
-        .get_object()
-        .bucket("bkt")
-        .key("dir/obj.bin")
-        .send()
-        .await?;
+    let out = c.get_object().bucket("bkt").key("dir/obj.bin").send().await?;
     assert_eq!(body_of(out).await, b"short now");
 
-    let e = c
-        .get_object()
-        .bucket("bkt")
-        .key("nope")
-        .send()
-        .await
-        .expect_err("missing");
+    let e = c.get_object().bucket("bkt").key("nope").send().await.expect_err("missing");
     assert_eq!(code(&e), "NoSuchKey");
-    let e = c
-        .get_object()
-        .bucket("nob")
-        .key("k")
-        .send()
-        .await
-        .expect_err("no bucket");
+    let e = c.get_object().bucket("nob").key("k").send().await.expect_err("no bucket");
     assert_eq!(code(&e), "NoSuchBucket");
     Ok(())
 }
@@ -255,29 +191,12 @@ async fn range_gets_cover_first_last_open_ended_and_suffix_forms() -> R {
         ("bytes=5-99999999", 5..n),
     ];
     for (range, want) in cases {
-        let out = c
-            .get_object()
-            .bucket("bkt")
-            .key("k")
-            .range(range)
-            .send()
-            .await?;
-        assert_eq!(
-            out.content_range(),
-            Some(format!("bytes {}-{}/{n}", want.start, want.end - 1).as_str()),
-            "{range}"
-        );
+        let out = c.get_object().bucket("bkt").key("k").range(range).send().await?;
+        assert_eq!(out.content_range(), Some(format!("bytes {}-{}/{n}", want.start, want.end - 1).as_str()), "{range}");
         assert_eq!(body_of(out).await, &data[want], "{range}");
     }
     for bad in [format!("bytes={n}-"), "bytes=-0".to_string()] {
-        let e = c
-            .get_object()
-            .bucket("bkt")
-            .key("k")
-            .range(&bad)
-            .send()
-            .await
-            .expect_err("416");
+        let e = c.get_object().bucket("bkt").key("k").range(&bad).send().await.expect_err("416");
         assert_eq!(code(&e), "InvalidRange", "{bad}");
         assert_eq!(status(&e), 416);
     }
@@ -293,86 +212,23 @@ async fn conditional_gets_and_heads_answer_304_and_412() -> R {
     let past = DateTime::from_secs(1_000_000_000);
     let future = DateTime::from_secs(4_000_000_000);
 
-    let ok = c
-        .get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_match(&etag)
-        .send()
-        .await?;
+    let ok = c.get_object().bucket("bkt").key("k").if_match(&etag).send().await?;
     assert_eq!(body_of(ok).await, b"hello");
-    let e = c
-        .get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_match("\"other\"")
-        .send()
-        .await
-        .expect_err("412");
+    let e = c.get_object().bucket("bkt").key("k").if_match("\"other\"").send().await.expect_err("412");
     assert_eq!(status(&e), 412);
-    let e = c
-        .get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_none_match(&etag)
-        .send()
-        .await
-        .expect_err("304");
+    let e = c.get_object().bucket("bkt").key("k").if_none_match(&etag).send().await.expect_err("304");
     assert_eq!(status(&e), 304);
-    c.get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_none_match("\"other\"")
-        .send()
-        .await?;
-    let e = c
-        .get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_modified_since(future)
-        .send()
-        .await
-        .expect_err("304");
+    c.get_object().bucket("bkt").key("k").if_none_match("\"other\"").send().await?;
+    let e = c.get_object().bucket("bkt").key("k").if_modified_since(future).send().await.expect_err("304");
     assert_eq!(status(&e), 304);
-    c.get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_modified_since(past)
-        .send()
-        .await?;
-    let e = c
-        .get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_unmodified_since(past)
-        .send()
-        .await
-        .expect_err("412");
+    c.get_object().bucket("bkt").key("k").if_modified_since(past).send().await?;
+    let e = c.get_object().bucket("bkt").key("k").if_unmodified_since(past).send().await.expect_err("412");
     assert_eq!(status(&e), 412);
-    c.get_object()
-        .bucket("bkt")
-        .key("k")
-        .if_unmodified_since(future)
-        .send()
-        .await?;
+    c.get_object().bucket("bkt").key("k").if_unmodified_since(future).send().await?;
 
-    let e = c
-        .head_object()
-        .bucket("bkt")
-        .key("k")
-        .if_none_match(&etag)
-        .send()
-        .await
-        .expect_err("304");
+    let e = c.head_object().bucket("bkt").key("k").if_none_match(&etag).send().await.expect_err("304");
     assert_eq!(status(&e), 304);
-    let e = c
-        .head_object()
-        .bucket("bkt")
-        .key("k")
-        .if_match("\"x\"")
-        .send()
-        .await
-        .expect_err("412");
+    let e = c.head_object().bucket("bkt").key("k").if_match("\"x\"").send().await.expect_err("412");
     assert_eq!(status(&e), 412);
     Ok(())
 }
@@ -382,13 +238,7 @@ async fn conditional_puts_honour_if_none_match_and_if_match() -> R {
     let s = InProcess::new();
     let c = s.client();
     c.create_bucket().bucket("bkt").send().await?;
-    c.put_object()
-        .bucket("bkt")
-        .key("k")
-        .if_none_match("*")
-        .body(ByteStream::from_static(b"1"))
-        .send()
-        .await?;
+    c.put_object().bucket("bkt").key("k").if_none_match("*").body(ByteStream::from_static(b"1")).send().await?;
     let e = c
         .put_object()
         .bucket("bkt")
@@ -399,14 +249,7 @@ async fn conditional_puts_honour_if_none_match_and_if_match() -> R {
         .await
         .expect_err("exists");
     assert_eq!(code(&e), "PreconditionFailed");
-    let etag = c
-        .head_object()
-        .bucket("bkt")
-        .key("k")
-        .send()
-        .await?
-        .e_tag
-        .expect("etag");
+    let etag = c.head_object().bucket("bkt").key("k").send().await?.e_tag.expect("etag");
     let e = c
         .put_object()
         .bucket("bkt")
@@ -417,13 +260,7 @@ async fn conditional_puts_honour_if_none_match_and_if_match() -> R {
         .await
         .expect_err("mismatch");
     assert_eq!(code(&e), "PreconditionFailed");
-    c.put_object()
-        .bucket("bkt")
-        .key("k")
-        .if_match(&etag)
-        .body(ByteStream::from_static(b"4"))
-        .send()
-        .await?;
+    c.put_object().bucket("bkt").key("k").if_match(&etag).body(ByteStream::from_static(b"4")).send().await?;
     let e = c
         .put_object()
         .bucket("bkt")
@@ -457,24 +294,11 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions() -> R {
         .await?
         .e_tag
         .expect("etag");
-    let r = c
-        .copy_object()
-        .bucket("dst")
-        .key("b")
-        .copy_source("src/a")
-        .copy_source_if_match(&etag)
-        .send()
-        .await?;
-    assert_eq!(
-        r.copy_object_result().and_then(|r| r.e_tag()),
-        Some(etag.as_str())
-    );
+    let r = c.copy_object().bucket("dst").key("b").copy_source("src/a").copy_source_if_match(&etag).send().await?;
+    assert_eq!(r.copy_object_result().and_then(|r| r.e_tag()), Some(etag.as_str()));
     let out = c.get_object().bucket("dst").key("b").send().await?;
     assert_eq!(out.content_type(), Some("text/x-a"));
-    assert_eq!(
-        out.metadata().and_then(|m| m.get("m")).map(String::as_str),
-        Some("1")
-    );
+    assert_eq!(out.metadata().and_then(|m| m.get("m")).map(String::as_str), Some("1"));
     assert_eq!(body_of(out).await, data);
 
     c.copy_object()
@@ -488,10 +312,7 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions() -> R {
         .await?;
     let head = c.head_object().bucket("dst").key("c").send().await?;
     assert_eq!(head.content_type(), Some("text/x-c"));
-    assert!(
-        head.metadata()
-            .is_some_and(|m| m.get("m").is_none() && m.get("n").is_some())
-    );
+    assert!(head.metadata().is_some_and(|m| m.get("m").is_none() && m.get("n").is_some()));
 
     let e = c
         .copy_object()
@@ -533,23 +354,9 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions() -> R {
         .await
         .expect_err("412");
     assert_eq!(code(&e), "PreconditionFailed");
-    let e = c
-        .copy_object()
-        .bucket("src")
-        .key("a")
-        .copy_source("src/a")
-        .send()
-        .await
-        .expect_err("self");
+    let e = c.copy_object().bucket("src").key("a").copy_source("src/a").send().await.expect_err("self");
     assert_eq!(code(&e), "InvalidRequest");
-    let e = c
-        .copy_object()
-        .bucket("dst")
-        .key("x")
-        .copy_source("src/missing")
-        .send()
-        .await
-        .expect_err("404");
+    let e = c.copy_object().bucket("dst").key("x").copy_source("src/missing").send().await.expect_err("404");
     assert_eq!(code(&e), "NoSuchKey");
 
     // Deleting the source leaves the copy intact (blocks are shared by reference).
@@ -571,12 +378,7 @@ async fn delete_objects_removes_a_batch_and_reports_each_key() -> R {
         .iter()
         .map(|k| ObjectIdentifier::builder().key(*k).build())
         .collect::<Result<Vec<_>, _>>()?;
-    let out = c
-        .delete_objects()
-        .bucket("bkt")
-        .delete(Delete::builder().set_objects(Some(ids)).build()?)
-        .send()
-        .await?;
+    let out = c.delete_objects().bucket("bkt").delete(Delete::builder().set_objects(Some(ids)).build()?).send().await?;
     assert_eq!(out.deleted().len(), 4);
     assert!(out.errors().is_empty());
     let left: Vec<_> = c
@@ -613,16 +415,8 @@ async fn listings_page_through_prefixes_delimiters_and_markers() -> R {
             .set_continuation_token(token.clone())
             .send()
             .await?;
-        seen.extend(
-            out.common_prefixes()
-                .iter()
-                .filter_map(|p| p.prefix().map(str::to_owned)),
-        );
-        seen.extend(
-            out.contents()
-                .iter()
-                .filter_map(|o| o.key().map(str::to_owned)),
-        );
+        seen.extend(out.common_prefixes().iter().filter_map(|p| p.prefix().map(str::to_owned)));
+        seen.extend(out.contents().iter().filter_map(|o| o.key().map(str::to_owned)));
         assert!(out.key_count().unwrap_or(0) <= 2);
         if !out.is_truncated().unwrap_or(false) {
             break;
@@ -633,28 +427,11 @@ async fn listings_page_through_prefixes_delimiters_and_markers() -> R {
     assert_eq!(seen, ["a/", "b", "c/", "d", "e f/"]);
 
     // Prefix plus delimiter, and start-after.
-    let out = c
-        .list_objects_v2()
-        .bucket("bkt")
-        .prefix("a/")
-        .delimiter("/")
-        .send()
-        .await?;
+    let out = c.list_objects_v2().bucket("bkt").prefix("a/").delimiter("/").send().await?;
     let ks: Vec<_> = out.contents().iter().filter_map(|o| o.key()).collect();
     assert_eq!(ks, ["a/1", "a/2"]);
-    assert_eq!(
-        out.common_prefixes()
-            .iter()
-            .filter_map(|p| p.prefix())
-            .collect::<Vec<_>>(),
-        ["a/b/"]
-    );
-    let out = c
-        .list_objects_v2()
-        .bucket("bkt")
-        .start_after("c/1")
-        .send()
-        .await?;
+    assert_eq!(out.common_prefixes().iter().filter_map(|p| p.prefix()).collect::<Vec<_>>(), ["a/b/"]);
+    let out = c.list_objects_v2().bucket("bkt").start_after("c/1").send().await?;
     let ks: Vec<_> = out.contents().iter().filter_map(|o| o.key()).collect();
     assert_eq!(ks, ["c/2", "d", "e f/g+h"]);
 
@@ -662,55 +439,23 @@ async fn listings_page_through_prefixes_delimiters_and_markers() -> R {
     let mut all = Vec::new();
     let mut marker: Option<String> = None;
     for _ in 0..10 {
-        let out = c
-            .list_objects()
-            .bucket("bkt")
-            .max_keys(3)
-            .set_marker(marker.clone())
-            .send()
-            .await?;
-        all.extend(
-            out.contents()
-                .iter()
-                .filter_map(|o| o.key().map(str::to_owned)),
-        );
+        let out = c.list_objects().bucket("bkt").max_keys(3).set_marker(marker.clone()).send().await?;
+        all.extend(out.contents().iter().filter_map(|o| o.key().map(str::to_owned)));
         if !out.is_truncated().unwrap_or(false) {
             break;
         }
-        marker = out
-            .next_marker()
-            .map(str::to_owned)
-            .or_else(|| all.last().cloned());
+        marker = out.next_marker().map(str::to_owned).or_else(|| all.last().cloned());
     }
     assert_eq!(all, keys);
 
     // URL encoding of keys in responses.
-    let out = c
-        .list_objects_v2()
-        .bucket("bkt")
-        .prefix("e")
-        .encoding_type(EncodingType::Url)
-        .send()
-        .await?;
-    assert_eq!(
-        out.contents().first().and_then(|o| o.key()),
-        Some("e%20f/g%2Bh")
-    );
+    let out = c.list_objects_v2().bucket("bkt").prefix("e").encoding_type(EncodingType::Url).send().await?;
+    assert_eq!(out.contents().first().and_then(|o| o.key()), Some("e%20f/g%2Bh"));
 
-    let e = c
-        .list_objects_v2()
-        .bucket("bkt")
-        .continuation_token("!!not a token!!")
-        .send()
-        .await
-        .expect_err("bad token");
+    let e =
+        c.list_objects_v2().bucket("bkt").continuation_token("!!not a token!!").send().await.expect_err("bad token");
     assert_eq!(code(&e), "InvalidArgument");
-    let e = c
-        .list_objects_v2()
-        .bucket("nob")
-        .send()
-        .await
-        .expect_err("no bucket");
+    let e = c.list_objects_v2().bucket("nob").send().await.expect_err("no bucket");
     assert_eq!(code(&e), "NoSuchBucket");
     Ok(())
 }
@@ -725,14 +470,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
     let src = pseudo_random(3 * 1024 * 1024, 12);
     put(&c, "bkt", "source", &src).await;
 
-    let up = c
-        .create_multipart_upload()
-        .bucket("bkt")
-        .key("big")
-        .content_type("x/y")
-        .metadata("a", "b")
-        .send()
-        .await?;
+    let up = c.create_multipart_upload().bucket("bkt").key("big").content_type("x/y").metadata("a", "b").send().await?;
     let id = up.upload_id().expect("id").to_owned();
     let e1 = c
         .upload_part()
@@ -770,13 +508,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
         .and_then(|r| r.e_tag().map(str::to_owned))
         .expect("e3");
     // Part 2 is too small to be in the middle; reorder so it is last.
-    let parts = c
-        .list_parts()
-        .bucket("bkt")
-        .key("big")
-        .upload_id(&id)
-        .send()
-        .await?;
+    let parts = c.list_parts().bucket("bkt").key("big").upload_id(&id).send().await?;
     assert_eq!(parts.parts().len(), 3);
     assert_eq!(parts.parts()[0].size(), Some(p1.len() as i64));
     let uploads = c.list_multipart_uploads().bucket("bkt").send().await?;
@@ -791,11 +523,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
         .key("big")
         .upload_id(&id)
         .multipart_upload(
-            CompletedMultipartUpload::builder()
-                .parts(part(1, &e1))
-                .parts(part(2, &e2))
-                .parts(part(3, &e3))
-                .build(),
+            CompletedMultipartUpload::builder().parts(part(1, &e1)).parts(part(2, &e2)).parts(part(3, &e3)).build(),
         )
         .send()
         .await
@@ -807,11 +535,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
         .bucket("bkt")
         .key("big")
         .upload_id(&id)
-        .multipart_upload(
-            CompletedMultipartUpload::builder()
-                .parts(part(1, "\"beef\""))
-                .build(),
-        )
+        .multipart_upload(CompletedMultipartUpload::builder().parts(part(1, "\"beef\"")).build())
         .send()
         .await
         .expect_err("bad etag");
@@ -822,12 +546,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
         .bucket("bkt")
         .key("big")
         .upload_id(&id)
-        .multipart_upload(
-            CompletedMultipartUpload::builder()
-                .parts(part(3, &e3))
-                .parts(part(1, &e1))
-                .build(),
-        )
+        .multipart_upload(CompletedMultipartUpload::builder().parts(part(3, &e3)).parts(part(1, &e1)).build())
         .send()
         .await
         .expect_err("order");
@@ -838,12 +557,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
         .bucket("bkt")
         .key("big")
         .upload_id(&id)
-        .multipart_upload(
-            CompletedMultipartUpload::builder()
-                .parts(part(1, &e1))
-                .parts(part(3, &e3))
-                .build(),
-        )
+        .multipart_upload(CompletedMultipartUpload::builder().parts(part(1, &e1)).parts(part(3, &e3)).build())
         .send()
         .await?;
     let mut md5s = Vec::new();
@@ -857,33 +571,15 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
     let mut expect = p1.clone();
     expect.extend_from_slice(&src[100..200]);
     assert_eq!(body_of(out).await, expect);
-    let part2 = c
-        .get_object()
-        .bucket("bkt")
-        .key("big")
-        .part_number(2)
-        .send()
-        .await?;
+    let part2 = c.get_object().bucket("bkt").key("big").part_number(2).send().await?;
     assert_eq!(part2.parts_count(), Some(2));
     assert_eq!(body_of(part2).await, &src[100..200]);
 
-    let e = c
-        .list_parts()
-        .bucket("bkt")
-        .key("big")
-        .upload_id(&id)
-        .send()
-        .await
-        .expect_err("gone");
+    let e = c.list_parts().bucket("bkt").key("big").upload_id(&id).send().await.expect_err("gone");
     assert_eq!(code(&e), "NoSuchUpload");
 
     // Abort frees everything.
-    let up = c
-        .create_multipart_upload()
-        .bucket("bkt")
-        .key("aborted")
-        .send()
-        .await?;
+    let up = c.create_multipart_upload().bucket("bkt").key("aborted").send().await?;
     let id2 = up.upload_id().expect("id").to_owned();
     c.upload_part()
         .bucket("bkt")
@@ -893,12 +589,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
         .body(ByteStream::from(pseudo_random(2_000_000, 13)))
         .send()
         .await?;
-    c.abort_multipart_upload()
-        .bucket("bkt")
-        .key("aborted")
-        .upload_id(&id2)
-        .send()
-        .await?;
+    c.abort_multipart_upload().bucket("bkt").key("aborted").upload_id(&id2).send().await?;
     let e = c
         .upload_part()
         .bucket("bkt")
@@ -910,20 +601,8 @@ async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
         .await
         .expect_err("aborted");
     assert_eq!(code(&e), "NoSuchUpload");
-    assert!(
-        c.list_multipart_uploads()
-            .bucket("bkt")
-            .send()
-            .await?
-            .uploads()
-            .is_empty()
-    );
-    let e = c
-        .delete_bucket()
-        .bucket("bkt")
-        .send()
-        .await
-        .expect_err("not empty");
+    assert!(c.list_multipart_uploads().bucket("bkt").send().await?.uploads().is_empty());
+    let e = c.delete_bucket().bucket("bkt").send().await.expect_err("not empty");
     assert_eq!(code(&e), "BucketNotEmpty");
     Ok(())
 }
@@ -949,13 +628,7 @@ async fn checksums_are_stored_returned_and_verified() -> R {
             .body(ByteStream::from(data.clone()))
             .send()
             .await?;
-        let out = c
-            .get_object()
-            .bucket("bkt")
-            .key(&key)
-            .checksum_mode(ChecksumMode::Enabled)
-            .send()
-            .await?;
+        let out = c.get_object().bucket("bkt").key(&key).checksum_mode(ChecksumMode::Enabled).send().await?;
         let returned = [
             out.checksum_crc32(),
             out.checksum_crc32_c(),
@@ -969,17 +642,8 @@ async fn checksums_are_stored_returned_and_verified() -> R {
 
     // The SDK's defaults (a CRC, sent as an aws-chunked trailer or a header) are checked and stored.
     put(&c, "bkt", "default", &data).await;
-    let head = c
-        .head_object()
-        .bucket("bkt")
-        .key("default")
-        .checksum_mode(ChecksumMode::Enabled)
-        .send()
-        .await?;
-    assert!(
-        head.checksum_crc32().is_some() || head.checksum_crc64_nvme().is_some(),
-        "{head:?}"
-    );
+    let head = c.head_object().bucket("bkt").key("default").checksum_mode(ChecksumMode::Enabled).send().await?;
+    assert!(head.checksum_crc32().is_some() || head.checksum_crc64_nvme().is_some(), "{head:?}");
 
     // Wrong header values.
     let e = c
@@ -1039,22 +703,11 @@ async fn checksums_are_stored_returned_and_verified() -> R {
         .body(ByteStream::from(data.clone()))
         .send()
         .await?;
-    let e = c
-        .head_object()
-        .bucket("bkt")
-        .key("bad")
-        .send()
-        .await
-        .expect_err("never stored");
+    let e = c.head_object().bucket("bkt").key("bad").send().await.expect_err("never stored");
     assert_eq!(status(&e), 404);
 
     // Multipart parts too.
-    let up = c
-        .create_multipart_upload()
-        .bucket("bkt")
-        .key("mp")
-        .send()
-        .await?;
+    let up = c.create_multipart_upload().bucket("bkt").key("mp").send().await?;
     let id = up.upload_id().expect("id");
     let e = c
         .upload_part()
@@ -1079,9 +732,7 @@ fn base64(raw: &[u8]) -> String {
 /// Signs a raw aws-chunked PUT with an unsigned-payload trailer, the way
 /// current SDKs send uploads, so the trailer value can be chosen.
 fn chunked_put(bucket: &str, key: &str, data: &[u8], trailer: &str) -> http::Request<s3s::Body> {
-    use aws_sigv4::http_request::{
-        PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign,
-    };
+    use aws_sigv4::http_request::{PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign};
     let mut body = Vec::new();
     for chunk in data.chunks(64 * 1024) {
         body.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
@@ -1137,33 +788,15 @@ async fn aws_chunked_trailing_checksums_are_verified() -> R {
     let crc = base64(&crc32(&data));
     let resp = s.raw(chunked_put("bkt", "good", &data, &crc)).await;
     assert_eq!(resp.status(), 200);
-    let got = body_of(
-        s.client()
-            .get_object()
-            .bucket("bkt")
-            .key("good")
-            .send()
-            .await?,
-    )
-    .await;
+    let got = body_of(s.client().get_object().bucket("bkt").key("good").send().await?).await;
     assert_eq!(got, data);
 
     let wrong = base64(&crc32(b"something else"));
     let resp = s.raw(chunked_put("bkt", "bad", &data, &wrong)).await;
     assert_eq!(resp.status(), 400);
     let text = bytes_of(resp).await;
-    assert!(
-        String::from_utf8_lossy(&text).contains("BadDigest"),
-        "{text:?}"
-    );
-    let e = s
-        .client()
-        .head_object()
-        .bucket("bkt")
-        .key("bad")
-        .send()
-        .await
-        .expect_err("absent");
+    assert!(String::from_utf8_lossy(&text).contains("BadDigest"), "{text:?}");
+    let e = s.client().head_object().bucket("bkt").key("bad").send().await.expect_err("absent");
     assert_eq!(status(&e), 404);
     Ok(())
 }
@@ -1179,19 +812,9 @@ async fn every_auth_failure_gets_its_s3_error() -> R {
     s.client().create_bucket().bucket("bkt").send().await?;
     put(&s.client(), "bkt", "k", b"secret data").await;
 
-    let e = s
-        .client_with(AK, "wrong-secret")
-        .list_buckets()
-        .send()
-        .await
-        .expect_err("bad sig");
+    let e = s.client_with(AK, "wrong-secret").list_buckets().send().await.expect_err("bad sig");
     assert_eq!(code(&e), "SignatureDoesNotMatch");
-    let e = s
-        .client_with("unknown-key", SK)
-        .list_buckets()
-        .send()
-        .await
-        .expect_err("unknown key");
+    let e = s.client_with("unknown-key", SK).list_buckets().send().await.expect_err("unknown key");
     assert_eq!(code(&e), "InvalidAccessKeyId");
 
     let anon = http::Request::builder()
@@ -1216,9 +839,7 @@ async fn every_auth_failure_gets_its_s3_error() -> R {
         for (k, v) in p.headers() {
             r = r.header(k, v);
         }
-        r.header("host", "localhost:9000")
-            .body(s3s::Body::empty())
-            .expect("req")
+        r.header("host", "localhost:9000").body(s3s::Body::empty()).expect("req")
     };
     let resp = s.raw(request(p.uri())).await;
     assert_eq!(resp.status(), 200);
@@ -1235,18 +856,11 @@ async fn every_auth_failure_gets_its_s3_error() -> R {
                 .build()?,
         )
         .await?;
-    let mut r = http::Request::builder()
-        .method(expired.method())
-        .uri(expired.uri());
+    let mut r = http::Request::builder().method(expired.method()).uri(expired.uri());
     for (k, v) in expired.headers() {
         r = r.header(k, v);
     }
-    let resp = s
-        .raw(
-            r.header("host", "localhost:9000")
-                .body(s3s::Body::empty())?,
-        )
-        .await;
+    let resp = s.raw(r.header("host", "localhost:9000").body(s3s::Body::empty())?).await;
     assert_eq!(resp.status(), 403);
     assert!(String::from_utf8_lossy(&bytes_of(resp).await).contains("AccessDenied"));
     let tampered = p.uri().replace("/bkt/k", "/bkt/other");
@@ -1259,10 +873,7 @@ async fn every_auth_failure_gets_its_s3_error() -> R {
 
 #[tokio::test]
 async fn anonymous_mode_accepts_unsigned_requests() -> R {
-    let s = InProcess::with(|c| lightningstor::Config {
-        anonymous: true,
-        ..c
-    });
+    let s = InProcess::with(|c| lightningstor::Config { anonymous: true, ..c });
     let req = http::Request::builder()
         .method("PUT")
         .uri("http://localhost:9000/open")
@@ -1297,13 +908,7 @@ async fn virtual_hosted_style_requests_name_the_bucket_in_the_host() -> R {
     let out = c.get_object().bucket("vhost").key("dir/k").send().await?;
     assert_eq!(body_of(out).await, b"via host");
     // And the same object path style.
-    let out = s
-        .client()
-        .get_object()
-        .bucket("vhost")
-        .key("dir/k")
-        .send()
-        .await?;
+    let out = s.client().get_object().bucket("vhost").key("dir/k").send().await?;
     assert_eq!(body_of(out).await, b"via host");
     Ok(())
 }
@@ -1319,38 +924,19 @@ async fn the_spawned_binary_serves_the_sdk_and_metrics_over_http() -> R {
     let out = c.get_object().bucket("bkt").key("k").send().await?;
     assert_eq!(out.e_tag(), Some(etag.as_str()));
     assert_eq!(body_of(out).await, data);
-    let out = c
-        .get_object()
-        .bucket("bkt")
-        .key("k")
-        .range("bytes=-10")
-        .send()
-        .await?;
+    let out = c.get_object().bucket("bkt").key("k").range("bytes=-10").send().await?;
     assert_eq!(body_of(out).await, &data[data.len() - 10..]);
-    let e = server_client_bad(&server)
-        .list_buckets()
-        .send()
-        .await
-        .expect_err("bad");
+    let e = server_client_bad(&server).list_buckets().send().await.expect_err("bad");
     assert_eq!(code(&e), "SignatureDoesNotMatch");
 
-    let metrics = reqwest::get(format!("{}/metrics", server.endpoint()))
-        .await?
-        .text()
-        .await?;
+    let metrics = reqwest::get(format!("{}/metrics", server.endpoint())).await?.text().await?;
     assert!(metrics.contains("lightningstor_objects 1"), "{metrics}");
     assert!(metrics.contains("lightningstor_requests_total"));
     server.stop();
 
     // Data survives a clean restart.
     let server = Spawned::start(dir.path(), &[]);
-    let out = server
-        .client()
-        .get_object()
-        .bucket("bkt")
-        .key("k")
-        .send()
-        .await?;
+    let out = server.client().get_object().bucket("bkt").key("k").send().await?;
     assert_eq!(body_of(out).await, data);
     Ok(())
 }
@@ -1374,27 +960,13 @@ fn the_binary_refuses_to_start_without_keys_unless_anonymous() {
 
     let cfg = dir.path().join("bad.toml");
     std::fs::write(&cfg, "data_dir = \"/tmp/x\"\nunknown_field = 1\n").expect("write");
-    let out = std::process::Command::new(binary())
-        .args(["serve", "--config"])
-        .arg(&cfg)
-        .output()
-        .expect("run");
+    let out = std::process::Command::new(binary()).args(["serve", "--config"]).arg(&cfg).output().expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_field"));
 
-    let out = std::process::Command::new(binary())
-        .args(["serve", "--help"])
-        .output()
-        .expect("help");
+    let out = std::process::Command::new(binary()).args(["serve", "--help"]).output().expect("help");
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in [
-        "--data-dir",
-        "--listen",
-        "--access-key",
-        "--secret-key",
-        "--anonymous",
-        "--config",
-    ] {
+    for flag in ["--data-dir", "--listen", "--access-key", "--secret-key", "--anonymous", "--config"] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
 }
@@ -1414,20 +986,12 @@ async fn a_block_corrupted_on_disk_fails_the_get_instead_of_returning_bad_bytes(
         std::fs::write(f, raw)?;
     }
     let result = match c.get_object().bucket("bkt").key("k").send().await {
-        Ok(out) => out
-            .body
-            .collect()
-            .await
-            .map(|b| b.into_bytes().to_vec())
-            .ok(),
+        Ok(out) => out.body.collect().await.map(|b| b.into_bytes().to_vec()).ok(),
         Err(_) => None,
     };
     assert!(result.is_none(), "a corrupt object was served");
     let metrics = s.store.metrics.render(&[]);
-    assert!(
-        !metrics.contains("lightningstor_corrupt_blocks_total 0"),
-        "{metrics}"
-    );
+    assert!(!metrics.contains("lightningstor_corrupt_blocks_total 0"), "{metrics}");
     Ok(())
 }
 
@@ -1438,35 +1002,16 @@ async fn multipart_uploads_are_listed_by_prefix_and_page_by_markers() -> R {
     c.create_bucket().bucket("bkt").send().await?;
     let mut ids = Vec::new();
     for key in ["a/1", "a/2", "b/1", "c"] {
-        let up = c
-            .create_multipart_upload()
-            .bucket("bkt")
-            .key(key)
-            .send()
-            .await?;
+        let up = c.create_multipart_upload().bucket("bkt").key(key).send().await?;
         ids.push(up.upload_id().expect("id").to_owned());
     }
-    let out = c
-        .list_multipart_uploads()
-        .bucket("bkt")
-        .prefix("a/")
-        .send()
-        .await?;
+    let out = c.list_multipart_uploads().bucket("bkt").prefix("a/").send().await?;
     let keys: Vec<_> = out.uploads().iter().filter_map(|u| u.key()).collect();
     assert_eq!(keys, ["a/1", "a/2"]);
-    let out = c
-        .list_multipart_uploads()
-        .bucket("bkt")
-        .delimiter("/")
-        .send()
-        .await?;
+    let out = c.list_multipart_uploads().bucket("bkt").delimiter("/").send().await?;
     let keys: Vec<_> = out.uploads().iter().filter_map(|u| u.key()).collect();
     assert_eq!(keys, ["c"]);
-    let prefixes: Vec<_> = out
-        .common_prefixes()
-        .iter()
-        .filter_map(|p| p.prefix())
-        .collect();
+    let prefixes: Vec<_> = out.common_prefixes().iter().filter_map(|p| p.prefix()).collect();
     assert_eq!(prefixes, ["a/", "b/"]);
     let mut seen = Vec::new();
     let (mut km, mut um) = (None::<String>, None::<String>);
@@ -1479,11 +1024,7 @@ async fn multipart_uploads_are_listed_by_prefix_and_page_by_markers() -> R {
             .set_upload_id_marker(um.clone())
             .send()
             .await?;
-        seen.extend(
-            out.uploads()
-                .iter()
-                .filter_map(|u| u.key().map(str::to_owned)),
-        );
+        seen.extend(out.uploads().iter().filter_map(|u| u.key().map(str::to_owned)));
         if !out.is_truncated().unwrap_or(false) {
             break;
         }

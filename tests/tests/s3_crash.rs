@@ -21,9 +21,7 @@ type FrameResult = Result<Frame<Bytes>, std::io::Error>;
 /// A body the test feeds by hand, so the upload can be cut at any point.
 fn channel_body(capacity: usize) -> (tokio::sync::mpsc::Sender<FrameResult>, ByteStream) {
     let (tx, rx) = tokio::sync::mpsc::channel::<FrameResult>(capacity);
-    let stream = Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|f| (f, rx))
-    }));
+    let stream = Box::pin(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) }));
     let body = http_body_util::StreamBody::new(sync_stream(stream));
     (tx, ByteStream::from_body_1_x(body))
 }
@@ -37,10 +35,7 @@ struct SyncStream<S>(std::sync::Mutex<S>);
 
 impl<S: futures::Stream + Unpin> futures::Stream for SyncStream<S> {
     type Item = S::Item;
-    fn poll_next(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<S::Item>> {
+    fn poll_next(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<S::Item>> {
         let inner = match self.get_mut().0.get_mut() {
             Ok(s) => s,
             Err(p) => p.into_inner(),
@@ -56,19 +51,9 @@ async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -
     let c = server.client();
     c.create_bucket().bucket("crash").send().await?;
     let committed = pseudo_random(3 * 1024 * 1024, 1);
-    c.put_object()
-        .bucket("crash")
-        .key("committed")
-        .body(ByteStream::from(committed.clone()))
-        .send()
-        .await?;
+    c.put_object().bucket("crash").key("committed").body(ByteStream::from(committed.clone())).send().await?;
     let part = pseudo_random(2 * 1024 * 1024, 2);
-    let up = c
-        .create_multipart_upload()
-        .bucket("crash")
-        .key("mpu")
-        .send()
-        .await?;
+    let up = c.create_multipart_upload().bucket("crash").key("mpu").send().await?;
     let upload_id = up.upload_id().expect("id").to_owned();
     let part_etag = c
         .upload_part()
@@ -89,13 +74,7 @@ async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -
     let (tx, body) = channel_body(4);
     let c2 = c.clone();
     let upload = tokio::spawn(async move {
-        c2.put_object()
-            .bucket("crash")
-            .key("half")
-            .content_length(total)
-            .body(body)
-            .send()
-            .await
+        c2.put_object().bucket("crash").key("half").content_length(total).body(body).send().await
     });
     let chunk = Bytes::from(pseudo_random(1024 * 1024, 3));
     for i in 0..40u8 {
@@ -108,10 +87,7 @@ async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -
     // Wait until the server has written blocks of the half upload.
     let deadline = Instant::now() + Duration::from_secs(60);
     while block_files(dir.path()).len() < durable_blocks + 20 {
-        assert!(
-            Instant::now() < deadline,
-            "the upload never reached the disk"
-        );
+        assert!(Instant::now() < deadline, "the upload never reached the disk");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before_kill = block_files(dir.path()).len();
@@ -121,13 +97,7 @@ async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -
 
     let server = Spawned::start(dir.path(), &[]);
     let c = server.client();
-    let e = c
-        .head_object()
-        .bucket("crash")
-        .key("half")
-        .send()
-        .await
-        .expect_err("half object");
+    let e = c.head_object().bucket("crash").key("half").send().await.expect_err("half object");
     assert_eq!(status(&e), 404);
     let listed = c.list_objects_v2().bucket("crash").send().await?;
     let keys: Vec<_> = listed.contents().iter().filter_map(|o| o.key()).collect();
@@ -141,16 +111,8 @@ async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -
         assert_eq!(f?.metadata()?.len(), 0);
     }
 
-    let out = c
-        .get_object()
-        .bucket("crash")
-        .key("committed")
-        .send()
-        .await?;
-    assert_eq!(
-        out.body.collect().await?.into_bytes().as_ref(),
-        committed.as_slice()
-    );
+    let out = c.get_object().bucket("crash").key("committed").send().await?;
+    assert_eq!(out.body.collect().await?.into_bytes().as_ref(), committed.as_slice());
     // The multipart upload survived with its part and can be completed.
     let uploads = c.list_multipart_uploads().bucket("crash").send().await?;
     assert_eq!(uploads.uploads().len(), 1);
@@ -160,29 +122,15 @@ async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -
         .upload_id(&upload_id)
         .multipart_upload(
             CompletedMultipartUpload::builder()
-                .parts(
-                    CompletedPart::builder()
-                        .part_number(1)
-                        .e_tag(&part_etag)
-                        .build(),
-                )
+                .parts(CompletedPart::builder().part_number(1).e_tag(&part_etag).build())
                 .build(),
         )
         .send()
         .await?;
     let out = c.get_object().bucket("crash").key("mpu").send().await?;
-    assert_eq!(
-        out.body.collect().await?.into_bytes().as_ref(),
-        part.as_slice()
-    );
-    let metrics = reqwest::get(format!("{}/metrics", server.endpoint()))
-        .await?
-        .text()
-        .await?;
-    let gc_line = metrics
-        .lines()
-        .find(|l| l.starts_with("lightningstor_gc_blocks_deleted_total "))
-        .expect("gc metric");
+    assert_eq!(out.body.collect().await?.into_bytes().as_ref(), part.as_slice());
+    let metrics = reqwest::get(format!("{}/metrics", server.endpoint())).await?.text().await?;
+    let gc_line = metrics.lines().find(|l| l.starts_with("lightningstor_gc_blocks_deleted_total ")).expect("gc metric");
     assert_ne!(gc_line, "lightningstor_gc_blocks_deleted_total 0");
     server.stop();
     Ok(())
@@ -213,12 +161,7 @@ async fn a_1_gib_multipart_upload_streams_with_bounded_server_memory() -> R {
         })
     };
 
-    let up = c
-        .create_multipart_upload()
-        .bucket("big")
-        .key("gib")
-        .send()
-        .await?;
+    let up = c.create_multipart_upload().bucket("big").key("gib").send().await?;
     let id = up.upload_id().expect("id").to_owned();
     let mut whole = md5::Md5::new();
     let mut part_md5s = Vec::new();
@@ -267,10 +210,7 @@ async fn a_1_gib_multipart_upload_streams_with_bounded_server_memory() -> R {
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     let peak = peak.load(Ordering::Relaxed);
-    eprintln!(
-        "peak server RSS during 1 GiB upload+download: {} MiB",
-        peak >> 20
-    );
+    eprintln!("peak server RSS during 1 GiB upload+download: {} MiB", peak >> 20);
     assert!(peak > 0, "RSS was never sampled");
     assert!(peak < RSS_LIMIT, "server RSS peaked at {} MiB", peak >> 20);
     server.stop();

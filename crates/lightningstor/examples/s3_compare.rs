@@ -86,8 +86,7 @@ impl Drop for Server {
 
 impl Server {
     fn rss(&self) -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
         s.lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
@@ -98,9 +97,7 @@ impl Server {
         let conf = aws_sdk_s3::config::Builder::new()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new("us-east-1"))
-            .credentials_provider(aws_credential_types::Credentials::new(
-                AK, SK, None, None, "bench",
-            ))
+            .credentials_provider(aws_credential_types::Credentials::new(AK, SK, None, None, "bench"))
             .endpoint_url(&self.endpoint)
             .force_path_style(true)
             .build();
@@ -108,11 +105,7 @@ impl Server {
     }
 }
 
-fn start_lightningstor(
-    bin: &PathBuf,
-    scratch: &std::path::Path,
-    extra: &[String],
-) -> anyhow::Result<Server> {
+fn start_lightningstor(bin: &PathBuf, scratch: &std::path::Path, extra: &[String]) -> anyhow::Result<Server> {
     let dir = tempfile::tempdir_in(scratch)?;
     let mut child = Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -127,35 +120,15 @@ fn start_lightningstor(
     let stdout = child.stdout.take().context("stdout")?;
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .context("no listen line")?
-        .to_owned();
-    Ok(Server {
-        name: "lightningstor",
-        child,
-        endpoint: format!("http://{addr}"),
-        _dir: dir,
-    })
+    let addr = line.trim().strip_prefix("listening on ").context("no listen line")?.to_owned();
+    Ok(Server { name: "lightningstor", child, endpoint: format!("http://{addr}"), _dir: dir })
 }
 
 fn start_s3s_fs(bin: &PathBuf, scratch: &std::path::Path) -> anyhow::Result<Server> {
     let dir = tempfile::tempdir_in(scratch)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let child = Command::new(bin)
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--access-key",
-            AK,
-            "--secret-key",
-            SK,
-        ])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", AK, "--secret-key", SK])
         .arg(dir.path())
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
@@ -168,12 +141,7 @@ fn start_s3s_fs(bin: &PathBuf, scratch: &std::path::Path) -> anyhow::Result<Serv
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(Server {
-        name: "s3s-fs",
-        child,
-        endpoint: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
-    })
+    Ok(Server { name: "s3s-fs", child, endpoint: format!("http://127.0.0.1:{port}"), _dir: dir })
 }
 
 fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
@@ -243,23 +211,11 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn large(
-    c: &Client,
-    pid: u32,
-    size: usize,
-    seed: u64,
-    r: &mut Results,
-    record: bool,
-) -> anyhow::Result<()> {
+async fn large(c: &Client, pid: u32, size: usize, seed: u64, r: &mut Results, record: bool) -> anyhow::Result<()> {
     let data = Bytes::from(pseudo_random(size, seed));
     let key = format!("large-{seed}");
     let (t, cpu) = (Instant::now(), cpu_secs(pid));
-    c.put_object()
-        .bucket("bench")
-        .key(&key)
-        .body(ByteStream::from(data))
-        .send()
-        .await?;
+    c.put_object().bucket("bench").key(&key).body(ByteStream::from(data)).send().await?;
     let secs = t.elapsed().as_secs_f64();
     let put = size as f64 / MIB as f64 / secs;
     if record {
@@ -286,14 +242,7 @@ async fn large(
     Ok(())
 }
 
-async fn small(
-    c: &Client,
-    ops: usize,
-    clients: usize,
-    iter: u64,
-    r: &mut Results,
-    record: bool,
-) -> anyhow::Result<()> {
+async fn small(c: &Client, ops: usize, clients: usize, iter: u64, r: &mut Results, record: bool) -> anyhow::Result<()> {
     let per = ops / clients;
     for phase in ["put", "get"] {
         let t = Instant::now();
@@ -308,12 +257,7 @@ async fn small(
                     let t = Instant::now();
                     if phase == "put" {
                         data[..8].copy_from_slice(&(i as u64).to_le_bytes());
-                        c.put_object()
-                            .bucket("bench")
-                            .key(&key)
-                            .body(ByteStream::from(data.clone()))
-                            .send()
-                            .await?;
+                        c.put_object().bucket("bench").key(&key).body(ByteStream::from(data.clone())).send().await?;
                     } else {
                         let out = c.get_object().bucket("bench").key(&key).send().await?;
                         let b = out.body.collect().await?.into_bytes();
@@ -332,17 +276,9 @@ async fn small(
         lat.sort_by(f64::total_cmp);
         if record {
             let (o, p50, p99) = if phase == "put" {
-                (
-                    &mut r.put_small_ops,
-                    &mut r.put_small_p50_ms,
-                    &mut r.put_small_p99_ms,
-                )
+                (&mut r.put_small_ops, &mut r.put_small_p50_ms, &mut r.put_small_p99_ms)
             } else {
-                (
-                    &mut r.get_small_ops,
-                    &mut r.get_small_p50_ms,
-                    &mut r.get_small_p99_ms,
-                )
+                (&mut r.get_small_ops, &mut r.get_small_p50_ms, &mut r.get_small_p99_ms)
             };
             o.values.push(ops_s);
             p50.values.push(percentile(&lat, 0.5));
@@ -364,13 +300,7 @@ fn generated_body(size: usize, seed: u64) -> ByteStream {
     ByteStream::from_body_1_x(http_body_util::StreamBody::new(stream))
 }
 
-async fn rss(
-    server: &Server,
-    c: &Client,
-    uploads: usize,
-    size: usize,
-    r: &mut Results,
-) -> anyhow::Result<()> {
+async fn rss(server: &Server, c: &Client, uploads: usize, size: usize, r: &mut Results) -> anyhow::Result<()> {
     let peak = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let pid = server.child.id();
@@ -429,10 +359,7 @@ async fn run_both(servers: &[Server], a: &Args) -> anyhow::Result<Vec<Results>> 
             large(c, s.child.id(), a.large_mib * MIB, i as u64 + 1, r, record).await?;
             small(c, a.small_ops, a.clients, i as u64, r, record).await?;
         }
-        eprintln!(
-            "iteration {i}{} done",
-            if record { "" } else { " (warm-up)" }
-        );
+        eprintln!("iteration {i}{} done", if record { "" } else { " (warm-up)" });
     }
     if a.rss_uploads > 0 {
         for ((s, c), r) in servers.iter().zip(&clients).zip(results.iter_mut()) {
@@ -444,11 +371,7 @@ async fn run_both(servers: &[Server], a: &Args) -> anyhow::Result<Vec<Results>> 
 }
 
 fn line(name: &str, unit: &str, ls: &Samples, fs: &Samples, higher_is_better: bool) {
-    let ratio = if higher_is_better {
-        ls.median() / fs.median()
-    } else {
-        fs.median() / ls.median()
-    };
+    let ratio = if higher_is_better { ls.median() / fs.median() } else { fs.median() / ls.median() };
     println!(
         "{name:<22} {:>10.1} [{:>8.1}..{:>8.1}] {:>10.1} [{:>8.1}..{:>8.1}] {unit:<6} {ratio:>6.2}x",
         ls.median(),
@@ -464,20 +387,16 @@ fn line(name: &str, unit: &str, ls: &Samples, fs: &Samples, higher_is_better: bo
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let exe = std::env::current_exe()?;
-    let ls_bin = a.lightningstor.clone().unwrap_or_else(|| {
-        exe.parent()
-            .and_then(|p| p.parent())
-            .map(|p| p.join("lightningstor"))
-            .unwrap_or_default()
-    });
-    let fs_bin = a.s3s_fs.clone().unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cargo/bin/s3s-fs")
-    });
-    let scratch_tmp = tempfile::tempdir()?;
-    let scratch = a
-        .scratch
+    let ls_bin = a
+        .lightningstor
         .clone()
-        .unwrap_or_else(|| scratch_tmp.path().to_owned());
+        .unwrap_or_else(|| exe.parent().and_then(|p| p.parent()).map(|p| p.join("lightningstor")).unwrap_or_default());
+    let fs_bin = a
+        .s3s_fs
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cargo/bin/s3s-fs"));
+    let scratch_tmp = tempfile::tempdir()?;
+    let scratch = a.scratch.clone().unwrap_or_else(|| scratch_tmp.path().to_owned());
 
     let mut servers = vec![start_lightningstor(&ls_bin, &scratch, &a.ls_arg)?];
     if !a.only_lightningstor {
@@ -485,105 +404,32 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut results = run_both(&servers, &a).await?;
     drop(servers);
-    let fs = if a.only_lightningstor {
-        Results::default()
-    } else {
-        results.pop().context("s3s-fs results")?
-    };
+    let fs = if a.only_lightningstor { Results::default() } else { results.pop().context("s3s-fs results")? };
     let ls = results.pop().context("lightningstor results")?;
 
     println!(
         "\n{} iterations (median [min..max]); ratio = lightningstor vs s3s-fs, >1 means lightningstor is better\n",
         a.iterations
     );
-    println!(
-        "{:<22} {:>31} {:>31}",
-        "workload", "lightningstor", "s3s-fs"
-    );
-    line(
-        &format!("PUT {} MiB", a.large_mib),
-        "MiB/s",
-        &ls.put_large_mibs,
-        &fs.put_large_mibs,
-        true,
-    );
-    line(
-        "  server CPU",
-        "s",
-        &ls.put_large_server_cpu,
-        &fs.put_large_server_cpu,
-        false,
-    );
-    line(
-        &format!("GET {} MiB", a.large_mib),
-        "MiB/s",
-        &ls.get_large_mibs,
-        &fs.get_large_mibs,
-        true,
-    );
-    line(
-        "  server CPU",
-        "s",
-        &ls.get_large_server_cpu,
-        &fs.get_large_server_cpu,
-        false,
-    );
-    line(
-        &format!("PUT 4 KiB x{}", a.clients),
-        "ops/s",
-        &ls.put_small_ops,
-        &fs.put_small_ops,
-        true,
-    );
-    line(
-        "  p50",
-        "ms",
-        &ls.put_small_p50_ms,
-        &fs.put_small_p50_ms,
-        false,
-    );
-    line(
-        "  p99",
-        "ms",
-        &ls.put_small_p99_ms,
-        &fs.put_small_p99_ms,
-        false,
-    );
-    line(
-        &format!("GET 4 KiB x{}", a.clients),
-        "ops/s",
-        &ls.get_small_ops,
-        &fs.get_small_ops,
-        true,
-    );
-    line(
-        "  p50",
-        "ms",
-        &ls.get_small_p50_ms,
-        &fs.get_small_p50_ms,
-        false,
-    );
-    line(
-        "  p99",
-        "ms",
-        &ls.get_small_p99_ms,
-        &fs.get_small_p99_ms,
-        false,
-    );
+    println!("{:<22} {:>31} {:>31}", "workload", "lightningstor", "s3s-fs");
+    line(&format!("PUT {} MiB", a.large_mib), "MiB/s", &ls.put_large_mibs, &fs.put_large_mibs, true);
+    line("  server CPU", "s", &ls.put_large_server_cpu, &fs.put_large_server_cpu, false);
+    line(&format!("GET {} MiB", a.large_mib), "MiB/s", &ls.get_large_mibs, &fs.get_large_mibs, true);
+    line("  server CPU", "s", &ls.get_large_server_cpu, &fs.get_large_server_cpu, false);
+    line(&format!("PUT 4 KiB x{}", a.clients), "ops/s", &ls.put_small_ops, &fs.put_small_ops, true);
+    line("  p50", "ms", &ls.put_small_p50_ms, &fs.put_small_p50_ms, false);
+    line("  p99", "ms", &ls.put_small_p99_ms, &fs.put_small_p99_ms, false);
+    line(&format!("GET 4 KiB x{}", a.clients), "ops/s", &ls.get_small_ops, &fs.get_small_ops, true);
+    line("  p50", "ms", &ls.get_small_p50_ms, &fs.get_small_p50_ms, false);
+    line("  p99", "ms", &ls.get_small_p99_ms, &fs.get_small_p99_ms, false);
     if a.rss_uploads > 0 {
         println!(
             "\n{} concurrent {} MiB uploads: peak RSS lightningstor {:.0} MiB, s3s-fs {:.0} MiB; throughput {:.0} vs {:.0} MiB/s",
-            a.rss_uploads,
-            a.large_mib,
-            ls.rss_peak_mib,
-            fs.rss_peak_mib,
-            ls.rss_uploads_mibs,
-            fs.rss_uploads_mibs
+            a.rss_uploads, a.large_mib, ls.rss_peak_mib, fs.rss_peak_mib, ls.rss_uploads_mibs, fs.rss_uploads_mibs
         );
     }
     if let Some(path) = &a.json {
-        let j =
-            serde_json::json!({ "lightningstor": ls, "s3s_fs": fs, "iterations": a.iterations });
+        let j = serde_json::json!({ "lightningstor": ls, "s3s_fs": fs, "iterations": a.iterations });
         std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
     }
     Ok(())

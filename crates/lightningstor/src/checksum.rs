@@ -28,13 +28,8 @@ pub enum ChecksumAlgo {
 
 impl ChecksumAlgo {
     /// Every algorithm.
-    pub const ALL: [ChecksumAlgo; 5] = [
-        ChecksumAlgo::Crc32,
-        ChecksumAlgo::Crc32c,
-        ChecksumAlgo::Crc64Nvme,
-        ChecksumAlgo::Sha1,
-        ChecksumAlgo::Sha256,
-    ];
+    pub const ALL: [ChecksumAlgo; 5] =
+        [ChecksumAlgo::Crc32, ChecksumAlgo::Crc32c, ChecksumAlgo::Crc64Nvme, ChecksumAlgo::Sha1, ChecksumAlgo::Sha256];
 
     /// The algorithm's name in `x-amz-checksum-algorithm` (`CRC32`, ...).
     pub fn name(self) -> &'static str {
@@ -60,16 +55,12 @@ impl ChecksumAlgo {
 
     /// Parses an algorithm name, case-insensitively.
     pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.name().eq_ignore_ascii_case(s))
+        Self::ALL.into_iter().find(|a| a.name().eq_ignore_ascii_case(s))
     }
 
     /// Parses a checksum header name (`x-amz-checksum-crc32`), case-insensitively.
     pub fn from_header(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.header().eq_ignore_ascii_case(s.trim()))
+        Self::ALL.into_iter().find(|a| a.header().eq_ignore_ascii_case(s.trim()))
     }
 
     /// Length of a raw digest.
@@ -154,14 +145,8 @@ impl Checksum {
             .decode(value.trim())
             .ok()
             .filter(|r| r.len() == algo.digest_len())
-            .ok_or_else(|| {
-                LightningError::InvalidRequest(format!("value for {} is invalid", algo.header()))
-            })?;
-        Ok(Checksum {
-            algo,
-            raw,
-            parts: None,
-        })
+            .ok_or_else(|| LightningError::InvalidRequest(format!("value for {} is invalid", algo.header())))?;
+        Ok(Checksum { algo, raw, parts: None })
     }
 
     /// The wire form: base64, with `-N` for a composite checksum.
@@ -178,11 +163,7 @@ impl Checksum {
         for d in part_digests {
             h.update(d);
         }
-        Checksum {
-            algo,
-            raw: h.finalize(),
-            parts: u32::try_from(part_digests.len()).ok(),
-        }
+        Checksum { algo, raw: h.finalize(), parts: u32::try_from(part_digests.len()).ok() }
     }
 }
 
@@ -226,12 +207,13 @@ impl ChecksumPlan {
         let md5 = match h.content_md5 {
             None => None,
             Some(v) => {
-                let raw = B64.decode(v.trim()).map_err(|_| {
-                    LightningError::InvalidDigest("Content-MD5 is not base64".into())
-                })?;
-                Some(<[u8; 16]>::try_from(raw.as_slice()).map_err(|_| {
-                    LightningError::InvalidDigest("Content-MD5 is not 16 bytes".into())
-                })?)
+                let raw = B64
+                    .decode(v.trim())
+                    .map_err(|_| LightningError::InvalidDigest("Content-MD5 is not base64".into()))?;
+                Some(
+                    <[u8; 16]>::try_from(raw.as_slice())
+                        .map_err(|_| LightningError::InvalidDigest("Content-MD5 is not 16 bytes".into()))?,
+                )
             }
         };
         let given = [
@@ -245,35 +227,31 @@ impl ChecksumPlan {
         for (algo, v) in given {
             if let Some(v) = v {
                 if expected.is_some() {
-                    return Err(LightningError::InvalidRequest(
-                        "expecting a single x-amz-checksum- header".into(),
-                    ));
+                    return Err(LightningError::InvalidRequest("expecting a single x-amz-checksum- header".into()));
                 }
                 expected = Some(Checksum::from_base64(algo, v)?);
             }
         }
         let declared = match h.algorithm {
             None => None,
-            Some(a) => Some(ChecksumAlgo::from_name(a).ok_or_else(|| {
-                LightningError::InvalidRequest(format!("unknown checksum algorithm {a:?}"))
-            })?),
+            Some(a) => Some(
+                ChecksumAlgo::from_name(a)
+                    .ok_or_else(|| LightningError::InvalidRequest(format!("unknown checksum algorithm {a:?}")))?,
+            ),
         };
         let trailer_algo = match h.trailer {
             None => None,
-            Some(t) => Some(ChecksumAlgo::from_header(t).ok_or_else(|| {
-                LightningError::InvalidRequest(format!("unsupported trailer {t:?}"))
-            })?),
+            Some(t) => Some(
+                ChecksumAlgo::from_header(t)
+                    .ok_or_else(|| LightningError::InvalidRequest(format!("unsupported trailer {t:?}")))?,
+            ),
         };
         if expected.is_some() && trailer_algo.is_some() {
             return Err(LightningError::InvalidRequest(
                 "a checksum header and a checksum trailer were both given".into(),
             ));
         }
-        let algo = expected
-            .as_ref()
-            .map(|c| c.algo)
-            .or(trailer_algo)
-            .or(declared);
+        let algo = expected.as_ref().map(|c| c.algo).or(trailer_algo).or(declared);
         if let (Some(d), Some(a)) = (declared, algo)
             && d != a
         {
@@ -283,22 +261,12 @@ impl ChecksumPlan {
                 a.name()
             )));
         }
-        Ok(ChecksumPlan {
-            md5,
-            algo,
-            expected,
-            trailer: trailer_algo.is_some(),
-        })
+        Ok(ChecksumPlan { md5, algo, expected, trailer: trailer_algo.is_some() })
     }
 
     /// Checks the computed digests against the plan; `trailer_value` is the
     /// trailer's value once the body has been read.
-    pub fn verify(
-        &self,
-        md5: &[u8; 16],
-        computed: Option<&Checksum>,
-        trailer_value: Option<&str>,
-    ) -> Result<()> {
+    pub fn verify(&self, md5: &[u8; 16], computed: Option<&Checksum>, trailer_value: Option<&str>) -> Result<()> {
         if let Some(want) = &self.md5
             && want != md5
         {
@@ -310,10 +278,7 @@ impl ChecksumPlan {
             (Some(e), _, _) => Some(e.clone()),
             (None, true, Some(algo)) => {
                 let v = trailer_value.ok_or_else(|| {
-                    LightningError::InvalidRequest(format!(
-                        "the {} trailer was announced but not sent",
-                        algo.header()
-                    ))
+                    LightningError::InvalidRequest(format!("the {} trailer was announced but not sent", algo.header()))
                 })?;
                 Some(Checksum::from_base64(algo, v)?)
             }
@@ -385,11 +350,7 @@ pub struct BodyHasher {
 impl BodyHasher {
     /// A hasher for MD5 plus `algo`.
     pub fn new(algo: Option<ChecksumAlgo>) -> Self {
-        BodyHasher {
-            md5: Md5::new(),
-            extra: algo.map(|a| (a, Hasher::new(a))),
-            len: 0,
-        }
+        BodyHasher { md5: Md5::new(), extra: algo.map(|a| (a, Hasher::new(a))), len: 0 }
     }
 
     /// Feeds bytes.
@@ -414,11 +375,7 @@ impl BodyHasher {
     /// The MD5 and the extra checksum.
     pub fn finalize(self) -> ([u8; 16], Option<Checksum>) {
         let md5 = self.md5.finalize();
-        let extra = self.extra.map(|(algo, h)| Checksum {
-            algo,
-            raw: h.finalize(),
-            parts: None,
-        });
+        let extra = self.extra.map(|(algo, h)| Checksum { algo, raw: h.finalize(), parts: None });
         (md5, extra)
     }
 }
@@ -439,14 +396,8 @@ mod tests {
         let d = b"123456789";
         assert_eq!(ChecksumAlgo::Crc32.digest(d), 0xCBF4_3926u32.to_be_bytes());
         assert_eq!(ChecksumAlgo::Crc32c.digest(d), 0xE306_9283u32.to_be_bytes());
-        assert_eq!(
-            ChecksumAlgo::Crc64Nvme.digest(d),
-            0xAE8B_1486_0A79_9888u64.to_be_bytes()
-        );
-        assert_eq!(
-            hex::encode(ChecksumAlgo::Sha1.digest(b"abc")),
-            "a9993e364706816aba3e25717850c26c9cd0d89d"
-        );
+        assert_eq!(ChecksumAlgo::Crc64Nvme.digest(d), 0xAE8B_1486_0A79_9888u64.to_be_bytes());
+        assert_eq!(hex::encode(ChecksumAlgo::Sha1.digest(b"abc")), "a9993e364706816aba3e25717850c26c9cd0d89d");
         assert_eq!(
             hex::encode(ChecksumAlgo::Sha256.digest(b"abc")),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
@@ -456,26 +407,17 @@ mod tests {
     #[test]
     fn a_wrong_content_md5_is_a_bad_digest() {
         let md5 = base64(&md5::Md5::digest(b"hello"));
-        let plan = ChecksumPlan::from_headers(&ChecksumHeaders {
-            content_md5: Some(&md5),
-            ..Default::default()
-        })
-        .expect("plan");
+        let plan = ChecksumPlan::from_headers(&ChecksumHeaders { content_md5: Some(&md5), ..Default::default() })
+            .expect("plan");
         let mut h = BodyHasher::new(None);
         h.update(b"hellO");
         let (got, _) = h.finalize();
-        assert!(matches!(
-            plan.verify(&got, None, None),
-            Err(LightningError::BadDigest(_))
-        ));
+        assert!(matches!(plan.verify(&got, None, None), Err(LightningError::BadDigest(_))));
     }
 
     #[test]
     fn a_malformed_content_md5_is_an_invalid_digest() {
-        let r = ChecksumPlan::from_headers(&ChecksumHeaders {
-            content_md5: Some("not base64!"),
-            ..Default::default()
-        });
+        let r = ChecksumPlan::from_headers(&ChecksumHeaders { content_md5: Some("not base64!"), ..Default::default() });
         assert!(matches!(r, Err(LightningError::InvalidDigest(_))));
     }
 
@@ -493,19 +435,13 @@ mod tests {
         let good = base64(&ChecksumAlgo::Crc32c.digest(b"data"));
         assert!(plan.verify(&md5, c.as_ref(), Some(&good)).is_ok());
         let bad = base64(&ChecksumAlgo::Crc32c.digest(b"dat4"));
-        assert!(matches!(
-            plan.verify(&md5, c.as_ref(), Some(&bad)),
-            Err(LightningError::BadDigest(_))
-        ));
+        assert!(matches!(plan.verify(&md5, c.as_ref(), Some(&bad)), Err(LightningError::BadDigest(_))));
         assert!(plan.verify(&md5, c.as_ref(), None).is_err());
     }
 
     #[test]
     fn a_checksum_of_the_wrong_length_is_an_invalid_request() {
-        let r = ChecksumPlan::from_headers(&ChecksumHeaders {
-            crc32: Some("AAAAAAAA"),
-            ..Default::default()
-        });
+        let r = ChecksumPlan::from_headers(&ChecksumHeaders { crc32: Some("AAAAAAAA"), ..Default::default() });
         assert!(matches!(r, Err(LightningError::InvalidRequest(_))));
     }
 

@@ -82,9 +82,7 @@ pub fn check_write(
     if let Some(c) = if_match {
         match existing_etag {
             None => {
-                return Err(LightningError::NoSuchKey {
-                    key: key.to_owned(),
-                });
+                return Err(LightningError::NoSuchKey { key: key.to_owned() });
             }
             Some(e) if !matches(c, e) => return Err(LightningError::PreconditionFailed),
             Some(_) => {}
@@ -103,59 +101,31 @@ mod tests {
 
     #[test]
     fn if_match_with_another_etag_fails_the_precondition() {
-        let p = Preconditions {
-            if_match: Some(tag("x")),
-            ..Default::default()
-        };
-        assert!(matches!(
-            p.check("y", 0, Mode::Read),
-            Err(LightningError::PreconditionFailed)
-        ));
+        let p = Preconditions { if_match: Some(tag("x")), ..Default::default() };
+        assert!(matches!(p.check("y", 0, Mode::Read), Err(LightningError::PreconditionFailed)));
         assert!(p.check("x", 0, Mode::Read).is_ok());
     }
 
     #[test]
     fn if_none_match_with_the_current_etag_is_not_modified_on_reads() {
-        let p = Preconditions {
-            if_none_match: Some(tag("x")),
-            ..Default::default()
-        };
-        assert!(matches!(
-            p.check("x", 0, Mode::Read),
-            Err(LightningError::NotModified)
-        ));
-        assert!(matches!(
-            p.check("x", 0, Mode::Copy),
-            Err(LightningError::PreconditionFailed)
-        ));
+        let p = Preconditions { if_none_match: Some(tag("x")), ..Default::default() };
+        assert!(matches!(p.check("x", 0, Mode::Read), Err(LightningError::NotModified)));
+        assert!(matches!(p.check("x", 0, Mode::Copy), Err(LightningError::PreconditionFailed)));
     }
 
     #[test]
     fn dates_compare_at_whole_seconds() {
-        let p = Preconditions {
-            if_modified_since: Some(100),
-            ..Default::default()
-        };
-        assert!(matches!(
-            p.check("x", 100, Mode::Read),
-            Err(LightningError::NotModified)
-        ));
+        let p = Preconditions { if_modified_since: Some(100), ..Default::default() };
+        assert!(matches!(p.check("x", 100, Mode::Read), Err(LightningError::NotModified)));
         assert!(p.check("x", 101, Mode::Read).is_ok());
-        let p = Preconditions {
-            if_unmodified_since: Some(100),
-            ..Default::default()
-        };
+        let p = Preconditions { if_unmodified_since: Some(100), ..Default::default() };
         assert!(p.check("x", 100, Mode::Read).is_ok());
         assert!(p.check("x", 101, Mode::Read).is_err());
     }
 
     #[test]
     fn a_matching_if_match_overrides_if_unmodified_since() {
-        let p = Preconditions {
-            if_match: Some(tag("x")),
-            if_unmodified_since: Some(10),
-            ..Default::default()
-        };
+        let p = Preconditions { if_match: Some(tag("x")), if_unmodified_since: Some(10), ..Default::default() };
         assert!(p.check("x", 500, Mode::Copy).is_ok());
     }
 
@@ -163,14 +133,8 @@ mod tests {
     fn conditional_puts_follow_s3_rules() {
         let any = ETagCondition::Any;
         assert!(check_write(None, None, Some(&any), "k").is_ok());
-        assert!(matches!(
-            check_write(Some("e"), None, Some(&any), "k"),
-            Err(LightningError::PreconditionFailed)
-        ));
-        assert!(matches!(
-            check_write(None, Some(&tag("e")), None, "k"),
-            Err(LightningError::NoSuchKey { .. })
-        ));
+        assert!(matches!(check_write(Some("e"), None, Some(&any), "k"), Err(LightningError::PreconditionFailed)));
+        assert!(matches!(check_write(None, Some(&tag("e")), None, "k"), Err(LightningError::NoSuchKey { .. })));
         assert!(check_write(Some("e"), Some(&tag("e")), None, "k").is_ok());
         assert!(check_write(Some("f"), Some(&tag("e")), None, "k").is_err());
     }

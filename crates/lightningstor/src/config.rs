@@ -60,10 +60,7 @@ impl Default for Config {
 impl Config {
     /// A configuration for `data_dir` with every other field at its default.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Config {
-            data_dir: data_dir.into(),
-            ..Config::default()
-        }
+        Config { data_dir: data_dir.into(), ..Config::default() }
     }
 
     /// Sets the access and secret key (builder style).
@@ -103,11 +100,9 @@ impl Config {
                 return bad("access key and secret key must not be empty");
             }
             (None, None) if !self.anonymous => {
-                return bad(
-                    "no access key configured: give --access-key and --secret-key \
+                return bad("no access key configured: give --access-key and --secret-key \
                      (or LIGHTNINGSTOR_ACCESS_KEY / LIGHTNINGSTOR_SECRET_KEY), \
-                     or pass --anonymous to accept unsigned requests",
-                );
+                     or pass --anonymous to accept unsigned requests");
             }
             _ => {}
         }
@@ -132,21 +127,14 @@ mod tests {
     fn a_config_without_keys_is_refused_unless_anonymous() {
         let c = Config::new("/tmp/x");
         assert!(c.validate().is_err());
-        let c = Config {
-            anonymous: true,
-            ..Config::new("/tmp/x")
-        };
+        let c = Config { anonymous: true, ..Config::new("/tmp/x") };
         assert!(c.validate().is_ok());
         assert!(Config::new("/tmp/x").with_keys("a", "b").validate().is_ok());
     }
 
     #[test]
     fn half_a_key_pair_is_refused() {
-        let c = Config {
-            access_key: Some("a".into()),
-            anonymous: true,
-            ..Config::new("/tmp/x")
-        };
+        let c = Config { access_key: Some("a".into()), anonymous: true, ..Config::new("/tmp/x") };
         assert!(c.validate().is_err());
     }
 

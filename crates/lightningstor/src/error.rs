@@ -131,11 +131,9 @@ impl LightningError {
             E::InvalidArgument(_) => S3ErrorCode::InvalidArgument,
             E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
             E::NotImplemented(_) => S3ErrorCode::NotImplemented,
-            E::CorruptBlock { .. }
-            | E::MissingBlock { .. }
-            | E::Config(_)
-            | E::Db(_)
-            | E::Io(_) => S3ErrorCode::InternalError,
+            E::CorruptBlock { .. } | E::MissingBlock { .. } | E::Config(_) | E::Db(_) | E::Io(_) => {
+                S3ErrorCode::InternalError
+            }
             E::Body(_) => S3ErrorCode::IncompleteBody,
         }
     }
@@ -165,22 +163,10 @@ mod tests {
 
     #[test]
     fn client_errors_map_to_their_s3_codes() {
-        assert_eq!(
-            LightningError::BucketNotEmpty("b".into()).s3_code(),
-            S3ErrorCode::BucketNotEmpty
-        );
-        assert_eq!(
-            LightningError::BadDigest("x".into()).s3_code(),
-            S3ErrorCode::BadDigest
-        );
-        assert_eq!(
-            LightningError::PreconditionFailed.s3_code(),
-            S3ErrorCode::PreconditionFailed
-        );
-        assert_eq!(
-            LightningError::KeyTooLong(2000).s3_code(),
-            S3ErrorCode::KeyTooLongError
-        );
+        assert_eq!(LightningError::BucketNotEmpty("b".into()).s3_code(), S3ErrorCode::BucketNotEmpty);
+        assert_eq!(LightningError::BadDigest("x".into()).s3_code(), S3ErrorCode::BadDigest);
+        assert_eq!(LightningError::PreconditionFailed.s3_code(), S3ErrorCode::PreconditionFailed);
+        assert_eq!(LightningError::KeyTooLong(2000).s3_code(), S3ErrorCode::KeyTooLongError);
     }
 
     #[test]

@@ -132,16 +132,8 @@ pub fn list<C: Cursor>(cur: &mut C, q: &ListQuery) -> Result<ListPage<C::Value>,
         }
         entries.push(Entry::Object(key, value));
     }
-    let next_marker = if is_truncated {
-        entries.last().map(|e| e.name().to_vec())
-    } else {
-        None
-    };
-    Ok(ListPage {
-        entries,
-        is_truncated,
-        next_marker,
-    })
+    let next_marker = if is_truncated { entries.last().map(|e| e.name().to_vec()) } else { None };
+    Ok(ListPage { entries, is_truncated, next_marker })
 }
 
 /// Encodes a resume position as an opaque continuation token.
@@ -192,11 +184,7 @@ impl<V: Clone> Cursor for MapCursor<'_, V> {
         Ok(())
     }
     fn next(&mut self) -> Item<V, Self::Error> {
-        Ok(self
-            .range
-            .as_mut()
-            .and_then(|r| r.next())
-            .map(|(k, v)| (k.clone(), v.clone())))
+        Ok(self.range.as_mut().and_then(|r| r.next()).map(|(k, v)| (k.clone(), v.clone())))
     }
 }
 
@@ -230,36 +218,22 @@ mod tests {
     }
 
     fn keys_from(list: &[&str]) -> BTreeMap<Vec<u8>, u32> {
-        list.iter()
-            .enumerate()
-            .map(|(i, k)| (k.as_bytes().to_vec(), i as u32))
-            .collect()
+        list.iter().enumerate().map(|(i, k)| (k.as_bytes().to_vec(), i as u32)).collect()
     }
 
     #[test]
     fn delimiters_roll_keys_up_into_common_prefixes() {
         let map = keys_from(&["a/1", "a/2", "b", "c/x/y", "c/z"]);
-        let q = ListQuery {
-            delimiter: Some(b"/".to_vec()),
-            max_keys: 1000,
-            ..Default::default()
-        };
+        let q = ListQuery { delimiter: Some(b"/".to_vec()), max_keys: 1000, ..Default::default() };
         let p = run(&map, &q);
-        assert_eq!(
-            names(&p),
-            vec![b"a/".to_vec(), b"b".to_vec(), b"c/".to_vec()]
-        );
+        assert_eq!(names(&p), vec![b"a/".to_vec(), b"b".to_vec(), b"c/".to_vec()]);
         assert!(!p.is_truncated);
     }
 
     #[test]
     fn paging_by_next_marker_never_repeats_a_common_prefix() {
         let map = keys_from(&["a/1", "a/2", "a/3", "b/1", "c"]);
-        let mut q = ListQuery {
-            delimiter: Some(b"/".to_vec()),
-            max_keys: 1,
-            ..Default::default()
-        };
+        let mut q = ListQuery { delimiter: Some(b"/".to_vec()), max_keys: 1, ..Default::default() };
         let mut all = Vec::new();
         loop {
             let p = run(&map, &q);
@@ -287,17 +261,11 @@ mod tests {
     #[test]
     fn bad_continuation_tokens_are_invalid_arguments() {
         assert!(decode_token("!!!").is_err());
-        assert_eq!(
-            decode_token(&encode_token(b"k/\x00")).ok(),
-            Some(b"k/\x00".to_vec())
-        );
+        assert_eq!(decode_token(&encode_token(b"k/\x00")).ok(), Some(b"k/\x00".to_vec()));
     }
 
     fn arb_key() -> impl Strategy<Value = Vec<u8>> {
-        proptest::collection::vec(
-            prop_oneof![Just(b'a'), Just(b'b'), Just(b'/'), Just(b'-'), Just(0xffu8)],
-            0..6,
-        )
+        proptest::collection::vec(prop_oneof![Just(b'a'), Just(b'b'), Just(b'/'), Just(b'-'), Just(0xffu8)], 0..6)
     }
 
     proptest! {

@@ -36,20 +36,10 @@ enum Cmd {
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
         /// Access key id clients sign requests with.
-        #[arg(
-            long,
-            env = "LIGHTNINGSTOR_ACCESS_KEY",
-            value_name = "KEY",
-            hide_env_values = true
-        )]
+        #[arg(long, env = "LIGHTNINGSTOR_ACCESS_KEY", value_name = "KEY", hide_env_values = true)]
         access_key: Option<String>,
         /// Secret key clients sign requests with.
-        #[arg(
-            long,
-            env = "LIGHTNINGSTOR_SECRET_KEY",
-            value_name = "SECRET",
-            hide_env_values = true
-        )]
+        #[arg(long, env = "LIGHTNINGSTOR_SECRET_KEY", value_name = "SECRET", hide_env_values = true)]
         secret_key: Option<String>,
         /// Accept unsigned requests. Required to run without keys; with keys,
         /// signed requests are still verified.
@@ -79,19 +69,9 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Serve {
-            data_dir,
-            listen,
-            access_key,
-            secret_key,
-            anonymous,
-            domains,
-            region,
-            config,
-        } => {
+        Cmd::Serve { data_dir, listen, access_key, secret_key, anonymous, domains, region, config } => {
             let mut cfg = match &config {
-                Some(path) => Config::from_file(path)
-                    .with_context(|| format!("reading {}", path.display()))?,
+                Some(path) => Config::from_file(path).with_context(|| format!("reading {}", path.display()))?,
                 None => Config::default(),
             };
             match data_dir {

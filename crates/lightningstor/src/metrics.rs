@@ -41,38 +41,14 @@ impl Metrics {
     pub fn render(&self, gauges: &[(&str, &str, u64)]) -> String {
         let counters: [(&str, &str, &AtomicU64); 9] = [
             ("requests_total", "S3 requests handled", &self.requests),
-            (
-                "request_errors_total",
-                "S3 requests answered with an error",
-                &self.request_errors,
-            ),
+            ("request_errors_total", "S3 requests answered with an error", &self.request_errors),
             ("bytes_in_total", "object bytes received", &self.bytes_in),
             ("bytes_out_total", "object bytes sent", &self.bytes_out),
-            (
-                "blocks_written_total",
-                "blocks written",
-                &self.blocks_written,
-            ),
-            (
-                "blocks_read_total",
-                "blocks read and verified",
-                &self.blocks_read,
-            ),
-            (
-                "corrupt_blocks_total",
-                "blocks that failed verification",
-                &self.corrupt_blocks,
-            ),
-            (
-                "gc_blocks_deleted_total",
-                "unreferenced blocks deleted",
-                &self.gc_blocks_deleted,
-            ),
-            (
-                "bad_digests_total",
-                "uploads rejected for a digest mismatch",
-                &self.bad_digests,
-            ),
+            ("blocks_written_total", "blocks written", &self.blocks_written),
+            ("blocks_read_total", "blocks read and verified", &self.blocks_read),
+            ("corrupt_blocks_total", "blocks that failed verification", &self.corrupt_blocks),
+            ("gc_blocks_deleted_total", "unreferenced blocks deleted", &self.gc_blocks_deleted),
+            ("bad_digests_total", "uploads rejected for a digest mismatch", &self.bad_digests),
         ];
         let mut out = String::new();
         for (name, help, c) in counters {

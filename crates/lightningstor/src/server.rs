@@ -33,11 +33,9 @@ impl Domains {
     /// The bucket a Host header names, if any.
     pub fn bucket<'a>(&self, host: &'a str) -> Option<&'a str> {
         let name = strip_port(host);
-        self.0.iter().find_map(|d| {
-            name.strip_suffix(d.as_str())
-                .and_then(|h| h.strip_suffix('.'))
-                .filter(|b| !b.is_empty())
-        })
+        self.0
+            .iter()
+            .find_map(|d| name.strip_suffix(d.as_str()).and_then(|h| h.strip_suffix('.')).filter(|b| !b.is_empty()))
     }
 }
 
@@ -87,10 +85,7 @@ pub fn service(store: Arc<Store>) -> S3Service {
     let cfg = store.config.clone();
     let mut b = S3ServiceBuilder::new(LightningS3::new(store));
     if let Some((ak, sk)) = cfg.keys() {
-        b.set_auth(KeyAuth {
-            access_key: ak.to_owned(),
-            secret_key: sk.to_owned(),
-        });
+        b.set_auth(KeyAuth { access_key: ak.to_owned(), secret_key: sk.to_owned() });
         if cfg.anonymous {
             b.set_access(AllowAnonymous);
         }
@@ -112,15 +107,11 @@ fn is_metrics(req: &http::Request<Incoming>) -> bool {
 
 fn metrics_response(store: &Store) -> http::Response<s3s::Body> {
     let (blocks, objects) = store.meta.counts().unwrap_or((0, 0));
-    let text = store.metrics.render(&[
-        ("objects", "objects stored", objects),
-        ("blocks", "distinct blocks referenced", blocks),
-    ]);
+    let text = store
+        .metrics
+        .render(&[("objects", "objects stored", objects), ("blocks", "distinct blocks referenced", blocks)]);
     let mut resp = http::Response::new(s3s::Body::from(text));
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; version=0.0.4"));
     resp
 }
 
@@ -184,9 +175,7 @@ pub fn serve(listener: TcpListener, store: Arc<Store>) -> Result<Running> {
                     hyper::service::Service::call(&svc, req).await
                 }
             });
-            let conn = builder
-                .serve_connection(TokioIo::new(sock), handler)
-                .into_owned();
+            let conn = builder.serve_connection(TokioIo::new(sock), handler).into_owned();
             let conn = graceful.watch(conn);
             tokio::spawn(async move {
                 if let Err(e) = conn.await {

@@ -62,10 +62,7 @@ struct PinSet {
 
 impl Pins {
     fn new(store: &Arc<Store>) -> Self {
-        Pins(Arc::new(PinSet {
-            store: store.clone(),
-            hashes: Mutex::new(Vec::new()),
-        }))
+        Pins(Arc::new(PinSet { store: store.clone(), hashes: Mutex::new(Vec::new()) }))
     }
 
     /// Pins `hash` for as long as this set lives.
@@ -131,21 +128,15 @@ impl Store {
     pub fn open(config: Config) -> Result<Arc<Self>> {
         config.validate()?;
         std::fs::create_dir_all(&config.data_dir)?;
-        let blocks: Arc<dyn BlockStore> = Arc::new(crate::block::file::FileBlockStore::open(
-            &config.data_dir.join("blocks"),
-            config.fsync,
-        )?);
+        let blocks: Arc<dyn BlockStore> =
+            Arc::new(crate::block::file::FileBlockStore::open(&config.data_dir.join("blocks"), config.fsync)?);
         Self::with_backends(config, blocks)
     }
 
     /// Builds a store over a given block backend (metadata still under `data_dir`).
     pub fn with_backends(config: Config, blocks: Arc<dyn BlockStore>) -> Result<Arc<Self>> {
         std::fs::create_dir_all(&config.data_dir)?;
-        let meta = MetaStore::open(
-            &config.data_dir.join("meta.redb"),
-            blocks.clone(),
-            config.fsync,
-        )?;
+        let meta = MetaStore::open(&config.data_dir.join("meta.redb"), blocks.clone(), config.fsync)?;
         let orphans = crate::meta::collect_orphans(&meta, &*blocks)?;
         if orphans > 0 {
             tracing::info!(orphans, "collected unreferenced blocks");
@@ -215,12 +206,7 @@ impl Store {
     /// is small), computing MD5 and `algo` on the way. Receiving, hashing and
     /// writing overlap; never more than a few blocks per upload, and
     /// [`BLOCK_BUDGET`] blocks over all uploads, are in memory.
-    pub async fn ingest<S, E>(
-        self: &Arc<Self>,
-        body: S,
-        algo: Option<ChecksumAlgo>,
-        inline: bool,
-    ) -> Result<Ingested>
+    pub async fn ingest<S, E>(self: &Arc<Self>, body: S, algo: Option<ChecksumAlgo>, inline: bool) -> Result<Ingested>
     where
         S: Stream<Item = std::result::Result<Bytes, E>> + Send,
         E: std::fmt::Display,
@@ -244,21 +230,13 @@ impl Store {
     }
 
     /// Streams `range` of an object, verifying every block as it is read.
-    pub fn read(
-        self: &Arc<Self>,
-        meta: &ObjectMeta,
-        range: Range<u64>,
-    ) -> BoxStream<'static, Result<Bytes>> {
+    pub fn read(self: &Arc<Self>, meta: &ObjectMeta, range: Range<u64>) -> BoxStream<'static, Result<Bytes>> {
         let len = range.end.saturating_sub(range.start);
         self.metrics.add(&self.metrics.bytes_out, len);
         match &meta.data {
             ObjectData::Inline(d) => {
-                let s = usize::try_from(range.start)
-                    .unwrap_or(usize::MAX)
-                    .min(d.len());
-                let e = usize::try_from(range.end)
-                    .unwrap_or(usize::MAX)
-                    .min(d.len());
+                let s = usize::try_from(range.start).unwrap_or(usize::MAX).min(d.len());
+                let e = usize::try_from(range.end).unwrap_or(usize::MAX).min(d.len());
                 let b = Bytes::copy_from_slice(&d[s..e]);
                 stream::once(async move { Ok(b) }).boxed()
             }
@@ -320,9 +298,7 @@ impl Store {
         let pins = self.pin_all(blocks.iter().map(|b| b.hash));
         for b in blocks {
             if !self.blocks.contains(&b.hash)? {
-                return Err(LightningError::MissingBlock {
-                    hash: b.hash.to_hex(),
-                });
+                return Err(LightningError::MissingBlock { hash: b.hash.to_hex() });
             }
         }
         Ok(pins)
@@ -384,37 +360,25 @@ impl Pipeline {
                 }
             }
         }
-        let data = if self.writes.is_empty()
-            && self.refs.is_empty()
-            && inline
-            && filled <= self.store.config.inline_threshold
-        {
-            ObjectData::Inline(parts.concat())
-        } else {
-            if filled > 0 {
-                self.push_block(parts, filled).await?;
-            }
-            self.drain().await?;
-            ObjectData::Blocks(std::mem::take(&mut self.refs))
-        };
+        let data =
+            if self.writes.is_empty() && self.refs.is_empty() && inline && filled <= self.store.config.inline_threshold
+            {
+                ObjectData::Inline(parts.concat())
+            } else {
+                if filled > 0 {
+                    self.push_block(parts, filled).await?;
+                }
+                self.drain().await?;
+                ObjectData::Blocks(std::mem::take(&mut self.refs))
+            };
         let h = self.take_hasher()?;
         let (md5, checksum) = h.finalize();
-        self.store
-            .metrics
-            .add(&self.store.metrics.bytes_in, self.received);
-        Ok(Ingested {
-            size: self.received,
-            md5,
-            checksum,
-            data,
-            pins: self.pins.clone(),
-        })
+        self.store.metrics.add(&self.store.metrics.bytes_in, self.received);
+        Ok(Ingested { size: self.received, md5, checksum, data, pins: self.pins.clone() })
     }
 
     fn take_hasher(&mut self) -> Result<BodyHasher> {
-        self.hasher
-            .take()
-            .ok_or_else(|| LightningError::Db("body hasher lost".into()))
+        self.hasher.take().ok_or_else(|| LightningError::Db("body hasher lost".into()))
     }
 
     async fn push_block(&mut self, block: Vec<Bytes>, len: usize) -> Result<()> {
@@ -478,23 +442,12 @@ mod tests {
 
     fn store(dir: &std::path::Path) -> (Arc<Store>, Arc<MemoryBlockStore>) {
         let mem = Arc::new(MemoryBlockStore::new());
-        let cfg = Config {
-            block_size: 4096,
-            inline_threshold: 100,
-            anonymous: true,
-            ..Config::new(dir)
-        };
+        let cfg = Config { block_size: 4096, inline_threshold: 100, anonymous: true, ..Config::new(dir) };
         (Store::with_backends(cfg, mem.clone()).expect("store"), mem)
     }
 
-    fn body(
-        data: &[u8],
-        piece: usize,
-    ) -> impl Stream<Item = std::result::Result<Bytes, String>> + Send + use<> {
-        let chunks: Vec<_> = data
-            .chunks(piece.max(1))
-            .map(|c| Ok(Bytes::copy_from_slice(c)))
-            .collect();
+    fn body(data: &[u8], piece: usize) -> impl Stream<Item = std::result::Result<Bytes, String>> + Send + use<> {
+        let chunks: Vec<_> = data.chunks(piece.max(1)).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
         stream::iter(chunks)
     }
 
@@ -521,20 +474,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, _) = store(dir.path());
         let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 256) as u8).collect();
-        let ing = store
-            .ingest(body(&data, 1000), None, true)
-            .await
-            .expect("ingest");
+        let ing = store.ingest(body(&data, 1000), None, true).await.expect("ingest");
         assert_eq!(ing.data.blocks().len(), 5);
         let meta = object(&ing);
-        for r in [
-            0..20_000u64,
-            0..1,
-            4095..4097,
-            8192..8192,
-            19_999..20_000,
-            100..12_345,
-        ] {
+        for r in [0..20_000u64, 0..1, 4095..4097, 8192..8192, 19_999..20_000, 100..12_345] {
             let got = read_all(&store, &meta, r.clone()).await.expect("read");
             assert_eq!(got, &data[r.start as usize..r.end as usize]);
         }
@@ -544,10 +487,7 @@ mod tests {
     async fn small_bodies_are_stored_inline() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, mem) = store(dir.path());
-        let ing = store
-            .ingest(body(b"tiny", 2), None, true)
-            .await
-            .expect("ingest");
+        let ing = store.ingest(body(b"tiny", 2), None, true).await.expect("ingest");
         assert_eq!(ing.data, ObjectData::Inline(b"tiny".to_vec()));
         assert!(mem.list().expect("list").is_empty());
     }
@@ -556,10 +496,7 @@ mod tests {
     async fn a_failed_upload_leaves_no_blocks_behind() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, mem) = store(dir.path());
-        let ing = store
-            .ingest(body(&vec![3u8; 10_000], 500), None, true)
-            .await
-            .expect("ingest");
+        let ing = store.ingest(body(&vec![3u8; 10_000], 500), None, true).await.expect("ingest");
         assert!(!mem.list().expect("list").is_empty());
         drop(ing); // never committed
         for _ in 0..100 {
@@ -575,35 +512,21 @@ mod tests {
     async fn overwriting_an_object_frees_the_old_blocks_but_keeps_shared_ones() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, mem) = store(dir.path());
-        store
-            .meta
-            .write(|t| ops::create_bucket(t, "b", 0))
-            .await
-            .expect("bucket");
+        store.meta.write(|t| ops::create_bucket(t, "b", 0)).await.expect("bucket");
         let a: Vec<u8> = vec![1u8; 8192];
         let mut b = vec![1u8; 4096];
         b.extend(vec![2u8; 4096]);
         for data in [a, b] {
-            let ing = store
-                .ingest(body(&data, 4096), None, true)
-                .await
-                .expect("ingest");
+            let ing = store.ingest(body(&data, 4096), None, true).await.expect("ingest");
             let meta = object(&ing);
-            let freed = store
-                .meta
-                .write(move |t| ops::put_object(t, "b", "k", &meta, &Default::default()))
-                .await
-                .expect("put");
+            let freed =
+                store.meta.write(move |t| ops::put_object(t, "b", "k", &meta, &Default::default())).await.expect("put");
             ing.pins.release();
             store.delete_unused(&freed);
         }
         // Only [1;4096] (shared) and [2;4096] remain.
         assert_eq!(mem.list().expect("list").len(), 2);
-        let freed = store
-            .meta
-            .write(|t| ops::delete_object(t, "b", "k"))
-            .await
-            .expect("delete");
+        let freed = store.meta.write(|t| ops::delete_object(t, "b", "k")).await.expect("delete");
         store.delete_unused(&freed);
         assert!(mem.list().expect("list").is_empty());
     }
@@ -612,31 +535,16 @@ mod tests {
     async fn deleting_an_object_during_a_read_keeps_its_blocks_until_the_read_ends() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, mem) = store(dir.path());
-        store
-            .meta
-            .write(|t| ops::create_bucket(t, "b", 0))
-            .await
-            .expect("bucket");
+        store.meta.write(|t| ops::create_bucket(t, "b", 0)).await.expect("bucket");
         let data: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
-        let ing = store
-            .ingest(body(&data, 4096), None, true)
-            .await
-            .expect("ingest");
+        let ing = store.ingest(body(&data, 4096), None, true).await.expect("ingest");
         let meta = object(&ing);
         let row = meta.clone();
-        store
-            .meta
-            .write(move |t| ops::put_object(t, "b", "k", &row, &Default::default()))
-            .await
-            .expect("put");
+        store.meta.write(move |t| ops::put_object(t, "b", "k", &row, &Default::default())).await.expect("put");
         ing.pins.release();
         let mut reader = store.read(&meta, 0..20_000);
         let first = reader.next().await.expect("first").expect("ok");
-        let freed = store
-            .meta
-            .write(|t| ops::delete_object(t, "b", "k"))
-            .await
-            .expect("delete");
+        let freed = store.meta.write(|t| ops::delete_object(t, "b", "k")).await.expect("delete");
         store.delete_unused(&freed);
         let mut got = first.to_vec();
         while let Some(chunk) = reader.next().await {
@@ -670,21 +578,12 @@ mod tests {
         ]
     }
 
-    async fn apply(
-        store: &Arc<Store>,
-        op: &Op,
-        model: &mut std::collections::BTreeMap<String, Vec<u8>>,
-    ) {
+    async fn apply(store: &Arc<Store>, op: &Op, model: &mut std::collections::BTreeMap<String, Vec<u8>>) {
         match op.clone() {
             Op::Put(k, fill, n) => {
                 let key = format!("k{k}");
-                let data: Vec<u8> = (0..n)
-                    .map(|i| fill.wrapping_add((i / 4096) as u8))
-                    .collect();
-                let ing = store
-                    .ingest(body(&data, 1000), None, true)
-                    .await
-                    .expect("ingest");
+                let data: Vec<u8> = (0..n).map(|i| fill.wrapping_add((i / 4096) as u8)).collect();
+                let ing = store.ingest(body(&data, 1000), None, true).await.expect("ingest");
                 let meta = object(&ing);
                 let freed = store
                     .meta
@@ -714,11 +613,7 @@ mod tests {
             }
             Op::Delete(k) => {
                 let key = format!("k{k}");
-                let freed = store
-                    .meta
-                    .write(move |t| ops::delete_object(t, "b", &key))
-                    .await
-                    .expect("delete");
+                let freed = store.meta.write(move |t| ops::delete_object(t, "b", &key)).await.expect("delete");
                 store.delete_unused(&freed);
                 model.remove(&format!("k{k}"));
             }
@@ -783,16 +678,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, mem) = store(dir.path());
         let data = vec![9u8; 5000];
-        let ing = store
-            .ingest(body(&data, 5000), None, true)
-            .await
-            .expect("ingest");
+        let ing = store.ingest(body(&data, 5000), None, true).await.expect("ingest");
         let meta = object(&ing);
         let first = meta.data.blocks()[0].hash;
         mem.corrupt(&first, vec![0u8; 4096]);
-        assert!(matches!(
-            read_all(&store, &meta, 0..5000).await,
-            Err(LightningError::CorruptBlock { .. })
-        ));
+        assert!(matches!(read_all(&store, &meta, 0..5000).await, Err(LightningError::CorruptBlock { .. })));
     }
 }

@@ -47,11 +47,7 @@ impl InProcess {
         let cfg = f(Config::new(dir.path()));
         let store = Store::open(cfg).expect("open store");
         let service = lightningstor::server::service(store.clone());
-        InProcess {
-            dir,
-            store,
-            service,
-        }
+        InProcess { dir, store, service }
     }
 
     /// A client signing with `ak`/`sk`, path style.
@@ -78,10 +74,7 @@ impl InProcess {
 
 /// The S3 error code of a failed SDK call.
 pub fn code<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> String {
-    e.as_service_error()
-        .and_then(|s| s.code())
-        .map(str::to_owned)
-        .unwrap_or_else(|| "<no code>".to_owned())
+    e.as_service_error().and_then(|s| s.code()).map(str::to_owned).unwrap_or_else(|| "<no code>".to_owned())
 }
 
 /// The whole body of a raw response.
@@ -128,11 +121,8 @@ pub fn binary() -> PathBuf {
     BIN.get_or_init(|| {
         let exe = std::env::current_exe().expect("current exe");
         // target/<profile>/deps/<test> -> target/<profile>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary lives in target/<profile>/deps")
-            .to_path_buf();
+        let profile_dir =
+            exe.parent().and_then(Path::parent).expect("test binary lives in target/<profile>/deps").to_path_buf();
         let bin = profile_dir.join("lightningstor");
         // Always ask cargo: a no-op when the binary is current, and it keeps
         // these tests from running a stale server after an edit.
@@ -140,9 +130,7 @@ pub fn binary() -> PathBuf {
             let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let mut cmd = Command::new(cargo);
-            cmd.args(["build", "-p", "lightningstor", "--bin", "lightningstor"])
-                .arg("--target-dir")
-                .arg(&target_dir);
+            cmd.args(["build", "-p", "lightningstor", "--bin", "lightningstor"]).arg("--target-dir").arg(&target_dir);
             if profile_dir.file_name().is_some_and(|n| n == "release") {
                 cmd.arg("--release");
             }
@@ -193,11 +181,7 @@ impl Spawned {
                 panic!("lightningstor did not start listening within 60 s");
             }
         };
-        Spawned {
-            child,
-            addr,
-            data_dir: data_dir.to_owned(),
-        }
+        Spawned { child, addr, data_dir: data_dir.to_owned() }
     }
 
     pub fn endpoint(&self) -> String {

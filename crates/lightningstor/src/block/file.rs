@@ -90,11 +90,7 @@ impl FileBlockStore {
 
     /// Moves a block file to the free pool (emptied), if the pool has room.
     fn recycle(&self, path: &Path) -> std::io::Result<bool> {
-        let room = self
-            .free
-            .lock()
-            .map(|f| f.len() < FREE_POOL)
-            .unwrap_or(false);
+        let room = self.free.lock().map(|f| f.len() < FREE_POOL).unwrap_or(false);
         if !room {
             return Ok(false);
         }
@@ -145,9 +141,7 @@ impl BlockStore for FileBlockStore {
     fn read_raw(&self, hash: &BlockHash) -> Result<Vec<u8>> {
         match fs::read(self.path(hash)) {
             Ok(d) => Ok(d),
-            Err(e) if e.kind() == ErrorKind::NotFound => Err(LightningError::MissingBlock {
-                hash: hash.to_hex(),
-            }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(LightningError::MissingBlock { hash: hash.to_hex() }),
             Err(e) => Err(e.into()),
         }
     }
@@ -268,26 +262,19 @@ mod tests {
         let mut raw = fs::read(&path).expect("read");
         raw[100] ^= 1;
         fs::write(&path, raw).expect("write");
-        assert!(matches!(
-            store.get(&h),
-            Err(LightningError::CorruptBlock { .. })
-        ));
+        assert!(matches!(store.get(&h), Err(LightningError::CorruptBlock { .. })));
     }
 
     #[test]
     fn blocks_written_in_parts_read_back_whole() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = FileBlockStore::open(dir.path(), true).expect("open");
-        let parts: Vec<Bytes> = (0..300u32)
-            .map(|i| Bytes::from(vec![(i % 251) as u8; 1 + (i as usize % 17)]))
-            .collect();
+        let parts: Vec<Bytes> =
+            (0..300u32).map(|i| Bytes::from(vec![(i % 251) as u8; 1 + (i as usize % 17)])).collect();
         let h = BlockHash::of_parts(&parts);
         store.put_parts(&h, &parts).expect("put");
         store.flush().expect("flush");
-        assert_eq!(
-            store.get(&h).expect("get").as_ref(),
-            parts.concat().as_slice()
-        );
+        assert_eq!(store.get(&h).expect("get").as_ref(), parts.concat().as_slice());
     }
 
     #[test]

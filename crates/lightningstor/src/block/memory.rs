@@ -26,9 +26,7 @@ impl MemoryBlockStore {
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<BlockHash, Vec<u8>>>> {
-        self.blocks
-            .lock()
-            .map_err(|_| LightningError::Io(std::io::Error::other("poisoned block map")))
+        self.blocks.lock().map_err(|_| LightningError::Io(std::io::Error::other("poisoned block map")))
     }
 }
 
@@ -39,12 +37,7 @@ impl BlockStore for MemoryBlockStore {
     }
 
     fn read_raw(&self, hash: &BlockHash) -> Result<Vec<u8>> {
-        self.lock()?
-            .get(hash)
-            .cloned()
-            .ok_or_else(|| LightningError::MissingBlock {
-                hash: hash.to_hex(),
-            })
+        self.lock()?.get(hash).cloned().ok_or_else(|| LightningError::MissingBlock { hash: hash.to_hex() })
     }
 
     fn delete(&self, hash: &BlockHash) -> Result<()> {

@@ -16,9 +16,7 @@ use bytes::Bytes;
 use std::fmt;
 
 /// The BLAKE3 hash that names a block.
-#[derive(
-    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct BlockHash(pub [u8; 32]);
 
 impl BlockHash {
@@ -63,13 +61,7 @@ impl fmt::Display for BlockHash {
 
 /// Checks that `data` hashes to `hash`.
 pub fn verify(hash: &BlockHash, data: &[u8]) -> Result<()> {
-    if BlockHash::of(data) == *hash {
-        Ok(())
-    } else {
-        Err(LightningError::CorruptBlock {
-            hash: hash.to_hex(),
-        })
-    }
+    if BlockHash::of(data) == *hash { Ok(()) } else { Err(LightningError::CorruptBlock { hash: hash.to_hex() }) }
 }
 
 /// A store of immutable blocks keyed by their content hash.
@@ -123,9 +115,6 @@ mod tests {
     fn verification_rejects_changed_bytes() {
         let h = BlockHash::of(b"hello");
         assert!(verify(&h, b"hello").is_ok());
-        assert!(matches!(
-            verify(&h, b"hellO"),
-            Err(LightningError::CorruptBlock { .. })
-        ));
+        assert!(matches!(verify(&h, b"hellO"), Err(LightningError::CorruptBlock { .. })));
     }
 }

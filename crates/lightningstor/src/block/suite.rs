@@ -11,10 +11,7 @@ pub(crate) fn run(store: &dyn BlockStore) {
     let hb = BlockHash::of(&b);
 
     assert!(!store.contains(&ha).expect("contains"));
-    assert!(matches!(
-        store.get(&ha),
-        Err(LightningError::MissingBlock { .. })
-    ));
+    assert!(matches!(store.get(&ha), Err(LightningError::MissingBlock { .. })));
 
     store.put(&ha, &a).expect("put a");
     store.put(&ha, &a).expect("put a again is a no-op");

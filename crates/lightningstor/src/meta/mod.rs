@@ -17,8 +17,7 @@ use crate::block::{BlockHash, BlockStore};
 use crate::error::{LightningError, Result};
 use crate::listing::{self, Cursor, ListPage, ListQuery};
 use redb::{
-    Database, Durability, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition,
-    WriteTransaction,
+    Database, Durability, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,8 +32,7 @@ pub const OBJECTS: TableDefinition<(&str, &[u8]), &[u8]> = TableDefinition::new(
 /// upload id -> [`UploadMeta`].
 pub const UPLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("uploads");
 /// (bucket, key bytes, upload id) -> (), to list uploads by bucket.
-pub const UPLOAD_INDEX: TableDefinition<(&str, &[u8], &str), ()> =
-    TableDefinition::new("upload_index");
+pub const UPLOAD_INDEX: TableDefinition<(&str, &[u8], &str), ()> = TableDefinition::new("upload_index");
 /// (upload id, part number) -> [`PartMeta`].
 pub const PARTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("parts");
 /// block hash -> number of references from objects and parts.
@@ -63,10 +61,7 @@ impl<T: Send, F: FnOnce(&WriteTransaction) -> Result<T> + Send> PendingOp for Op
 
     fn finish(mut self: Box<Self>, commit: std::result::Result<(), String>) {
         let r = match commit {
-            Ok(()) => self
-                .result
-                .take()
-                .unwrap_or_else(|| Err(LightningError::Db("operation did not run".into()))),
+            Ok(()) => self.result.take().unwrap_or_else(|| Err(LightningError::Db("operation did not run".into()))),
             Err(e) => match self.result.take() {
                 Some(Err(own)) => Err(own),
                 _ => Err(LightningError::Db(e)),
@@ -93,9 +88,7 @@ impl std::fmt::Debug for MetaStore {
 
 /// Current time in Unix milliseconds.
 pub fn now_ms() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -120,11 +113,7 @@ impl MetaStore {
             .name("ls-meta-writer".into())
             .spawn(move || writer_loop(&wdb, &rx, &*blocks, fsync))?;
         let start = u64::try_from(now_ms()).unwrap_or(0).saturating_mul(1000);
-        Ok(MetaStore {
-            db,
-            writer: tx,
-            version: AtomicU64::new(start),
-        })
+        Ok(MetaStore { db, writer: tx, version: AtomicU64::new(start) })
     }
 
     /// A fresh row version, unique and increasing on this node.
@@ -133,12 +122,7 @@ impl MetaStore {
         let mut cur = self.version.load(Ordering::Relaxed);
         loop {
             let next = cur.saturating_add(1).max(now);
-            match self.version.compare_exchange_weak(
-                cur,
-                next,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
+            match self.version.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return next,
                 Err(c) => cur = c,
             }
@@ -152,16 +136,9 @@ impl MetaStore {
         F: FnOnce(&WriteTransaction) -> Result<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let op: Box<dyn PendingOp> = Box::new(Op {
-            f: Some(f),
-            result: None,
-            tx: Some(tx),
-        });
-        self.writer
-            .send(op)
-            .map_err(|_| LightningError::Db("metadata writer is gone".into()))?;
-        rx.await
-            .map_err(|_| LightningError::Db("metadata writer dropped a request".into()))?
+        let op: Box<dyn PendingOp> = Box::new(Op { f: Some(f), result: None, tx: Some(tx) });
+        self.writer.send(op).map_err(|_| LightningError::Db("metadata writer is gone".into()))?;
+        rx.await.map_err(|_| LightningError::Db("metadata writer dropped a request".into()))?
     }
 
     fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
@@ -202,11 +179,7 @@ impl MetaStore {
 
     /// One page of a bucket's objects.
     pub fn list_objects(&self, bucket: &str, q: &ListQuery) -> Result<ListPage<ObjectSummary>> {
-        let mut cur = ObjectCursor {
-            table: self.table(OBJECTS)?,
-            bucket: bucket.to_owned(),
-            range: None,
-        };
+        let mut cur = ObjectCursor { table: self.table(OBJECTS)?, bucket: bucket.to_owned(), range: None };
         listing::list(&mut cur, q)
     }
 
@@ -289,19 +262,11 @@ impl MetaStore {
     /// Number of referenced blocks and of objects (for metrics).
     pub fn counts(&self) -> Result<(u64, u64)> {
         let txn = self.db.begin_read()?;
-        Ok((
-            txn.open_table(REFS)?.len()?,
-            txn.open_table(OBJECTS)?.len()?,
-        ))
+        Ok((txn.open_table(REFS)?.len()?, txn.open_table(OBJECTS)?.len()?))
     }
 }
 
-fn writer_loop(
-    db: &Database,
-    rx: &mpsc::Receiver<Box<dyn PendingOp>>,
-    blocks: &dyn BlockStore,
-    fsync: bool,
-) {
+fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn PendingOp>>, blocks: &dyn BlockStore, fsync: bool) {
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
         while ops.len() < 256 {
@@ -330,8 +295,7 @@ fn run_batch(
     let mut ok = true;
     for op in ops.iter_mut() {
         // A panicking operation (a bug) must not take the writer thread down.
-        ok &= std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.run(&txn)))
-            .unwrap_or(false);
+        ok &= std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.run(&txn))).unwrap_or(false);
         if !ok {
             break;
         }

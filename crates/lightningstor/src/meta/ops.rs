@@ -35,10 +35,7 @@ fn require_bucket(txn: &WriteTransaction, bucket: &str) -> Result<()> {
 fn incref(txn: &WriteTransaction, blocks: &[BlockRef]) -> Result<()> {
     let mut refs = txn.open_table(REFS)?;
     for b in blocks {
-        let n = refs
-            .get(b.hash.0.as_slice())?
-            .map(|v| v.value())
-            .unwrap_or(0);
+        let n = refs.get(b.hash.0.as_slice())?.map(|v| v.value()).unwrap_or(0);
         refs.insert(b.hash.0.as_slice(), n + 1)?;
     }
     Ok(())
@@ -47,10 +44,7 @@ fn incref(txn: &WriteTransaction, blocks: &[BlockRef]) -> Result<()> {
 fn decref(txn: &WriteTransaction, blocks: &[BlockRef], freed: &mut Vec<BlockHash>) -> Result<()> {
     let mut refs = txn.open_table(REFS)?;
     for b in blocks {
-        let n = refs
-            .get(b.hash.0.as_slice())?
-            .map(|v| v.value())
-            .unwrap_or(0);
+        let n = refs.get(b.hash.0.as_slice())?.map(|v| v.value()).unwrap_or(0);
         if n <= 1 {
             refs.remove(b.hash.0.as_slice())?;
             freed.push(b.hash);
@@ -114,8 +108,7 @@ fn replace_object(
     if let Some(old) = old {
         decref(txn, old.data.blocks(), freed)?;
     }
-    txn.open_table(OBJECTS)?
-        .insert((bucket, key.as_bytes()), row.as_slice())?;
+    txn.open_table(OBJECTS)?.insert((bucket, key.as_bytes()), row.as_slice())?;
     Ok(())
 }
 
@@ -157,8 +150,7 @@ pub fn create_upload(txn: &WriteTransaction, id: &str, meta: &UploadMeta) -> Res
     require_bucket(txn, &meta.bucket)?;
     let row = postcard::to_allocvec(meta)?;
     txn.open_table(UPLOADS)?.insert(id, row.as_slice())?;
-    txn.open_table(UPLOAD_INDEX)?
-        .insert((meta.bucket.as_str(), meta.key.as_bytes(), id), ())?;
+    txn.open_table(UPLOAD_INDEX)?.insert((meta.bucket.as_str(), meta.key.as_bytes(), id), ())?;
     Ok(())
 }
 
@@ -210,29 +202,18 @@ fn all_parts(txn: &WriteTransaction, id: &str) -> Result<Vec<(u32, PartMeta)>> {
     Ok(out)
 }
 
-fn remove_upload(
-    txn: &WriteTransaction,
-    id: &str,
-    upload: &UploadMeta,
-    parts: &[(u32, PartMeta)],
-) -> Result<()> {
+fn remove_upload(txn: &WriteTransaction, id: &str, upload: &UploadMeta, parts: &[(u32, PartMeta)]) -> Result<()> {
     let mut t = txn.open_table(PARTS)?;
     for (n, _) in parts {
         t.remove((id, *n))?;
     }
     txn.open_table(UPLOADS)?.remove(id)?;
-    txn.open_table(UPLOAD_INDEX)?
-        .remove((upload.bucket.as_str(), upload.key.as_bytes(), id))?;
+    txn.open_table(UPLOAD_INDEX)?.remove((upload.bucket.as_str(), upload.key.as_bytes(), id))?;
     Ok(())
 }
 
 /// Aborts an upload, dropping its parts. Returns freed blocks.
-pub fn abort_upload(
-    txn: &WriteTransaction,
-    id: &str,
-    bucket: &str,
-    key: &str,
-) -> Result<Vec<BlockHash>> {
+pub fn abort_upload(txn: &WriteTransaction, id: &str, bucket: &str, key: &str) -> Result<Vec<BlockHash>> {
     let upload = require_upload(txn, id, bucket, key)?;
     let parts = all_parts(txn, id)?;
     let mut freed = Vec::new();
@@ -268,9 +249,7 @@ pub fn complete_upload(
 ) -> Result<(ObjectMeta, Vec<BlockHash>)> {
     let upload = require_upload(txn, id, bucket, key)?;
     if requested.is_empty() {
-        return Err(LightningError::InvalidRequest(
-            "you must specify at least one part".into(),
-        ));
+        return Err(LightningError::InvalidRequest("you must specify at least one part".into()));
     }
     if requested.windows(2).any(|w| w[0].number >= w[1].number) {
         return Err(LightningError::InvalidPartOrder);
@@ -282,9 +261,7 @@ pub fn complete_upload(
             .iter()
             .find(|(n, _)| *n == want.number)
             .map(|(_, p)| p)
-            .ok_or_else(|| {
-                LightningError::InvalidPart(format!("part {} was not uploaded", want.number))
-            })?;
+            .ok_or_else(|| LightningError::InvalidPart(format!("part {} was not uploaded", want.number)))?;
         if part.etag() != want.etag.trim_matches('"') {
             return Err(LightningError::InvalidPart(format!(
                 "part {} has ETag {}, not {}",
@@ -294,22 +271,12 @@ pub fn complete_upload(
             )));
         }
         if let Some(c) = &want.checksum
-            && part
-                .checksum
-                .as_ref()
-                .is_some_and(|p| p.algo == c.algo && p.raw != c.raw)
+            && part.checksum.as_ref().is_some_and(|p| p.algo == c.algo && p.raw != c.raw)
         {
-            return Err(LightningError::InvalidPart(format!(
-                "part {} checksum does not match",
-                want.number
-            )));
+            return Err(LightningError::InvalidPart(format!("part {} checksum does not match", want.number)));
         }
         if i + 1 < requested.len() && part.size < MIN_PART_SIZE {
-            return Err(LightningError::EntityTooSmall {
-                part: want.number,
-                size: part.size,
-                min: MIN_PART_SIZE,
-            });
+            return Err(LightningError::EntityTooSmall { part: want.number, size: part.size, min: MIN_PART_SIZE });
         }
         chosen.push(part);
     }
@@ -327,21 +294,11 @@ pub fn complete_upload(
     }
     let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
     let checksum = upload.checksum_algo.and_then(|algo| {
-        let digests: Option<Vec<&[u8]>> = chosen
-            .iter()
-            .map(|p| {
-                p.checksum
-                    .as_ref()
-                    .filter(|c| c.algo == algo)
-                    .map(|c| c.raw.as_slice())
-            })
-            .collect();
+        let digests: Option<Vec<&[u8]>> =
+            chosen.iter().map(|p| p.checksum.as_ref().filter(|c| c.algo == algo).map(|c| c.raw.as_slice())).collect();
         digests.map(|d| Checksum::composite(algo, &d))
     });
-    let blocks: Vec<BlockRef> = chosen
-        .iter()
-        .flat_map(|p| p.blocks.iter().copied())
-        .collect();
+    let blocks: Vec<BlockRef> = chosen.iter().flat_map(|p| p.blocks.iter().copied()).collect();
     let meta = ObjectMeta {
         version,
         size: chosen.iter().map(|p| p.size).sum(),

@@ -150,10 +150,7 @@ mod tests {
             size: 3,
             etag: "abc".into(),
             last_modified_ms: 1234,
-            headers: ObjectHeaders {
-                user: vec![("a".into(), "b".into())],
-                ..Default::default()
-            },
+            headers: ObjectHeaders { user: vec![("a".into(), "b".into())], ..Default::default() },
             checksum: None,
             parts: vec![],
             data: ObjectData::Inline(b"xyz".to_vec()),

@@ -11,9 +11,7 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// Rejects keys S3 does not accept. Keys never become paths, so any UTF-8 is fine.
 pub fn check_key(key: &str) -> Result<()> {
     if key.is_empty() {
-        return Err(LightningError::InvalidArgument(
-            "the key must not be empty".into(),
-        ));
+        return Err(LightningError::InvalidArgument("the key must not be empty".into()));
     }
     if key.len() > MAX_KEY_LEN {
         return Err(LightningError::KeyTooLong(key.len()));
@@ -29,10 +27,7 @@ pub fn check_bucket_name(name: &str) -> Result<()> {
     if !(3..=63).contains(&b.len()) {
         return bad();
     }
-    if !b
-        .iter()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'.' || *c == b'-')
-    {
+    if !b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'.' || *c == b'-') {
         return bad();
     }
     let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
@@ -95,11 +90,7 @@ pub fn object_headers(
 
 /// User metadata as the DTO map.
 pub fn metadata(h: &ObjectHeaders) -> Option<dto::Metadata> {
-    if h.user.is_empty() {
-        None
-    } else {
-        Some(h.user.iter().cloned().collect())
-    }
+    if h.user.is_empty() { None } else { Some(h.user.iter().cloned().collect()) }
 }
 
 /// Builds checksum headers from the typed fields s3s parsed plus raw headers.
@@ -130,17 +121,9 @@ pub fn checksum_headers<'a>(
 }
 
 /// The value of the announced checksum trailer, once the body has been read.
-pub fn trailer_value(
-    trailers: Option<&s3s::TrailingHeaders>,
-    algo: Option<ChecksumAlgo>,
-) -> Option<String> {
+pub fn trailer_value(trailers: Option<&s3s::TrailingHeaders>, algo: Option<ChecksumAlgo>) -> Option<String> {
     let (t, algo) = (trailers?, algo?);
-    t.read(|h| {
-        h.get(algo.header())
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    })
-    .flatten()
+    t.read(|h| h.get(algo.header()).and_then(|v| v.to_str().ok()).map(str::to_owned)).flatten()
 }
 
 /// The five checksum response fields, one of them set.
@@ -183,16 +166,9 @@ pub fn checksum_fields(c: Option<&Checksum>) -> ChecksumFields {
 /// The byte range of part `n` (1-based) of an object.
 pub fn part_range(meta: &ObjectMeta, n: i32) -> Result<std::ops::Range<u64>> {
     let bad = || LightningError::InvalidArgument(format!("part number {n} does not exist"));
-    let idx = usize::try_from(n)
-        .ok()
-        .and_then(|n| n.checked_sub(1))
-        .ok_or_else(bad)?;
+    let idx = usize::try_from(n).ok().and_then(|n| n.checked_sub(1)).ok_or_else(bad)?;
     if meta.parts.is_empty() {
-        return if idx == 0 {
-            Ok(0..meta.size)
-        } else {
-            Err(bad())
-        };
+        return if idx == 0 { Ok(0..meta.size) } else { Err(bad()) };
     }
     let start: u64 = meta.parts.iter().take(idx).sum();
     let len = *meta.parts.get(idx).ok_or_else(bad)?;
@@ -208,16 +184,7 @@ mod tests {
         for ok in ["abc", "my-bucket.v2", "a1b"] {
             assert!(check_bucket_name(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "ab",
-            "Abc",
-            "a..b",
-            "-abc",
-            "abc-",
-            "192.168.1.1",
-            "a_b",
-            &"x".repeat(64),
-        ] {
+        for bad in ["ab", "Abc", "a..b", "-abc", "abc-", "192.168.1.1", "a_b", &"x".repeat(64)] {
             assert!(check_bucket_name(bad).is_err(), "{bad}");
         }
     }
@@ -226,10 +193,7 @@ mod tests {
     fn keys_are_limited_to_1024_bytes_and_may_look_like_paths() {
         assert!(check_key("../../etc/passwd").is_ok());
         assert!(check_key(&"é".repeat(512)).is_ok());
-        assert!(matches!(
-            check_key(&"é".repeat(513)),
-            Err(LightningError::KeyTooLong(1026))
-        ));
+        assert!(matches!(check_key(&"é".repeat(513)), Err(LightningError::KeyTooLong(1026))));
     }
 
     #[test]

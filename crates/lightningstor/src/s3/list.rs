@@ -13,9 +13,7 @@ use std::sync::Arc;
 fn max_keys(v: Option<i32>) -> Result<usize> {
     match v {
         None => Ok(1000),
-        Some(n) if n < 0 => Err(LightningError::InvalidArgument(
-            "max-keys must not be negative".into(),
-        )),
+        Some(n) if n < 0 => Err(LightningError::InvalidArgument("max-keys must not be negative".into())),
         Some(n) => Ok(usize::try_from(n).unwrap_or(0).min(1000)),
     }
 }
@@ -24,10 +22,7 @@ fn url_mode(e: Option<&EncodingType>) -> Result<bool> {
     match e {
         None => Ok(false),
         Some(e) if e.as_str().eq_ignore_ascii_case(EncodingType::URL) => Ok(true),
-        Some(e) => Err(LightningError::InvalidArgument(format!(
-            "invalid encoding type {:?}",
-            e.as_str()
-        ))),
+        Some(e) => Err(LightningError::InvalidArgument(format!("invalid encoding type {:?}", e.as_str()))),
     }
 }
 
@@ -44,8 +39,7 @@ async fn page(store: &Arc<Store>, bucket: String, q: ListQuery) -> Result<ListPa
 }
 
 fn text(b: &[u8], url: bool) -> Result<String> {
-    let s = std::str::from_utf8(b)
-        .map_err(|_| LightningError::Db("a stored key is not UTF-8".into()))?;
+    let s = std::str::from_utf8(b).map_err(|_| LightningError::Db("a stored key is not UTF-8".into()))?;
     Ok(if url { url_encode(s) } else { s.to_owned() })
 }
 
@@ -65,39 +59,24 @@ fn split(p: &ListPage<ObjectSummary>, url: bool, with_owner: bool) -> Result<Spl
                 size: i64::try_from(s.size).ok(),
                 e_tag: Some(etag(&s.etag)),
                 last_modified: Some(timestamp(s.last_modified_ms)),
-                storage_class: Some(ObjectStorageClass::from_static(
-                    ObjectStorageClass::STANDARD,
-                )),
+                storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
                 owner: with_owner.then(owner),
                 ..Default::default()
             }),
-            Entry::Prefix(cp) => prefixes.push(CommonPrefix {
-                prefix: Some(text(cp, url)?),
-            }),
+            Entry::Prefix(cp) => prefixes.push(CommonPrefix { prefix: Some(text(cp, url)?) }),
         }
     }
     Ok((objects, prefixes))
 }
 
-pub(super) async fn list_objects(
-    store: &Arc<Store>,
-    req: S3Request<ListObjectsInput>,
-) -> Result<ListObjectsOutput> {
+pub(super) async fn list_objects(store: &Arc<Store>, req: S3Request<ListObjectsInput>) -> Result<ListObjectsOutput> {
     let i = req.input;
     let url = url_mode(i.encoding_type.as_ref())?;
     let max = max_keys(i.max_keys)?;
     let q = ListQuery {
         prefix: i.prefix.clone().unwrap_or_default().into_bytes(),
-        delimiter: i
-            .delimiter
-            .clone()
-            .filter(|d| !d.is_empty())
-            .map(String::into_bytes),
-        start_after: i
-            .marker
-            .clone()
-            .filter(|m| !m.is_empty())
-            .map(String::into_bytes),
+        delimiter: i.delimiter.clone().filter(|d| !d.is_empty()).map(String::into_bytes),
+        start_after: i.marker.clone().filter(|m| !m.is_empty()).map(String::into_bytes),
         max_keys: max,
     };
     let p = page(store, i.bucket.clone(), q).await?;
@@ -130,19 +109,11 @@ pub(super) async fn list_objects_v2(
     let max = max_keys(i.max_keys)?;
     let start = match &i.continuation_token {
         Some(t) => Some(listing::decode_token(t)?),
-        None => i
-            .start_after
-            .clone()
-            .filter(|s| !s.is_empty())
-            .map(String::into_bytes),
+        None => i.start_after.clone().filter(|s| !s.is_empty()).map(String::into_bytes),
     };
     let q = ListQuery {
         prefix: i.prefix.clone().unwrap_or_default().into_bytes(),
-        delimiter: i
-            .delimiter
-            .clone()
-            .filter(|d| !d.is_empty())
-            .map(String::into_bytes),
+        delimiter: i.delimiter.clone().filter(|d| !d.is_empty()).map(String::into_bytes),
         start_after: start,
         max_keys: max,
     };

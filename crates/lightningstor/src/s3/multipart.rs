@@ -3,8 +3,7 @@
 
 use super::bucket::owner;
 use super::convert::{
-    check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp,
-    trailer_value,
+    check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp, trailer_value,
 };
 use super::object::{copy_source, load};
 use crate::checksum::{Checksum, ChecksumAlgo, ChecksumPlan};
@@ -35,11 +34,7 @@ fn part_number(n: i32) -> Result<u32> {
     u32::try_from(n)
         .ok()
         .filter(|n| (1..=10_000).contains(n))
-        .ok_or_else(|| {
-            LightningError::InvalidArgument(
-                "part number must be an integer between 1 and 10000".into(),
-            )
-        })
+        .ok_or_else(|| LightningError::InvalidArgument("part number must be an integer between 1 and 10000".into()))
 }
 
 fn upload_of(store: &Store, id: &str, bucket: &str, key: &str) -> Result<UploadMeta> {
@@ -56,12 +51,13 @@ pub(super) async fn create_multipart_upload(
 ) -> Result<CreateMultipartUploadOutput> {
     let i = req.input;
     check_key(&i.key)?;
-    let algo = match &i.checksum_algorithm {
-        None => None,
-        Some(a) => Some(ChecksumAlgo::from_name(a.as_str()).ok_or_else(|| {
-            LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str()))
-        })?),
-    };
+    let algo =
+        match &i.checksum_algorithm {
+            None => None,
+            Some(a) => Some(ChecksumAlgo::from_name(a.as_str()).ok_or_else(|| {
+                LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str()))
+            })?),
+        };
     let id = new_upload_id(store, &i.bucket, &i.key);
     let meta = UploadMeta {
         bucket: i.bucket.clone(),
@@ -79,10 +75,7 @@ pub(super) async fn create_multipart_upload(
         checksum_algo: algo,
     };
     let idc = id.clone();
-    store
-        .meta
-        .write(move |t| ops::create_upload(t, &idc, &meta))
-        .await?;
+    store.meta.write(move |t| ops::create_upload(t, &idc, &meta)).await?;
     Ok(CreateMultipartUploadOutput {
         bucket: Some(i.bucket),
         key: Some(i.key),
@@ -102,25 +95,14 @@ async fn store_part(
     part: PartMeta,
     pins: crate::store::Pins,
 ) -> Result<()> {
-    let freed = store
-        .meta
-        .write(move |t| ops::put_part(t, &id, &bucket, &key, number, &part))
-        .await?;
+    let freed = store.meta.write(move |t| ops::put_part(t, &id, &bucket, &key, number, &part)).await?;
     pins.release();
     store.spawn_delete(freed);
     Ok(())
 }
 
-pub(super) async fn upload_part(
-    store: &Arc<Store>,
-    req: S3Request<UploadPartInput>,
-) -> Result<UploadPartOutput> {
-    let S3Request {
-        input: i,
-        headers,
-        trailing_headers,
-        ..
-    } = req;
+pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInput>) -> Result<UploadPartOutput> {
+    let S3Request { input: i, headers, trailing_headers, .. } = req;
     let number = part_number(i.part_number)?;
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
@@ -137,22 +119,13 @@ pub(super) async fn upload_part(
     let ing = match i.body {
         Some(body) => store.ingest(body, algo, false).await?,
         None => {
-            store
-                .ingest(
-                    futures::stream::empty::<std::result::Result<bytes::Bytes, String>>(),
-                    algo,
-                    false,
-                )
-                .await?
+            store.ingest(futures::stream::empty::<std::result::Result<bytes::Bytes, String>>(), algo, false).await?
         }
     };
     if let Some(declared) = i.content_length
         && u64::try_from(declared).ok() != Some(ing.size)
     {
-        return Err(LightningError::IncompleteBody {
-            declared: u64::try_from(declared).unwrap_or(0),
-            got: ing.size,
-        });
+        return Err(LightningError::IncompleteBody { declared: u64::try_from(declared).unwrap_or(0), got: ing.size });
     }
     let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
     plan.verify(&ing.md5, ing.checksum.as_ref(), trailer.as_deref())?;
@@ -189,22 +162,13 @@ pub(super) async fn upload_part_copy(
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
         if_none_match: i.copy_source_if_none_match,
-        if_modified_since: i
-            .copy_source_if_modified_since
-            .as_ref()
-            .map(super::convert::unix_secs),
-        if_unmodified_since: i
-            .copy_source_if_unmodified_since
-            .as_ref()
-            .map(super::convert::unix_secs),
+        if_modified_since: i.copy_source_if_modified_since.as_ref().map(super::convert::unix_secs),
+        if_unmodified_since: i.copy_source_if_unmodified_since.as_ref().map(super::convert::unix_secs),
     }
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
     let range = match &i.copy_source_range {
         None => 0..src.size,
-        Some(r) => Range::parse(r)
-            .ok()
-            .and_then(|r| r.check(src.size).ok())
-            .ok_or(LightningError::InvalidRange)?,
+        Some(r) => Range::parse(r).ok().and_then(|r| r.check(src.size).ok()).ok_or(LightningError::InvalidRange)?,
     };
     // Re-chunk the source range through the normal upload path; identical
     // blocks deduplicate in the block store.
@@ -255,29 +219,15 @@ pub(super) async fn complete_multipart_upload(
     let mut wanted = Vec::with_capacity(parts.len());
     for p in &parts {
         let number = part_number(p.part_number.unwrap_or(0))?;
-        let etag = p
-            .e_tag
-            .as_ref()
-            .map(etag_value)
-            .unwrap_or_default()
-            .to_owned();
-        wanted.push(Wanted {
-            number,
-            etag,
-            checksum: wanted_checksum(p)?,
-        });
+        let etag = p.e_tag.as_ref().map(etag_value).unwrap_or_default().to_owned();
+        wanted.push(Wanted { number, etag, checksum: wanted_checksum(p)? });
     }
-    let cond = WriteConditions {
-        if_match: i.if_match,
-        if_none_match: i.if_none_match,
-    };
+    let cond = WriteConditions { if_match: i.if_match, if_none_match: i.if_none_match };
     let version = store.meta.next_version();
     let (id, bucket, key) = (i.upload_id, i.bucket.clone(), i.key.clone());
     let (meta, freed) = store
         .meta
-        .write(move |t| {
-            ops::complete_upload(t, &id, &bucket, &key, &wanted, version, now_ms(), &cond)
-        })
+        .write(move |t| ops::complete_upload(t, &id, &bucket, &key, &wanted, version, now_ms(), &cond))
         .await?;
     store.spawn_delete(freed);
     let c = checksum_fields(meta.checksum.as_ref());
@@ -301,10 +251,7 @@ pub(super) async fn abort_multipart_upload(
     req: S3Request<AbortMultipartUploadInput>,
 ) -> Result<AbortMultipartUploadOutput> {
     let i = req.input;
-    let freed = store
-        .meta
-        .write(move |t| ops::abort_upload(t, &i.upload_id, &i.bucket, &i.key))
-        .await?;
+    let freed = store.meta.write(move |t| ops::abort_upload(t, &i.upload_id, &i.bucket, &i.key)).await?;
     store.spawn_delete(freed);
     Ok(AbortMultipartUploadOutput::default())
 }
@@ -312,17 +259,12 @@ pub(super) async fn abort_multipart_upload(
 fn limit(v: Option<i32>, what: &str) -> Result<usize> {
     match v {
         None => Ok(1000),
-        Some(n) if n < 0 => Err(LightningError::InvalidArgument(format!(
-            "{what} must not be negative"
-        ))),
+        Some(n) if n < 0 => Err(LightningError::InvalidArgument(format!("{what} must not be negative"))),
         Some(n) => Ok(usize::try_from(n).unwrap_or(0).min(1000)),
     }
 }
 
-pub(super) async fn list_parts(
-    store: &Arc<Store>,
-    req: S3Request<ListPartsInput>,
-) -> Result<ListPartsOutput> {
+pub(super) async fn list_parts(store: &Arc<Store>, req: S3Request<ListPartsInput>) -> Result<ListPartsOutput> {
     let i = req.input;
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
     let max = limit(i.max_parts, "max-parts")?;
@@ -356,19 +298,10 @@ pub(super) async fn list_parts(
         is_truncated: Some(truncated),
         max_parts: i32::try_from(max).ok(),
         part_number_marker: i.part_number_marker,
-        next_part_number_marker: if truncated {
-            next.and_then(|n| i32::try_from(n).ok())
-        } else {
-            None
-        },
-        checksum_algorithm: upload
-            .checksum_algo
-            .map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
+        next_part_number_marker: if truncated { next.and_then(|n| i32::try_from(n).ok()) } else { None },
+        checksum_algorithm: upload.checksum_algo.map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
         owner: Some(owner()),
-        initiator: Some(Initiator {
-            display_name: Some("lightningstor".into()),
-            id: Some("lightningstor".into()),
-        }),
+        initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
         ..Default::default()
     })
 }
@@ -390,15 +323,9 @@ pub(super) async fn list_multipart_uploads(
         max_keys: max,
     };
     let store2 = store.clone();
-    let (bucket, km, um) = (
-        i.bucket.clone(),
-        i.key_marker.clone(),
-        i.upload_id_marker.clone(),
-    );
+    let (bucket, km, um) = (i.bucket.clone(), i.key_marker.clone(), i.upload_id_marker.clone());
     let rows = tokio::task::spawn_blocking(move || {
-        store2
-            .meta
-            .list_uploads(&bucket, &prefix, km.as_deref(), um.as_deref(), 10_000)
+        store2.meta.list_uploads(&bucket, &prefix, km.as_deref(), um.as_deref(), 10_000)
     })
     .await
     .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
@@ -423,14 +350,9 @@ pub(super) async fn list_multipart_uploads(
             key: Some(key),
             upload_id: Some(id),
             initiated: Some(timestamp(u.initiated_ms)),
-            checksum_algorithm: u
-                .checksum_algo
-                .map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
+            checksum_algorithm: u.checksum_algo.map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
             owner: Some(owner()),
-            initiator: Some(Initiator {
-                display_name: Some("lightningstor".into()),
-                id: Some("lightningstor".into()),
-            }),
+            initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
             ..Default::default()
         });
     }
@@ -442,19 +364,11 @@ pub(super) async fn list_multipart_uploads(
         upload_id_marker: i.upload_id_marker,
         max_uploads: i32::try_from(max).ok(),
         is_truncated: Some(truncated),
-        next_key_marker: truncated
-            .then(|| last.as_ref().map(|l| l.0.clone()))
-            .flatten(),
-        next_upload_id_marker: truncated
-            .then(|| last.as_ref().map(|l| l.1.clone()))
-            .flatten(),
+        next_key_marker: truncated.then(|| last.as_ref().map(|l| l.0.clone())).flatten(),
+        next_upload_id_marker: truncated.then(|| last.as_ref().map(|l| l.1.clone())).flatten(),
         uploads: Some(uploads),
-        common_prefixes: (!prefixes.is_empty()).then(|| {
-            prefixes
-                .into_iter()
-                .map(|p| CommonPrefix { prefix: Some(p) })
-                .collect()
-        }),
+        common_prefixes: (!prefixes.is_empty())
+            .then(|| prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
         ..Default::default()
     })
 }

@@ -1,8 +1,8 @@
 //! Object operations: put, get, head, delete, delete-objects, copy.
 
 use super::convert::{
-    check_key, checksum_fields, checksum_headers, etag, metadata, object_headers, part_range,
-    timestamp, trailer_value, unix_secs,
+    check_key, checksum_fields, checksum_headers, etag, metadata, object_headers, part_range, timestamp, trailer_value,
+    unix_secs,
 };
 use crate::checksum::ChecksumPlan;
 use crate::conditions::{Mode, Preconditions};
@@ -42,11 +42,7 @@ impl Stream for SyncBody {
 }
 
 fn require_bucket(store: &Store, bucket: &str) -> Result<()> {
-    store
-        .meta
-        .get_bucket(bucket)?
-        .map(|_| ())
-        .ok_or_else(|| LightningError::NoSuchBucket(bucket.to_owned()))
+    store.meta.get_bucket(bucket)?.map(|_| ()).ok_or_else(|| LightningError::NoSuchBucket(bucket.to_owned()))
 }
 
 /// Reads an object row, or NoSuchKey / NoSuchBucket.
@@ -55,23 +51,13 @@ pub(super) fn load(store: &Store, bucket: &str, key: &str) -> Result<ObjectMeta>
         Some(m) => Ok(m),
         None => {
             require_bucket(store, bucket)?;
-            Err(LightningError::NoSuchKey {
-                key: key.to_owned(),
-            })
+            Err(LightningError::NoSuchKey { key: key.to_owned() })
         }
     }
 }
 
-pub(super) async fn put_object(
-    store: &Arc<Store>,
-    req: S3Request<PutObjectInput>,
-) -> Result<PutObjectOutput> {
-    let S3Request {
-        input,
-        headers,
-        trailing_headers,
-        ..
-    } = req;
+pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
+    let S3Request { input, headers, trailing_headers, .. } = req;
     check_key(&input.key)?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
@@ -84,10 +70,7 @@ pub(super) async fn put_object(
         input.checksum_sha256.as_deref(),
     ))?;
     require_bucket(store, &input.bucket)?;
-    let cond = WriteConditions {
-        if_match: input.if_match.clone(),
-        if_none_match: input.if_none_match.clone(),
-    };
+    let cond = WriteConditions { if_match: input.if_match.clone(), if_none_match: input.if_none_match.clone() };
     if cond.if_match.is_some() || cond.if_none_match.is_some() {
         // Fail fast before reading the body; checked again atomically at commit.
         let cur = store.meta.get_object(&input.bucket, &input.key)?;
@@ -100,23 +83,12 @@ pub(super) async fn put_object(
     }
     let ing = match input.body {
         Some(body) => store.ingest(body, plan.algo, true).await?,
-        None => {
-            store
-                .ingest(
-                    futures::stream::empty::<std::result::Result<Bytes, String>>(),
-                    plan.algo,
-                    true,
-                )
-                .await?
-        }
+        None => store.ingest(futures::stream::empty::<std::result::Result<Bytes, String>>(), plan.algo, true).await?,
     };
     if let Some(declared) = input.content_length
         && u64::try_from(declared).ok() != Some(ing.size)
     {
-        return Err(LightningError::IncompleteBody {
-            declared: u64::try_from(declared).unwrap_or(0),
-            got: ing.size,
-        });
+        return Err(LightningError::IncompleteBody { declared: u64::try_from(declared).unwrap_or(0), got: ing.size });
     }
     let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
     plan.verify(&ing.md5, ing.checksum.as_ref(), trailer.as_deref())?;
@@ -141,10 +113,7 @@ pub(super) async fn put_object(
     };
     let (bucket, key) = (input.bucket, input.key);
     let row = meta.clone();
-    let freed = store
-        .meta
-        .write(move |t| ops::put_object(t, &bucket, &key, &row, &cond))
-        .await?;
+    let freed = store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &cond)).await?;
     ing.pins.release();
     store.spawn_delete(freed);
     let c = checksum_fields(meta.checksum.as_ref());
@@ -180,34 +149,17 @@ fn select(
     pre.check(&meta.etag, meta.last_modified_secs(), Mode::Read)?;
     let (range, partial) = match (range, part_number) {
         (Some(_), Some(_)) => {
-            return Err(LightningError::InvalidRequest(
-                "cannot specify both Range and partNumber".into(),
-            ));
+            return Err(LightningError::InvalidRequest("cannot specify both Range and partNumber".into()));
         }
-        (Some(r), None) => (
-            r.check(meta.size)
-                .map_err(|_| LightningError::InvalidRange)?,
-            true,
-        ),
+        (Some(r), None) => (r.check(meta.size).map_err(|_| LightningError::InvalidRange)?, true),
         (None, Some(n)) => (part_range(&meta, n)?, !meta.parts.is_empty()),
         (None, None) => (0..meta.size, false),
     };
-    Ok(Selected {
-        meta,
-        range,
-        partial,
-    })
+    Ok(Selected { meta, range, partial })
 }
 
 fn content_range(s: &Selected) -> Option<String> {
-    s.partial.then(|| {
-        format!(
-            "bytes {}-{}/{}",
-            s.range.start,
-            s.range.end.saturating_sub(1),
-            s.meta.size
-        )
-    })
+    s.partial.then(|| format!("bytes {}-{}/{}", s.range.start, s.range.end.saturating_sub(1), s.meta.size))
 }
 
 fn preconditions(
@@ -229,25 +181,10 @@ fn want_checksum(mode: Option<&ChecksumMode>, s: &Selected) -> bool {
         && (!s.partial || s.meta.parts.is_empty() && s.range == (0..s.meta.size))
 }
 
-pub(super) async fn get_object(
-    store: &Arc<Store>,
-    req: S3Request<GetObjectInput>,
-) -> Result<GetObjectOutput> {
+pub(super) async fn get_object(store: &Arc<Store>, req: S3Request<GetObjectInput>) -> Result<GetObjectOutput> {
     let i = req.input;
-    let pre = preconditions(
-        i.if_match,
-        i.if_none_match,
-        i.if_modified_since.as_ref(),
-        i.if_unmodified_since.as_ref(),
-    );
-    let s = select(
-        store,
-        &i.bucket,
-        &i.key,
-        &pre,
-        i.range.as_ref(),
-        i.part_number,
-    )?;
+    let pre = preconditions(i.if_match, i.if_none_match, i.if_modified_since.as_ref(), i.if_unmodified_since.as_ref());
+    let s = select(store, &i.bucket, &i.key, &pre, i.range.as_ref(), i.part_number)?;
     let h = &s.meta.headers;
     let c = if want_checksum(i.checksum_mode.as_ref(), &s) {
         checksum_fields(s.meta.checksum.as_ref())
@@ -264,23 +201,12 @@ pub(super) async fn get_object(
         last_modified: Some(timestamp(s.meta.last_modified_ms)),
         metadata: metadata(h),
         content_type: i.response_content_type.or_else(|| h.content_type.clone()),
-        content_encoding: i
-            .response_content_encoding
-            .or_else(|| h.content_encoding.clone()),
-        content_disposition: i
-            .response_content_disposition
-            .or_else(|| h.content_disposition.clone()),
-        content_language: i
-            .response_content_language
-            .or_else(|| h.content_language.clone()),
+        content_encoding: i.response_content_encoding.or_else(|| h.content_encoding.clone()),
+        content_disposition: i.response_content_disposition.or_else(|| h.content_disposition.clone()),
+        content_language: i.response_content_language.or_else(|| h.content_language.clone()),
         cache_control: i.response_cache_control.or_else(|| h.cache_control.clone()),
-        expires: i
-            .response_expires
-            .or_else(|| h.expires.map(|e| timestamp(e.saturating_mul(1000)))),
-        parts_count: i
-            .part_number
-            .and_then(|_| i32::try_from(s.meta.parts.len()).ok())
-            .filter(|n| *n > 0),
+        expires: i.response_expires.or_else(|| h.expires.map(|e| timestamp(e.saturating_mul(1000)))),
+        parts_count: i.part_number.and_then(|_| i32::try_from(s.meta.parts.len()).ok()).filter(|n| *n > 0),
         checksum_crc32: c.crc32,
         checksum_crc32c: c.crc32c,
         checksum_crc64nvme: c.crc64nvme,
@@ -291,25 +217,10 @@ pub(super) async fn get_object(
     })
 }
 
-pub(super) async fn head_object(
-    store: &Arc<Store>,
-    req: S3Request<HeadObjectInput>,
-) -> Result<HeadObjectOutput> {
+pub(super) async fn head_object(store: &Arc<Store>, req: S3Request<HeadObjectInput>) -> Result<HeadObjectOutput> {
     let i = req.input;
-    let pre = preconditions(
-        i.if_match,
-        i.if_none_match,
-        i.if_modified_since.as_ref(),
-        i.if_unmodified_since.as_ref(),
-    );
-    let s = select(
-        store,
-        &i.bucket,
-        &i.key,
-        &pre,
-        i.range.as_ref(),
-        i.part_number,
-    )?;
+    let pre = preconditions(i.if_match, i.if_none_match, i.if_modified_since.as_ref(), i.if_unmodified_since.as_ref());
+    let s = select(store, &i.bucket, &i.key, &pre, i.range.as_ref(), i.part_number)?;
     let h = &s.meta.headers;
     let c = if want_checksum(i.checksum_mode.as_ref(), &s) {
         checksum_fields(s.meta.checksum.as_ref())
@@ -329,10 +240,7 @@ pub(super) async fn head_object(
         content_language: h.content_language.clone(),
         cache_control: h.cache_control.clone(),
         expires: h.expires.map(|e| timestamp(e.saturating_mul(1000))),
-        parts_count: i
-            .part_number
-            .and_then(|_| i32::try_from(s.meta.parts.len()).ok())
-            .filter(|n| *n > 0),
+        parts_count: i.part_number.and_then(|_| i32::try_from(s.meta.parts.len()).ok()).filter(|n| *n > 0),
         checksum_crc32: c.crc32,
         checksum_crc32c: c.crc32c,
         checksum_crc64nvme: c.crc64nvme,
@@ -343,16 +251,10 @@ pub(super) async fn head_object(
     })
 }
 
-pub(super) async fn delete_object(
-    store: &Arc<Store>,
-    req: S3Request<DeleteObjectInput>,
-) -> Result<DeleteObjectOutput> {
+pub(super) async fn delete_object(store: &Arc<Store>, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
     let (bucket, key) = (req.input.bucket, req.input.key);
     check_key(&key)?;
-    let freed = store
-        .meta
-        .write(move |t| ops::delete_object(t, &bucket, &key))
-        .await?;
+    let freed = store.meta.write(move |t| ops::delete_object(t, &bucket, &key)).await?;
     store.spawn_delete(freed);
     Ok(DeleteObjectOutput::default())
 }
@@ -363,17 +265,9 @@ pub(super) async fn delete_objects(
 ) -> Result<DeleteObjectsOutput> {
     let bucket = req.input.bucket;
     let quiet = req.input.delete.quiet.unwrap_or(false);
-    let keys: Vec<String> = req
-        .input
-        .delete
-        .objects
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let keys: Vec<String> = req.input.delete.objects.into_iter().map(|o| o.key).collect();
     if keys.len() > 1000 {
-        return Err(LightningError::InvalidRequest(
-            "at most 1000 keys may be deleted at once".into(),
-        ));
+        return Err(LightningError::InvalidRequest("at most 1000 keys may be deleted at once".into()));
     }
     require_bucket(store, &bucket)?;
     // One transaction for the whole batch.
@@ -402,10 +296,7 @@ pub(super) async fn delete_objects(
     let mut errors = Vec::new();
     for (key, err) in results {
         match err {
-            None if !quiet => deleted.push(DeletedObject {
-                key: Some(key),
-                ..Default::default()
-            }),
+            None if !quiet => deleted.push(DeletedObject { key: Some(key), ..Default::default() }),
             None => {}
             Some(e) => errors.push(Error {
                 code: Some(e.s3_code().as_str().to_owned()),
@@ -425,26 +316,17 @@ pub(super) async fn delete_objects(
 /// Resolves `x-amz-copy-source` to (bucket, key).
 pub(super) fn copy_source(src: &CopySource) -> Result<(String, String)> {
     match src {
-        CopySource::Bucket {
-            bucket,
-            key,
-            version_id,
-        } => {
+        CopySource::Bucket { bucket, key, version_id } => {
             if version_id.as_deref().is_some_and(|v| v != "null") {
                 return Err(LightningError::NotImplemented("object versions".into()));
             }
             Ok((bucket.to_string(), key.to_string()))
         }
-        _ => Err(LightningError::NotImplemented(
-            "access point copy sources".into(),
-        )),
+        _ => Err(LightningError::NotImplemented("access point copy sources".into())),
     }
 }
 
-pub(super) async fn copy_object(
-    store: &Arc<Store>,
-    req: S3Request<CopyObjectInput>,
-) -> Result<CopyObjectOutput> {
+pub(super) async fn copy_object(store: &Arc<Store>, req: S3Request<CopyObjectInput>) -> Result<CopyObjectOutput> {
     let i = req.input;
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
@@ -456,10 +338,8 @@ pub(super) async fn copy_object(
         i.copy_source_if_unmodified_since.as_ref(),
     )
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
-    let replace = i
-        .metadata_directive
-        .as_ref()
-        .is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
+    let replace =
+        i.metadata_directive.as_ref().is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
     if sb == i.bucket && sk == i.key && !replace {
         return Err(LightningError::InvalidRequest(
             "this copy request is illegal because it is trying to copy an object to itself \
@@ -484,17 +364,9 @@ pub(super) async fn copy_object(
     // Pin the source's blocks, then make sure they still exist: from here on
     // no concurrent delete can remove them before the copy commits.
     let pins = store.pin_existing(src.data.blocks())?;
-    let meta = ObjectMeta {
-        version: store.meta.next_version(),
-        last_modified_ms: now_ms(),
-        headers,
-        ..src
-    };
+    let meta = ObjectMeta { version: store.meta.next_version(), last_modified_ms: now_ms(), headers, ..src };
     let (bucket, key, row) = (i.bucket, i.key, meta.clone());
-    let freed = store
-        .meta
-        .write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default()))
-        .await?;
+    let freed = store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default())).await?;
     pins.release();
     store.spawn_delete(freed);
     let c = checksum_fields(meta.checksum.as_ref());
