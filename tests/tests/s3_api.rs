@@ -314,46 +314,18 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions() -> R {
     assert_eq!(head.content_type(), Some("text/x-c"));
     assert!(head.metadata().is_some_and(|m| m.get("m").is_none() && m.get("n").is_some()));
 
-    let e = c
-        .copy_object()
-        .bucket("dst")
-        .key("d")
-        .copy_source("src/a")
-        .copy_source_if_match("\"nope\"")
-        .send()
-        .await
-        .expect_err("412");
-    assert_eq!(code(&e), "PreconditionFailed");
-    let e = c
-        .copy_object()
-        .bucket("dst")
-        .key("d")
-        .copy_source("src/a")
-        .copy_source_if_none_match(&etag)
-        .send()
-        .await
-        .expect_err("412");
-    assert_eq!(code(&e), "PreconditionFailed");
-    let e = c
-        .copy_object()
-        .bucket("dst")
-        .key("d")
-        .copy_source("src/a")
-        .copy_source_if_modified_since(DateTime::from_secs(4_000_000_000))
-        .send()
-        .await
-        .expect_err("412");
-    assert_eq!(code(&e), "PreconditionFailed");
-    let e = c
-        .copy_object()
-        .bucket("dst")
-        .key("d")
-        .copy_source("src/a")
-        .copy_source_if_unmodified_since(DateTime::from_secs(1_000_000_000))
-        .send()
-        .await
-        .expect_err("412");
-    assert_eq!(code(&e), "PreconditionFailed");
+    // Each x-amz-copy-source-if-* that does not hold fails the copy with 412.
+    for failing in 0..4 {
+        let b = c.copy_object().bucket("dst").key("d").copy_source("src/a");
+        let b = match failing {
+            0 => b.copy_source_if_match("\"nope\""),
+            1 => b.copy_source_if_none_match(&etag),
+            2 => b.copy_source_if_modified_since(DateTime::from_secs(4_000_000_000)),
+            _ => b.copy_source_if_unmodified_since(DateTime::from_secs(1_000_000_000)),
+        };
+        let e = b.send().await.expect_err("412");
+        assert_eq!(code(&e), "PreconditionFailed", "condition {failing}");
+    }
     let e = c.copy_object().bucket("src").key("a").copy_source("src/a").send().await.expect_err("self");
     assert_eq!(code(&e), "InvalidRequest");
     let e = c.copy_object().bucket("dst").key("x").copy_source("src/missing").send().await.expect_err("404");

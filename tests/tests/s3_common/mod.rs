@@ -101,19 +101,8 @@ impl HasStatus for aws_smithy_runtime_api::http::Response {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so tests need no RNG crate.
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+/// Deterministic pseudo-random bytes (the workspace's shared test pattern).
+pub use stack_tests::pattern as pseudo_random;
 
 /// Where cargo put the `lightningstor` binary; (re)built once per test process.
 pub fn binary() -> PathBuf {
