@@ -292,3 +292,63 @@ fn garbage_vanishing_and_stalled_clients_do_not_disturb_others() {
     drop(stalled);
     drop(abusers);
 }
+
+/// Drops the file's pages from the page cache, so the next reads miss it.
+fn evict_from_page_cache(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).expect("open volume file");
+    f.sync_all().expect("sync");
+    // SAFETY: plain syscall on an fd we own.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise");
+}
+
+#[test]
+fn large_reads_from_the_page_cache_use_sendfile_and_return_the_right_bytes() {
+    const MIB: u64 = 1 << 20;
+    for engine in ENGINES {
+        let c = Corona::start(engine);
+        c.create("big", 8 * MIB);
+        let data = pattern(8 * MIB as usize, 77);
+        std::fs::write(c.path("big"), &data).expect("fill the volume file");
+        let sendfile = || c.srv().shared.metrics.sendfile_reads.load(std::sync::atomic::Ordering::Relaxed);
+        let addr = c.addr();
+        // Structured replies, pipelined, with sizes on both sides of the threshold
+        // and ranges that do not start on a page boundary.
+        let check = |label: &str| {
+            let data = data.clone();
+            c.rt.block_on(async move {
+                let client = Arc::new(NbdClient::connect(addr, "big").await.expect("connect"));
+                let mut tasks = Vec::new();
+                for (off, len) in [(0, MIB), (MIB + 3, 2 * MIB), (5 * MIB - 100, 65536), (7 * MIB, 4096), (0, 8 * MIB)]
+                {
+                    let client = client.clone();
+                    tasks.push(tokio::spawn(async move { (off, len, client.read(off, len as usize).await) }));
+                }
+                for t in tasks {
+                    let (off, len, got) = t.await.expect("task");
+                    let got = got.expect("read");
+                    assert!(got == data[off as usize..(off + len) as usize], "{label}: {len} bytes at {off} differ");
+                }
+            });
+        };
+        check("cached");
+        assert!(sendfile() >= 4, "{engine}: cached 64 KiB+ reads should go out with sendfile, got {}", sendfile());
+        evict_from_page_cache(&c.path("big"));
+        check("after eviction");
+        // Simple (unstructured) replies take the same path.
+        let mut s = raw_transmission(addr, "big");
+        let before = sendfile();
+        let req = Request { command: Command::Read, flags: 0, cookie: 9, offset: 3 * MIB, length: MIB as u32 };
+        s.write_all(&req.encode()).expect("send read");
+        let mut reply = [0u8; 16];
+        s.read_exact(&mut reply).expect("reply header");
+        assert_eq!(&reply[4..8], &[0, 0, 0, 0], "no error");
+        assert_eq!(u64::from_be_bytes(reply[8..16].try_into().expect("8 bytes")), 9, "cookie");
+        let mut got = vec![0u8; MIB as usize];
+        s.read_exact(&mut got).expect("payload");
+        assert!(got == data[3 * MIB as usize..4 * MIB as usize], "simple-reply read differs");
+        // The reads after eviction brought those pages back into the cache.
+        assert!(sendfile() > before, "{engine}: the simple-reply read should also use sendfile");
+    }
+}

@@ -39,6 +39,8 @@ pub struct PeerFigures {
     pub iops: Summary,
     pub lat_p50_us: Summary,
     pub lat_p99_us: Summary,
+    /// Server CPU time (user + system) per operation, in microseconds.
+    pub server_cpu_us_per_op: Summary,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -88,7 +90,7 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
     eprintln!("bench: writing a {} MiB test file", opts.size >> 20);
     make_file(&file, opts.size)?;
     let size_arg = format!("{}", opts.size);
-    let mut raw: Vec<Vec<Vec<FioResult>>> = vec![vec![Vec::new(); opts.peers.len()]; WORKLOADS.len()];
+    let mut raw: Vec<Vec<Vec<(FioResult, f64)>>> = vec![vec![Vec::new(); opts.peers.len()]; WORKLOADS.len()];
     let mut memory = Vec::new();
     for (pi, &peer) in opts.peers.iter().enumerate() {
         let _ = pi;
@@ -99,9 +101,12 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
         for (wi, w) in WORKLOADS.iter().enumerate() {
             for (pi, &peer) in opts.peers.iter().enumerate() {
                 let p = PeerProc::start(peer, &file)?;
+                let cpu0 = p.cpu_seconds();
                 let r = fio::run_nbd(&p.uri, w, &size_arg, opts.runtime_s)?;
+                let ops = r.iops * f64::from(opts.runtime_s);
+                let cpu_us_per_op = if ops > 0.0 { (p.cpu_seconds() - cpu0) * 1e6 / ops } else { 0.0 };
                 eprintln!(
-                    "bench: iteration {}/{} {:<20} {:<16} {:>9.1} MiB/s {:>9.0} IOPS p50 {:>7.1} us p99 {:>7.1} us",
+                    "bench: iteration {}/{} {:<20} {:<16} {:>9.1} MiB/s {:>9.0} IOPS p50 {:>7.1} us p99 {:>7.1} us server CPU {:>6.1} us/op",
                     it + 1,
                     opts.iterations,
                     w.name,
@@ -109,9 +114,10 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
                     r.bw_bytes / 1048576.0,
                     r.iops,
                     r.lat_p50_us,
-                    r.lat_p99_us
+                    r.lat_p99_us,
+                    cpu_us_per_op
                 );
-                raw[wi][pi].push(r);
+                raw[wi][pi].push((r, cpu_us_per_op));
             }
         }
     }
@@ -137,13 +143,14 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
                 .iter()
                 .zip(per_peer)
                 .map(|(p, rs)| {
-                    let col = |f: fn(&FioResult) -> f64| Summary::of(&rs.iter().map(f).collect::<Vec<_>>());
+                    let col = |f: fn(&FioResult) -> f64| Summary::of(&rs.iter().map(|(r, _)| f(r)).collect::<Vec<_>>());
                     PeerFigures {
                         peer: p.label(),
                         mib_s: col(|r| r.bw_bytes / 1048576.0),
                         iops: col(|r| r.iops),
                         lat_p50_us: col(|r| r.lat_p50_us),
                         lat_p99_us: col(|r| r.lat_p99_us),
+                        server_cpu_us_per_op: Summary::of(&rs.iter().map(|(_, c)| *c).collect::<Vec<_>>()),
                     }
                 })
                 .collect(),
@@ -161,27 +168,30 @@ pub fn markdown(r: &Report) -> String {
         r.iterations,
         r.runtime_s
     ));
-    s.push_str("| Workload | Server | MiB/s | IOPS | p50 µs | p99 µs | spread |\n|---|---|---:|---:|---:|---:|---:|\n");
+    s.push_str("| Workload | Server | MiB/s | IOPS | p50 µs | p99 µs | spread | server CPU µs/op |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for w in &r.workloads {
         for p in &w.peers {
             s.push_str(&format!(
-                "| {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.0}% |\n",
+                "| {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.0}% | {:.1} |\n",
                 w.workload.name,
                 p.peer,
                 p.mib_s.median,
                 p.iops.median,
                 p.lat_p50_us.median,
                 p.lat_p99_us.median,
-                p.iops.spread_pct()
+                p.iops.spread_pct(),
+                p.server_cpu_us_per_op.median
             ));
         }
     }
-    s.push_str("\n### Ratios (IOPS medians)\n\n| Workload | Ratio | Value |\n|---|---|---:|\n");
+    s.push_str("\n### Ratios (IOPS medians; efficiency = peer server CPU per op / coronafs server CPU per op)\n\n| Workload | Ratio | IOPS ratio | Efficiency |\n|---|---|---:|---:|\n");
     for w in &r.workloads {
         for c in w.peers.iter().filter(|p| p.peer.starts_with("coronafs")) {
             for o in w.peers.iter().filter(|p| !p.peer.starts_with("coronafs")) {
                 let ratio = if o.iops.median > 0.0 { c.iops.median / o.iops.median } else { 0.0 };
-                s.push_str(&format!("| {} | {} / {} | {:.2} |\n", w.workload.name, c.peer, o.peer, ratio));
+                let cpu = c.server_cpu_us_per_op.median;
+                let eff = if cpu > 0.0 { o.server_cpu_us_per_op.median / cpu } else { 0.0 };
+                s.push_str(&format!("| {} | {} / {} | {:.2} | {:.2} |\n", w.workload.name, c.peer, o.peer, ratio, eff));
             }
         }
     }

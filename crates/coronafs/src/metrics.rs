@@ -42,6 +42,8 @@ pub struct Metrics {
     pub handshake_failures: AtomicU64,
     /// Connections that broke the protocol or vanished mid-request.
     pub protocol_errors: AtomicU64,
+    /// READs sent straight from the page cache with `sendfile`.
+    pub sendfile_reads: AtomicU64,
 }
 
 fn index(c: Command) -> usize {
@@ -100,7 +102,7 @@ impl Metrics {
             let _ = writeln!(s, "{name}_sum{{op=\"{}\"}} {}", op.name(), m.sum_us.load(Relaxed) as f64 / 1e6);
             let _ = writeln!(s, "{name}_count{{op=\"{}\"}} {cum}", op.name());
         }
-        let gauges: [(&str, &str, i64); 4] = [
+        let gauges: [(&str, &str, i64); 5] = [
             ("coronafs_nbd_connections", "Open NBD connections.", self.connections.load(Relaxed)),
             ("coronafs_nbd_inflight_requests", "Requests being served.", self.inflight.load(Relaxed)),
             (
@@ -112,6 +114,11 @@ impl Metrics {
                 "coronafs_nbd_protocol_errors_total",
                 "Connections dropped for breaking the protocol.",
                 self.protocol_errors.load(Relaxed) as i64,
+            ),
+            (
+                "coronafs_nbd_sendfile_reads_total",
+                "READs sent from the page cache with sendfile, without a copy.",
+                self.sendfile_reads.load(Relaxed) as i64,
             ),
         ];
         for (name, help, v) in gauges {

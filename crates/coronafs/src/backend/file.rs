@@ -5,7 +5,7 @@
 //! a hot VM disk) that costs one syscall and no thread hand-off. Anything that
 //! would block goes to tokio's blocking pool.
 
-use super::{BlockBackend, BufResult, Extent64};
+use super::{BlockBackend, BufResult, Extent64, SpliceSource};
 use crate::proto::state;
 use std::fs::File;
 use std::io;
@@ -184,6 +184,44 @@ fn lseek(file: &File, pos: u64, whence: i32) -> io::Result<Option<u64>> {
     }
 }
 
+/// Whether every page of `[offset, offset+len)` is in the page cache, asked
+/// with `cachestat(2)` (Linux 6.5+). Kernels without it answer `false` from
+/// then on, so callers fall back to copying reads.
+pub(crate) fn range_cached(file: &File, offset: u64, len: u64) -> bool {
+    static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+    const SYS_CACHESTAT: libc::c_long = 451;
+    const PAGE: u64 = 4096;
+    if len == 0 || UNSUPPORTED.load(Ordering::Relaxed) {
+        return false;
+    }
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: offset, len };
+    let mut st = Stat::default();
+    // SAFETY: both structs match the kernel ABI and outlive the call.
+    let r = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range as *const Range, &mut st as *mut Stat, 0) };
+    if r < 0 {
+        if matches!(io::Error::last_os_error().raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) {
+            UNSUPPORTED.store(true, Ordering::Relaxed);
+        }
+        return false;
+    }
+    let pages = (offset + len).div_ceil(PAGE) - offset / PAGE;
+    st.nr_cache >= pages
+}
+
 /// Allocation map from `SEEK_DATA`/`SEEK_HOLE`. Holes read as zeroes.
 pub(crate) fn seek_extents(file: &File, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
     let end = offset + len;
@@ -280,5 +318,19 @@ impl BlockBackend for FileBackend {
 
     async fn extents(&self, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
         self.blocking(move |f| seek_extents(f, offset, len, max)).await
+    }
+
+    fn try_read_now(&self, buf: &mut [u8], offset: u64) -> bool {
+        offset + buf.len() as u64 <= self.size
+            && matches!(nowait_read(&self.file, buf, offset), Ok(n) if n == buf.len())
+    }
+
+    fn try_write_now(&self, buf: &[u8], offset: u64) -> bool {
+        matches!(nowait_write(&self.file, buf, offset, &self.nowait_write), Ok(n) if n == buf.len())
+    }
+
+    fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
+        (offset + len <= self.size && range_cached(&self.file, offset, len))
+            .then(|| SpliceSource { file: self.file.clone(), offset })
     }
 }

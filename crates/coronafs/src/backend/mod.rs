@@ -10,8 +10,10 @@
 //! [`memory::MemBackend`] (tests and models). [`AnyBackend`] lets the server
 //! pick one at run time without dynamic dispatch.
 
+use std::fs::File;
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 
 pub mod fault;
 pub mod file;
@@ -24,6 +26,14 @@ pub struct Extent64 {
     pub length: u64,
     /// `proto::state` bits: HOLE and/or ZERO, or 0 for allocated data.
     pub flags: u32,
+}
+
+/// A file range whose bytes are already in the page cache, so the server can
+/// `sendfile` them to the socket instead of copying them through a buffer.
+#[derive(Debug, Clone)]
+pub struct SpliceSource {
+    pub file: Arc<File>,
+    pub offset: u64,
 }
 
 /// The result of an operation that borrowed a buffer.
@@ -59,6 +69,27 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// Allocation of `[offset, offset+len)`, at most `max` extents, in order,
     /// covering a prefix of the range (at least one extent unless `len` is 0).
     fn extents(&self, offset: u64, len: u64, max: usize) -> impl Future<Output = io::Result<Vec<Extent64>>> + Send;
+    /// Reads all of `buf` at `offset` right now if that needs no waiting
+    /// (data in the page cache); `false` means "use `read_at`" and leaves
+    /// `buf` unspecified. The server uses it to answer without a task hand-off.
+    fn try_read_now(&self, buf: &mut [u8], offset: u64) -> bool {
+        let _ = (buf, offset);
+        false
+    }
+    /// Writes all of `buf` at `offset` right now if that needs no waiting
+    /// (a page-cache write); `false` means "use `write_at`", which must then
+    /// write the whole buffer again (a partial write here is harmless).
+    fn try_write_now(&self, buf: &[u8], offset: u64) -> bool {
+        let _ = (buf, offset);
+        false
+    }
+    /// Where `[offset, offset+len)` can be sent from without a copy, when the
+    /// whole range is one cached file range. `None` (the default) means
+    /// "use `read_at`"; it is only ever an optimisation.
+    fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
+        let _ = (offset, len);
+        None
+    }
 }
 
 /// One of the backends, chosen at run time.
@@ -105,6 +136,15 @@ impl BlockBackend for AnyBackend {
     }
     async fn extents(&self, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
         dispatch!(self, b => b.extents(offset, len, max).await)
+    }
+    fn try_read_now(&self, buf: &mut [u8], offset: u64) -> bool {
+        dispatch!(self, b => b.try_read_now(buf, offset))
+    }
+    fn try_write_now(&self, buf: &[u8], offset: u64) -> bool {
+        dispatch!(self, b => b.try_write_now(buf, offset))
+    }
+    fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
+        dispatch!(self, b => b.splice_source(offset, len))
     }
 }
 

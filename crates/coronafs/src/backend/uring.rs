@@ -12,7 +12,7 @@
 //! `io_uring_setup` is refused, as under Docker's default seccomp profile.
 
 use super::file::{self, FileBackend};
-use super::{BlockBackend, BufResult, Extent64};
+use super::{BlockBackend, BufResult, Extent64, SpliceSource};
 use std::collections::HashMap;
 use std::io;
 use std::rc::Rc;
@@ -246,6 +246,18 @@ impl BlockBackend for UringBackend {
 
     async fn extents(&self, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
         self.meta.extents(offset, len, max).await
+    }
+
+    fn try_read_now(&self, buf: &mut [u8], offset: u64) -> bool {
+        self.meta.try_read_now(buf, offset)
+    }
+
+    fn try_write_now(&self, buf: &[u8], offset: u64) -> bool {
+        self.meta.try_write_now(buf, offset)
+    }
+
+    fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
+        self.meta.splice_source(offset, len)
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::Shared;
 use super::bufpool::BufPool;
-use crate::backend::BlockBackend;
+use crate::backend::{BlockBackend, SpliceSource};
 use crate::proto::handshake::{self, Negotiated, Negotiator, Step};
 use crate::proto::reply::{self, Extent, Head};
 use crate::proto::request::{Command, REQUEST_LEN, Request};
@@ -32,15 +32,23 @@ pub const INFLIGHT_BYTES: u32 = 64 << 20;
 const MIN_COST: u32 = 64 << 10;
 /// Most extents returned by one BLOCK_STATUS.
 const MAX_EXTENTS: usize = 1024;
+/// Receive buffer for request headers.
+const READ_BUFFER: usize = 16 << 10;
 /// Replies gathered into one vectored write.
 const BATCH: usize = 64;
+/// Smallest READ sent with `sendfile` from the page cache. Below this the
+/// copy is cheaper than the extra `cachestat` and `sendfile` syscalls.
+const SPLICE_MIN: u32 = 64 << 10;
 
 /// Serves one accepted connection until the client leaves or breaks the protocol.
 pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
     let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(256 << 10, rd);
+    // Small on purpose: it batches request headers, while write payloads are
+    // read past it straight into pooled buffers (a big buffer would copy part
+    // of every payload twice).
+    let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
     let negotiated = match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut rd, &mut wr, &shared)).await {
         Ok(Ok(Some(n))) => n,
         Ok(Ok(None)) => return,
@@ -118,6 +126,8 @@ struct Reply {
     head: Head,
     /// Pooled READ data following `head`.
     data: Option<Vec<u8>>,
+    /// READ data to `sendfile` from the page cache after `head` (instead of `data`).
+    file: Option<(SpliceSource, usize)>,
     /// A complete extra message (error or block-status chunk).
     tail: Vec<u8>,
     _permit: Option<OwnedSemaphorePermit>,
@@ -208,6 +218,13 @@ async fn read_requests(rd: &mut BufReader<OwnedReadHalf>, ctx: &Arc<Ctx>, budget
         } else {
             None
         };
+        let (payload, permit) = match answer_now(ctx, &req, payload, permit, started) {
+            Ok(reply) => {
+                ctx.send(reply);
+                continue;
+            }
+            Err(back) => back,
+        };
         ctx.shared.metrics.inflight.fetch_add(1, Ordering::Relaxed);
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -229,8 +246,67 @@ impl Ctx {
     }
 }
 
+/// The header that precedes READ data.
+fn read_head(ctx: &Ctx, req: &Request) -> Head {
+    if ctx.structured {
+        reply::data_chunk(req.cookie, true, req.offset, req.length)
+    } else {
+        reply::simple(req.cookie, 0)
+    }
+}
+
+/// Answers, right in the reader, a READ or plain WRITE that the page cache
+/// can serve at once: no task spawn and no hand-off to another thread, and a
+/// write payload is copied into the file while still hot in this core's cache.
+/// Large cached READs become `sendfile` replies. Anything that would wait is
+/// handed back (with its payload and budget) for a request task.
+#[allow(clippy::result_large_err)]
+fn answer_now(
+    ctx: &Ctx,
+    req: &Request,
+    payload: Option<Vec<u8>>,
+    permit: OwnedSemaphorePermit,
+    started: Instant,
+) -> Result<Reply, (Option<Vec<u8>>, OwnedSemaphorePermit)> {
+    let b = &ctx.volume.backend;
+    let len = req.length as usize;
+    let reply = match (req.command, payload) {
+        (Command::Read, None) if req.length >= SPLICE_MIN => match b.splice_source(req.offset, len as u64) {
+            Some(src) => {
+                ctx.shared.metrics.sendfile_reads.fetch_add(1, Ordering::Relaxed);
+                Reply {
+                    head: read_head(ctx, req),
+                    data: None,
+                    file: Some((src, len)),
+                    tail: Vec::new(),
+                    _permit: Some(permit),
+                }
+            }
+            None => return Err((None, permit)),
+        },
+        (Command::Read, None) => {
+            let mut buf = ctx.shared.pool.get(len);
+            if !b.try_read_now(&mut buf, req.offset) {
+                ctx.shared.pool.put(buf);
+                return Err((None, permit));
+            }
+            Reply { head: read_head(ctx, req), data: Some(buf), file: None, tail: Vec::new(), _permit: Some(permit) }
+        }
+        (Command::Write, Some(buf)) if !req.fua() => {
+            if !b.try_write_now(&buf, req.offset) {
+                return Err((Some(buf), permit));
+            }
+            ctx.shared.pool.put(buf);
+            ok_reply(req, Some(permit))
+        }
+        (_, payload) => return Err((payload, permit)),
+    };
+    ctx.shared.metrics.record(req.command, len as u64, true, started.elapsed());
+    Ok(reply)
+}
+
 fn ok_reply(req: &Request, permit: Option<OwnedSemaphorePermit>) -> Reply {
-    Reply { head: reply::simple(req.cookie, 0), data: None, tail: Vec::new(), _permit: permit }
+    Reply { head: reply::simple(req.cookie, 0), data: None, file: None, tail: Vec::new(), _permit: permit }
 }
 
 fn error_reply(ctx: &Ctx, req: &Request, errno: NbdErrno, msg: &str, permit: Option<OwnedSemaphorePermit>) -> Reply {
@@ -238,9 +314,15 @@ fn error_reply(ctx: &Ctx, req: &Request, errno: NbdErrno, msg: &str, permit: Opt
         let mut tail = Vec::with_capacity(32 + msg.len());
         reply::error_chunk(req.cookie, errno, msg, &mut tail);
         // The whole chunk is in `tail`; an empty head keeps the writer simple.
-        Reply { head: reply::empty(), data: None, tail, _permit: permit }
+        Reply { head: reply::empty(), data: None, file: None, tail, _permit: permit }
     } else {
-        Reply { head: reply::simple(req.cookie, errno as u32), data: None, tail: Vec::new(), _permit: permit }
+        Reply {
+            head: reply::simple(req.cookie, errno as u32),
+            data: None,
+            file: None,
+            tail: Vec::new(),
+            _permit: permit,
+        }
     }
 }
 
@@ -258,14 +340,13 @@ async fn execute(
         Command::Read => {
             let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize), off).await;
             match r {
-                Ok(()) => {
-                    let head = if ctx.structured {
-                        reply::data_chunk(req.cookie, true, off, req.length)
-                    } else {
-                        reply::simple(req.cookie, 0)
-                    };
-                    Ok(Reply { head, data: Some(buf), tail: Vec::new(), _permit: permit })
-                }
+                Ok(()) => Ok(Reply {
+                    head: read_head(ctx, &req),
+                    data: Some(buf),
+                    file: None,
+                    tail: Vec::new(),
+                    _permit: permit,
+                }),
                 Err(e) => {
                     ctx.shared.pool.put(buf);
                     Err(e)
@@ -309,7 +390,7 @@ async fn execute(
                     ext.iter().map(|e| Extent { length: e.length.min(len) as u32, flags: e.flags }).collect();
                 let mut tail = Vec::with_capacity(24 + 8 * ext.len());
                 reply::block_status_chunk(req.cookie, BASE_ALLOCATION_ID, &ext, &mut tail);
-                Ok(Reply { head: reply::empty(), data: None, tail, _permit: permit })
+                Ok(Reply { head: reply::empty(), data: None, file: None, tail, _permit: permit })
             })
         }
         Command::Disc | Command::Unknown(_) => Err(io::Error::from_raw_os_error(libc::EINVAL)),
@@ -335,22 +416,10 @@ async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<R
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH);
     let mut failed = false;
     while rx.recv_many(&mut batch, BATCH).await > 0 {
-        if !failed {
-            let mut slices: [IoSlice<'_>; 3 * BATCH] = [IoSlice::new(&[]); 3 * BATCH];
-            let mut n = 0;
-            for r in &batch {
-                for part in [r.head.as_bytes(), r.data.as_deref().unwrap_or(&[]), &r.tail[..]] {
-                    if !part.is_empty() {
-                        slices[n] = IoSlice::new(part);
-                        n += 1;
-                    }
-                }
-            }
-            if let Err(e) = write_all_vectored(&mut wr, &mut slices[..n]).await {
-                tracing::debug!(error = %e, "client stopped reading replies");
-                // Keep draining so request tasks can finish, but stop writing.
-                failed = true;
-            }
+        if !failed && let Err(e) = write_batch(&mut wr, &batch).await {
+            tracing::debug!(error = %e, "client stopped reading replies");
+            // Keep draining so request tasks can finish, but stop writing.
+            failed = true;
         }
         for r in batch.drain(..) {
             if let Some(d) = r.data {
@@ -359,6 +428,62 @@ async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<R
         }
     }
     let _ = wr.shutdown().await;
+}
+
+/// Writes a batch of replies: runs of in-memory parts go out in one vectored
+/// write; page-cache data goes out with `sendfile` in between.
+async fn write_batch(wr: &mut OwnedWriteHalf, batch: &[Reply]) -> io::Result<()> {
+    let mut slices: [IoSlice<'_>; 3 * BATCH] = [IoSlice::new(&[]); 3 * BATCH];
+    let mut n = 0;
+    for r in batch {
+        for part in [r.head.as_bytes(), r.data.as_deref().unwrap_or(&[])] {
+            if !part.is_empty() {
+                slices[n] = IoSlice::new(part);
+                n += 1;
+            }
+        }
+        if let Some((src, len)) = &r.file {
+            write_all_vectored(wr, &mut slices[..n]).await?;
+            n = 0;
+            send_file(wr, src, *len).await?;
+        }
+        if !r.tail.is_empty() {
+            slices[n] = IoSlice::new(&r.tail);
+            n += 1;
+        }
+    }
+    write_all_vectored(wr, &mut slices[..n]).await
+}
+
+/// Sends `len` bytes of `src` to the socket with `sendfile(2)`: the pages go
+/// from the page cache to the socket without a copy through user space.
+async fn send_file(wr: &mut OwnedWriteHalf, src: &SpliceSource, len: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let sock: &TcpStream = wr.as_ref();
+    let (sock_fd, file_fd) = (sock.as_raw_fd(), src.file.as_raw_fd());
+    let mut off = src.offset as libc::off_t;
+    let end = off + len as libc::off_t;
+    while off < end {
+        sock.writable().await?;
+        let sent = sock.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: both fds stay open for the call (the file is held by `src`,
+            // the socket by `wr`), and `off` is a live local.
+            let r = unsafe { libc::sendfile(sock_fd, file_fd, &mut off, (end - off) as usize) };
+            if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) }
+        });
+        match sent {
+            Ok(0) => {
+                // The file ended early (shrunk under us): the rest reads as zeroes.
+                let zeros = vec![0u8; (end - off) as usize];
+                wr.write_all(&zeros).await?;
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 async fn write_all_vectored(wr: &mut OwnedWriteHalf, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
