@@ -38,9 +38,12 @@ enum Cmd {
         /// Control API and /metrics listen address.
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
         api: SocketAddr,
-        /// Data path engine. `uring` falls back to `threads` (with a warning)
-        /// where io_uring is refused, e.g. under Docker's default seccomp profile.
-        #[arg(long, value_enum, default_value_t = IoEngine::Uring)]
+        /// Data path engine. Both answer page-cache hits inline; they differ in
+        /// what waits. `threads` is the default: buffered writes that io_uring
+        /// punts to its io-wq workers cost about 1.6x the CPU (measured with
+        /// `bench nbd-compare`). `uring` falls back to `threads` (with a
+        /// warning) where io_uring is refused, e.g. under Docker's default seccomp.
+        #[arg(long, value_enum, default_value_t = IoEngine::Threads)]
         io_engine: IoEngine,
         /// Export every volume read-only (writes are answered with EPERM).
         #[arg(long)]

@@ -14,7 +14,7 @@
 
 pub mod map;
 
-use super::{BlockBackend, BufResult, Extent64};
+use super::{BlockBackend, BufResult, Extent64, SpliceSource};
 use crate::proto::state;
 use map::{GRANULE, GranuleMap};
 use std::io;
@@ -396,6 +396,59 @@ async fn read_sources<B: BlockBackend>(
 impl<B: BlockBackend> BlockBackend for Layered<B> {
     fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
+    }
+
+    // The synchronous fast paths give up (answer "no") whenever they would
+    // have to wait: the head is being swapped, or a granule is not owned yet.
+
+    fn try_read_now(&self, buf: &mut [u8], offset: u64) -> bool {
+        let Ok(head) = self.head.try_read() else { return false };
+        if self.check(offset, buf.len() as u64).is_err() {
+            return false;
+        }
+        if head.cow.is_none() {
+            return head.data.try_read_now(buf, offset);
+        }
+        let mut srcs = Vec::new();
+        head.resolve(offset, buf.len() as u64, &mut srcs);
+        srcs.iter().all(|&(src, s, l)| {
+            let part = &mut buf[(s - offset) as usize..(s - offset + l) as usize];
+            match src {
+                Src::Zero => {
+                    part.fill(0);
+                    true
+                }
+                Src::Layer(layer) => layer.data.try_read_now(part, s),
+            }
+        })
+    }
+
+    fn try_write_now(&self, buf: &[u8], offset: u64) -> bool {
+        let Ok(head) = self.head.try_read() else { return false };
+        if buf.is_empty() || self.check(offset, buf.len() as u64).is_err() {
+            return false;
+        }
+        match &head.cow {
+            None => head.data.try_write_now(buf, offset),
+            Some(cow) => {
+                let (g0, g1) = map::granules(offset, buf.len() as u64);
+                cow.map.all_owned(g0, g1) && head.data.try_write_now(buf, offset)
+            }
+        }
+    }
+
+    fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
+        let head = self.head.try_read().ok()?;
+        self.check(offset, len).ok()?;
+        if head.cow.is_none() {
+            return head.data.splice_source(offset, len);
+        }
+        let mut srcs = Vec::new();
+        head.resolve(offset, len, &mut srcs);
+        match srcs[..] {
+            [(Src::Layer(layer), s, l)] => layer.data.splice_source(s, l),
+            _ => None,
+        }
     }
 
     async fn read_at(&self, buf: Vec<u8>, offset: u64) -> BufResult {
