@@ -319,3 +319,43 @@ fn kill_9_during_snapshot_clone_resize_and_delete_loses_nothing_acknowledged() {
         }
     });
 }
+
+fn cli(api: std::net::SocketAddr, args: &[&str]) -> (bool, String) {
+    let out = Command::new(stack_tests::bin("coronafs", "coronafs"))
+        .args(args)
+        .args(["--api", &format!("http://{api}")])
+        .output()
+        .expect("run coronafs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_cli_drives_snapshots_clones_resize_flatten_and_delete() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
+    let ok = |args: &[&str], needle: &str| {
+        let (success, text) = cli(p.api, args);
+        assert!(success && text.contains(needle), "{args:?}: {text}");
+    };
+    let fails = |args: &[&str], needle: &str| {
+        let (success, text) = cli(p.api, args);
+        assert!(!success && text.contains(needle), "{args:?} should fail with {needle:?}: {text}");
+    };
+    ok(&["volume", "create", "img", "--size", "64M"], "created img");
+    ok(&["snapshot", "create", "img@gold"], "read-only export");
+    ok(&["volume", "create", "vm", "--from-snapshot", "img@gold"], "as a clone of img@gold");
+    ok(&["snapshot", "list", "img"], "img@gold");
+    ok(&["volume", "list"], "img@gold");
+    fails(&["volume", "create", "x"], "--size is required");
+    fails(&["snapshot", "create", "img"], "VOLUME@SNAPSHOT");
+    fails(&["volume", "delete", "img"], "has clones (vm)");
+    fails(&["volume", "resize", "vm", "--size", "1M"], "allow_shrink");
+    ok(&["volume", "resize", "vm", "--size", "128M"], "134217728 bytes");
+    ok(&["volume", "flatten", "vm"], "no parent");
+    ok(&["volume", "show", "vm"], "\"parent\": null");
+    ok(&["snapshot", "delete", "img@gold"], "deleted img@gold");
+    ok(&["volume", "delete", "img"], "deleted img");
+    ok(&["volume", "delete", "vm", "--force"], "deleted vm");
+    fails(&["volume", "show", "vm"], "not found");
+}

@@ -77,7 +77,7 @@ impl CrashClock {
                 let mut p = off;
                 while p < off + len {
                     let end = ((p / PAGE + 1) * PAGE).min(off + len);
-                    if self.rand() % 2 == 0 {
+                    if self.rand().is_multiple_of(2) {
                         let (a, b) = (p as usize, end as usize);
                         let src = img.live[a..b].to_vec();
                         img.durable[a..b].copy_from_slice(&src);

@@ -208,10 +208,10 @@ impl Volumes {
     pub async fn flush_all(&self) {
         let vols: Vec<Arc<Volume>> = self.open.lock().map(|o| o.values().cloned().collect()).unwrap_or_default();
         for v in vols {
-            if !v.read_only {
-                if let Err(e) = crate::backend::BlockBackend::flush(&v.backend).await {
-                    tracing::warn!(volume = %v.name, error = %e, "flush at shutdown failed");
-                }
+            if !v.read_only
+                && let Err(e) = crate::backend::BlockBackend::flush(&v.backend).await
+            {
+                tracing::warn!(volume = %v.name, error = %e, "flush at shutdown failed");
             }
         }
     }

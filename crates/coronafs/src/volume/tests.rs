@@ -54,7 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn pick<'a>(m: &'a BTreeMap<String, Vec<u8>>, i: usize) -> Option<&'a String> {
+fn pick(m: &BTreeMap<String, Vec<u8>>, i: usize) -> Option<&String> {
     if m.is_empty() { None } else { m.keys().nth(i % m.len()) }
 }
 

@@ -117,7 +117,7 @@ impl GranuleMap {
         let bits = file.get(HEADER as usize..).unwrap_or_default();
         for (i, w) in bits.chunks_exact(8).enumerate().take(n.div_ceil(64) as usize) {
             let mut v = u64::from_le_bytes(w.try_into().unwrap_or_default());
-            if i as u64 == n / 64 && n % 64 != 0 {
+            if i as u64 == n / 64 && !n.is_multiple_of(64) {
                 v &= (1u64 << (n % 64)) - 1;
             }
             map.live[i].store(v, Ordering::Relaxed);

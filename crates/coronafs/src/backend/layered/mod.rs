@@ -294,10 +294,10 @@ impl<B: BlockBackend> Layered<B> {
         let end = off + len;
         for &g in &unowned {
             let (gs, ge) = (g * GRANULE, ((g + 1) * GRANULE).min(head.size));
-            if off > gs || end < ge {
-                if let Err(e) = self.copy_in(head, cow, g).await {
-                    return (Err(e), op_buf(op));
-                }
+            if (off > gs || end < ge)
+                && let Err(e) = self.copy_in(head, cow, g).await
+            {
+                return (Err(e), op_buf(op));
             }
         }
         let (r, buf) = match op {

@@ -56,7 +56,7 @@ fn parent_image(seed: u64) -> Vec<u8> {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        if x % 3 != 0 {
+        if !x.is_multiple_of(3) {
             page.fill((i as u8).wrapping_mul(7) | 1);
         }
     }
@@ -179,7 +179,8 @@ impl Rng {
 async fn crash_case(seed: u64) {
     let pages = (SIZE / 4096) as usize;
     let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
-    let parent_tags: Vec<u64> = (0..pages).map(|i| if rng.next() % 3 == 0 { 0 } else { 1000 + i as u64 }).collect();
+    let parent_tags: Vec<u64> =
+        (0..pages).map(|i| if rng.next().is_multiple_of(3) { 0 } else { 1000 + i as u64 }).collect();
     let parent_img: Vec<u8> = parent_tags.iter().flat_map(|&t| page_bytes(t)).collect();
     let clock = CrashClock::new(rng.next() % 14, rng.next());
     let parent = Arc::new(Layer::base(1, SIZE, CrashBackend::new(&clock, parent_img.clone())));
@@ -208,7 +209,7 @@ async fn crash_case(seed: u64) {
                 let buf: Vec<u8> = (0..np).flat_map(|i| page_bytes(tag + i as u64)).collect();
                 (vol.write_at(buf, off, fua).await.0, Some(tag), fua)
             }
-            5 => (vol.write_zeroes(off, len, rng.next() % 2 == 0, false).await, Some(0), false),
+            5 => (vol.write_zeroes(off, len, rng.next().is_multiple_of(2), false).await, Some(0), false),
             6 => (vol.trim(off, len).await, Some(0), false),
             _ => (vol.flush().await, None, false),
         };
@@ -233,8 +234,8 @@ async fn crash_case(seed: u64) {
                 }
             }
             (Ok(()), Some(_)) | (Err(_), Some(_)) => {
-                for p in p0..p0 + np {
-                    maybe[p].push(page_tag(p));
+                for (p, m) in maybe.iter_mut().enumerate().skip(p0).take(np) {
+                    m.push(page_tag(p));
                 }
             }
             (Err(_), None) => {}
