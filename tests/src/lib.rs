@@ -106,9 +106,9 @@ impl Corona {
         self.srv.as_ref().expect("running")
     }
 
-    /// Creates a sparse volume file directly (the server picks it up by name).
+    /// Creates a thin volume through the volume manager.
     pub fn create(&self, name: &str, size: u64) {
-        self.srv().shared.exports.create(name, size).expect("create volume");
+        self.rt.block_on(self.srv().shared.exports.create(name, size)).expect("create volume");
     }
 
     pub fn uri(&self, name: &str) -> String {
@@ -119,8 +119,9 @@ impl Corona {
         self.srv().nbd_addr
     }
 
+    /// The data file a volume's writes land in.
     pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.srv().shared.exports.head_path(name).expect("volume path")
     }
 }
 

@@ -21,9 +21,13 @@ fn the_cli_creates_lists_and_explains_errors() {
     let p = CoronaProc::spawn(dir.path(), coronafs::backend::IoEngine::Threads);
     let out = cli(p.api, &["create", "vm-disk", "--size", "4G"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let md = std::fs::metadata(dir.path().join("vm-disk")).expect("volume file");
-    assert_eq!(md.len(), 4 << 30);
-    assert!(std::os::unix::fs::MetadataExt::blocks(&md) < 64, "a new volume is thin");
+    let layers: Vec<std::fs::Metadata> = std::fs::read_dir(dir.path().join("layers"))
+        .expect("layers dir")
+        .map(|e| e.expect("entry").metadata().expect("metadata"))
+        .collect();
+    assert_eq!(layers.len(), 1, "one data file for a new volume");
+    assert_eq!(layers[0].len(), 4 << 30);
+    assert!(std::os::unix::fs::MetadataExt::blocks(&layers[0]) < 64, "a new volume is thin");
     let out = cli(p.api, &["list"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("vm-disk"));
     for (args, needle) in [

@@ -1,31 +1,70 @@
-//! The HTTP control API (JSON) and `/metrics`.
+//! The HTTP control API (JSON), `/metrics` and `/openapi.json`.
 //!
 //! | method | path | what |
 //! |---|---|---|
 //! | GET | `/healthz` | liveness |
 //! | GET | `/metrics` | Prometheus text |
-//! | GET | `/v1/volumes` | list volumes |
-//! | POST | `/v1/volumes` | create `{name, size}` (size in bytes) |
-//! | GET | `/v1/volumes/{name}` | show one |
+//! | GET | `/openapi.json` | OpenAPI 3 description of this table |
+//! | GET, POST | `/v1/volumes` | list; create `{name, size?, from_snapshot?}` |
+//! | GET, DELETE | `/v1/volumes/{name}` | show; delete (`?force=true`) |
+//! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
+//! | POST | `/v1/volumes/{name}/flatten` | copy parent data in, detach |
+//! | GET, POST | `/v1/volumes/{name}/snapshots` | list; create `{name}` |
+//! | DELETE | `/v1/volumes/{name}/snapshots/{snap}` | delete (`?force=true`) |
+//!
+//! Every error is `{"error": "..."}` with 400, 403, 404, 409, 500 or 507.
 
 use crate::error::CoronaError;
 use crate::server::Shared;
-use axum::extract::{Path, State};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// Body of `POST /v1/volumes`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateVolume {
     /// Volume name (see [`crate::util::validate_name`]).
     pub name: String,
-    /// Size in bytes.
+    /// Size in bytes; required unless cloning (then it defaults to the snapshot's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    /// `VOL@SNAP` to clone from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+}
+
+/// Body of `POST /v1/volumes/{name}/resize`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeVolume {
+    /// New size in bytes.
     pub size: u64,
+    /// Allow a size below the current one (the data past it is lost).
+    #[serde(default)]
+    pub allow_shrink: bool,
+}
+
+/// Body of `POST /v1/volumes/{name}/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// Snapshot name (same rules as volume names).
+    pub name: String,
+}
+
+/// Query of the DELETE calls.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Force {
+    /// Delete even if in use or cloned.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// The JSON error body every failing call returns.
@@ -45,43 +84,90 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
         .route("/v1/volumes", get(list).post(create))
-        .route("/v1/volumes/{name}", get(show))
+        .route("/v1/volumes/{name}", get(show).delete(remove))
+        .route("/v1/volumes/{name}/resize", post(resize))
+        .route("/v1/volumes/{name}/flatten", post(flatten))
+        .route("/v1/volumes/{name}/snapshots", get(snapshots).post(snapshot))
+        .route("/v1/volumes/{name}/snapshots/{snap}", delete(remove_snapshot))
         .with_state(shared)
 }
 
-async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
+type S = State<Arc<Shared>>;
+
+/// A JSON body, or a 400 that says what is wrong with it.
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, CoronaError> {
+    b.map(|Json(t)| t).map_err(|e| CoronaError::BadRequest(format!("bad request body: {}", e.body_text())))
+}
+
+fn query(q: Result<Query<Force>, axum::extract::rejection::QueryRejection>) -> Result<bool, CoronaError> {
+    q.map(|Query(f)| f.force).map_err(|e| CoronaError::BadRequest(format!("bad query: {}", e.body_text())))
+}
+
+async fn metrics(State(s): S) -> impl IntoResponse {
     ([("content-type", "text/plain; version=0.0.4")], s.metrics.render())
 }
 
-async fn list(State(s): State<Arc<Shared>>) -> Result<impl IntoResponse, CoronaError> {
-    let s2 = s.clone();
-    Ok(Json(blocking(move || s2.exports.list()).await?))
+async fn list(State(s): S) -> Result<impl IntoResponse, CoronaError> {
+    Ok(Json(s.exports.list()?))
 }
 
-async fn show(State(s): State<Arc<Shared>>, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
-    Ok(Json(blocking(move || s.exports.info(&name)).await?))
+async fn show(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
+    Ok(Json(s.exports.info(&name)?))
 }
 
-async fn create(
-    State(s): State<Arc<Shared>>,
-    body: Result<Json<CreateVolume>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let Json(req) = match body {
-        Ok(b) => b,
-        Err(e) => {
-            return (StatusCode::BAD_REQUEST, Json(ApiError { error: format!("bad request body: {}", e.body_text()) }))
-                .into_response();
-        }
+async fn create(State(s): S, b: Result<Json<CreateVolume>, JsonRejection>) -> Result<Response, CoronaError> {
+    let req = body(b)?;
+    let info = match (&req.from_snapshot, req.size) {
+        (Some(from), size) => s.exports.clone_from(&req.name, from, size).await?,
+        (None, Some(size)) => s.exports.create(&req.name, size).await?,
+        (None, None) => return Err(CoronaError::BadRequest("size is required unless from_snapshot is given".into())),
     };
-    match blocking(move || s.exports.create(&req.name, req.size)).await {
-        Ok(info) => (StatusCode::CREATED, Json(info)).into_response(),
-        Err(e) => e.into_response(),
-    }
+    Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, CoronaError> + Send + 'static,
-) -> Result<T, CoronaError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| CoronaError::Io(std::io::Error::other(e.to_string())))?
+async fn remove(
+    State(s): S,
+    Path(name): Path<String>,
+    q: Result<Query<Force>, axum::extract::rejection::QueryRejection>,
+) -> Result<StatusCode, CoronaError> {
+    s.exports.delete(&name, query(q)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn resize(
+    State(s): S,
+    Path(name): Path<String>,
+    b: Result<Json<ResizeVolume>, JsonRejection>,
+) -> Result<impl IntoResponse, CoronaError> {
+    let req = body(b)?;
+    Ok(Json(s.exports.resize(&name, req.size, req.allow_shrink).await?))
+}
+
+async fn flatten(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
+    Ok(Json(s.exports.flatten(&name).await?))
+}
+
+async fn snapshots(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
+    Ok(Json(s.exports.snapshots(&name)?))
+}
+
+async fn snapshot(
+    State(s): S,
+    Path(name): Path<String>,
+    b: Result<Json<CreateSnapshot>, JsonRejection>,
+) -> Result<Response, CoronaError> {
+    let req = body(b)?;
+    let info = s.exports.snapshot(&name, &req.name).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+async fn remove_snapshot(
+    State(s): S,
+    Path((name, snap)): Path<(String, String)>,
+    q: Result<Query<Force>, axum::extract::rejection::QueryRejection>,
+) -> Result<StatusCode, CoronaError> {
+    s.exports.delete_snapshot(&name, &snap, query(q)?).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -17,6 +17,21 @@ pub enum CoronaError {
     /// No such volume.
     #[error("volume {0:?} not found")]
     NotFound(String),
+    /// No such snapshot.
+    #[error("snapshot {0:?} not found")]
+    SnapshotNotFound(String),
+    /// The snapshot already exists.
+    #[error("snapshot {0:?} already exists")]
+    SnapshotExists(String),
+    /// The change conflicts with the state: in use, has clones, chain too deep.
+    #[error("{0}")]
+    Conflict(String),
+    /// The request is well-formed JSON but asks for something invalid.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Meta(String),
     /// The server exports everything read-only.
     #[error("the server is read-only: {0}")]
     ReadOnly(&'static str),
@@ -44,9 +59,11 @@ impl CoronaError {
     /// The HTTP status this error is answered with by the control API.
     pub fn http_status(&self) -> u16 {
         match self {
-            CoronaError::InvalidName { .. } | CoronaError::InvalidSize { .. } => 400,
-            CoronaError::AlreadyExists(_) => 409,
-            CoronaError::NotFound(_) => 404,
+            CoronaError::InvalidName { .. } | CoronaError::InvalidSize { .. } | CoronaError::BadRequest(_) => 400,
+            CoronaError::AlreadyExists(_) | CoronaError::SnapshotExists(_) | CoronaError::Conflict(_) => 409,
+            CoronaError::NotFound(_) | CoronaError::SnapshotNotFound(_) => 404,
+            CoronaError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => 507,
+            CoronaError::Meta(_) => 500,
             CoronaError::ReadOnly(_) => 403,
             CoronaError::Api { .. }
             | CoronaError::Nbd { .. }

@@ -3,7 +3,9 @@
 //! The crate is layered the way data flows:
 //! - [`proto`]: the sans-IO NBD codec (negotiation, requests, replies);
 //! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
-//!   (io_uring, thread pool, memory);
+//!   (io_uring, thread pool, memory, crash injection, copy-on-write layering);
+//! - [`volume`]: volumes, snapshots and clones over layered backends, with
+//!   their metadata in redb;
 //! - [`server`]: the async NBD server and the export table;
 //! - [`api`]: the HTTP control API and `/metrics`;
 //! - [`client`]: an async, pipelined NBD client (used by the bench and PlasmaVMC).
@@ -13,8 +15,10 @@ pub mod backend;
 pub mod client;
 pub mod error;
 pub mod metrics;
+pub mod openapi;
 pub mod proto;
 pub mod server;
 pub mod util;
+pub mod volume;
 
 pub use error::{CoronaError, Result};

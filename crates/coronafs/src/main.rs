@@ -2,9 +2,10 @@
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use coronafs::api::{ApiError, CreateVolume};
+use coronafs::api::{ApiError, CreateSnapshot, CreateVolume, ResizeVolume};
 use coronafs::backend::IoEngine;
-use coronafs::server::{self, ServerConfig, exports::VolumeInfo};
+use coronafs::server::{self, ServerConfig};
+use coronafs::volume::{SnapshotInfo, VolumeInfo};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -13,7 +14,9 @@ use std::path::PathBuf;
 /// Run `coronafs serve` on the storage node, then create volumes through its
 /// control API with `coronafs volume create`. Every volume is reachable as
 /// nbd://HOST:PORT/NAME by qemu, libnbd tools, fio's nbd engine or the kernel
-/// nbd client.
+/// nbd client; every snapshot, read-only, as nbd://HOST:PORT/NAME@SNAP.
+/// Snapshots take O(1) time and space; so do clones of them
+/// (`coronafs volume create NEW --from-snapshot NAME@SNAP`).
 #[derive(Parser, Debug)]
 #[command(version, propagate_version = true)]
 struct Cli {
@@ -25,7 +28,8 @@ struct Cli {
 enum Cmd {
     /// Serve every volume under DATA_DIR over NBD, with the control API beside it.
     Serve {
-        /// Directory holding the volumes (created if missing).
+        /// Directory holding the metadata store (meta.redb) and the layer files
+        /// (created if missing). Raw files placed directly in it are adopted as volumes.
         #[arg(long, value_name = "DIR")]
         data_dir: PathBuf,
         /// NBD listen address.
@@ -50,22 +54,71 @@ enum Cmd {
         #[arg(long, global = true, value_name = "URL", default_value = "http://127.0.0.1:7070")]
         api: String,
     },
+    /// Manage snapshots through a running server's control API.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+        /// Control API of the server.
+        #[arg(long, global = true, value_name = "URL", default_value = "http://127.0.0.1:7070")]
+        api: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
 enum VolumeCmd {
-    /// Create a thin (sparse) volume.
+    /// Create a thin (sparse) volume, or a copy-on-write clone of a snapshot.
     Create {
         /// Volume name: letters, digits, '.', '_' and '-' (at most 128).
         name: String,
         /// Size: plain bytes or with a K, M, G or T suffix (powers of 1024).
+        /// Required unless --from-snapshot (then it defaults to the snapshot's).
         #[arg(long)]
-        size: String,
+        size: Option<String>,
+        /// Clone VOL@SNAP instead of starting empty (O(1), shares its data).
+        #[arg(long, value_name = "VOL@SNAP")]
+        from_snapshot: Option<String>,
     },
     /// List volumes.
     List,
-    /// Show one volume.
+    /// Show one volume (size, allocation, parent, snapshots, connections).
     Show { name: String },
+    /// Delete a volume and its snapshots.
+    Delete {
+        name: String,
+        /// Delete even with open NBD connections or clones (clones keep working).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Grow a volume (shrink only with --allow-shrink). Clients see it on reconnect.
+    Resize {
+        name: String,
+        #[arg(long)]
+        size: String,
+        /// Allow a smaller size: the data past it is lost.
+        #[arg(long)]
+        allow_shrink: bool,
+    },
+    /// Copy all inherited data into a clone and detach it from its snapshot.
+    Flatten { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotCmd {
+    /// Take a read-only snapshot VOL@SNAP (O(1)); exported over NBD as VOL@SNAP.
+    Create {
+        #[arg(value_name = "VOL@SNAP")]
+        spec: String,
+    },
+    /// List the snapshots of a volume.
+    List { volume: String },
+    /// Delete a snapshot.
+    Delete {
+        #[arg(value_name = "VOL@SNAP")]
+        spec: String,
+        /// Delete even if it has clones (they keep working).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -87,43 +140,112 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Volume { cmd, api } => volume(cmd, api.trim_end_matches('/')).await,
+        Cmd::Snapshot { cmd, api } => snapshot(cmd, api.trim_end_matches('/')).await,
+    }
+}
+
+/// One call to the control API; the answer's error message on failure.
+async fn call<T: serde::de::DeserializeOwned>(req: reqwest::RequestBuilder, api: &str) -> anyhow::Result<Option<T>> {
+    let resp = req.send().await.with_context(|| format!("cannot reach the control API at {api}"))?;
+    if resp.status() == reqwest::StatusCode::NO_CONTENT {
+        return Ok(None);
+    }
+    answer(resp).await.map(Some)
+}
+
+fn print_volumes(list: &[VolumeInfo]) {
+    println!("{:<32} {:>16} {:>16} {:>5}  PARENT", "NAME", "SIZE", "ALLOCATED", "CONNS");
+    for v in list {
+        let parent = v.parent.as_deref().unwrap_or("-");
+        println!("{:<32} {:>16} {:>16} {:>5}  {parent}", v.name, v.size, v.allocated_bytes, v.connections);
     }
 }
 
 async fn volume(cmd: VolumeCmd, api: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
+    let url = |p: &str| format!("{api}/v1/volumes{p}");
     match cmd {
-        VolumeCmd::Create { name, size } => {
-            let size = coronafs::util::parse_size(&size)?;
-            let resp = http
-                .post(format!("{api}/v1/volumes"))
-                .json(&CreateVolume { name, size })
-                .send()
-                .await
-                .with_context(|| format!("cannot reach the control API at {api}"))?;
-            let v: VolumeInfo = answer(resp).await?;
-            println!("created {} ({} bytes), export nbd://<server>/{}", v.name, v.size, v.nbd_export);
-        }
-        VolumeCmd::List => {
-            let resp = http
-                .get(format!("{api}/v1/volumes"))
-                .send()
-                .await
-                .with_context(|| format!("cannot reach the control API at {api}"))?;
-            let list: Vec<VolumeInfo> = answer(resp).await?;
-            println!("{:<32} {:>16} {:>16} {:>5}", "NAME", "SIZE", "ALLOCATED", "CONNS");
-            for v in list {
-                println!("{:<32} {:>16} {:>16} {:>5}", v.name, v.size, v.allocated_bytes, v.connections);
+        VolumeCmd::Create { name, size, from_snapshot } => {
+            let size = size.map(|s| coronafs::util::parse_size(&s)).transpose()?;
+            if size.is_none() && from_snapshot.is_none() {
+                bail!("--size is required unless --from-snapshot is given");
+            }
+            let body = CreateVolume { name, size, from_snapshot };
+            let v: Option<VolumeInfo> = call(http.post(url("")).json(&body), api).await?;
+            if let Some(v) = v {
+                match &v.parent {
+                    Some(p) => println!(
+                        "created {} ({} bytes) as a clone of {p}, export nbd://<server>/{}",
+                        v.name, v.size, v.nbd_export
+                    ),
+                    None => println!("created {} ({} bytes), export nbd://<server>/{}", v.name, v.size, v.nbd_export),
+                }
             }
         }
+        VolumeCmd::List => {
+            let list: Option<Vec<VolumeInfo>> = call(http.get(url("")), api).await?;
+            print_volumes(&list.unwrap_or_default());
+        }
         VolumeCmd::Show { name } => {
-            let resp = http
-                .get(format!("{api}/v1/volumes/{name}"))
-                .send()
-                .await
-                .with_context(|| format!("cannot reach the control API at {api}"))?;
-            let v: VolumeInfo = answer(resp).await?;
+            let v: Option<VolumeInfo> = call(http.get(url(&format!("/{name}"))), api).await?;
             println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        VolumeCmd::Delete { name, force } => {
+            call::<serde_json::Value>(http.delete(url(&format!("/{name}?force={force}"))), api).await?;
+            println!("deleted {name}");
+        }
+        VolumeCmd::Resize { name, size, allow_shrink } => {
+            let size = coronafs::util::parse_size(&size)?;
+            let body = ResizeVolume { size, allow_shrink };
+            let v: Option<VolumeInfo> = call(http.post(url(&format!("/{name}/resize"))).json(&body), api).await?;
+            if let Some(v) = v {
+                println!("resized {} to {} bytes (clients see it when they reconnect)", v.name, v.size);
+            }
+        }
+        VolumeCmd::Flatten { name } => {
+            let v: Option<VolumeInfo> = call(http.post(url(&format!("/{name}/flatten"))), api).await?;
+            if let Some(v) = v {
+                println!("flattened {} ({} bytes allocated, no parent)", v.name, v.allocated_bytes);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn snapshot(cmd: SnapshotCmd, api: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let split = |spec: &str| -> anyhow::Result<(String, String)> {
+        let (v, s) = coronafs::volume::parse_snap(spec)?;
+        Ok((v.to_owned(), s.to_owned()))
+    };
+    match cmd {
+        SnapshotCmd::Create { spec } => {
+            let (vol, name) = split(&spec)?;
+            let url = format!("{api}/v1/volumes/{vol}/snapshots");
+            let s: Option<SnapshotInfo> = call(http.post(url).json(&CreateSnapshot { name }), api).await?;
+            if let Some(s) = s {
+                println!(
+                    "snapshot {} taken ({} bytes), read-only export nbd://<server>/{}",
+                    s.nbd_export, s.size, s.nbd_export
+                );
+            }
+        }
+        SnapshotCmd::List { volume } => {
+            let list: Option<Vec<SnapshotInfo>> =
+                call(http.get(format!("{api}/v1/volumes/{volume}/snapshots")), api).await?;
+            println!("{:<48} {:>16} {:>16}  CLONES", "SNAPSHOT", "SIZE", "ALLOCATED");
+            for s in list.unwrap_or_default() {
+                println!("{:<48} {:>16} {:>16}  {}", s.nbd_export, s.size, s.allocated_bytes, s.clones.join(","));
+            }
+        }
+        SnapshotCmd::Delete { spec, force } => {
+            let (vol, name) = split(&spec)?;
+            call::<serde_json::Value>(
+                http.delete(format!("{api}/v1/volumes/{vol}/snapshots/{name}?force={force}")),
+                api,
+            )
+            .await?;
+            println!("deleted {spec}");
         }
     }
     Ok(())

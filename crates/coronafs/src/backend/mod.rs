@@ -7,14 +7,18 @@
 //!
 //! Implementations: [`file::FileBackend`] (thread-pool pread/pwrite with an
 //! inline `RWF_NOWAIT` fast path), [`uring::UringBackend`] (tokio-uring) and
-//! [`memory::MemBackend`] (tests and models). [`AnyBackend`] lets the server
-//! pick one at run time without dynamic dispatch.
+//! [`memory::MemBackend`] (tests and models), [`crash::CrashBackend`] (crash
+//! injection). [`layered::Layered`] composes any of them into copy-on-write
+//! chains. [`AnyBackend`] lets the server pick one at run time without
+//! dynamic dispatch.
 
 use std::future::Future;
 use std::io;
 
+pub mod crash;
 pub mod fault;
 pub mod file;
+pub mod layered;
 pub mod memory;
 pub mod uring;
 

@@ -119,3 +119,37 @@ async fn uring_backend_passes_the_suite() {
     assert_eq!(opener.engine(), IoEngine::Uring, "io_uring must work on the test host");
     run_all(|| opener.open(sparse_file(&dir)).expect("open")).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layered_base_passes_the_suite() {
+    run_all(|| layered::Layered::new(layered::Layer::base(1, SIZE, memory::MemBackend::new(SIZE)))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layered_clone_of_an_empty_parent_passes_the_suite() {
+    let parent = std::sync::Arc::new(layered::Layer::base(1, SIZE, memory::MemBackend::new(SIZE)));
+    let mut heads = Vec::new();
+    for _ in 0..5 {
+        let map = memory::MemBackend::new(layered::map::file_len(layered::map::count(SIZE)));
+        heads.push(
+            layered::tests::clone_of(parent.clone(), memory::MemBackend::new(SIZE), map, SIZE).await.expect("clone"),
+        );
+    }
+    let heads = std::sync::Mutex::new(heads);
+    run_all(|| layered::Layered::new(heads.lock().expect("lock").pop().expect("head"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layered_clone_over_files_passes_the_suite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let parent =
+        std::sync::Arc::new(layered::Layer::base(1, SIZE, Opener::Threads.open(sparse_file(&dir)).expect("open")));
+    let mut heads = Vec::new();
+    for _ in 0..5 {
+        let map = Opener::Threads.open(tempfile::tempfile_in(dir.path()).expect("map")).expect("open map");
+        let data = Opener::Threads.open(sparse_file(&dir)).expect("open");
+        heads.push(layered::tests::clone_of(parent.clone(), data, map, SIZE).await.expect("clone"));
+    }
+    let heads = std::sync::Mutex::new(heads);
+    run_all(|| layered::Layered::new(heads.lock().expect("lock").pop().expect("head"))).await;
+}

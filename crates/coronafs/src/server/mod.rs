@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 /// How to run a server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Directory holding one file per volume.
+    /// Directory holding the metadata store and the layer files.
     pub data_dir: PathBuf,
     /// NBD listen address (port 0 picks a free port).
     pub nbd: SocketAddr,
@@ -81,6 +81,7 @@ impl RunningServer {
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
+        self.shared.exports.flush_all().await;
     }
 
     /// Runs until ctrl-c or SIGTERM, then shuts down.
@@ -101,7 +102,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     let opener = Opener::start(cfg.engine);
     let engine = opener.engine();
     let shared = Arc::new(Shared {
-        exports: Exports::new(cfg.data_dir.clone(), opener, cfg.read_only),
+        exports: Exports::load(cfg.data_dir.clone(), opener, cfg.read_only)?,
         metrics: Metrics::default(),
         pool: BufPool::default(),
     });

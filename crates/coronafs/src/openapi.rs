@@ -1,0 +1,125 @@
+//! The OpenAPI 3 description of the control API, served at `/openapi.json`.
+//! Written by hand (serde_json) to stay in step with `api.rs`; a test
+//! checks that every route of the router is described.
+
+use serde_json::{Value, json};
+
+fn err(desc: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+fn ok(desc: &str, schema: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
+}
+
+fn list_of(desc: &str, schema: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"type": "array", "items": {"$ref": format!("#/components/schemas/{schema}")}}}}})
+}
+
+fn body(schema: &str) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
+}
+
+fn path_param(name: &str, desc: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "description": desc, "schema": {"type": "string"}})
+}
+
+fn force() -> Value {
+    json!({"name": "force", "in": "query", "required": false, "schema": {"type": "boolean", "default": false},
+           "description": "delete even if the target is in use or has clones"})
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    let vol = path_param("name", "volume name");
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "CoronaFS control API", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Thin block volumes, O(1) snapshots and copy-on-write clones, exported over NBD as VOL (read-write) and VOL@SNAP (read-only). Every error answers {\"error\": message}."},
+        "paths": {
+            "/healthz": {"get": {"summary": "liveness", "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
+            "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI 3"}}}},
+            "/v1/volumes": {
+                "get": {"summary": "list volumes, sorted by name", "responses": {"200": list_of("volumes", "VolumeInfo")}},
+                "post": {"summary": "create a volume, or clone one from a snapshot (O(1))",
+                         "requestBody": body("CreateVolume"),
+                         "responses": {"201": ok("created", "VolumeInfo"), "400": err("invalid name, size or body"),
+                                       "403": err("server is read-only"), "404": err("snapshot not found"),
+                                       "409": err("exists, or the snapshot's chain is too deep"), "507": err("no space")}}
+            },
+            "/v1/volumes/{name}": {
+                "parameters": [vol],
+                "get": {"summary": "show a volume", "responses": {"200": ok("the volume", "VolumeInfo"), "400": err("invalid name"), "404": err("not found")}},
+                "delete": {"summary": "delete a volume and its snapshots", "parameters": [force()],
+                           "responses": {"204": {"description": "deleted"}, "404": err("not found"),
+                                         "409": err("open NBD connections or clones, and force not given")}}
+            },
+            "/v1/volumes/{name}/resize": {
+                "parameters": [vol],
+                "post": {"summary": "grow (or with allow_shrink, shrink); clients see it on reconnect",
+                         "requestBody": body("ResizeVolume"),
+                         "responses": {"200": ok("resized", "VolumeInfo"), "400": err("shrink without allow_shrink, or bad size"), "404": err("not found")}}
+            },
+            "/v1/volumes/{name}/flatten": {
+                "parameters": [vol],
+                "post": {"summary": "copy all inherited data in and detach from the parent (parent becomes null)",
+                         "responses": {"200": ok("flattened", "VolumeInfo"), "404": err("not found"), "507": err("no space")}}
+            },
+            "/v1/volumes/{name}/snapshots": {
+                "parameters": [vol],
+                "get": {"summary": "list a volume's snapshots", "responses": {"200": list_of("snapshots", "SnapshotInfo"), "404": err("volume not found")}},
+                "post": {"summary": "take a read-only snapshot (O(1)), exported as VOL@SNAP", "requestBody": body("CreateSnapshot"),
+                         "responses": {"201": ok("taken", "SnapshotInfo"), "400": err("invalid name"), "404": err("volume not found"),
+                                       "409": err("exists, or the chain is too deep")}}
+            },
+            "/v1/volumes/{name}/snapshots/{snap}": {
+                "parameters": [vol, path_param("snap", "snapshot name")],
+                "delete": {"summary": "delete a snapshot", "parameters": [force()],
+                           "responses": {"204": {"description": "deleted"}, "404": err("not found"), "409": err("has clones or NBD clients, and force not given")}}
+            }
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+            "CreateVolume": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"},
+                "size": {"type": "integer", "format": "int64", "minimum": 1, "description": "bytes; required unless from_snapshot"},
+                "from_snapshot": {"type": "string", "description": "VOL@SNAP to clone; size defaults to the snapshot's and may only be larger"}}},
+            "ResizeVolume": {"type": "object", "required": ["size"], "additionalProperties": false, "properties": {
+                "size": {"type": "integer", "format": "int64", "minimum": 1},
+                "allow_shrink": {"type": "boolean", "default": false}}},
+            "CreateSnapshot": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
+                "name": {"type": "string"}}},
+            "VolumeInfo": {"type": "object", "required": ["name", "size", "allocated_bytes", "parent", "snapshots", "connections", "read_only", "nbd_export"], "properties": {
+                "name": {"type": "string"},
+                "size": {"type": "integer", "format": "int64"},
+                "allocated_bytes": {"type": "integer", "format": "int64", "description": "space held by this volume's own layer"},
+                "parent": {"type": "string", "nullable": true, "description": "VOL@SNAP it was cloned from, null once flattened"},
+                "snapshots": {"type": "array", "items": {"type": "string"}},
+                "connections": {"type": "integer"},
+                "read_only": {"type": "boolean"},
+                "nbd_export": {"type": "string"}}},
+            "SnapshotInfo": {"type": "object", "required": ["volume", "name", "size", "allocated_bytes", "clones", "nbd_export"], "properties": {
+                "volume": {"type": "string"},
+                "name": {"type": "string"},
+                "size": {"type": "integer", "format": "int64"},
+                "allocated_bytes": {"type": "integer", "format": "int64"},
+                "clones": {"type": "array", "items": {"type": "string"}},
+                "nbd_export": {"type": "string", "description": "VOL@SNAP, read-only"}}}
+        }}
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_route_of_the_api_is_described() {
+        let doc = super::document();
+        let src = include_str!("api.rs");
+        for line in src.lines().filter(|l| l.trim_start().starts_with(".route(\"")) {
+            let path = line.split('"').nth(1).expect("route path");
+            assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
+        }
+        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(9));
+    }
+}

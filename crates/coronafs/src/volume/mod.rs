@@ -1,0 +1,605 @@
+//! Volumes, snapshots and clones: the control plane over layered backends.
+//!
+//! [`Volumes`] owns the metadata store ([`meta`]), the layer files
+//! ([`files`]) and the open exports. Every change follows one order so that
+//! a crash at any point leaves a state the next start repairs:
+//!
+//! 1. create new files and fsync them (and the directory);
+//! 2. quiesce and flush the volume if the change freezes or replaces its head;
+//! 3. commit the new catalog to redb (the commit point);
+//! 4. swap the in-memory head, then unlink files no record names.
+//!
+//! A crash before 3 leaves unnamed files (removed at start); after 3, files
+//! of dropped layers (removed at start) or a size not yet applied to a file
+//! (fixed when the layer opens). See docs/design/volumes.md.
+
+pub mod catalog;
+pub mod files;
+pub mod meta;
+
+use crate::backend::layered::{Layer, Layered, MAX_DEPTH, map};
+use crate::backend::{AnyBackend, Opener};
+use crate::error::{CoronaError, Result};
+use crate::server::exports::Volume;
+use crate::util::validate_name;
+use catalog::{Catalog, LayerRec, SnapRec, VolumeRec, snap_key};
+use meta::Meta;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// Largest volume: 1 PiB.
+pub const MAX_SIZE: u64 = 1 << 50;
+
+/// A volume as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub size: u64,
+    /// Bytes this volume's own layer holds (inherited data is not counted).
+    pub allocated_bytes: u64,
+    /// `VOL@SNAP` this volume was cloned from, until flattened.
+    pub parent: Option<String>,
+    pub snapshots: Vec<String>,
+    pub connections: usize,
+    pub read_only: bool,
+    pub nbd_export: String,
+}
+
+/// A snapshot as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub volume: String,
+    pub name: String,
+    pub size: u64,
+    pub allocated_bytes: u64,
+    pub clones: Vec<String>,
+    pub nbd_export: String,
+}
+
+/// The volume manager of one data dir.
+#[derive(Debug)]
+pub struct Volumes {
+    dir: PathBuf,
+    opener: Opener,
+    read_only: bool,
+    meta: Meta,
+    cat: Mutex<Catalog>,
+    /// Serializes changes to the catalog.
+    control: tokio::sync::Mutex<()>,
+    /// Open exports (`VOL` and `VOL@SNAP`). Kept open until deleted or the
+    /// server stops, so map bits are never dropped unflushed.
+    open: Mutex<HashMap<String, Arc<Volume>>>,
+}
+
+fn poisoned() -> CoronaError {
+    CoronaError::Io(std::io::Error::other("volume table poisoned"))
+}
+
+/// Splits `VOL@SNAP`, validating both names.
+pub fn parse_snap(spec: &str) -> Result<(&str, &str)> {
+    let (v, s) = spec
+        .split_once('@')
+        .ok_or_else(|| CoronaError::BadRequest(format!("{spec:?} is not of the form VOLUME@SNAPSHOT")))?;
+    validate_name(v)?;
+    validate_name(s)?;
+    Ok((v, s))
+}
+
+fn check_size(size: u64) -> Result<()> {
+    if size == 0 || size > MAX_SIZE {
+        return Err(CoronaError::InvalidSize { input: size.to_string(), reason: "must be between 1 byte and 1 PiB" });
+    }
+    Ok(())
+}
+
+impl Volumes {
+    /// Opens the data dir: the store, adoption of raw files dropped in by
+    /// hand, and removal of whatever a crash left unreferenced.
+    pub fn load(dir: PathBuf, opener: Opener, read_only: bool) -> Result<Self> {
+        std::fs::create_dir_all(dir.join(files::LAYERS_DIR))?;
+        let meta = Meta::open(&dir.join("meta.redb"))?;
+        let mut cat = meta.load()?;
+        let before = cat.clone();
+        adopt_raw_files(&dir, &mut cat)?;
+        let garbage = cat.collect_garbage();
+        if cat != before {
+            meta.commit(&before, &cat)?;
+        }
+        for (id, rec) in &garbage {
+            files::remove_layer(&dir, *id, rec);
+        }
+        let strays = files::remove_strays(&dir, &cat)?;
+        if !strays.is_empty() || !garbage.is_empty() {
+            tracing::info!(?strays, garbage = garbage.len(), "removed files left by an interrupted change");
+        }
+        if let Err(e) = cat.check() {
+            tracing::error!(error = %e, "metadata refers to a missing layer");
+        }
+        Ok(Volumes {
+            dir,
+            opener,
+            read_only,
+            meta,
+            cat: Mutex::new(cat),
+            control: tokio::sync::Mutex::new(()),
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn opener(&self) -> &Opener {
+        &self.opener
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn catalog(&self) -> Result<Catalog> {
+        self.cat.lock().map(|c| c.clone()).map_err(|_| poisoned())
+    }
+
+    /// Commits `new` over the current catalog and makes it current.
+    fn commit(&self, old: &Catalog, new: Catalog) -> Result<()> {
+        self.meta.commit(old, &new)?;
+        *self.cat.lock().map_err(|_| poisoned())? = new;
+        Ok(())
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.read_only { Err(CoronaError::ReadOnly("volumes cannot be changed")) } else { Ok(()) }
+    }
+
+    /// Serves `backend` as export `name` until the server stops (tests:
+    /// in-memory and fault-injecting volumes).
+    pub fn insert(&self, name: &str, backend: AnyBackend, read_only: bool) -> Result<Arc<Volume>> {
+        validate_name(name)?;
+        let size = crate::backend::BlockBackend::size(&backend);
+        let v = Arc::new(Volume::new(name, Layered::new(Layer::base(0, size, backend)), read_only));
+        self.open.lock().map_err(|_| poisoned())?.insert(name.to_owned(), v.clone());
+        Ok(v)
+    }
+
+    /// Opens (or shares the open) export `VOL` or `VOL@SNAP`.
+    pub fn open(&self, name: &str) -> Result<Arc<Volume>> {
+        let mut open = self.open.lock().map_err(|_| poisoned())?;
+        if let Some(v) = open.get(name) {
+            return Ok(v.clone());
+        }
+        let cat = self.catalog()?;
+        let (layer, ro) = if name.contains('@') {
+            let (v, s) = parse_snap(name)?;
+            let rec = cat.snapshots.get(name).ok_or_else(|| CoronaError::SnapshotNotFound(snap_key(v, s)))?;
+            (files::open_layer(&self.dir, &self.opener, &cat, rec.layer, false, None)?, true)
+        } else {
+            validate_name(name)?;
+            let rec = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+            (files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None)?, self.read_only)
+        };
+        let v = Arc::new(Volume::new(name, Layered::new(layer), ro));
+        open.insert(name.to_owned(), v.clone());
+        Ok(v)
+    }
+
+    fn connections(&self, name: &str) -> usize {
+        self.open.lock().ok().and_then(|o| o.get(name).map(|v| v.connections.load(Ordering::Relaxed))).unwrap_or(0)
+    }
+
+    /// Drops open exports (flushing them first); `kill` makes their
+    /// connections fail from now on (the volume is gone).
+    async fn close(&self, names: &[String], kill: bool) {
+        let vols: Vec<Arc<Volume>> = match self.open.lock() {
+            Ok(mut o) => names.iter().filter_map(|n| o.remove(n)).collect(),
+            Err(_) => Vec::new(),
+        };
+        for v in vols {
+            if kill {
+                v.backend.kill();
+            } else if let Err(e) = crate::backend::BlockBackend::flush(&v.backend).await {
+                tracing::warn!(volume = %v.name, error = %e, "flush on close failed");
+            }
+        }
+    }
+
+    /// Flushes every open volume (server shutdown).
+    pub async fn flush_all(&self) {
+        let vols: Vec<Arc<Volume>> = self.open.lock().map(|o| o.values().cloned().collect()).unwrap_or_default();
+        for v in vols {
+            if !v.read_only {
+                if let Err(e) = crate::backend::BlockBackend::flush(&v.backend).await {
+                    tracing::warn!(volume = %v.name, error = %e, "flush at shutdown failed");
+                }
+            }
+        }
+    }
+
+    fn allocated(&self, cat: &Catalog, layer: u64) -> u64 {
+        cat.layers
+            .get(&layer)
+            .and_then(|l| std::fs::metadata(self.dir.join(&l.file)).ok())
+            .map_or(0, |m| m.blocks() * 512)
+    }
+
+    fn volume_info(&self, cat: &Catalog, name: &str) -> Result<VolumeInfo> {
+        let v = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+        Ok(VolumeInfo {
+            name: name.to_owned(),
+            size: v.size,
+            allocated_bytes: self.allocated(cat, v.head),
+            parent: v.origin.clone(),
+            snapshots: cat.snapshots_of(name),
+            connections: self.connections(name),
+            read_only: self.read_only,
+            nbd_export: name.to_owned(),
+        })
+    }
+
+    fn snapshot_info(&self, cat: &Catalog, vol: &str, snap: &str) -> Result<SnapshotInfo> {
+        let key = snap_key(vol, snap);
+        let s = cat.snapshots.get(&key).ok_or_else(|| CoronaError::SnapshotNotFound(key.clone()))?;
+        Ok(SnapshotInfo {
+            volume: vol.to_owned(),
+            name: snap.to_owned(),
+            size: s.size,
+            allocated_bytes: self.allocated(cat, s.layer),
+            clones: cat.clones_of(&key),
+            nbd_export: key,
+        })
+    }
+
+    /// Describes one volume.
+    pub fn info(&self, name: &str) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        self.volume_info(&self.catalog()?, name)
+    }
+
+    /// All volumes, sorted by name.
+    pub fn list(&self) -> Result<Vec<VolumeInfo>> {
+        let cat = self.catalog()?;
+        cat.volumes.keys().map(|n| self.volume_info(&cat, n)).collect()
+    }
+
+    /// Snapshots of a volume, sorted by name.
+    pub fn snapshots(&self, vol: &str) -> Result<Vec<SnapshotInfo>> {
+        validate_name(vol)?;
+        let cat = self.catalog()?;
+        if !cat.volumes.contains_key(vol) {
+            return Err(CoronaError::NotFound(vol.to_owned()));
+        }
+        cat.snapshots_of(vol).iter().map(|s| self.snapshot_info(&cat, vol, s)).collect()
+    }
+
+    /// Export names for NBD_OPT_LIST.
+    pub fn export_names(&self) -> Vec<String> {
+        self.catalog().map(|c| c.volumes.keys().chain(c.snapshots.keys()).cloned().collect()).unwrap_or_default()
+    }
+
+    /// Creates an empty thin volume.
+    pub async fn create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        self.writable()?;
+        check_size(size)?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        if old.volumes.contains_key(name) {
+            return Err(CoronaError::AlreadyExists(name.to_owned()));
+        }
+        let mut cat = old.clone();
+        let id = cat.alloc_layer();
+        files::create_layer(&self.dir, id, size, false)?;
+        cat.layers.insert(id, LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 });
+        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: None });
+        self.commit(&old, cat)?;
+        tracing::info!(volume = name, size, "created volume");
+        self.info(name)
+    }
+
+    /// Creates `name` as a copy-on-write clone of `VOL@SNAP`: O(1) whatever
+    /// the size. `size` defaults to the snapshot's and may only be larger.
+    pub async fn clone_from(&self, name: &str, from: &str, size: Option<u64>) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        let (v, s) = parse_snap(from)?;
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        if old.volumes.contains_key(name) {
+            return Err(CoronaError::AlreadyExists(name.to_owned()));
+        }
+        let key = snap_key(v, s);
+        let snap = old.snapshots.get(&key).ok_or_else(|| CoronaError::SnapshotNotFound(key.clone()))?.clone();
+        let size = size.unwrap_or(snap.size);
+        check_size(size)?;
+        if size < snap.size {
+            return Err(CoronaError::BadRequest(format!(
+                "a clone cannot be smaller than its snapshot ({size} < {} bytes); clone, then resize with allow_shrink",
+                snap.size
+            )));
+        }
+        let depth = old.chain(snap.layer).len();
+        if depth + 1 > MAX_DEPTH {
+            return Err(CoronaError::Conflict(format!(
+                "{key} already sits on {depth} layers (the limit is {MAX_DEPTH}); flatten {v} first"
+            )));
+        }
+        let mut cat = old.clone();
+        let id = cat.alloc_layer();
+        files::create_layer(&self.dir, id, size, true)?;
+        let layer = LayerRec { file: files::data_name(id), size, parent: Some(snap.layer), parent_limit: snap.size };
+        cat.layers.insert(id, layer);
+        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: Some(key.clone()) });
+        self.commit(&old, cat)?;
+        tracing::info!(volume = name, from = %key, size, "cloned volume");
+        self.info(name)
+    }
+
+    /// Freezes the volume's head as snapshot `snap` and gives the volume a
+    /// fresh empty head on top of it: O(1) plus one flush.
+    pub async fn snapshot(&self, vol: &str, snap: &str) -> Result<SnapshotInfo> {
+        validate_name(vol)?;
+        validate_name(snap)?;
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let rec = old.volumes.get(vol).ok_or_else(|| CoronaError::NotFound(vol.to_owned()))?.clone();
+        let key = snap_key(vol, snap);
+        if old.snapshots.contains_key(&key) {
+            return Err(CoronaError::SnapshotExists(key));
+        }
+        let depth = old.chain(rec.head).len();
+        if depth + 1 > MAX_DEPTH {
+            return Err(CoronaError::Conflict(format!(
+                "{vol} already sits on {depth} layers (the limit is {MAX_DEPTH}); delete snapshots and flatten it first"
+            )));
+        }
+        let v = self.open(vol)?;
+        let mut head = v.backend.exclusive().await;
+        v.backend.flush_layer(&head).await?;
+        let mut cat = old.clone();
+        let id = cat.alloc_layer();
+        files::create_layer(&self.dir, id, rec.size, true)?;
+        let layer =
+            LayerRec { file: files::data_name(id), size: rec.size, parent: Some(rec.head), parent_limit: rec.size };
+        cat.layers.insert(id, layer);
+        cat.snapshots.insert(key.clone(), SnapRec { layer: rec.head, size: rec.size });
+        if let Some(r) = cat.volumes.get_mut(vol) {
+            r.head = id;
+        }
+        if let Err(e) = self.commit(&old, cat.clone()) {
+            files::remove_layer(&self.dir, id, &cat.layers[&id]);
+            return Err(e);
+        }
+        let new = files::open_layer(&self.dir, &self.opener, &cat, id, true, Some(head.clone()))?;
+        v.backend.replace(&mut head, Arc::new(new));
+        tracing::info!(snapshot = %key, "snapshot taken");
+        self.snapshot_info(&cat, vol, snap)
+    }
+
+    /// Grows (or, with `allow_shrink`, shrinks) a volume. Connected clients
+    /// see the new size when they reconnect.
+    pub async fn resize(&self, name: &str, size: u64, allow_shrink: bool) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        self.writable()?;
+        check_size(size)?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?.clone();
+        if size < rec.size && !allow_shrink {
+            return Err(CoronaError::BadRequest(format!(
+                "shrinking {name} from {} to {size} bytes destroys data; pass allow_shrink to do it",
+                rec.size
+            )));
+        }
+        let v = self.open(name)?;
+        let mut head = v.backend.exclusive().await;
+        v.backend.flush_layer(&head).await?;
+        let mut cat = old.clone();
+        if let Some(r) = cat.volumes.get_mut(name) {
+            r.size = size;
+        }
+        if let Some(l) = cat.layers.get_mut(&rec.head) {
+            l.size = size;
+            l.parent_limit = l.parent_limit.min(size);
+        }
+        self.commit(&old, cat.clone())?;
+        let parent = head.cow.as_ref().map(|c| c.parent.clone());
+        let new = files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, parent)?;
+        v.backend.replace(&mut head, Arc::new(new));
+        drop(head);
+        tracing::info!(volume = name, from = rec.size, to = size, "resized volume");
+        self.info(name)
+    }
+
+    /// Copies every granule the volume does not own from its parents, then
+    /// detaches it: the volume no longer depends on any snapshot.
+    pub async fn flatten(&self, name: &str) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?.clone();
+        let v = self.open(name)?;
+        let granules = map::count(rec.size);
+        for g in 0..granules {
+            v.backend.materialize(g).await?;
+        }
+        let mut head = v.backend.exclusive().await;
+        v.backend.flush_layer(&head).await?;
+        let mut cat = old.clone();
+        if let Some(r) = cat.volumes.get_mut(name) {
+            r.origin = None;
+        }
+        if let Some(l) = cat.layers.get_mut(&rec.head) {
+            l.parent = None;
+            l.parent_limit = 0;
+        }
+        let garbage = cat.collect_garbage();
+        self.commit(&old, cat.clone())?;
+        let new = files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, None)?;
+        v.backend.replace(&mut head, Arc::new(new));
+        drop(head);
+        let _ = std::fs::remove_file(files::map_path(&self.dir, rec.head));
+        for (id, l) in &garbage {
+            files::remove_layer(&self.dir, *id, l);
+        }
+        tracing::info!(volume = name, freed_layers = garbage.len(), "flattened volume");
+        self.info(name)
+    }
+
+    /// Deletes a volume and its snapshots. Refused while it has connections
+    /// or clones unless `force`; clones keep working (the layers they need
+    /// stay until nothing needs them).
+    pub async fn delete(&self, name: &str, force: bool) -> Result<()> {
+        validate_name(name)?;
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        if !old.volumes.contains_key(name) {
+            return Err(CoronaError::NotFound(name.to_owned()));
+        }
+        let snaps = old.snapshots_of(name);
+        let clones: Vec<String> = snaps.iter().flat_map(|s| old.clones_of(&snap_key(name, s))).collect();
+        let mut exports: Vec<String> = snaps.iter().map(|s| snap_key(name, s)).collect();
+        exports.push(name.to_owned());
+        if !force {
+            let conns: usize = exports.iter().map(|e| self.connections(e)).sum();
+            if conns > 0 {
+                return Err(CoronaError::Conflict(format!(
+                    "volume {name:?} is in use: {conns} open NBD connection(s); disconnect them or delete with force"
+                )));
+            }
+            if !clones.is_empty() {
+                return Err(CoronaError::Conflict(format!(
+                    "volume {name:?} has clones ({}); flatten or delete them, or delete with force",
+                    clones.join(", ")
+                )));
+            }
+        }
+        let mut cat = old.clone();
+        cat.volumes.remove(name);
+        for s in &snaps {
+            cat.snapshots.remove(&snap_key(name, s));
+        }
+        let garbage = cat.collect_garbage();
+        self.commit(&old, cat)?;
+        self.close(&exports, true).await;
+        for (id, l) in &garbage {
+            files::remove_layer(&self.dir, *id, l);
+        }
+        tracing::info!(volume = name, force, freed_layers = garbage.len(), "deleted volume");
+        Ok(())
+    }
+
+    /// Deletes a snapshot; refused while it has clones unless `force`. Its
+    /// data stays as long as the volume or a clone reads through it.
+    pub async fn delete_snapshot(&self, vol: &str, snap: &str, force: bool) -> Result<()> {
+        validate_name(vol)?;
+        validate_name(snap)?;
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let key = snap_key(vol, snap);
+        if !old.snapshots.contains_key(&key) {
+            return Err(CoronaError::SnapshotNotFound(key));
+        }
+        let clones = old.clones_of(&key);
+        if !force {
+            if !clones.is_empty() {
+                return Err(CoronaError::Conflict(format!(
+                    "snapshot {key:?} has clones ({}); flatten them or delete with force",
+                    clones.join(", ")
+                )));
+            }
+            if self.connections(&key) > 0 {
+                return Err(CoronaError::Conflict(format!(
+                    "snapshot {key:?} is exported to NBD clients; delete with force"
+                )));
+            }
+        }
+        let mut cat = old.clone();
+        cat.snapshots.remove(&key);
+        let garbage = cat.collect_garbage();
+        self.commit(&old, cat)?;
+        self.close(std::slice::from_ref(&key), true).await;
+        for (id, l) in &garbage {
+            files::remove_layer(&self.dir, *id, l);
+        }
+        tracing::info!(snapshot = %key, force, "deleted snapshot");
+        Ok(())
+    }
+
+    /// Checks that metadata and files agree: every layer a volume or
+    /// snapshot needs exists with its files, no layer is unreachable, and
+    /// no file under `layers/` is unnamed. Returns what is wrong.
+    pub fn verify(&self) -> std::result::Result<(), String> {
+        let cat = self.catalog().map_err(|e| e.to_string())?;
+        cat.check()?;
+        if !cat.garbage().is_empty() {
+            return Err(format!("unreachable layers kept: {:?}", cat.garbage()));
+        }
+        let mut want: Vec<String> = Vec::new();
+        for (id, l) in &cat.layers {
+            if l.file.starts_with(files::LAYERS_DIR) {
+                want.push(l.file.clone());
+            } else if !self.dir.join(&l.file).is_file() {
+                return Err(format!("layer {id}: {} is missing", l.file));
+            }
+            if l.parent.is_some() {
+                want.push(format!("{}/{id:016x}.map", files::LAYERS_DIR));
+            }
+        }
+        want.sort();
+        let mut on_disk: Vec<String> = std::fs::read_dir(self.dir.join(files::LAYERS_DIR))
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| e.ok())
+            .map(|e| format!("{}/{}", files::LAYERS_DIR, e.file_name().to_string_lossy()))
+            .collect();
+        on_disk.sort();
+        if on_disk != want {
+            return Err(format!("files {on_disk:?} but the catalog names {want:?}"));
+        }
+        Ok(())
+    }
+
+    /// Path of the data file a volume's writes go to (tests, tools).
+    pub fn head_path(&self, name: &str) -> Result<PathBuf> {
+        let cat = self.catalog()?;
+        let v = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+        let l = cat.layers.get(&v.head).ok_or_else(|| CoronaError::Meta(format!("layer {} is missing", v.head)))?;
+        Ok(self.dir.join(&l.file))
+    }
+}
+
+/// Adopts regular files placed directly in the data dir as plain volumes
+/// named after the file (the layout before volumes had metadata).
+fn adopt_raw_files(dir: &Path, cat: &mut Catalog) -> Result<()> {
+    let known: Vec<String> = cat.layers.values().map(|l| l.file.clone()).collect();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().into_string() else { continue };
+        if validate_name(&name).is_err() || !entry.file_type()?.is_file() || name.starts_with("meta.redb") {
+            continue;
+        }
+        if known.contains(&name) {
+            continue;
+        }
+        if cat.volumes.contains_key(&name) {
+            tracing::warn!(file = %name, "a volume of that name exists; the raw file is ignored");
+            continue;
+        }
+        let size = entry.metadata()?.len();
+        if size == 0 {
+            continue;
+        }
+        let id = cat.alloc_layer();
+        cat.layers.insert(id, LayerRec { file: name.clone(), size, parent: None, parent_limit: 0 });
+        cat.volumes.insert(name.clone(), VolumeRec { size, head: id, origin: None });
+        tracing::info!(volume = %name, size, "adopted a raw file as a volume");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,213 @@
+//! The volume manager against an in-memory model: random writes, snapshots,
+//! clones, flattens, resizes, deletes and restarts over real files and redb.
+
+use super::*;
+use crate::backend::BlockBackend;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+const KIB: u64 = 1024;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+fn load(dir: &Path) -> Volumes {
+    Volumes::load(dir.to_path_buf(), Opener::Threads, false).expect("load volumes")
+}
+
+async fn read_all(v: &Volumes, export: &str) -> Vec<u8> {
+    let e = v.open(export).expect("open export");
+    let size = e.backend.size();
+    let (r, buf) = e.backend.read_at(vec![0; size as usize], 0).await;
+    r.expect("read");
+    buf
+}
+
+async fn write(v: &Volumes, vol: &str, off: u64, data: Vec<u8>) {
+    let e = v.open(vol).expect("open");
+    e.backend.write_at(data, off, false).await.0.expect("write");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { vol: usize, off: u64, len: u64, seed: u8 },
+    Snapshot { vol: usize },
+    Clone { snap: usize, grow: u64 },
+    Flatten { vol: usize },
+    Resize { vol: usize, size: u64 },
+    DeleteSnapshot { snap: usize },
+    DeleteVolume { vol: usize },
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<usize>(), 0..512 * KIB, 1..150 * KIB, any::<u8>()).prop_map(|(vol, off, len, seed)| Op::Write { vol, off, len, seed }),
+        3 => any::<usize>().prop_map(|vol| Op::Snapshot { vol }),
+        3 => (any::<usize>(), prop_oneof![Just(0u64), 1..200 * KIB]).prop_map(|(snap, grow)| Op::Clone { snap, grow }),
+        1 => any::<usize>().prop_map(|vol| Op::Flatten { vol }),
+        1 => (any::<usize>(), 64 * KIB..768 * KIB).prop_map(|(vol, size)| Op::Resize { vol, size }),
+        1 => any::<usize>().prop_map(|snap| Op::DeleteSnapshot { snap }),
+        1 => any::<usize>().prop_map(|vol| Op::DeleteVolume { vol }),
+        1 => Just(Op::Restart),
+    ]
+}
+
+fn pick<'a>(m: &'a BTreeMap<String, Vec<u8>>, i: usize) -> Option<&'a String> {
+    if m.is_empty() { None } else { m.keys().nth(i % m.len()) }
+}
+
+fn files_match_the_catalog(v: &Volumes) {
+    if let Err(e) = v.verify() {
+        panic!("{e}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn volumes_snapshots_and_clones_match_the_model(ops in prop::collection::vec(op(), 1..30)) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let rt = rt();
+        rt.block_on(async {
+            let mut v = load(dir.path());
+            let mut vols: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            let mut snaps: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            v.create("base", 512 * KIB).await.expect("create");
+            vols.insert("base".into(), vec![0; 512 * KIB as usize]);
+            for (n, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Write { vol, off, len, seed } => {
+                        let Some(name) = pick(&vols, vol).cloned() else { continue };
+                        let m = vols.get_mut(&name).expect("model");
+                        let off = off.min(m.len() as u64 - 1);
+                        let len = len.min(m.len() as u64 - off);
+                        let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_add(seed) | 1).collect();
+                        m[off as usize..(off + len) as usize].copy_from_slice(&data);
+                        write(&v, &name, off, data).await;
+                    }
+                    Op::Snapshot { vol } => {
+                        let Some(name) = pick(&vols, vol).cloned() else { continue };
+                        let s = format!("s{n}");
+                        let info = v.snapshot(&name, &s).await.expect("snapshot");
+                        assert_eq!(info.nbd_export, snap_key(&name, &s));
+                        snaps.insert(snap_key(&name, &s), vols[&name].clone());
+                    }
+                    Op::Clone { snap, grow } => {
+                        let Some(key) = pick(&snaps, snap).cloned() else { continue };
+                        let c = format!("c{n}");
+                        let mut m = snaps[&key].clone();
+                        let size = m.len() as u64 + grow;
+                        let info = v.clone_from(&c, &key, Some(size)).await.expect("clone");
+                        assert_eq!(info.parent.as_deref(), Some(key.as_str()));
+                        m.resize(size as usize, 0);
+                        vols.insert(c, m);
+                    }
+                    Op::Flatten { vol } => {
+                        let Some(name) = pick(&vols, vol).cloned() else { continue };
+                        let info = v.flatten(&name).await.expect("flatten");
+                        assert!(info.parent.is_none());
+                    }
+                    Op::Resize { vol, size } => {
+                        let Some(name) = pick(&vols, vol).cloned() else { continue };
+                        v.resize(&name, size, true).await.expect("resize");
+                        vols.get_mut(&name).expect("model").resize(size as usize, 0);
+                    }
+                    Op::DeleteSnapshot { snap } => {
+                        let Some(key) = pick(&snaps, snap).cloned() else { continue };
+                        let (vol, s) = parse_snap(&key).expect("key");
+                        v.delete_snapshot(vol, s, true).await.expect("delete snapshot");
+                        snaps.remove(&key);
+                    }
+                    Op::DeleteVolume { vol } => {
+                        let Some(name) = pick(&vols, vol).cloned() else { continue };
+                        v.delete(&name, true).await.expect("delete");
+                        vols.remove(&name);
+                        snaps.retain(|k, _| !k.starts_with(&format!("{name}@")));
+                    }
+                    Op::Restart => {
+                        v.flush_all().await;
+                        drop(v);
+                        v = load(dir.path());
+                    }
+                }
+                files_match_the_catalog(&v);
+            }
+            for (name, m) in &vols {
+                assert!(read_all(&v, name).await == *m, "volume {name} differs from the model");
+            }
+            for (key, m) in &snaps {
+                assert!(read_all(&v, key).await == *m, "snapshot {key} differs from the model");
+            }
+            v.flush_all().await;
+            drop(v);
+            let v = load(dir.path());
+            files_match_the_catalog(&v);
+            for (name, m) in &vols {
+                assert!(read_all(&v, name).await == *m, "volume {name} differs after a restart");
+            }
+        });
+    }
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let dir = tempfile::tempdir().expect("tmp");
+    rt().block_on(async {
+        let v = load(dir.path());
+        v.create("a", 1 << 20).await.expect("create");
+        let status = |r: Result<VolumeInfo>| r.expect_err("must fail").http_status();
+        assert_eq!(status(v.create("a", 1 << 20).await), 409);
+        assert_eq!(status(v.create("../x", 1 << 20).await), 400);
+        assert_eq!(status(v.create("b", 0).await), 400);
+        assert_eq!(status(v.clone_from("b", "a@none", None).await), 404);
+        assert_eq!(status(v.clone_from("b", "no-at-sign", None).await), 400);
+        v.snapshot("a", "s").await.expect("snapshot");
+        assert_eq!(v.snapshot("a", "s").await.expect_err("dup").http_status(), 409);
+        assert_eq!(status(v.clone_from("b", "a@s", Some(1000)).await), 400, "smaller than the snapshot");
+        v.clone_from("b", "a@s", None).await.expect("clone");
+        assert_eq!(status(v.resize("a", 4096, false).await), 400, "shrink needs allow_shrink");
+        let e = v.delete("a", false).await.expect_err("has clones");
+        assert_eq!(e.http_status(), 409);
+        assert!(e.to_string().contains("has clones (b)"), "{e}");
+        let e = v.delete_snapshot("a", "s", false).await.expect_err("has clones");
+        assert!(e.to_string().contains("has clones"), "{e}");
+        let held = v.open("b").expect("open");
+        held.connections.fetch_add(1, Ordering::Relaxed);
+        let e = v.delete("b", false).await.expect_err("in use");
+        assert!(e.to_string().contains("in use"), "{e}");
+        // Force: the parent goes, the clone keeps reading through its layers.
+        write(&v, "a", 0, vec![7; 4096]).await;
+        v.delete("a", true).await.expect("forced delete");
+        assert_eq!(read_all(&v, "b").await[..4096], [0; 4096]);
+        assert_eq!(status(v.info("a")), 404);
+        v.delete("b", true).await.expect("delete in use with force");
+        let (r, _) = held.backend.read_at(vec![0; 512], 0).await;
+        assert!(r.is_err(), "a deleted volume's connections get errors");
+        files_match_the_catalog(&v);
+        assert!(v.catalog().expect("cat").layers.is_empty(), "everything freed");
+    });
+}
+
+#[test]
+fn a_4_gib_clone_is_made_in_well_under_100_ms() {
+    let dir = tempfile::tempdir().expect("tmp");
+    rt().block_on(async {
+        let v = load(dir.path());
+        v.create("img", 4 << 30).await.expect("create");
+        write(&v, "img", 1 << 30, vec![5; 1 << 20]).await;
+        v.snapshot("img", "gold").await.expect("snapshot");
+        let t = std::time::Instant::now();
+        let info = v.clone_from("vm", "img@gold", None).await.expect("clone");
+        let took = t.elapsed();
+        assert!(took < std::time::Duration::from_millis(100), "clone took {took:?}");
+        assert_eq!(info.size, 4 << 30);
+        assert!(info.allocated_bytes < 64 << 10, "a clone costs no data space");
+        let e = v.open("vm").expect("open");
+        let (r, b) = e.backend.read_at(vec![0; 4096], 1 << 30).await;
+        r.expect("read");
+        assert_eq!(b, vec![5; 4096], "reads fall through to the snapshot");
+    });
+}
