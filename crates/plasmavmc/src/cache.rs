@@ -4,8 +4,9 @@
 //! A miss fetches and converts the artifact once (one fill per image at a
 //! time: later requests wait for the first and then hit). The cache is
 //! bounded by count and bytes; eviction picks bases without clones first
-//! (oldest use first). A base that still has clones leaves the cache but
-//! stays in CoronaFS as "retired" until its last clone is deleted.
+//! (oldest use first), then the least recently used of the rest. Deleting a
+//! base that has clones is safe: CoronaFS keeps the layers its clones read
+//! through, so the clones keep working and the space goes with the last one.
 
 use crate::app::{App, Progress};
 use crate::convert::{self, Arrivals, Piece, Streamed};
@@ -69,7 +70,7 @@ async fn fill(app: &Arc<App>, img: &Image, progress: &Arc<Progress>) -> Result<C
     };
     let base = base_name(&img.id);
     // A fill that died half way (crash) may have left the volume behind.
-    app.corona.delete_snapshot(&base, SNAPSHOT).await.ok();
+    app.corona.delete_snapshot(&base, SNAPSHOT, true).await?;
     app.corona.delete(&base, true).await?;
     app.corona.create(&base, vsize).await?;
     let total = size + if format == DiskFormat::Qcow2 { vsize } else { 0 };
@@ -220,39 +221,20 @@ async fn evict(app: &Arc<App>, keep: &str) {
 async fn evict_one(app: &App, e: &CacheEntry, busy: bool) -> Result<()> {
     let lock = app.fill_lock(&e.image_id);
     let _g = lock.lock().await;
-    if busy {
-        app.meta.put(meta::RETIRED, &e.image_id, e)?;
-    } else {
-        app.corona.delete_snapshot(&e.base_volume, SNAPSHOT).await?;
-        app.corona.delete(&e.base_volume, true).await?;
-    }
+    app.corona.delete_snapshot(&e.base_volume, SNAPSHOT, true).await?;
+    app.corona.delete(&e.base_volume, true).await?;
     app.meta.delete(meta::CACHE, &e.image_id)?;
     Metrics::inc(&app.metrics.cache_evictions);
-    tracing::info!(image = %e.image_id, retired = busy, "evicted cached base");
+    tracing::info!(image = %e.image_id, had_clones = busy, "evicted cached base");
     Ok(())
 }
 
-/// Deletes retired bases whose clones are all gone.
-pub async fn reap_retired(app: &App) {
-    let Ok(retired) = app.meta.list::<CacheEntry>(meta::RETIRED) else { return };
-    for e in retired {
-        if clones(app, &e.base_volume).await.is_ok_and(|n| n == 0)
-            && app.corona.delete_snapshot(&e.base_volume, SNAPSHOT).await.is_ok()
-            && app.corona.delete(&e.base_volume, true).await.is_ok()
-        {
-            app.meta.delete(meta::RETIRED, &e.image_id).ok();
-        }
-    }
-}
-
-/// Removes an image's base (cached or retired); the caller made sure no
-/// volume uses it.
+/// Removes an image's base; the caller made sure no volume uses it.
 pub async fn drop_base(app: &App, image_id: &str) -> Result<()> {
     let base = base_name(image_id);
-    app.corona.delete_snapshot(&base, SNAPSHOT).await?;
+    app.corona.delete_snapshot(&base, SNAPSHOT, true).await?;
     app.corona.delete(&base, true).await?;
     app.meta.delete(meta::CACHE, image_id)?;
-    app.meta.delete(meta::RETIRED, image_id)?;
     Ok(())
 }
 

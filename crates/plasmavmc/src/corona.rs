@@ -117,8 +117,10 @@ impl Corona {
         self.call(self.http.get(self.url(&format!("/v1/volumes/{volume}/snapshots")))).await.map(Option::unwrap_or_default)
     }
 
-    pub async fn delete_snapshot(&self, volume: &str, snap: &str) -> Result<(), CallError> {
-        match self.call::<serde_json::Value>(self.http.delete(self.url(&format!("/v1/volumes/{volume}/snapshots/{snap}")))).await
+    /// `DELETE /v1/volumes/{volume}/snapshots/{snap}`; a missing one counts as deleted.
+    pub async fn delete_snapshot(&self, volume: &str, snap: &str, force: bool) -> Result<(), CallError> {
+        let q = if force { "?force=true" } else { "" };
+        match self.call::<serde_json::Value>(self.http.delete(self.url(&format!("/v1/volumes/{volume}/snapshots/{snap}{q}")))).await
         {
             Ok(_) => Ok(()),
             Err(e) if e.status == 404 => Ok(()),

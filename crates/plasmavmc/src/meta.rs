@@ -11,8 +11,6 @@ pub const IMAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("images");
 pub const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
 pub const VMS: TableDefinition<&str, &[u8]> = TableDefinition::new("vms");
 pub const CACHE: TableDefinition<&str, &[u8]> = TableDefinition::new("cache");
-/// Bases evicted while clones still used them; deleted once the clones are gone.
-pub const RETIRED: TableDefinition<&str, &[u8]> = TableDefinition::new("retired");
 
 pub type Table = TableDefinition<'static, &'static str, &'static [u8]>;
 
@@ -28,7 +26,7 @@ impl Meta {
         std::fs::create_dir_all(dir)?;
         let db = Database::create(dir.join("meta.redb"))?;
         let tx = db.begin_write()?;
-        for t in [IMAGES, VOLUMES, VMS, CACHE, RETIRED] {
+        for t in [IMAGES, VOLUMES, VMS, CACHE] {
             tx.open_table(t)?;
         }
         tx.commit()?;

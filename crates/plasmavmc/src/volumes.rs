@@ -128,6 +128,5 @@ pub async fn delete(app: &Arc<App>, id: &str) -> Result<()> {
     }
     app.corona.delete(&v.coronafs_volume, false).await?;
     app.meta.delete(meta::VOLUMES, id)?;
-    cache::reap_retired(app).await;
     Ok(())
 }
