@@ -107,7 +107,10 @@ fn concurrent_creates_fetch_an_image_once_and_clones_are_independent() {
     });
     assert!(st.read_export(&first)[..65536].iter().all(|b| *b == 0xee));
     for v in &vols[1..] {
-        assert!(st.read_export(v["coronafs_volume"].as_str().expect("name")) == want, "clone changed by a sibling's write");
+        assert!(
+            st.read_export(v["coronafs_volume"].as_str().expect("name")) == want,
+            "clone changed by a sibling's write"
+        );
     }
     let (code, cache) = st.call("GET", "/v1/cache", None);
     assert_eq!(code, 200);
@@ -130,9 +133,13 @@ fn the_cache_is_bounded_and_evicts_bases_without_clones_first() {
     assert_eq!(code, 204);
     st.create_volume(&imgs[2].0, None);
     let (_, cache) = st.call("GET", "/v1/cache", None);
-    let cached: Vec<&str> = cache["bases"].as_array().expect("bases").iter().filter_map(|b| b["image_id"].as_str()).collect();
+    let cached: Vec<&str> =
+        cache["bases"].as_array().expect("bases").iter().filter_map(|b| b["image_id"].as_str()).collect();
     assert_eq!(cache["evictions"], 1, "{cache}");
-    assert!(cached.contains(&imgs[0].0.as_str()) && cached.contains(&imgs[2].0.as_str()), "base with a clone kept, clone-less base evicted: {cache}");
+    assert!(
+        cached.contains(&imgs[0].0.as_str()) && cached.contains(&imgs[2].0.as_str()),
+        "base with a clone kept, clone-less base evicted: {cache}"
+    );
     // The evicted image misses again; bases with clones go once none are free,
     // and their clones keep their data.
     let v1 = st.create_volume(&imgs[1].0, None);
@@ -141,7 +148,10 @@ fn the_cache_is_bounded_and_evicts_bases_without_clones_first() {
     assert_eq!(cache["bases"].as_array().map(Vec::len), Some(2), "{cache}");
     assert_eq!(cache["evictions"], 2);
     let want = std::fs::read(&imgs[0].1).expect("read");
-    assert!(st.read_export(keep["coronafs_volume"].as_str().expect("name")) == want, "a clone lost data when its base was evicted");
+    assert!(
+        st.read_export(keep["coronafs_volume"].as_str().expect("name")) == want,
+        "a clone lost data when its base was evicted"
+    );
     assert_eq!(st.metric("plasmavmc_cache_evictions_total"), 2);
 }
 
@@ -275,7 +285,11 @@ fn imports_come_from_s3_objects_and_filtered_urls() {
         st.s3.create_bucket().bucket("incoming").send().await.expect("bucket");
         st.s3.put_object().bucket("incoming").key("i.qcow2").body(bytes.clone().into()).send().await.expect("put");
     });
-    let (code, img) = st.call("POST", "/v1/images", Some(json!({ "name": "s3", "import_s3": { "bucket": "incoming", "key": "i.qcow2" } })));
+    let (code, img) = st.call(
+        "POST",
+        "/v1/images",
+        Some(json!({ "name": "s3", "import_s3": { "bucket": "incoming", "key": "i.qcow2" } })),
+    );
     assert_eq!(code, 202, "{img}");
     let img = wait_image(&st, img["id"].as_str().expect("id"));
     assert_eq!(img["status"], "active", "{img}");
@@ -283,7 +297,8 @@ fn imports_come_from_s3_objects_and_filtered_urls() {
     let v = st.create_volume(img["id"].as_str().expect("id"), None);
     assert!(st.read_export(v["coronafs_volume"].as_str().expect("name")) == qemu_convert(&q, "qcow2"));
     let addr = serve_file(bytes.clone(), 1);
-    let (code, img) = st.call("POST", "/v1/images", Some(json!({ "name": "lo", "import_url": format!("http://{addr}/i.qcow2") })));
+    let (code, img) =
+        st.call("POST", "/v1/images", Some(json!({ "name": "lo", "import_url": format!("http://{addr}/i.qcow2") })));
     assert_eq!(code, 202, "{img}");
     let img = wait_image(&st, img["id"].as_str().expect("id"));
     assert_eq!(img["status"], "error");
@@ -296,10 +311,18 @@ fn imports_come_from_s3_objects_and_filtered_urls() {
     // Allowed by config: the import streams and the checksum is checked.
     let st = Stack::start_with(|c| c.allow_private_urls = true);
     let addr = serve_file(bytes.clone(), 2);
-    let (_, img) = st.call("POST", "/v1/images", Some(json!({ "name": "ok", "import_url": format!("http://{addr}/i.qcow2"), "sha256": sha256_hex(&bytes) })));
+    let (_, img) = st.call(
+        "POST",
+        "/v1/images",
+        Some(json!({ "name": "ok", "import_url": format!("http://{addr}/i.qcow2"), "sha256": sha256_hex(&bytes) })),
+    );
     let img = wait_image(&st, img["id"].as_str().expect("id"));
     assert_eq!((img["status"].as_str(), img["disk_format"].as_str()), (Some("active"), Some("qcow2")), "{img}");
-    let (_, img) = st.call("POST", "/v1/images", Some(json!({ "name": "wrong", "import_url": format!("http://{addr}/i.qcow2"), "sha256": "ab".repeat(32) })));
+    let (_, img) = st.call(
+        "POST",
+        "/v1/images",
+        Some(json!({ "name": "wrong", "import_url": format!("http://{addr}/i.qcow2"), "sha256": "ab".repeat(32) })),
+    );
     let img = wait_image(&st, img["id"].as_str().expect("id"));
     assert_eq!(img["status"], "error");
     assert!(img["error_reason"].as_str().is_some_and(|r| r.contains("sha256 mismatch")), "{img}");
@@ -315,7 +338,8 @@ fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
     {
         use std::io::Write;
         let mut c = std::net::TcpStream::connect(&addr).expect("connect");
-        write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20).expect("head");
+        write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
+            .expect("head");
         c.write_all(&stack_tests::pattern(12 << 20, 9)).expect("body");
     }
     let t0 = std::time::Instant::now();
@@ -384,7 +408,8 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     let dir = st.work();
     let img = st.upload_ok("vm", &make_raw(&dir, "vm.raw", 11));
     let vol = st.create_volume(img["id"].as_str().expect("id"), None);
-    let (code, vm) = st.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "w1", "io_ops": 20000 })));
+    let (code, vm) =
+        st.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "w1", "io_ops": 20000 })));
     assert_eq!(code, 201, "{vm}");
     let id = vm["id"].as_str().expect("id").to_owned();
     let app = st.app().clone();
@@ -412,7 +437,10 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     let disk = st.read_export(vol["coronafs_volume"].as_str().expect("name"));
     for (block, seq) in &log {
         let at = (*block * plasmavmc::vms::BLOCK) as usize;
-        assert!(disk[at..at + 65536] == plasmavmc::vms::pattern(&id, *block, *seq)[..], "block {block} lost write {seq}");
+        assert!(
+            disk[at..at + 65536] == plasmavmc::vms::pattern(&id, *block, *seq)[..],
+            "block {block} lost write {seq}"
+        );
     }
     let target = st.rt.block_on(app.workers.attachment(&id)).expect("attached");
     assert_eq!((target.worker.as_str(), target.epoch), ("w2", 2));
@@ -438,7 +466,10 @@ fn the_api_matches_its_openapi_description() {
     let mut documented = 0;
     for (path, item) in doc["paths"].as_object().expect("paths") {
         for method in item.as_object().expect("item").keys() {
-            assert!(plasmavmc::api::ROUTES.contains(&(method.as_str(), path.as_str())), "{method} {path} documented but not routed");
+            assert!(
+                plasmavmc::api::ROUTES.contains(&(method.as_str(), path.as_str())),
+                "{method} {path} documented but not routed"
+            );
             documented += 1;
         }
     }
@@ -449,11 +480,16 @@ fn the_api_matches_its_openapi_description() {
         if path.contains("{id}") && *method != "put" && *method != "post" {
             let (code, body) = st.call(&method.to_uppercase(), &path.replace("{id}", "nope"), None);
             assert_eq!(code, 404, "{method} {path}");
-            assert!(!body["error"].as_str().unwrap_or_default().contains("route"), "{method} {path} hit the fallback: {body}");
+            assert!(
+                !body["error"].as_str().unwrap_or_default().contains("route"),
+                "{method} {path} hit the fallback: {body}"
+            );
         }
     }
     // Real responses validate against the documented schemas.
-    let schema = |p: &str, m: &str, code: &str| doc["paths"][p][m]["responses"][code]["content"]["application/json"]["schema"].clone();
+    let schema = |p: &str, m: &str, code: &str| {
+        doc["paths"][p][m]["responses"][code]["content"]["application/json"]["schema"].clone()
+    };
     let dir = st.work();
     let img = st.upload_ok("api", &make_raw(&dir, "a.raw", 12));
     validate(&doc, &schema("/v1/images/{id}/file", "put", "200"), &img, "upload").expect("image schema");
@@ -470,7 +506,8 @@ fn the_api_matches_its_openapi_description() {
     validate(&doc, &schema("/v1/volumes", "get", "200"), &vols, "volumes").expect("schema");
     let (_, vm) = st.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "a" })));
     validate(&doc, &schema("/v1/vms", "post", "201"), &vm, "vm").expect("schema");
-    let (_, vm) = st.call("POST", &format!("/v1/vms/{}/migrate", vm["id"].as_str().expect("id")), Some(json!({ "worker": "b" })));
+    let (_, vm) =
+        st.call("POST", &format!("/v1/vms/{}/migrate", vm["id"].as_str().expect("id")), Some(json!({ "worker": "b" })));
     validate(&doc, &schema("/v1/vms/{id}/migrate", "post", "200"), &vm, "migrated").expect("schema");
     let (_, vms) = st.call("GET", "/v1/vms", None);
     validate(&doc, &schema("/v1/vms", "get", "200"), &vms, "vms").expect("schema");
@@ -478,8 +515,85 @@ fn the_api_matches_its_openapi_description() {
     validate(&doc, &schema("/v1/cache", "get", "200"), &cache, "cache").expect("schema");
     let (code, err) = st.call("GET", "/v1/volumes/nope", None);
     assert_eq!(code, 404);
-    let err_schema = doc["paths"]["/v1/volumes/{id}"]["get"]["responses"]["default"]["content"]["application/json"]["schema"].clone();
+    let err_schema =
+        doc["paths"]["/v1/volumes/{id}"]["get"]["responses"]["default"]["content"]["application/json"]["schema"]
+            .clone();
     validate(&doc, &err_schema, &err, "error").expect("error schema");
     // The validator itself rejects what it should.
     assert!(validate(&doc, &schema("/v1/volumes/{id}", "get", "200"), &json!({ "id": 1 }), "bad").is_err());
+}
+
+fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+/// Figures for the report, not a pass/fail test: `cargo test --release -p
+/// stack-tests --test plasmavmc -- --ignored --nocapture measure`.
+#[test]
+#[ignore = "measurement; run by hand"]
+fn measure_create_image_and_volume_times() {
+    let st = Stack::start();
+    let dir = st.work();
+    // CreateImage throughput: 256 MiB artifact, 3 runs.
+    let big = dir.join("big.raw");
+    std::fs::write(&big, stack_tests::pattern(256 << 20, 77)).expect("write");
+    let mut rates = Vec::new();
+    for i in 0..3 {
+        let t0 = std::time::Instant::now();
+        st.upload_ok(&format!("big{i}"), &big);
+        rates.push(256.0 / t0.elapsed().as_secs_f64());
+    }
+    let (m, lo, hi) = median_spread(rates);
+    println!("CreateImage 256 MiB: median {m:.0} MiB/s (min {lo:.0}, max {hi:.0})");
+    // Cold CreateVolume vs artifact size (qcow2 with data).
+    for mib in [32u64, 128, 256] {
+        let raw = dir.join(format!("c{mib}.raw"));
+        std::fs::write(&raw, stack_tests::pattern((mib << 20) as usize, mib)).expect("write");
+        let q = dir.join(format!("c{mib}.qcow2"));
+        qemu_img(&["convert", "-f", "raw", "-O", "qcow2", &s(&raw), &s(&q)]);
+        let size = std::fs::metadata(&q).expect("stat").len();
+        let mut times = Vec::new();
+        for i in 0..3 {
+            let img = st.upload_ok(&format!("c{mib}-{i}"), &q);
+            let t0 = std::time::Instant::now();
+            let v = st.create_volume(img["id"].as_str().expect("id"), None);
+            assert_eq!(v["cache_hit"], false);
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        let (m, lo, hi) = median_spread(times);
+        println!(
+            "cold CreateVolume qcow2 artifact {:.0} MiB: median {m:.3} s (min {lo:.3}, max {hi:.3}) = {:.0} MiB/s",
+            size as f64 / 1048576.0,
+            size as f64 / 1048576.0 / m
+        );
+    }
+    // Warm CreateVolume p50 by virtual size.
+    for gib in [1u64, 4, 16] {
+        let q = dir.join(format!("w{gib}.qcow2"));
+        qemu_img(&["create", "-f", "qcow2", &s(&q), &format!("{gib}G")]);
+        qemu_io(&[
+            "-f",
+            "qcow2",
+            "-c",
+            "write -P 0x11 0 16M",
+            "-c",
+            &format!("write -P 0x22 {}M 16M", gib * 1024 - 16),
+            &s(&q),
+        ]);
+        let img = st.upload_ok(&format!("w{gib}"), &q);
+        let id = img["id"].as_str().expect("id");
+        let t0 = std::time::Instant::now();
+        st.create_volume(id, None);
+        let cold = t0.elapsed().as_secs_f64();
+        let mut times = Vec::new();
+        for _ in 0..21 {
+            let t0 = std::time::Instant::now();
+            let v = st.create_volume(id, None);
+            assert_eq!(v["cache_hit"], true);
+            times.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+        let (m, lo, hi) = median_spread(times);
+        println!("warm CreateVolume {gib} GiB virtual: p50 {m:.1} ms (min {lo:.1}, max {hi:.1}); cold was {cold:.2} s");
+    }
 }

@@ -149,7 +149,11 @@ async fn delete_vm(State(app): St, Path(id): Path<String>) -> Res<StatusCode> {
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn migrate_vm(State(app): St, Path(id): Path<String>, b: Result<Json<MigrateVm>, JsonRejection>) -> Res<impl IntoResponse> {
+async fn migrate_vm(
+    State(app): St,
+    Path(id): Path<String>,
+    b: Result<Json<MigrateVm>, JsonRejection>,
+) -> Res<impl IntoResponse> {
     Ok(Json(vms::migrate(&app, &id, body(b)?).await?))
 }
 

@@ -6,7 +6,7 @@ use crate::corona::Corona;
 use crate::error::Result;
 use crate::meta::{self, Meta};
 use crate::metrics::Metrics;
-use crate::model::{Image, Status, Volume, Vm};
+use crate::model::{Image, Status, Vm, Volume};
 use crate::objstore::ObjectStore;
 use crate::vms::Workers;
 use std::collections::HashMap;
@@ -74,7 +74,8 @@ impl App {
             if matches!(v.status, Status::Creating | Status::Downloading) {
                 self.meta.update(meta::VOLUMES, "volume", &v.id, |x: &mut Volume| {
                     x.status = Status::Error;
-                    x.error_reason = Some("interrupted: the server restarted while the volume was being created".into());
+                    x.error_reason =
+                        Some("interrupted: the server restarted while the volume was being created".into());
                 })?;
             }
         }

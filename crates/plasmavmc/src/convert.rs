@@ -74,7 +74,9 @@ impl Arrivals {
             }
             let first = (start / self.chunk) as usize;
             let last = (end.saturating_sub(1) / self.chunk) as usize;
-            if end <= start || g.0.get(first..=last.min(g.0.len().saturating_sub(1))).is_some_and(|r| r.iter().all(|b| *b)) {
+            if end <= start
+                || g.0.get(first..=last.min(g.0.len().saturating_sub(1))).is_some_and(|r| r.iter().all(|b| *b))
+            {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -186,7 +188,10 @@ pub fn qcow2_to_pieces(storage: Streamed, tx: mpsc::Sender<Piece>, done: &Atomic
     let found = probe::probe(&head, storage.len, Some(probe::DiskFormat::Qcow2), limits)?;
     check_l1(&storage, &head, found.cluster_size)?;
     let file_len = storage.len;
-    let q = Qcow2::<Streamed, FormatAccess<Streamed>>::builder(storage).write(false).open(DenyImplicitOpenGate::default()).map_err(corrupt)?;
+    let q = Qcow2::<Streamed, FormatAccess<Streamed>>::builder(storage)
+        .write(false)
+        .open(DenyImplicitOpenGate::default())
+        .map_err(corrupt)?;
     let fa = FormatAccess::new(q);
     let size = fa.size();
     if size != found.virtual_size {

@@ -60,7 +60,8 @@ impl Corona {
     }
 
     async fn call<T: for<'de> Deserialize<'de>>(&self, req: reqwest::RequestBuilder) -> Result<Option<T>, CallError> {
-        let resp = req.send().await.map_err(|e| CallError { status: 0, message: format!("{} unreachable: {e}", self.api) })?;
+        let resp =
+            req.send().await.map_err(|e| CallError { status: 0, message: format!("{} unreachable: {e}", self.api) })?;
         let status = resp.status().as_u16();
         if status == 204 {
             return Ok(None);
@@ -114,13 +115,17 @@ impl Corona {
     }
 
     pub async fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>, CallError> {
-        self.call(self.http.get(self.url(&format!("/v1/volumes/{volume}/snapshots")))).await.map(Option::unwrap_or_default)
+        self.call(self.http.get(self.url(&format!("/v1/volumes/{volume}/snapshots"))))
+            .await
+            .map(Option::unwrap_or_default)
     }
 
     /// `DELETE /v1/volumes/{volume}/snapshots/{snap}`; a missing one counts as deleted.
     pub async fn delete_snapshot(&self, volume: &str, snap: &str, force: bool) -> Result<(), CallError> {
         let q = if force { "?force=true" } else { "" };
-        match self.call::<serde_json::Value>(self.http.delete(self.url(&format!("/v1/volumes/{volume}/snapshots/{snap}{q}")))).await
+        match self
+            .call::<serde_json::Value>(self.http.delete(self.url(&format!("/v1/volumes/{volume}/snapshots/{snap}{q}"))))
+            .await
         {
             Ok(_) => Ok(()),
             Err(e) if e.status == 404 => Ok(()),

@@ -78,7 +78,15 @@ macro_rules! meta_from {
         }
     )*};
 }
-meta_from!(redb::Error, redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError, serde_json::Error);
+meta_from!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    serde_json::Error
+);
 
 impl From<coronafs::CoronaError> for PlasmaError {
     fn from(e: coronafs::CoronaError) -> Self {

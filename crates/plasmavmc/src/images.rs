@@ -128,7 +128,9 @@ fn claim(app: &App, id: &str, from: Status, to: Status) -> Result<Image> {
         }
     })?;
     if !ok {
-        return Err(PlasmaError::Conflict(format!("image {id} is {:?}; only a queued image takes an upload", img.status).to_lowercase()));
+        return Err(PlasmaError::Conflict(
+            format!("image {id} is {:?}; only a queued image takes an upload", img.status).to_lowercase(),
+        ));
     }
     Ok(img)
 }
@@ -136,17 +138,23 @@ fn claim(app: &App, id: &str, from: Status, to: Status) -> Result<Image> {
 /// `PUT /v1/images/{id}/file`: the whole upload, answered when it is stored.
 pub async fn upload<S, E>(app: &Arc<App>, id: &str, body: S, len: Option<u64>) -> Result<Image>
 where
-    S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
-    E: std::fmt::Display,
+    S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display + Send + 'static,
 {
     let img = claim(app, id, Status::Queued, Status::Uploading)?;
-    match ingest(app, &img, body, len).await {
-        Ok(img) => Ok(img),
-        Err(e) => {
-            fail(app, id, &e);
-            Err(e)
+    // Its own task: if the client vanishes, the server drops the handler but
+    // the upload still sees the broken body, aborts and records the error.
+    let (app, id) = (app.clone(), id.to_owned());
+    let task = tokio::spawn(async move {
+        match ingest(&app, &img, body, len).await {
+            Ok(img) => Ok(img),
+            Err(e) => {
+                fail(&app, &id, &e);
+                Err(e)
+            }
         }
-    }
+    });
+    task.await?
 }
 
 async fn import_url(app: &Arc<App>, id: &str, raw: &str) -> Result<()> {
@@ -204,7 +212,10 @@ where
     if let Some(l) = len
         && l > app.cfg.max_artifact_size
     {
-        return Err(PlasmaError::Invalid(format!("artifact of {l} bytes exceeds the {} limit", app.cfg.max_artifact_size)));
+        return Err(PlasmaError::Invalid(format!(
+            "artifact of {l} bytes exceeds the {} limit",
+            app.cfg.max_artifact_size
+        )));
     }
     let progress = app.progress(&img.id);
     progress.total.store(len.unwrap_or(0), Ordering::Relaxed);

@@ -6,7 +6,11 @@ use plasmavmc::Config;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "plasmavmc", version, about = "PlasmaVMC: VM images in LightningStor, volumes in CoronaFS, emulated VMs.\n\nRun `plasmavmc serve` next to a LightningStor and a CoronaFS; every other command talks to a running server's REST API (--api).")]
+#[command(
+    name = "plasmavmc",
+    version,
+    about = "PlasmaVMC: VM images in LightningStor, volumes in CoronaFS, emulated VMs.\n\nRun `plasmavmc serve` next to a LightningStor and a CoronaFS; every other command talks to a running server's REST API (--api)."
+)]
 struct Cli {
     /// URL of a running PlasmaVMC API (client commands).
     #[arg(long, global = true, env = "PLASMAVMC_API", default_value = "http://127.0.0.1:8080")]
@@ -92,8 +96,12 @@ enum ImageCmd {
         sha256: Option<String>,
     },
     List,
-    Show { id: String },
-    Delete { id: String },
+    Show {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -110,8 +118,12 @@ enum VolumeCmd {
         no_wait: bool,
     },
     List,
-    Show { id: String },
-    Delete { id: String },
+    Show {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -130,8 +142,12 @@ enum VmCmd {
         worker: String,
     },
     List,
-    Show { id: String },
-    Delete { id: String },
+    Show {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
 }
 
 fn serve_config(s: Serve) -> Result<Config> {
@@ -156,7 +172,11 @@ impl Client {
         let resp = req.send().await.with_context(|| format!("cannot reach {}", self.api))?;
         let status = resp.status();
         let text = resp.text().await?;
-        let v: serde_json::Value = if text.is_empty() { serde_json::Value::Null } else { serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)) };
+        let v: serde_json::Value = if text.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+        };
         if !status.is_success() {
             let msg = v.get("error").and_then(|e| e.as_str()).map(str::to_owned).unwrap_or_else(|| v.to_string());
             bail!("{status}: {msg}");
@@ -186,7 +206,9 @@ async fn client(api: String, cmd: Cmd) -> Result<()> {
     let out = match cmd {
         Cmd::Serve(_) => unreachable!("handled in main"),
         Cmd::Image(ImageCmd::Create { name, file, sha256, format }) => {
-            let img = c.post("/v1/images", serde_json::json!({ "name": name, "sha256": sha256, "disk_format": format })).await?;
+            let img = c
+                .post("/v1/images", serde_json::json!({ "name": name, "sha256": sha256, "disk_format": format }))
+                .await?;
             let id = img["id"].as_str().context("no id in reply")?.to_owned();
             let f = tokio::fs::File::open(&file).await.with_context(|| format!("cannot open {}", file.display()))?;
             let len = f.metadata().await?.len();
@@ -218,8 +240,12 @@ async fn client(api: String, cmd: Cmd) -> Result<()> {
         Cmd::Volume(VolumeCmd::List) => c.get("/v1/volumes").await?,
         Cmd::Volume(VolumeCmd::Show { id }) => c.get(&format!("/v1/volumes/{id}")).await?,
         Cmd::Volume(VolumeCmd::Delete { id }) => c.delete(&format!("/v1/volumes/{id}")).await?,
-        Cmd::Vm(VmCmd::Create { volume, worker }) => c.post("/v1/vms", serde_json::json!({ "volume_id": volume, "worker": worker })).await?,
-        Cmd::Vm(VmCmd::Migrate { id, worker }) => c.post(&format!("/v1/vms/{id}/migrate"), serde_json::json!({ "worker": worker })).await?,
+        Cmd::Vm(VmCmd::Create { volume, worker }) => {
+            c.post("/v1/vms", serde_json::json!({ "volume_id": volume, "worker": worker })).await?
+        }
+        Cmd::Vm(VmCmd::Migrate { id, worker }) => {
+            c.post(&format!("/v1/vms/{id}/migrate"), serde_json::json!({ "worker": worker })).await?
+        }
         Cmd::Vm(VmCmd::List) => c.get("/v1/vms").await?,
         Cmd::Vm(VmCmd::Show { id }) => c.get(&format!("/v1/vms/{id}")).await?,
         Cmd::Vm(VmCmd::Delete { id }) => c.delete(&format!("/v1/vms/{id}")).await?,

@@ -53,7 +53,9 @@ impl ObjectStore {
     /// Size of an object.
     pub async fn size(&self, bucket: &str, key: &str) -> Result<u64> {
         let h = self.client.head_object().bucket(bucket).key(key).send().await.map_err(s3err("head object"))?;
-        h.content_length().and_then(|l| u64::try_from(l).ok()).ok_or_else(|| PlasmaError::ObjectStore("no length".into()))
+        h.content_length()
+            .and_then(|l| u64::try_from(l).ok())
+            .ok_or_else(|| PlasmaError::ObjectStore("no length".into()))
     }
 
     /// Bytes `[start, end)` of an artifact.

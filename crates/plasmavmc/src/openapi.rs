@@ -152,7 +152,11 @@ fn id_param() -> Value {
 pub fn document() -> Value {
     let arr = |s: &str| json!({ "type": "array", "items": r(s) });
     let text = |d: &str| ok("200", d, None);
-    let mut upload = op("Upload the artifact (streamed; answered when stored)", None, vec![ok("200", "image stored", Some(r("Image")))]);
+    let mut upload = op(
+        "Upload the artifact (streamed; answered when stored)",
+        None,
+        vec![ok("200", "image stored", Some(r("Image")))],
+    );
     upload["requestBody"] = json!({ "required": true, "content": { "application/octet-stream": { "schema": { "type": "string", "format": "binary" } } } });
     upload["parameters"] = id_param();
     let with_id = |mut v: Value| {

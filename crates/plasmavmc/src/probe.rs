@@ -227,7 +227,8 @@ fn parse_qcow2(head: &[u8], limits: Limits) -> Result<Qcow2Header, ProbeError> {
                 return Err(ProbeError::Unsupported("zstd compression"));
             }
         }
-        let known = INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_DATA_FILE | INCOMPAT_COMPRESSION_TYPE | INCOMPAT_EXTENDED_L2;
+        let known =
+            INCOMPAT_DIRTY | INCOMPAT_CORRUPT | INCOMPAT_DATA_FILE | INCOMPAT_COMPRESSION_TYPE | INCOMPAT_EXTENDED_L2;
         if incompat & !known != 0 {
             return Err(ProbeError::Unsupported("unknown incompatible feature bits"));
         }
@@ -269,13 +270,19 @@ fn walk_extensions(head: &[u8], mut at: usize, cluster_size: u64) -> Result<(), 
             _ => {}
         }
         let next = (at + 8).checked_add(len.div_ceil(8) * 8).filter(|n| *n <= limit);
-        at = next.ok_or_else(|| ProbeError::BadHeader(format!("header extension {kind:#x} of {len} bytes overruns")))?;
+        at =
+            next.ok_or_else(|| ProbeError::BadHeader(format!("header extension {kind:#x} of {len} bytes overruns")))?;
     }
 }
 
 /// Probes an artifact from its leading bytes and total length. `head` holds
 /// the first `min(PROBE_LEN, total_len)` bytes.
-pub fn probe(head: &[u8], total_len: u64, declared: Option<DiskFormat>, limits: Limits) -> Result<ProbeResult, ProbeError> {
+pub fn probe(
+    head: &[u8],
+    total_len: u64,
+    declared: Option<DiskFormat>,
+    limits: Limits,
+) -> Result<ProbeResult, ProbeError> {
     if total_len == 0 {
         return Err(ProbeError::Empty);
     }
@@ -331,7 +338,10 @@ pub fn check_l1_entries(entries: &[u8], first: u64, cluster_size: u64, file_len:
             continue;
         }
         if off % cluster_size != 0 {
-            return Err(ProbeError::BadHeader(format!("L1 entry {} points to unaligned offset {off}", first + i as u64)));
+            return Err(ProbeError::BadHeader(format!(
+                "L1 entry {} points to unaligned offset {off}",
+                first + i as u64
+            )));
         }
         if off.checked_add(cluster_size).is_none_or(|end| end > file_len) {
             return Err(ProbeError::PastEnd { what: "L2 table", offset: off, len: cluster_size, file_len });

@@ -43,7 +43,11 @@ fn ops(piece: Piece) -> Vec<Op> {
         Piece::Data { offset, data } => runs(&data)
             .into_iter()
             .map(|(s, e, zero)| {
-                if zero { Op::Zero(offset + s as u64, (e - s) as u32) } else { Op::Write(offset + s as u64, data.slice(s..e)) }
+                if zero {
+                    Op::Zero(offset + s as u64, (e - s) as u32)
+                } else {
+                    Op::Write(offset + s as u64, data.slice(s..e))
+                }
             })
             .collect(),
         Piece::Zero { offset, len } => {
@@ -79,10 +83,14 @@ pub async fn drain(nbd: Arc<NbdClient>, mut rx: mpsc::Receiver<Piece>) -> Result
                         return Err(PlasmaError::Corrupt(format!("data at {off} lies beyond the {size}-byte volume")));
                     }
                     written += data.len() as u64;
-                    inflight.push(tokio::spawn(async move { nbd.write(off, &data, false).await.map_err(PlasmaError::from) }));
+                    inflight.push(tokio::spawn(async move {
+                        nbd.write(off, &data, false).await.map_err(PlasmaError::from)
+                    }));
                 }
                 Op::Zero(off, len) => {
-                    inflight.push(tokio::spawn(async move { nbd.write_zeroes(off, len, 0).await.map_err(PlasmaError::from) }));
+                    inflight.push(tokio::spawn(async move {
+                        nbd.write_zeroes(off, len, 0).await.map_err(PlasmaError::from)
+                    }));
                 }
             }
         }

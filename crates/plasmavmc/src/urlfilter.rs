@@ -100,7 +100,20 @@ mod tests {
 
     #[test]
     fn special_targets_are_refused_and_public_ones_allowed() {
-        for bad in ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1", "100.64.0.1", "224.0.0.1"] {
+        for bad in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "100.64.0.1",
+            "224.0.0.1",
+        ] {
             let ip: IpAddr = bad.parse().expect("ip");
             assert!(check_ip(ip, false).is_err(), "{bad} should be refused");
             assert!(check_ip(ip, true).is_ok(), "{bad} allowed when configured");

@@ -132,7 +132,15 @@ fn check_worker(w: &str) -> Result<()> {
 
 /// The guest: `ops` writes of [`BLOCK`] bytes at pseudo-random blocks of the
 /// working set, a flush every 16, until done, stopped or fenced.
-fn spawn_guest(att: Arc<Attachment>, rt_log: Arc<Mutex<WriteLog>>, seq: Arc<AtomicU64>, acked: Arc<AtomicU64>, stop: Arc<AtomicBool>, ops: u64, size: u64) -> tokio::task::JoinHandle<()> {
+fn spawn_guest(
+    att: Arc<Attachment>,
+    rt_log: Arc<Mutex<WriteLog>>,
+    seq: Arc<AtomicU64>,
+    acked: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    ops: u64,
+    size: u64,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let blocks = (size.min(WORKING_SET) / BLOCK).max(1);
         for n in 0..ops {
@@ -192,7 +200,15 @@ pub async fn create(app: &Arc<App>, req: CreateVm) -> Result<Vm> {
         app_fenced: app.metrics.fenced_writes.clone(),
     });
     let (log, seq, acked, stop) = Default::default();
-    let io = spawn_guest(att.clone(), Arc::clone(&log), Arc::clone(&seq), Arc::clone(&acked), Arc::clone(&stop), ops, vol.size);
+    let io = spawn_guest(
+        att.clone(),
+        Arc::clone(&log),
+        Arc::clone(&seq),
+        Arc::clone(&acked),
+        Arc::clone(&stop),
+        ops,
+        vol.size,
+    );
     let vm = Vm {
         id: id.clone(),
         volume_id: vol.id,

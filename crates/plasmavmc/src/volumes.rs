@@ -13,7 +13,8 @@ use std::time::Instant;
 /// `POST /v1/volumes`.
 pub async fn create(app: &Arc<App>, req: CreateVolume) -> Result<Volume> {
     let t0 = Instant::now();
-    let img: Image = app.meta.get(meta::IMAGES, &req.image_id)?.ok_or_else(|| PlasmaError::not_found("image", &req.image_id))?;
+    let img: Image =
+        app.meta.get(meta::IMAGES, &req.image_id)?.ok_or_else(|| PlasmaError::not_found("image", &req.image_id))?;
     if img.status != Status::Active {
         return Err(PlasmaError::Conflict(format!("image {} is not active", img.id)));
     }

@@ -100,7 +100,8 @@ impl Stack {
             let resp = req.send().await.expect("send");
             let status = resp.status().as_u16();
             let text = resp.text().await.expect("body");
-            let v = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+            let v =
+                if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
             (status, v)
         })
     }
@@ -223,7 +224,8 @@ pub fn qemu_convert(src: &Path, fmt: &str) -> Vec<u8> {
 
 /// `qemu-img info`'s virtual size.
 pub fn virtual_size(path: &Path) -> u64 {
-    let info: Value = serde_json::from_str(&qemu_img(&["info", "--output=json", &path.display().to_string()])).expect("json");
+    let info: Value =
+        serde_json::from_str(&qemu_img(&["info", "--output=json", &path.display().to_string()])).expect("json");
     info["virtual-size"].as_u64().expect("virtual-size")
 }
 
@@ -237,7 +239,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub fn make_raw(dir: &Path, name: &str, seed: u64) -> PathBuf {
     let p = dir.join(name);
     let mut disk = vec![0u8; 24 << 20];
-    for (off, len) in [(0usize, 1 << 20), (3 << 20, 512 << 10), ((10 << 20) + 123, 300_000), ((24 << 20) - 65536, 65536)] {
+    for (off, len) in
+        [(0usize, 1 << 20), (3 << 20, 512 << 10), ((10 << 20) + 123, 300_000), ((24 << 20) - 65536, 65536)]
+    {
         disk[off..off + len].copy_from_slice(&stack_tests::pattern(len, seed ^ off as u64));
     }
     std::fs::write(&p, &disk).expect("write raw");
@@ -258,9 +262,24 @@ pub fn make_qcow2_family(dir: &Path, raw: &Path) -> Vec<(&'static str, PathBuf)>
     // tail that was never allocated (the image grows past the data).
     let zeros = dir.join("zeros.qcow2");
     qemu_img(&["convert", "-f", "raw", "-O", "qcow2", &s(raw), &s(&zeros)]);
-    qemu_io(&["-f", "qcow2", "-c", "write -z 0 256k", "-c", "write -z -u 3M 512k", "-c", "write -P 0xab 5M 64k", &s(&zeros)]);
+    qemu_io(&[
+        "-f",
+        "qcow2",
+        "-c",
+        "write -z 0 256k",
+        "-c",
+        "write -z -u 3M 512k",
+        "-c",
+        "write -P 0xab 5M 64k",
+        &s(&zeros),
+    ]);
     qemu_img(&["resize", "-f", "qcow2", &s(&zeros), "40M"]);
-    vec![("qcow2", plain), ("qcow2-compressed", compressed), ("qcow2-v2-4k-clusters", v2), ("qcow2-zero-clusters", zeros)]
+    vec![
+        ("qcow2", plain),
+        ("qcow2-compressed", compressed),
+        ("qcow2-v2-4k-clusters", v2),
+        ("qcow2-zero-clusters", zeros),
+    ]
 }
 
 /// Checks `value` against `schema` (a subset of JSON Schema: $ref, type,
