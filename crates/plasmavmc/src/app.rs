@@ -1,0 +1,107 @@
+//! The server's shared state and its startup work (recovering records the
+//! last run left half done).
+
+use crate::config::Config;
+use crate::corona::Corona;
+use crate::error::Result;
+use crate::meta::{self, Meta};
+use crate::metrics::Metrics;
+use crate::model::{Image, Status, Vm, Volume};
+use crate::objstore::ObjectStore;
+use crate::vms::Workers;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Live progress of a long operation (artifact bytes, volume fill).
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub done: AtomicU64,
+    pub total: AtomicU64,
+}
+
+impl Progress {
+    pub fn get(&self) -> (u64, u64) {
+        (self.done.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed))
+    }
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct App {
+    pub cfg: Config,
+    pub meta: Meta,
+    pub s3: ObjectStore,
+    pub corona: Corona,
+    pub metrics: Metrics,
+    /// Progress of uploads and fills, by image or volume id.
+    pub progress: Mutex<HashMap<String, Arc<Progress>>>,
+    /// One lock per image: whoever holds it fills the image's base.
+    pub fills: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub workers: Workers,
+}
+
+impl App {
+    pub fn new(cfg: Config) -> Result<Arc<Self>> {
+        let meta = Meta::open(&cfg.data_dir)?;
+        let app = App {
+            s3: ObjectStore::new(&cfg),
+            corona: Corona::new(&cfg.coronafs_api, &cfg.coronafs_nbd),
+            meta,
+            metrics: Metrics::default(),
+            progress: Mutex::default(),
+            fills: Mutex::default(),
+            workers: Workers::default(),
+            cfg,
+        };
+        app.recover()?;
+        Ok(Arc::new(app))
+    }
+
+    /// Work in flight when the last run stopped cannot resume (the upload
+    /// stream or the fill task is gone): say so instead of leaving a record
+    /// stuck in a busy state forever.
+    fn recover(&self) -> Result<()> {
+        for img in self.meta.list::<Image>(meta::IMAGES)? {
+            if matches!(img.status, Status::Uploading | Status::Importing) {
+                self.meta.update(meta::IMAGES, "image", &img.id, |i: &mut Image| {
+                    i.status = Status::Error;
+                    i.error_reason = Some("interrupted: the server restarted while the image was arriving".into());
+                })?;
+            }
+        }
+        for v in self.meta.list::<Volume>(meta::VOLUMES)? {
+            if matches!(v.status, Status::Creating | Status::Downloading) {
+                self.meta.update(meta::VOLUMES, "volume", &v.id, |x: &mut Volume| {
+                    x.status = Status::Error;
+                    x.error_reason =
+                        Some("interrupted: the server restarted while the volume was being created".into());
+                })?;
+            }
+        }
+        for vm in self.meta.list::<Vm>(meta::VMS)? {
+            self.meta.update(meta::VMS, "vm", &vm.id, |x: &mut Vm| {
+                x.status = "error".into();
+                x.error_reason = Some("the worker attachment was lost when the server restarted".into());
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A progress tracker for `id`, created on first use.
+    pub fn progress(&self, id: &str) -> Arc<Progress> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).entry(id.to_owned()).or_default().clone()
+    }
+
+    pub fn peek_progress(&self, id: &str) -> Option<Arc<Progress>> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+    }
+
+    pub fn drop_progress(&self, id: &str) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    pub fn fill_lock(&self, image_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.fills.lock().unwrap_or_else(|e| e.into_inner()).entry(image_id.to_owned()).or_default().clone()
+    }
+}

@@ -1,0 +1,133 @@
+//! Server configuration: a TOML file or flags, validated before start.
+
+use crate::error::{PlasmaError, Result};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Everything a PlasmaVMC server needs.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// REST API listen address (port 0 picks one).
+    pub listen: SocketAddr,
+    /// Directory for the metadata database and conversion scratch files.
+    pub data_dir: PathBuf,
+    /// LightningStor (S3) endpoint, e.g. `http://127.0.0.1:9000`.
+    pub s3_endpoint: String,
+    /// Bucket holding image artifacts (created if missing).
+    pub s3_bucket: String,
+    /// S3 access key.
+    pub s3_access_key: String,
+    /// S3 secret key.
+    pub s3_secret_key: String,
+    /// S3 region used in signatures.
+    pub s3_region: String,
+    /// CoronaFS control API, e.g. `http://127.0.0.1:7070`.
+    pub coronafs_api: String,
+    /// CoronaFS NBD address, e.g. `127.0.0.1:10809`.
+    pub coronafs_nbd: String,
+    /// Largest accepted virtual image size in bytes.
+    pub max_virtual_size: u64,
+    /// Largest accepted artifact in bytes.
+    pub max_artifact_size: u64,
+    /// Multipart part size for uploads to LightningStor.
+    pub part_size: u64,
+    /// Parallel range GETs when fetching an artifact.
+    pub fetch_parallelism: usize,
+    /// Size of each range GET.
+    pub fetch_chunk: u64,
+    /// Most cached image bases kept in CoronaFS.
+    pub cache_max_bases: usize,
+    /// Most bytes (sum of virtual sizes) of cached bases.
+    pub cache_max_bytes: u64,
+    /// Allow imports from loopback, private and link-local addresses (tests).
+    pub allow_private_urls: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("./plasmavmc-data"),
+            s3_endpoint: "http://127.0.0.1:9000".into(),
+            s3_bucket: "images".into(),
+            s3_access_key: String::new(),
+            s3_secret_key: String::new(),
+            s3_region: "us-east-1".into(),
+            coronafs_api: "http://127.0.0.1:7070".into(),
+            coronafs_nbd: "127.0.0.1:10809".into(),
+            max_virtual_size: 16 << 40,
+            max_artifact_size: 1 << 40,
+            part_size: 16 << 20,
+            fetch_parallelism: 8,
+            fetch_chunk: 8 << 20,
+            cache_max_bases: 16,
+            cache_max_bytes: 1 << 40,
+            allow_private_urls: false,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file (unknown fields are an error).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PlasmaError::Config(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml(&text)
+    }
+
+    /// Parses TOML (unknown fields are an error).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| PlasmaError::Config(e.to_string()))
+    }
+
+    /// Checks the rules a configuration must follow before the server starts.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(PlasmaError::Config(m));
+        if url::Url::parse(&self.s3_endpoint).is_err() {
+            return bad(format!("s3_endpoint {:?} is not a URL", self.s3_endpoint));
+        }
+        if url::Url::parse(&self.coronafs_api).is_err() {
+            return bad(format!("coronafs_api {:?} is not a URL", self.coronafs_api));
+        }
+        if self.s3_bucket.is_empty() {
+            return bad("s3_bucket must not be empty".into());
+        }
+        if self.part_size < (5 << 20) || self.part_size > (5 << 30) {
+            return bad("part_size must be between 5 MiB and 5 GiB (S3 multipart rules)".into());
+        }
+        if self.fetch_parallelism == 0 || self.fetch_parallelism > 64 {
+            return bad("fetch_parallelism must be 1..=64".into());
+        }
+        if self.fetch_chunk < 65536 || self.fetch_chunk > (256 << 20) {
+            return bad("fetch_chunk must be between 64 KiB and 256 MiB".into());
+        }
+        if self.cache_max_bases == 0 {
+            return bad("cache_max_bases must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e = Config::from_toml("listen = \"127.0.0.1:1\"\nbogus = 1\n").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn a_partial_file_fills_in_defaults_and_validates() {
+        let c = Config::from_toml("s3_bucket = \"b\"\ncache_max_bases = 2\n").expect("parse");
+        assert_eq!(c.s3_bucket, "b");
+        assert_eq!(c.cache_max_bases, 2);
+        assert_eq!(c.part_size, Config::default().part_size);
+        c.validate().expect("valid");
+        let c = Config { part_size: 1, ..c };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,97 @@
+//! The crate's one error type and the one place that maps it to HTTP.
+
+use crate::probe::ProbeError;
+
+/// Everything PlasmaVMC can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum PlasmaError {
+    /// The request was malformed or asked for something impossible.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// No such resource.
+    #[error("{kind} {id:?} not found")]
+    NotFound { kind: &'static str, id: String },
+    /// The resource is not in a state that allows this.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The artifact was refused by the prober.
+    #[error("image refused: {0}")]
+    Probe(#[from] ProbeError),
+    /// The checksum of what arrived differs from what was announced.
+    #[error("sha256 mismatch: expected {expected}, got {actual}")]
+    Checksum { expected: String, actual: String },
+    /// An import URL is not allowed by the configured filter.
+    #[error("URL refused: {0}")]
+    UrlRefused(String),
+    /// The artifact's contents broke the format while being converted.
+    #[error("corrupt image: {0}")]
+    Corrupt(String),
+    /// LightningStor failed.
+    #[error("object store: {0}")]
+    ObjectStore(String),
+    /// CoronaFS (its API or its NBD export) failed.
+    #[error("volume service: {0}")]
+    Volume(String),
+    /// A download from an import URL failed.
+    #[error("download: {0}")]
+    Download(String),
+    /// A write from a VM whose epoch has been superseded.
+    #[error("fenced: VM {vm} is at epoch {current}, this attachment holds epoch {held}")]
+    Fenced { vm: String, held: u64, current: u64 },
+    /// The metadata database failed.
+    #[error("metadata store: {0}")]
+    Meta(String),
+    /// Bad configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Host I/O.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl PlasmaError {
+    /// The HTTP status the API answers this error with.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            PlasmaError::Invalid(_)
+            | PlasmaError::Probe(_)
+            | PlasmaError::Checksum { .. }
+            | PlasmaError::UrlRefused(_)
+            | PlasmaError::Corrupt(_)
+            | PlasmaError::Config(_) => 400,
+            PlasmaError::NotFound { .. } => 404,
+            PlasmaError::Conflict(_) | PlasmaError::Fenced { .. } => 409,
+            PlasmaError::ObjectStore(_) | PlasmaError::Volume(_) | PlasmaError::Download(_) => 502,
+            PlasmaError::Meta(_) | PlasmaError::Io(_) => 500,
+        }
+    }
+
+    pub(crate) fn not_found(kind: &'static str, id: &str) -> Self {
+        PlasmaError::NotFound { kind, id: id.to_owned() }
+    }
+}
+
+macro_rules! meta_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for PlasmaError {
+            fn from(e: $t) -> Self { PlasmaError::Meta(e.to_string()) }
+        }
+    )*};
+}
+meta_from!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    serde_json::Error
+);
+
+impl From<coronafs::CoronaError> for PlasmaError {
+    fn from(e: coronafs::CoronaError) -> Self {
+        PlasmaError::Volume(e.to_string())
+    }
+}
+
+pub type Result<T, E = PlasmaError> = std::result::Result<T, E>;

@@ -1,0 +1,68 @@
+//! Counters exported at `/metrics` (Prometheus text).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    /// Volume requests that waited for another request's fill of the same image.
+    pub cache_coalesced: AtomicU64,
+    pub cache_evictions: AtomicU64,
+    pub images_created: AtomicU64,
+    pub images_failed: AtomicU64,
+    pub image_bytes: AtomicU64,
+    pub volumes_created: AtomicU64,
+    pub volumes_failed: AtomicU64,
+    pub fill_bytes_fetched: AtomicU64,
+    pub fill_bytes_written: AtomicU64,
+    pub migrations: AtomicU64,
+    /// Shared with the attachments, which count their own refusals.
+    pub fenced_writes: std::sync::Arc<AtomicU64>,
+}
+
+impl Metrics {
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn render(&self, gauges: &[(&str, &str, u64)]) -> String {
+        let mut out = String::new();
+        let counters: [(&str, &str, &AtomicU64); 13] = [
+            ("plasmavmc_cache_hits_total", "volume creations served by cloning a cached base", &self.cache_hits),
+            (
+                "plasmavmc_cache_misses_total",
+                "volume creations that had to fetch and convert the image",
+                &self.cache_misses,
+            ),
+            (
+                "plasmavmc_cache_coalesced_total",
+                "volume creations that waited for another fill of the same image",
+                &self.cache_coalesced,
+            ),
+            ("plasmavmc_cache_evictions_total", "cached bases evicted", &self.cache_evictions),
+            ("plasmavmc_images_created_total", "images that became active", &self.images_created),
+            ("plasmavmc_images_failed_total", "images that ended in error", &self.images_failed),
+            ("plasmavmc_image_bytes_total", "artifact bytes stored", &self.image_bytes),
+            ("plasmavmc_volumes_created_total", "volumes that became available", &self.volumes_created),
+            ("plasmavmc_volumes_failed_total", "volumes that ended in error", &self.volumes_failed),
+            ("plasmavmc_fill_bytes_fetched_total", "artifact bytes fetched for base fills", &self.fill_bytes_fetched),
+            (
+                "plasmavmc_fill_bytes_written_total",
+                "data bytes written into bases (zeros excluded)",
+                &self.fill_bytes_written,
+            ),
+            ("plasmavmc_migrations_total", "VM migrations completed", &self.migrations),
+            ("plasmavmc_fenced_writes_total", "writes refused because their epoch was stale", &*self.fenced_writes),
+        ];
+        for (name, help, c) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.load(Ordering::Relaxed));
+        }
+        for (name, help, v) in gauges {
+            let _ =
+                writeln!(out, "# HELP plasmavmc_{name} {help}\n# TYPE plasmavmc_{name} gauge\nplasmavmc_{name} {v}");
+        }
+        out
+    }
+}
