@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 type R = anyhow::Result<()>;
 
 async fn put(c: &aws_sdk_s3::Client, b: &str, k: &str, data: &[u8]) -> anyhow::Result<()> {
-    c.put_object().bucket(b).key(k).body(ByteStream::from(data.to_vec())).send().await?;
-    Ok(())
+    match c.put_object().bucket(b).key(k).body(ByteStream::from(data.to_vec())).send().await {
+        Ok(_) => Ok(()),
+        Err(e) => anyhow::bail!("put {b}/{k}: {}: {e:?}", code(&e)),
+    }
 }
 
 async fn get(c: &aws_sdk_s3::Client, b: &str, k: &str) -> anyhow::Result<Vec<u8>> {
@@ -44,18 +46,18 @@ async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
     let s = InCluster::new(5);
     let c = s.client();
-    c.create_bucket().bucket("b").send().await?;
+    c.create_bucket().bucket("bkt").send().await?;
     for i in 0..40 {
         let data = pseudo_random(if i % 4 == 0 { 1_500_000 } else { 3000 }, i);
-        put(&c, "b", &format!("k{i}"), &data).await?;
+        put(&c, "bkt", &format!("k{i}"), &data).await?;
     }
     for i in 0..40 {
         let k = format!("k{i}");
-        let replicas = s.cluster.node(1).replicas("b", k.as_bytes());
+        let replicas = s.cluster.node(1).replicas("bkt", k.as_bytes());
         assert_eq!(replicas.len(), 3);
         let mut versions = Vec::new();
         for id in s.cluster.ids() {
-            let row = local_row(&s, id, "b", &k);
+            let row = local_row(&s, id, "bkt", &k);
             if replicas.contains(&id) {
                 versions.push(row.expect("replica holds the row").version());
             } else {
@@ -65,7 +67,7 @@ async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
         versions.dedup();
         assert_eq!(versions.len(), 1, "replicas disagree on {k}");
         let data = pseudo_random(if i % 4 == 0 { 1_500_000 } else { 3000 }, i);
-        assert_eq!(get(&c, "b", &k).await?, data);
+        assert_eq!(get(&c, "bkt", &k).await?, data);
     }
     Ok(())
 }
@@ -74,39 +76,39 @@ async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
 async fn a_partitioned_node_misses_writes_then_catches_up_after_healing() -> R {
     let s = InCluster::new(3);
     let c = s.client_of(1);
-    c.create_bucket().bucket("b").send().await?;
-    put(&c, "b", "before", b"old").await?;
-    put(&c, "b", "doomed", b"to be deleted").await?;
+    c.create_bucket().bucket("bkt").send().await?;
+    put(&c, "bkt", "before", b"old").await?;
+    put(&c, "bkt", "doomed", b"to be deleted").await?;
     s.cluster.faults.isolate(3);
     // W=2 of 3: writes through node 1 still succeed.
     let mut want = BTreeMap::new();
     for i in 0..30u64 {
         let data = pseudo_random(if i % 5 == 0 { 1_200_000 } else { 777 }, i);
-        put(&c, "b", &format!("p{i}"), &data).await?;
+        put(&c, "bkt", &format!("p{i}"), &data).await?;
         want.insert(format!("p{i}"), data);
     }
-    put(&c, "b", "before", b"new").await?;
-    c.delete_object().bucket("b").key("doomed").send().await?;
+    put(&c, "bkt", "before", b"new").await?;
+    c.delete_object().bucket("bkt").key("doomed").send().await?;
     // Node 3 cannot reach a read quorum on its own.
-    let e = get(&s.client_of(3), "b", "before").await.expect_err("isolated node has no quorum");
+    let e = get(&s.client_of(3), "bkt", "before").await.expect_err("isolated node has no quorum");
     assert!(format!("{e:?}").contains("ServiceUnavailable") || format!("{e:?}").contains("503"), "{e:?}");
-    assert!(local_row(&s, 3, "b", "p1").is_none(), "isolated node got a write");
+    assert!(local_row(&s, 3, "bkt", "p1").is_none(), "isolated node got a write");
     assert!(s.cluster.node(1).resync.len() > 0, "missed replicas are queued");
     // Everything acknowledged is readable from the majority side meanwhile.
     for (k, v) in &want {
-        assert_eq!(&get(&s.client_of(2), "b", k).await?, v);
+        assert_eq!(&get(&s.client_of(2), "bkt", k).await?, v);
     }
     s.cluster.faults.heal();
     eventually(60, "node 3 converges through the resync queue", || {
-        want.keys().all(|k| local_row(&s, 3, "b", k).is_some()) && s.cluster.node(1).resync.is_empty()
+        want.keys().all(|k| local_row(&s, 3, "bkt", k).is_some()) && s.cluster.node(1).resync.is_empty()
     })
     .await;
     for (k, v) in &want {
-        assert_eq!(local_row(&s, 3, "b", k), local_row(&s, 1, "b", k), "{k} differs");
-        assert_eq!(&get(&s.client_of(3), "b", k).await?, v);
+        assert_eq!(local_row(&s, 3, "bkt", k), local_row(&s, 1, "bkt", k), "{k} differs");
+        assert_eq!(&get(&s.client_of(3), "bkt", k).await?, v);
     }
-    assert!(matches!(local_row(&s, 3, "b", "doomed"), Some(Row::Tombstone(_))), "the delete reached node 3");
-    assert_eq!(get(&s.client_of(3), "b", "before").await?, b"new");
+    assert!(matches!(local_row(&s, 3, "bkt", "doomed"), Some(Row::Tombstone(_))), "the delete reached node 3");
+    assert_eq!(get(&s.client_of(3), "bkt", "before").await?, b"new");
     Ok(())
 }
 
@@ -114,17 +116,17 @@ async fn a_partitioned_node_misses_writes_then_catches_up_after_healing() -> R {
 async fn reads_repair_a_stale_replica() -> R {
     let s = InCluster::new(3);
     let c = s.client_of(1);
-    c.create_bucket().bucket("b").send().await?;
-    put(&c, "b", "k", b"v1").await?;
+    c.create_bucket().bucket("bkt").send().await?;
+    put(&c, "bkt", "k", b"v1").await?;
     // Node 3 misses v2, and node 1 forgets to resync it (queue drained by hand).
     s.cluster.faults.cut(1, 3);
-    put(&c, "b", "k", b"v2").await?;
+    put(&c, "bkt", "k", b"v2").await?;
     s.cluster.node(1).resync.clear()?;
     s.cluster.faults.heal();
-    let v1 = local_row(&s, 3, "b", "k").expect("row").version();
+    let v1 = local_row(&s, 3, "bkt", "k").expect("row").version();
     // The read sees node 3 stale and pushes the new row to it.
-    assert_eq!(get(&s.client_of(2), "b", "k").await?, b"v2");
-    eventually(20, "node 3 repaired", || local_row(&s, 3, "b", "k").is_some_and(|r| r.version() > v1)).await;
+    assert_eq!(get(&s.client_of(2), "bkt", "k").await?, b"v2");
+    eventually(20, "node 3 repaired", || local_row(&s, 3, "bkt", "k").is_some_and(|r| r.version() > v1)).await;
     assert!(s.cluster.node(2).metrics.read_repairs.load(std::sync::atomic::Ordering::Relaxed) > 0);
     Ok(())
 }
@@ -138,10 +140,10 @@ fn block_file(s: &InCluster, id: NodeId, hash: &lightningstor::block::BlockHash)
 async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R {
     let s = InCluster::new(3);
     let c = s.client_of(1);
-    c.create_bucket().bucket("b").send().await?;
+    c.create_bucket().bucket("bkt").send().await?;
     let data = pseudo_random(3 * 1024 * 1024 + 5, 9);
-    put(&c, "b", "big", &data).await?;
-    let Some(Row::Object(meta)) = local_row(&s, 1, "b", "big") else { panic!("no row") };
+    put(&c, "bkt", "big", &data).await?;
+    let Some(Row::Object(meta)) = local_row(&s, 1, "bkt", "big") else { panic!("no row") };
     let blocks = meta.data.blocks().to_vec();
     assert_eq!(blocks.len(), 4);
     // Flip a byte of block 0 on node 1 (read first: the coordinator reads locally).
@@ -150,7 +152,7 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
     bytes[1000] ^= 0x40;
     std::fs::write(&f0, &bytes)?;
     // The read still returns the right bytes, and repairs node 1's copy.
-    assert_eq!(get(&c, "b", "big").await?, data);
+    assert_eq!(get(&c, "bkt", "big").await?, data);
     eventually(20, "read repair of the corrupt block", || {
         std::fs::read(&f0).is_ok_and(|b| lightningstor::block::BlockHash::of(&b) == blocks[0].hash)
     })
@@ -165,7 +167,7 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
     let fixed = std::fs::read(&f2)?;
     assert_eq!(lightningstor::block::BlockHash::of(&fixed), blocks[2].hash, "scrub rewrote the block");
     assert!(node2.metrics.bad_copies_found.load(std::sync::atomic::Ordering::Relaxed) >= 1);
-    assert_eq!(get(&s.client_of(2), "b", "big").await?, data);
+    assert_eq!(get(&s.client_of(2), "bkt", "big").await?, data);
     Ok(())
 }
 
@@ -173,14 +175,14 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
 async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
     let s = InCluster::new(3);
     let c = s.client_of(1);
-    c.create_bucket().bucket("b").send().await?;
+    c.create_bucket().bucket("bkt").send().await?;
     for i in 0..20u64 {
-        put(&c, "b", &format!("k{i}"), &pseudo_random(500, i)).await?;
+        put(&c, "bkt", &format!("k{i}"), &pseudo_random(500, i)).await?;
     }
     // Node 3 misses ten writes; the resync queue is lost (as if node 1's disk died).
     s.cluster.faults.isolate(3);
     for i in 20..30u64 {
-        put(&c, "b", &format!("k{i}"), &pseudo_random(2_000_000, i)).await?;
+        put(&c, "bkt", &format!("k{i}"), &pseudo_random(2_000_000, i)).await?;
     }
     let n1 = s.cluster.node(1);
     let n2 = s.cluster.node(2);
@@ -188,13 +190,13 @@ async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
         n.resync.clear()?;
     }
     s.cluster.faults.heal();
-    assert!(local_row(&s, 3, "b", "k25").is_none());
+    assert!(local_row(&s, 3, "bkt", "k25").is_none());
     let n3 = s.cluster.node(3);
     let fixed = n3.anti_entropy_round().await?;
     assert_eq!(fixed, 10, "exactly the missed rows were pulled");
     for i in 0..30u64 {
         let k = format!("k{i}");
-        assert_eq!(local_row(&s, 3, "b", &k), local_row(&s, 1, "b", &k));
+        assert_eq!(local_row(&s, 3, "bkt", &k), local_row(&s, 1, "bkt", &k));
     }
     assert_eq!(n3.anti_entropy_round().await?, 0, "a second round finds nothing");
     Ok(())
@@ -204,11 +206,11 @@ async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
 async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() -> R {
     let s = InCluster::new(4);
     let c = s.client();
-    c.create_bucket().bucket("b").send().await?;
+    c.create_bucket().bucket("bkt").send().await?;
     let mut want = BTreeMap::new();
     for i in 0..60u64 {
         let data = pseudo_random(if i % 6 == 0 { 1_100_000 } else { 1000 }, i);
-        put(&c, "b", &format!("k{i}"), &data).await?;
+        put(&c, "bkt", &format!("k{i}"), &data).await?;
         want.insert(format!("k{i}"), data);
     }
     // Add node 5: a new cluster file, applied to every node.
@@ -220,11 +222,11 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
     s.cluster.change_layout(&bigger);
     // Reads and writes during the move.
     for (k, v) in &want {
-        assert_eq!(&get(&c, "b", k).await?, v, "{k} during the move");
+        assert_eq!(&get(&c, "bkt", k).await?, v, "{k} during the move");
     }
     for i in 60..70u64 {
         let data = pseudo_random(3000, i);
-        put(&c, "b", &format!("k{i}"), &data).await?;
+        put(&c, "bkt", &format!("k{i}"), &data).await?;
         want.insert(format!("k{i}"), data);
     }
     for id in s.cluster.ids() {
@@ -233,13 +235,13 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
     for id in s.cluster.ids() {
         s.cluster.node(id).finish_layout_change();
     }
-    let n5_rows = want.keys().filter(|k| local_row(&s, 5, "b", k).is_some()).count();
+    let n5_rows = want.keys().filter(|k| local_row(&s, 5, "bkt", k).is_some()).count();
     assert!(n5_rows > 20, "node 5 took its share ({n5_rows} rows)");
     for (k, v) in &want {
-        for id in s.cluster.node(1).replicas("b", k.as_bytes()) {
-            assert!(local_row(&s, id, "b", k).is_some(), "{k} missing on its new replica {id}");
+        for id in s.cluster.node(1).replicas("bkt", k.as_bytes()) {
+            assert!(local_row(&s, id, "bkt", k).is_some(), "{k} missing on its new replica {id}");
         }
-        assert_eq!(&get(&c, "b", k).await?, v);
+        assert_eq!(&get(&c, "bkt", k).await?, v);
     }
     // Remove node 2.
     let mut smaller = bigger.clone();
@@ -247,7 +249,7 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
     smaller.layout_version += 1;
     s.cluster.change_layout(&smaller);
     for (k, v) in &want {
-        assert_eq!(&get(&c, "b", k).await?, v, "{k} while node 2 leaves");
+        assert_eq!(&get(&c, "bkt", k).await?, v, "{k} while node 2 leaves");
     }
     for id in [1, 3, 4, 5, 2] {
         s.cluster.node(id).rebalance_round().await?;
@@ -257,10 +259,10 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
     }
     s.cluster.stop_node(2);
     for (k, v) in &want {
-        assert_eq!(&get(&s.client_of(1), "b", k).await?, v, "{k} after node 2 left");
-        for id in s.cluster.node(1).replicas("b", k.as_bytes()) {
+        assert_eq!(&get(&s.client_of(1), "bkt", k).await?, v, "{k} after node 2 left");
+        for id in s.cluster.node(1).replicas("bkt", k.as_bytes()) {
             assert_ne!(id, 2);
-            assert!(local_row(&s, id, "b", k).is_some(), "{k} missing on replica {id}");
+            assert!(local_row(&s, id, "bkt", k).is_some(), "{k} missing on replica {id}");
         }
     }
     Ok(())
@@ -284,7 +286,7 @@ impl KeyModel {
 async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_value() -> R {
     let s = InCluster::with(5, |c| c.replication_factor = 3);
     let clients: Vec<_> = (1..=5u8).map(|i| s.client_of(i)).collect();
-    clients[0].create_bucket().bucket("b").send().await?;
+    clients[0].create_bucket().bucket("bkt").send().await?;
     let mut model: BTreeMap<String, KeyModel> = BTreeMap::new();
     let mut rng = 0x5eed_u64;
     let mut next = move |n: u64| {
@@ -312,7 +314,7 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
                 let len = if next(8) == 0 { 1_100_000 } else { 100 + next(3000) as usize };
                 let value = pseudo_random(len, step);
                 let m = model.entry(key.clone()).or_default();
-                match put(&clients[via], "b", &key, &value).await {
+                match put(&clients[via], "bkt", &key, &value).await {
                     Ok(()) => {
                         acked_writes += 1;
                         m.acked = Some(value);
@@ -322,13 +324,13 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
             }
             11..=12 => {
                 let m = model.entry(key.clone()).or_default();
-                match clients[via].delete_object().bucket("b").key(&key).send().await {
+                match clients[via].delete_object().bucket("bkt").key(&key).send().await {
                     Ok(_) => m.acked = None,
                     Err(_) => m.uncertain.push(None),
                 }
             }
             _ => {
-                let got = match clients[via].get_object().bucket("b").key(&key).send().await {
+                let got = match clients[via].get_object().bucket("bkt").key(&key).send().await {
                     Ok(o) => Some(Some(o.body.collect().await?.into_bytes().to_vec())),
                     Err(e) if code(&e) == "NoSuchKey" => Some(None),
                     Err(_) => None, // unavailable under faults: allowed
@@ -352,7 +354,7 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
     }
     for (key, m) in &model {
         for c in &clients {
-            let got = match c.get_object().bucket("b").key(key).send().await {
+            let got = match c.get_object().bucket("bkt").key(key).send().await {
                 Ok(o) => Some(o.body.collect().await?.into_bytes().to_vec()),
                 Err(e) if code(&e) == "NoSuchKey" => None,
                 Err(e) => panic!("read of {key} failed after healing: {e:?}"),
@@ -374,7 +376,7 @@ fn killing_a_node_during_600_parallel_uploads_loses_no_acknowledged_object() {
     let clients: Vec<_> = (0..3).map(|i| cluster.client(i)).collect();
     let cluster = std::sync::Arc::new(std::sync::Mutex::new(cluster));
     rt.block_on(async {
-        clients[0].create_bucket().bucket("b").send().await.expect("bucket");
+        clients[0].create_bucket().bucket("bkt").send().await.expect("bucket");
         let size = |i: u64| if i % 10 == 0 { 1_500_000 } else { 20_000 + (i as usize % 7) * 1000 };
         let acked_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let killer = {
@@ -391,7 +393,7 @@ fn killing_a_node_during_600_parallel_uploads_loses_no_acknowledged_object() {
             let c = clients[(i % 3) as usize].clone();
             let acked = acked_count.clone();
             async move {
-                let r = put(&c, "b", &format!("obj{i}"), &pseudo_random(size(i), i)).await;
+                let r = put(&c, "bkt", &format!("obj{i}"), &pseudo_random(size(i), i)).await;
                 if r.is_ok() {
                     acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -408,13 +410,13 @@ fn killing_a_node_during_600_parallel_uploads_loses_no_acknowledged_object() {
         // During the outage: every acknowledged object reads back from both survivors.
         for &i in &acked {
             for c in &clients[..2] {
-                let got = get(c, "b", &format!("obj{i}")).await.expect("acknowledged object readable during outage");
+                let got = get(c, "bkt", &format!("obj{i}")).await.expect("acknowledged object readable during outage");
                 assert!(got == pseudo_random(size(i), i), "obj{i} differs during the outage");
             }
         }
         // Unacknowledged objects are absent or whole, never partial.
         for &i in &unacked {
-            match get(&clients[0], "b", &format!("obj{i}")).await {
+            match get(&clients[0], "bkt", &format!("obj{i}")).await {
                 Ok(got) => assert!(got == pseudo_random(size(i), i), "obj{i} is half-visible"),
                 Err(e) => assert!(format!("{e:?}").contains("NoSuchKey"), "obj{i}: {e:?}"),
             }
@@ -449,7 +451,7 @@ fn killing_a_node_during_600_parallel_uploads_loses_no_acknowledged_object() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         for &i in &acked {
-            let got = get(&c2, "b", &format!("obj{i}")).await.expect("readable after repair");
+            let got = get(&c2, "bkt", &format!("obj{i}")).await.expect("readable after repair");
             assert!(got == pseudo_random(size(i), i), "obj{i} differs after repair");
         }
     });
