@@ -296,7 +296,7 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
         rng % n
     };
     let (mut acked_writes, mut reads_checked, mut faults) = (0, 0, 0);
-    for step in 0..300u64 {
+    for step in 0..160u64 {
         let key = format!("k{}", next(12));
         let via = next(5) as usize;
         match next(20) {
@@ -362,7 +362,7 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
             assert!(m.allows(&got), "{key} after healing: {:?} not allowed", got.map(|g| g.len()));
         }
     }
-    assert!(acked_writes > 50 && reads_checked > 50 && faults > 10, "{acked_writes} {reads_checked} {faults}");
+    assert!(acked_writes > 25 && reads_checked > 25 && faults > 5, "{acked_writes} {reads_checked} {faults}");
     Ok(())
 }
 
