@@ -15,6 +15,38 @@ use std::time::Duration;
 
 type R = anyhow::Result<()>;
 
+/// Runs each named test body against a single node and against a 3-node
+/// in-process cluster whose client rotates requests over the nodes.
+macro_rules! single_node_and_cluster {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn single_node() -> super::R {
+                let s = super::InProcess::new();
+                super::$name(s.client()).await
+            }
+
+            #[tokio::test]
+            async fn three_node_cluster() -> super::R {
+                let s = super::InCluster::new(3);
+                super::$name(s.client()).await
+            }
+        }
+    )*};
+}
+
+single_node_and_cluster!(
+    buckets_can_be_created_listed_located_and_deleted_only_when_empty,
+    invalid_bucket_names_are_rejected,
+    objects_round_trip_with_metadata_and_standard_headers,
+    range_gets_cover_first_last_open_ended_and_suffix_forms,
+    conditional_gets_and_heads_answer_304_and_412,
+    conditional_puts_honour_if_none_match_and_if_match,
+    copies_keep_or_replace_metadata_and_check_source_conditions,
+    delete_objects_removes_a_batch_and_reports_each_key,
+    listings_page_through_prefixes_delimiters_and_markers,
+);
+
 async fn body_of(out: aws_sdk_s3::operation::get_object::GetObjectOutput) -> Vec<u8> {
     out.body.collect().await.expect("body").into_bytes().to_vec()
 }
@@ -31,10 +63,7 @@ async fn put(c: &aws_sdk_s3::Client, b: &str, k: &str, data: &[u8]) -> String {
         .expect("etag")
 }
 
-#[tokio::test]
-async fn buckets_can_be_created_listed_located_and_deleted_only_when_empty() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn buckets_can_be_created_listed_located_and_deleted_only_when_empty(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("alpha").send().await?;
     c.create_bucket().bucket("beta").send().await?;
     let e = c.create_bucket().bucket("alpha").send().await.expect_err("dup");
@@ -58,10 +87,7 @@ async fn buckets_can_be_created_listed_located_and_deleted_only_when_empty() -> 
     Ok(())
 }
 
-#[tokio::test]
-async fn invalid_bucket_names_are_rejected() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn invalid_bucket_names_are_rejected(c: aws_sdk_s3::Client) -> R {
     for bad in ["ab", "UPPER", "a..b", "under_score", "-dash"] {
         let e = c.create_bucket().bucket(bad).send().await.expect_err(bad);
         assert_eq!(code(&e), "InvalidBucketName", "{bad}");
@@ -69,10 +95,7 @@ async fn invalid_bucket_names_are_rejected() -> R {
     Ok(())
 }
 
-#[tokio::test]
-async fn objects_round_trip_with_metadata_and_standard_headers() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn objects_round_trip_with_metadata_and_standard_headers(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     let data = pseudo_random(3 * 1024 * 1024 + 123, 1);
     let etag = c
@@ -175,10 +198,7 @@ async fn keys_are_arbitrary_utf8_and_never_paths() -> R {
     Ok(())
 }
 
-#[tokio::test]
-async fn range_gets_cover_first_last_open_ended_and_suffix_forms() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn range_gets_cover_first_last_open_ended_and_suffix_forms(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     let data = pseudo_random(2 * 1024 * 1024 + 77, 2);
     put(&c, "bkt", "k", &data).await;
@@ -203,10 +223,7 @@ async fn range_gets_cover_first_last_open_ended_and_suffix_forms() -> R {
     Ok(())
 }
 
-#[tokio::test]
-async fn conditional_gets_and_heads_answer_304_and_412() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn conditional_gets_and_heads_answer_304_and_412(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     let etag = put(&c, "bkt", "k", b"hello").await;
     let past = DateTime::from_secs(1_000_000_000);
@@ -233,10 +250,7 @@ async fn conditional_gets_and_heads_answer_304_and_412() -> R {
     Ok(())
 }
 
-#[tokio::test]
-async fn conditional_puts_honour_if_none_match_and_if_match() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn conditional_puts_honour_if_none_match_and_if_match(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     c.put_object().bucket("bkt").key("k").if_none_match("*").body(ByteStream::from_static(b"1")).send().await?;
     let e = c
@@ -276,10 +290,7 @@ async fn conditional_puts_honour_if_none_match_and_if_match() -> R {
     Ok(())
 }
 
-#[tokio::test]
-async fn copies_keep_or_replace_metadata_and_check_source_conditions() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn copies_keep_or_replace_metadata_and_check_source_conditions(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("src").send().await?;
     c.create_bucket().bucket("dst").send().await?;
     let data = pseudo_random(1_500_000, 3);
@@ -338,10 +349,7 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions() -> R {
     Ok(())
 }
 
-#[tokio::test]
-async fn delete_objects_removes_a_batch_and_reports_each_key() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn delete_objects_removes_a_batch_and_reports_each_key(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     for i in 0..5 {
         put(&c, "bkt", &format!("k{i}"), b"v").await;
@@ -366,10 +374,7 @@ async fn delete_objects_removes_a_batch_and_reports_each_key() -> R {
     Ok(())
 }
 
-#[tokio::test]
-async fn listings_page_through_prefixes_delimiters_and_markers() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn listings_page_through_prefixes_delimiters_and_markers(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     let keys = ["a/1", "a/2", "a/b/3", "b", "c/1", "c/2", "d", "e f/g+h"];
     for k in keys {

@@ -7,6 +7,10 @@
 //! target/release/examples/s3_compare --iterations 5
 //! ```
 //!
+//! With `--vs-cluster` the peer is a single lightningstor node and the
+//! subject a 3-node RF=3 cluster of spawned processes (W=2, R=2), so the
+//! ratios are the cost of replication on loopback.
+//!
 //! Workloads (each server alone on the machine, 127.0.0.1 only):
 //! - one 256 MiB PUT and one 256 MiB GET (MiB/s);
 //! - 4 KiB PUT and GET from 16 concurrent clients (ops/s, p50/p99 latency);
@@ -65,6 +69,11 @@ struct Args {
     /// Run only lightningstor (for profiling it alone).
     #[arg(long)]
     only_lightningstor: bool,
+    /// Compare a 3-node RF=3 lightningstor cluster (spawned processes on
+    /// 127.0.0.1, client talking to node 1) against a single node, instead
+    /// of lightningstor against s3s-fs.
+    #[arg(long, conflicts_with = "only_lightningstor")]
+    vs_cluster: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -73,14 +82,18 @@ struct Args {
 struct Server {
     name: &'static str,
     child: Child,
+    /// The other nodes of a cluster (CPU is summed over all of them).
+    others: Vec<Child>,
     endpoint: String,
     _dir: tempfile::TempDir,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for c in std::iter::once(&mut self.child).chain(self.others.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -121,7 +134,53 @@ fn start_lightningstor(bin: &PathBuf, scratch: &std::path::Path, extra: &[String
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
     let addr = line.trim().strip_prefix("listening on ").context("no listen line")?.to_owned();
-    Ok(Server { name: "lightningstor", child, endpoint: format!("http://{addr}"), _dir: dir })
+    Ok(Server { name: "lightningstor", child, others: Vec::new(), endpoint: format!("http://{addr}"), _dir: dir })
+}
+
+/// Three `lightningstor serve --config FILE --node nI` processes (RF=3,
+/// W=2, R=2) from `lightningstor cluster init`.
+fn start_cluster(bin: &PathBuf, scratch: &std::path::Path) -> anyhow::Result<Server> {
+    let dir = tempfile::tempdir_in(scratch)?;
+    let base = (20_000..60_000u16)
+        .step_by(157)
+        .find(|p| {
+            (0..3).all(|i| {
+                std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()
+                    && std::net::TcpListener::bind(("127.0.0.1", p + 100 + i)).is_ok()
+            })
+        })
+        .context("no free ports")?;
+    let out = Command::new(bin)
+        .args(["cluster", "init", "--nodes", "3", "--base-port", &base.to_string(), "--base-dir"])
+        .arg(dir.path())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "cluster init failed");
+    let cfg = dir.path().join("cluster.toml");
+    std::fs::write(&cfg, &out.stdout)?;
+    let mut children = Vec::new();
+    let mut endpoint = String::new();
+    for n in ["n1", "n2", "n3"] {
+        let mut child = Command::new(bin)
+            .args(["serve", "--config"])
+            .arg(&cfg)
+            .args(["--node", n])
+            .env("LIGHTNINGSTOR_ACCESS_KEY", AK)
+            .env("LIGHTNINGSTOR_SECRET_KEY", SK)
+            .env("RUST_LOG", "warn,s3s=off")
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let addr = line.trim().strip_prefix("listening on ").context("no listen line")?.to_owned();
+        if endpoint.is_empty() {
+            endpoint = format!("http://{addr}");
+        }
+        children.push(child);
+    }
+    let child = children.remove(0);
+    Ok(Server { name: "cluster RF=3", child, others: children, endpoint, _dir: dir })
 }
 
 fn start_s3s_fs(bin: &PathBuf, scratch: &std::path::Path) -> anyhow::Result<Server> {
@@ -141,7 +200,7 @@ fn start_s3s_fs(bin: &PathBuf, scratch: &std::path::Path) -> anyhow::Result<Serv
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(Server { name: "s3s-fs", child, endpoint: format!("http://127.0.0.1:{port}"), _dir: dir })
+    Ok(Server { name: "s3s-fs", child, others: Vec::new(), endpoint: format!("http://127.0.0.1:{port}"), _dir: dir })
 }
 
 fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
@@ -211,17 +270,19 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn large(c: &Client, pid: u32, size: usize, seed: u64, r: &mut Results, record: bool) -> anyhow::Result<()> {
+async fn large(c: &Client, pids: &[u32], size: usize, seed: u64, r: &mut Results, record: bool) -> anyhow::Result<()> {
+    // Server CPU summed over every process of the server (all nodes of a cluster).
+    let server_cpu = || pids.iter().map(|p| cpu_secs(*p)).sum::<f64>();
     let data = Bytes::from(pseudo_random(size, seed));
     let key = format!("large-{seed}");
-    let (t, cpu) = (Instant::now(), cpu_secs(pid));
+    let (t, cpu) = (Instant::now(), server_cpu());
     c.put_object().bucket("bench").key(&key).body(ByteStream::from(data)).send().await?;
     let secs = t.elapsed().as_secs_f64();
     let put = size as f64 / MIB as f64 / secs;
     if record {
-        r.put_large_server_cpu.values.push(cpu_secs(pid) - cpu);
+        r.put_large_server_cpu.values.push(server_cpu() - cpu);
     }
-    let (t, cpu) = (Instant::now(), cpu_secs(pid));
+    let (t, cpu) = (Instant::now(), server_cpu());
     let mut body = c.get_object().bucket("bench").key(&key).send().await?.body;
     let mut n = 0;
     while let Some(chunk) = body.try_next().await? {
@@ -229,7 +290,7 @@ async fn large(c: &Client, pid: u32, size: usize, seed: u64, r: &mut Results, re
     }
     let get = size as f64 / MIB as f64 / t.elapsed().as_secs_f64();
     if record {
-        r.get_large_server_cpu.values.push(cpu_secs(pid) - cpu);
+        r.get_large_server_cpu.values.push(server_cpu() - cpu);
     }
     if n != size {
         bail!("GET returned {n} bytes, not {size}");
@@ -356,7 +417,8 @@ async fn run_both(servers: &[Server], a: &Args) -> anyhow::Result<Vec<Results>> 
     for i in 0..=a.iterations {
         let record = i > 0;
         for ((s, c), r) in servers.iter().zip(&clients).zip(results.iter_mut()) {
-            large(c, s.child.id(), a.large_mib * MIB, i as u64 + 1, r, record).await?;
+            let pids: Vec<u32> = std::iter::once(s.child.id()).chain(s.others.iter().map(Child::id)).collect();
+            large(c, &pids, a.large_mib * MIB, i as u64 + 1, r, record).await?;
             small(c, a.small_ops, a.clients, i as u64, r, record).await?;
         }
         eprintln!("iteration {i}{} done", if record { "" } else { " (warm-up)" });
@@ -398,20 +460,26 @@ async fn main() -> anyhow::Result<()> {
     let scratch_tmp = tempfile::tempdir()?;
     let scratch = a.scratch.clone().unwrap_or_else(|| scratch_tmp.path().to_owned());
 
-    let mut servers = vec![start_lightningstor(&ls_bin, &scratch, &a.ls_arg)?];
-    if !a.only_lightningstor {
+    let mut servers = Vec::new();
+    if a.vs_cluster {
+        servers.push(start_cluster(&ls_bin, &scratch)?);
+    }
+    servers.push(start_lightningstor(&ls_bin, &scratch, &a.ls_arg)?);
+    if !a.only_lightningstor && !a.vs_cluster {
         servers.push(start_s3s_fs(&fs_bin, &scratch)?);
     }
+    let names: Vec<&str> = servers.iter().map(|s| s.name).collect();
+    let (first, second) = (names[0].to_owned(), names.get(1).copied().unwrap_or("-").to_owned());
     let mut results = run_both(&servers, &a).await?;
     drop(servers);
-    let fs = if a.only_lightningstor { Results::default() } else { results.pop().context("s3s-fs results")? };
-    let ls = results.pop().context("lightningstor results")?;
+    let fs = if a.only_lightningstor { Results::default() } else { results.pop().context("second results")? };
+    let ls = results.pop().context("first results")?;
 
     println!(
-        "\n{} iterations (median [min..max]); ratio = lightningstor vs s3s-fs, >1 means lightningstor is better\n",
+        "\n{} iterations (median [min..max]); ratio = {first} vs {second}, >1 means {first} is better\n",
         a.iterations
     );
-    println!("{:<22} {:>31} {:>31}", "workload", "lightningstor", "s3s-fs");
+    println!("{:<22} {:>31} {:>31}", "workload", first, second);
     line(&format!("PUT {} MiB", a.large_mib), "MiB/s", &ls.put_large_mibs, &fs.put_large_mibs, true);
     line("  server CPU", "s", &ls.put_large_server_cpu, &fs.put_large_server_cpu, false);
     line(&format!("GET {} MiB", a.large_mib), "MiB/s", &ls.get_large_mibs, &fs.get_large_mibs, true);
@@ -424,12 +492,16 @@ async fn main() -> anyhow::Result<()> {
     line("  p99", "ms", &ls.get_small_p99_ms, &fs.get_small_p99_ms, false);
     if a.rss_uploads > 0 {
         println!(
-            "\n{} concurrent {} MiB uploads: peak RSS lightningstor {:.0} MiB, s3s-fs {:.0} MiB; throughput {:.0} vs {:.0} MiB/s",
+            "\n{} concurrent {} MiB uploads: peak RSS {first} {:.0} MiB (node 1), {second} {:.0} MiB; throughput {:.0} vs {:.0} MiB/s",
             a.rss_uploads, a.large_mib, ls.rss_peak_mib, fs.rss_peak_mib, ls.rss_uploads_mibs, fs.rss_uploads_mibs
         );
     }
     if let Some(path) = &a.json {
-        let j = serde_json::json!({ "lightningstor": ls, "s3s_fs": fs, "iterations": a.iterations });
+        let j = if a.vs_cluster {
+            serde_json::json!({ "cluster_rf3": ls, "single_node": fs, "iterations": a.iterations })
+        } else {
+            serde_json::json!({ "lightningstor": ls, "s3s_fs": fs, "iterations": a.iterations })
+        };
         std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
     }
     Ok(())

@@ -72,6 +72,10 @@ pub enum LightningError {
     /// A block referenced by metadata is missing from the block store.
     #[error("block {hash} is missing")]
     MissingBlock { hash: String },
+    /// Too few replicas answered for the read or write quorum, or a node
+    /// could not be reached.
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -135,6 +139,7 @@ impl LightningError {
                 S3ErrorCode::InternalError
             }
             E::Body(_) => S3ErrorCode::IncompleteBody,
+            E::Unavailable(_) => S3ErrorCode::ServiceUnavailable,
         }
     }
 

@@ -7,10 +7,12 @@
 //! - [`checksum`], [`listing`], [`conditions`]: pure protocol logic;
 //! - [`store`]: the engine that streams bodies into blocks and commits rows;
 //! - [`s3`]: `impl S3`, one method per operation;
-//! - [`server`]: hyper serving, auth, virtual hosts, `/metrics`.
+//! - [`server`]: hyper serving, auth, virtual hosts, `/metrics`;
+//! - [`cluster`]: replication across nodes (placement, quorums, repair).
 
 pub mod block;
 pub mod checksum;
+pub mod cluster;
 pub mod conditions;
 pub mod config;
 pub mod error;

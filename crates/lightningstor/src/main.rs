@@ -52,9 +52,43 @@ enum Cmd {
         /// Region reported to clients and used in signatures [default: us-east-1].
         #[arg(long, value_name = "REGION")]
         region: Option<String>,
-        /// TOML configuration file (fields as in docs/lightningstor.md).
+        /// TOML configuration file (fields as in docs/lightningstor.md); with
+        /// --node, the cluster file shared by every node.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Run as this node of the cluster described by --config (replicated
+        /// mode; S3 and node-to-node addresses come from the file).
+        #[arg(long, value_name = "NAME", requires = "config")]
+        node: Option<String>,
+    },
+    /// Set up and inspect a replicated cluster.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Print a cluster file for N nodes on 127.0.0.1 (one data dir per node
+    /// under DIR). Start each node with `lightningstor serve --config FILE --node nI`.
+    #[command(
+        after_help = "Example:\n  lightningstor cluster init --nodes 3 --base-dir /tmp/ls > cluster.toml\n  for n in n1 n2 n3; do lightningstor serve --config cluster.toml --node $n & done"
+    )]
+    Init {
+        /// Number of nodes (replication factor is min(3, N)).
+        #[arg(long, value_name = "N")]
+        nodes: usize,
+        /// Directory holding one data directory per node.
+        #[arg(long, value_name = "DIR")]
+        base_dir: PathBuf,
+        /// S3 port of node 1; node i uses P+i-1 for S3 and P+100+i-1 for RPC.
+        #[arg(long, value_name = "P", default_value_t = 3900)]
+        base_port: u16,
+    },
+    /// Show every node's health, layout version and repair backlog.
+    Status {
+        /// The cluster file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
     },
 }
 
@@ -69,7 +103,32 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Serve { data_dir, listen, access_key, secret_key, anonymous, domains, region, config } => {
+        Cmd::Cluster(ClusterCmd::Init { nodes, base_dir, base_port }) => {
+            let c = lightningstor::cluster::ClusterConfig::init(nodes, &base_dir, base_port)?;
+            print!("{}", c.to_toml());
+            Ok(())
+        }
+        Cmd::Cluster(ClusterCmd::Status { config }) => {
+            let c = lightningstor::cluster::ClusterConfig::from_file(&config)
+                .with_context(|| format!("reading {}", config.display()))?;
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(status(c))
+        }
+        Cmd::Serve { node: Some(name), config: Some(path), access_key, secret_key, anonymous, .. } => {
+            let mut c = lightningstor::cluster::ClusterConfig::from_file(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if access_key.is_some() {
+                c.access_key = access_key;
+            }
+            if secret_key.is_some() {
+                c.secret_key = secret_key;
+            }
+            c.anonymous |= anonymous;
+            c.validate()?;
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(serve_node(c, name))
+        }
+        Cmd::Serve { data_dir, listen, access_key, secret_key, anonymous, domains, region, config, node: _ } => {
             let mut cfg = match &config {
                 Some(path) => Config::from_file(path).with_context(|| format!("reading {}", path.display()))?,
                 None => Config::default(),
@@ -121,12 +180,67 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(addr = %running.addr, data_dir = %data_dir.display(), "lightningstor listening");
     // A line tests and scripts can wait for.
     println!("listening on {}", running.addr);
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+    Ok(())
+}
+
+async fn serve_node(c: lightningstor::cluster::ClusterConfig, name: String) -> anyhow::Result<()> {
+    let running = lightningstor::cluster::start(c, &name).await.with_context(|| format!("starting node {name}"))?;
+    tracing::info!(addr = %running.s3.addr, node = %name, "lightningstor cluster node listening");
+    println!("listening on {}", running.s3.addr);
+    wait_for_signal().await?;
     tracing::info!("shutting down");
     running.shutdown().await;
+    Ok(())
+}
+
+async fn status(c: lightningstor::cluster::ClusterConfig) -> anyhow::Result<()> {
+    use lightningstor::cluster::rpc::{Msg, Req, Resp};
+    use lightningstor::cluster::transport::{Tcp, Transport};
+    let peers = c.nodes.iter().map(|n| (n.id, n.rpc)).collect();
+    let t = Tcp::new(peers, std::time::Duration::from_secs(5));
+    println!(
+        "cluster: {} nodes, replication factor {}, R={} W={}, {:?}, layout version {}, {} partitions",
+        c.nodes.len(),
+        c.replication_factor,
+        c.r(),
+        c.w(),
+        c.consistency,
+        c.layout_version,
+        c.partitions
+    );
+    let layout = lightningstor::cluster::placement::Layout::compute(&c);
+    println!(
+        "{:<8} {:<4} {:<8} {:<22} {:<6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "node", "id", "zone", "s3", "health", "layout", "parts", "objects", "blocks", "resync", "corrupt"
+    );
+    let mut backlog = 0;
+    for n in &c.nodes {
+        let parts = layout.partitions_of(n.id).len();
+        let line = match t.call(n.id, Msg::new(Req::Status)).await.map(|m| m.head) {
+            Ok(Resp::Status(s)) => {
+                backlog += s.resync_queue;
+                format!(
+                    "{:<6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                    "up", s.layout_version, parts, s.objects, s.blocks, s.resync_queue, s.corrupt_blocks
+                )
+            }
+            Ok(other) => format!("{:<6} unexpected answer {other:?}", "?"),
+            Err(e) => format!("{:<6} {:>6} {:>8}  ({e})", "DOWN", "-", parts),
+        };
+        println!("{:<8} {:<4} {:<8} {:<22} {line}", n.name, n.id, n.zone, n.s3.to_string());
+    }
+    println!("repair backlog: {backlog} resync entries");
     Ok(())
 }

@@ -83,7 +83,13 @@ impl S3Access for AllowAnonymous {
 /// Builds the s3s service for `store` as its configuration says.
 pub fn service(store: Arc<Store>) -> S3Service {
     let cfg = store.config.clone();
-    let mut b = S3ServiceBuilder::new(LightningS3::new(store));
+    service_for(LightningS3::new(store), &cfg)
+}
+
+/// Builds an s3s service over any `S3` implementation with the auth, access
+/// and virtual-host settings of `cfg`.
+pub fn service_for(s3: impl s3s::S3, cfg: &Config) -> S3Service {
+    let mut b = S3ServiceBuilder::new(s3);
     if let Some((ak, sk)) = cfg.keys() {
         b.set_auth(KeyAuth { access_key: ak.to_owned(), secret_key: sk.to_owned() });
         if cfg.anonymous {
@@ -105,11 +111,16 @@ fn is_metrics(req: &http::Request<Incoming>) -> bool {
         && !req.headers().contains_key(http::header::AUTHORIZATION)
 }
 
-fn metrics_response(store: &Store) -> http::Response<s3s::Body> {
+/// The node's Prometheus text.
+pub fn store_metrics(store: &Store) -> String {
     let (blocks, objects) = store.meta.counts().unwrap_or((0, 0));
-    let text = store
-        .metrics
-        .render(&[("objects", "objects stored", objects), ("blocks", "distinct blocks referenced", blocks)]);
+    store.metrics.render(&[("objects", "objects stored", objects), ("blocks", "distinct blocks referenced", blocks)])
+}
+
+/// Renders `/metrics`.
+pub type MetricsFn = Arc<dyn Fn() -> String + Send + Sync>;
+
+fn metrics_response(text: String) -> http::Response<s3s::Body> {
     let mut resp = http::Response::new(s3s::Body::from(text));
     resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; version=0.0.4"));
     resp
@@ -144,8 +155,14 @@ pub async fn start(config: Config) -> Result<(Running, Arc<Store>)> {
 
 /// Serves `store` on an already bound listener.
 pub fn serve(listener: TcpListener, store: Arc<Store>) -> Result<Running> {
-    let addr = listener.local_addr()?;
     let svc = service(store.clone());
+    let metrics: MetricsFn = Arc::new(move || store_metrics(&store));
+    serve_with(listener, svc, metrics)
+}
+
+/// Serves an s3s service and `/metrics` on an already bound listener.
+pub fn serve_with(listener: TcpListener, svc: S3Service, metrics: MetricsFn) -> Result<Running> {
+    let addr = listener.local_addr()?;
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -164,13 +181,13 @@ pub fn serve(listener: TcpListener, store: Arc<Store>) -> Result<Running> {
             };
             let _ = sock.set_nodelay(true);
             let svc = svc.clone();
-            let store = store.clone();
+            let metrics = metrics.clone();
             let handler = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                 let svc = svc.clone();
-                let store = store.clone();
+                let metrics = metrics.clone();
                 async move {
                     if is_metrics(&req) {
-                        return Ok::<_, HttpError>(metrics_response(&store));
+                        return Ok::<_, HttpError>(metrics_response(metrics()));
                     }
                     hyper::service::Service::call(&svc, req).await
                 }

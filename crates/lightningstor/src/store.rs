@@ -61,12 +61,12 @@ struct PinSet {
 }
 
 impl Pins {
-    fn new(store: &Arc<Store>) -> Self {
+    pub(crate) fn new(store: &Arc<Store>) -> Self {
         Pins(Arc::new(PinSet { store: store.clone(), hashes: Mutex::new(Vec::new()) }))
     }
 
     /// Pins `hash` for as long as this set lives.
-    fn add(&self, hash: BlockHash) {
+    pub(crate) fn add(&self, hash: BlockHash) {
         self.0.store.pin(hash);
         if let Ok(mut h) = self.0.hashes.lock() {
             h.push(hash);
@@ -151,6 +151,11 @@ impl Store {
             pins: Mutex::new(HashMap::new()),
             budget: Arc::new(tokio::sync::Semaphore::new(BLOCK_BUDGET)),
         }))
+    }
+
+    /// An empty pin set (blocks added to it stay until it is released or dropped).
+    pub fn new_pins(self: &Arc<Self>) -> Pins {
+        Pins::new(self)
     }
 
     fn pin(&self, hash: BlockHash) {

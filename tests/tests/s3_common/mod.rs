@@ -244,3 +244,168 @@ pub fn block_files(data_dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A cluster of nodes in this process; its client sends each request to the
+/// next node in turn, so consecutive operations have different coordinators.
+pub struct InCluster {
+    pub dir: tempfile::TempDir,
+    pub cluster: lightningstor::cluster::testing::TestCluster,
+}
+
+impl InCluster {
+    /// `n` nodes with keys [`AK`]/[`SK`], default quorums.
+    pub fn new(n: usize) -> Self {
+        Self::with(n, |_| {})
+    }
+
+    /// `n` nodes with the cluster file adjusted by `f`.
+    pub fn with(n: usize, f: impl FnOnce(&mut lightningstor::cluster::ClusterConfig)) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cluster = lightningstor::cluster::testing::TestCluster::start(dir.path(), n, |c| {
+            c.access_key = Some(AK.into());
+            c.secret_key = Some(SK.into());
+            c.anonymous = false;
+            c.scrub_blocks_per_sec = 0;
+            c.anti_entropy_secs = 0;
+            f(c);
+        })
+        .expect("start cluster");
+        InCluster { dir, cluster }
+    }
+
+    /// A client whose requests rotate over every node.
+    pub fn client(&self) -> Client {
+        let nodes = self.cluster.ids().into_iter().map(|i| self.cluster.node(i)).collect();
+        let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
+        let svc = lightningstor::server::service_for(s3, &self.cluster.node(1).store.config);
+        let conf = sdk_config("http://localhost:9000", AK, SK).http_client(s3s_aws::Client::from(svc)).build();
+        Client::from_conf(conf)
+    }
+
+    /// A client talking to node `id` only.
+    pub fn client_of(&self, id: u8) -> Client {
+        let conf = sdk_config("http://localhost:9000", AK, SK)
+            .http_client(s3s_aws::Client::from(self.cluster.service(id)))
+            .build();
+        Client::from_conf(conf)
+    }
+}
+
+/// A cluster of spawned `lightningstor serve --config FILE --node NAME` processes.
+pub struct SpawnedCluster {
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    pub config: lightningstor::cluster::ClusterConfig,
+    pub nodes: Vec<Option<Spawned>>,
+}
+
+fn free_base_port(n: usize) -> u16 {
+    for attempt in 0..200u32 {
+        let base = 20_000 + ((std::process::id() * 7 + attempt * 211) % 30_000) as u16;
+        let all_free = (0..n as u16).all(|i| {
+            std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", base + 100 + i)).is_ok()
+        });
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no free port range found");
+}
+
+impl SpawnedCluster {
+    /// Writes a cluster file with `lightningstor cluster init` and starts every node.
+    pub fn start(n: usize, adjust: impl FnOnce(&mut lightningstor::cluster::ClusterConfig)) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = free_base_port(n);
+        let out = Command::new(binary())
+            .args(["cluster", "init", "--nodes", &n.to_string(), "--base-port", &base.to_string(), "--base-dir"])
+            .arg(dir.path())
+            .output()
+            .expect("run cluster init");
+        assert!(out.status.success(), "cluster init failed: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).expect("utf-8 config");
+        let mut config = lightningstor::cluster::ClusterConfig::from_toml(&text).expect("init prints a valid file");
+        adjust(&mut config);
+        let config_path = dir.path().join("cluster.toml");
+        std::fs::write(&config_path, config.to_toml()).expect("write config");
+        let mut c = SpawnedCluster { dir, config_path, config, nodes: Vec::new() };
+        for i in 0..n {
+            let s = c.spawn(i);
+            c.nodes.push(Some(s));
+        }
+        c
+    }
+
+    fn spawn(&self, i: usize) -> Spawned {
+        let name = &self.config.nodes[i].name;
+        let mut child = Command::new(binary())
+            .args(["serve", "--config"])
+            .arg(&self.config_path)
+            .args(["--node", name])
+            .env("LIGHTNINGSTOR_ACCESS_KEY", AK)
+            .env("LIGHTNINGSTOR_SECRET_KEY", SK)
+            .env("RUST_LOG", "warn,s3s=off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn node");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(a.to_owned());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("node {name} did not start listening within 60 s");
+            }
+        };
+        Spawned { child, addr, data_dir: self.config.nodes[i].data_dir.clone() }
+    }
+
+    /// kill -9 node `i` (0-based).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(s) = self.nodes[i].take() {
+            s.kill9();
+        }
+    }
+
+    /// Starts node `i` again on its data.
+    pub fn restart(&mut self, i: usize) {
+        let s = self.spawn(i);
+        self.nodes[i] = Some(s);
+    }
+
+    /// A client of node `i`.
+    pub fn client(&self, i: usize) -> Client {
+        self.nodes[i].as_ref().expect("node running").client()
+    }
+
+    /// The value of a metric of node `i` (from /metrics).
+    pub fn metric(&self, i: usize, name: &str) -> Option<f64> {
+        let addr = &self.nodes[i].as_ref()?.addr;
+        let text = http_get(addr, "/metrics")?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    }
+}
+
+/// A plain HTTP/1.0 GET on loopback; the body, if the status is 200.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200")
+        .then(|| body.to_owned())
+        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
+}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use tokio::sync::oneshot;
-use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, UploadMeta};
+use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, RawEntry, Row, UploadMeta};
 
 /// bucket name -> [`BucketMeta`].
 pub const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -35,6 +35,8 @@ pub const UPLOADS: TableDefinition<&str, &[u8]> = TableDefinition::new("uploads"
 pub const UPLOAD_INDEX: TableDefinition<(&str, &[u8], &str), ()> = TableDefinition::new("upload_index");
 /// (upload id, part number) -> [`PartMeta`].
 pub const PARTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("parts");
+/// (bucket, key bytes) -> version of the delete (replicated mode only).
+pub const TOMBSTONES: TableDefinition<(&str, &[u8]), u64> = TableDefinition::new("tombstones");
 /// block hash -> number of references from objects and parts.
 pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
 
@@ -105,6 +107,7 @@ impl MetaStore {
             txn.open_table(UPLOAD_INDEX)?;
             txn.open_table(PARTS)?;
             txn.open_table(REFS)?;
+            txn.open_table(TOMBSTONES)?;
             txn.commit()?;
         }
         let (tx, rx) = mpsc::channel::<Box<dyn PendingOp>>();
@@ -175,6 +178,90 @@ impl MetaStore {
             Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
             None => Ok(None),
         }
+    }
+
+    /// An object's replicated row: the object or its tombstone, whichever is newer.
+    pub fn get_row(&self, bucket: &str, key: &[u8]) -> Result<Option<Row>> {
+        let txn = self.db.begin_read()?;
+        let obj: Option<ObjectMeta> = match txn.open_table(OBJECTS)?.get((bucket, key))? {
+            Some(v) => Some(postcard::from_bytes(v.value())?),
+            None => None,
+        };
+        let tomb = txn.open_table(TOMBSTONES)?.get((bucket, key))?.map(|v| v.value());
+        Ok(match (obj, tomb) {
+            (Some(o), Some(t)) if t > o.version => Some(Row::Tombstone(t)),
+            (Some(o), _) => Some(Row::Object(o)),
+            (None, Some(t)) => Some(Row::Tombstone(t)),
+            (None, None) => None,
+        })
+    }
+
+    /// Up to `limit` rows of `bucket` with keys `>= from` that start with
+    /// `prefix`, objects and tombstones merged in key order.
+    pub fn list_raw(&self, bucket: &str, from: &[u8], prefix: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, RawEntry)>> {
+        let txn = self.db.begin_read()?;
+        let objects = txn.open_table(OBJECTS)?;
+        let tombs = txn.open_table(TOMBSTONES)?;
+        let from = if from < prefix { prefix } else { from };
+        let mut out: std::collections::BTreeMap<Vec<u8>, RawEntry> = std::collections::BTreeMap::new();
+        for row in objects.range((bucket, from)..)? {
+            let (k, v) = row?;
+            let (b, key) = k.value();
+            if b != bucket || !key.starts_with(prefix) || out.len() >= limit {
+                break;
+            }
+            let (summary, _) = postcard::take_from_bytes::<ObjectSummary>(v.value())?;
+            out.insert(key.to_vec(), RawEntry { version: summary.version, summary: Some(summary) });
+        }
+        let last = if out.len() >= limit { out.keys().next_back().cloned() } else { None };
+        for row in tombs.range((bucket, from)..)? {
+            let (k, v) = row?;
+            let (b, key) = k.value();
+            if b != bucket || !key.starts_with(prefix) || last.as_deref().is_some_and(|l| key > l) {
+                break;
+            }
+            let t = v.value();
+            match out.get(key) {
+                Some(e) if e.version >= t => {}
+                _ => {
+                    out.insert(key.to_vec(), RawEntry { version: t, summary: None });
+                }
+            }
+        }
+        Ok(out.into_iter().take(limit).collect())
+    }
+
+    /// Every row (bucket, key, version), objects and tombstones, for
+    /// anti-entropy digests. Tombstones are marked by `true`.
+    pub fn all_versions(&self) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+        let txn = self.db.begin_read()?;
+        let mut out = Vec::new();
+        for row in txn.open_table(OBJECTS)?.iter()? {
+            let (k, v) = row?;
+            let (b, key) = k.value();
+            let (s, _) = postcard::take_from_bytes::<ObjectSummary>(v.value())?;
+            out.push((b.to_owned(), key.to_vec(), s.version, false));
+        }
+        for row in txn.open_table(TOMBSTONES)?.iter()? {
+            let (k, v) = row?;
+            let (b, key) = k.value();
+            out.push((b.to_owned(), key.to_vec(), v.value(), true));
+        }
+        Ok(out)
+    }
+
+    /// Tombstones made before `before_ms` (for collection).
+    pub fn old_tombstones(&self, before_version: u64) -> Result<Vec<(String, Vec<u8>, u64)>> {
+        let t = self.table(TOMBSTONES)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            if v.value() < before_version {
+                let (b, key) = k.value();
+                out.push((b.to_owned(), key.to_vec(), v.value()));
+            }
+        }
+        Ok(out)
     }
 
     /// One page of a bucket's objects.

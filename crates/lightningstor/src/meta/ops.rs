@@ -3,8 +3,8 @@
 //! reference counts exact, and returns the blocks whose count reached zero
 //! so the caller can delete them after the commit.
 
-use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, UploadMeta};
-use super::{BUCKETS, OBJECTS, PARTS, REFS, UPLOAD_INDEX, UPLOADS};
+use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
+use super::{BUCKETS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS};
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
 use crate::conditions;
@@ -319,4 +319,77 @@ pub fn complete_upload(
     }
     remove_upload(txn, id, &upload, &stored)?;
     Ok((meta, freed))
+}
+
+/// Merges a replicated row: it replaces the stored row (object or tombstone)
+/// only when its version is higher, so replicas that receive the same rows
+/// in any order end up equal. Creates the bucket row if this replica missed
+/// it. Returns whether the row was applied and the blocks freed.
+pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) -> Result<(bool, Vec<BlockHash>)> {
+    let mut objects = txn.open_table(OBJECTS)?;
+    let mut tombs = txn.open_table(TOMBSTONES)?;
+    let old: Option<ObjectMeta> = match objects.get((bucket, key))? {
+        Some(v) => Some(postcard::from_bytes(v.value())?),
+        None => None,
+    };
+    let tomb = tombs.get((bucket, key))?.map(|v| v.value());
+    let current = old.as_ref().map(|o| o.version).max(tomb).unwrap_or(0);
+    if row.version() <= current {
+        return Ok((false, Vec::new()));
+    }
+    {
+        let mut buckets = txn.open_table(BUCKETS)?;
+        if buckets.get(bucket)?.is_none() {
+            let b = postcard::to_allocvec(&BucketMeta { created_ms: super::now_ms() })?;
+            buckets.insert(bucket, b.as_slice())?;
+        }
+    }
+    let mut freed = Vec::new();
+    match row {
+        Row::Object(meta) => {
+            incref(txn, meta.data.blocks())?;
+            let bytes = postcard::to_allocvec(meta)?;
+            objects.insert((bucket, key), bytes.as_slice())?;
+            if tomb.is_some() {
+                tombs.remove((bucket, key))?;
+            }
+        }
+        Row::Tombstone(v) => {
+            if old.is_some() {
+                objects.remove((bucket, key))?;
+            }
+            tombs.insert((bucket, key), *v)?;
+        }
+    }
+    if let Some(o) = old {
+        decref(txn, o.data.blocks(), &mut freed)?;
+    }
+    Ok((true, freed))
+}
+
+/// Removes a tombstone if it still has `version` (collection after the delay).
+pub fn drop_tombstone(txn: &WriteTransaction, bucket: &str, key: &[u8], version: u64) -> Result<()> {
+    let mut tombs = txn.open_table(TOMBSTONES)?;
+    let cur = tombs.get((bucket, key))?.map(|v| v.value());
+    if cur == Some(version) {
+        tombs.remove((bucket, key))?;
+    }
+    Ok(())
+}
+
+/// Deletes a bucket row without checking for objects (the cluster checked).
+pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<()> {
+    txn.open_table(BUCKETS)?.remove(name)?;
+    Ok(())
+}
+
+/// Creates a bucket row if it is missing (replicated create: idempotent).
+pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
+    let mut t = txn.open_table(BUCKETS)?;
+    if t.get(name)?.is_some() {
+        return Ok(false);
+    }
+    let row = postcard::to_allocvec(&BucketMeta { created_ms })?;
+    t.insert(name, row.as_slice())?;
+    Ok(true)
 }

@@ -102,6 +102,35 @@ impl ObjectMeta {
     }
 }
 
+/// A replicated object row: the object, or the tombstone of its deletion.
+/// Replicas keep whichever of two rows has the higher version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Row {
+    /// The object as written.
+    Object(ObjectMeta),
+    /// Deleted at this version.
+    Tombstone(u64),
+}
+
+impl Row {
+    /// The row's version.
+    pub fn version(&self) -> u64 {
+        match self {
+            Row::Object(m) => m.version,
+            Row::Tombstone(v) => *v,
+        }
+    }
+}
+
+/// One raw listing entry of a replica: an object's summary or a tombstone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawEntry {
+    /// Row version.
+    pub version: u64,
+    /// The summary; `None` for a tombstone.
+    pub summary: Option<ObjectSummary>,
+}
+
 /// A multipart upload in progress.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UploadMeta {

@@ -57,6 +57,6 @@ pub(super) async fn get_bucket_location(
 }
 
 /// The single owner of everything on this node.
-pub(super) fn owner() -> Owner {
+pub(crate) fn owner() -> Owner {
     Owner { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }
 }

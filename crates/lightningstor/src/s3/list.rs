@@ -71,6 +71,14 @@ fn split(p: &ListPage<ObjectSummary>, url: bool, with_owner: bool) -> Result<Spl
 
 pub(super) async fn list_objects(store: &Arc<Store>, req: S3Request<ListObjectsInput>) -> Result<ListObjectsOutput> {
     let i = req.input;
+    let (q, url, max) = v1_query(&i)?;
+    let p = page(store, i.bucket.clone(), q).await?;
+    v1_output(i, &p, url, max)
+}
+
+/// The listing query of a ListObjects (v1) request, whether keys are
+/// URL-encoded, and max-keys.
+pub(crate) fn v1_query(i: &ListObjectsInput) -> Result<(ListQuery, bool, usize)> {
     let url = url_mode(i.encoding_type.as_ref())?;
     let max = max_keys(i.max_keys)?;
     let q = ListQuery {
@@ -79,8 +87,17 @@ pub(super) async fn list_objects(store: &Arc<Store>, req: S3Request<ListObjectsI
         start_after: i.marker.clone().filter(|m| !m.is_empty()).map(String::into_bytes),
         max_keys: max,
     };
-    let p = page(store, i.bucket.clone(), q).await?;
-    let (objects, prefixes) = split(&p, url, true)?;
+    Ok((q, url, max))
+}
+
+/// The ListObjects (v1) answer for a page.
+pub(crate) fn v1_output(
+    i: ListObjectsInput,
+    p: &ListPage<ObjectSummary>,
+    url: bool,
+    max: usize,
+) -> Result<ListObjectsOutput> {
+    let (objects, prefixes) = split(p, url, true)?;
     let next_marker = match &p.next_marker {
         Some(m) => Some(text(m, url)?),
         None => None,
@@ -105,6 +122,13 @@ pub(super) async fn list_objects_v2(
     req: S3Request<ListObjectsV2Input>,
 ) -> Result<ListObjectsV2Output> {
     let i = req.input;
+    let (q, url, max) = v2_query(&i)?;
+    let p = page(store, i.bucket.clone(), q).await?;
+    v2_output(i, &p, url, max)
+}
+
+/// The listing query of a ListObjectsV2 request, URL mode, and max-keys.
+pub(crate) fn v2_query(i: &ListObjectsV2Input) -> Result<(ListQuery, bool, usize)> {
     let url = url_mode(i.encoding_type.as_ref())?;
     let max = max_keys(i.max_keys)?;
     let start = match &i.continuation_token {
@@ -117,8 +141,17 @@ pub(super) async fn list_objects_v2(
         start_after: start,
         max_keys: max,
     };
-    let p = page(store, i.bucket.clone(), q).await?;
-    let (objects, prefixes) = split(&p, url, i.fetch_owner.unwrap_or(false))?;
+    Ok((q, url, max))
+}
+
+/// The ListObjectsV2 answer for a page.
+pub(crate) fn v2_output(
+    i: ListObjectsV2Input,
+    p: &ListPage<ObjectSummary>,
+    url: bool,
+    max: usize,
+) -> Result<ListObjectsV2Output> {
+    let (objects, prefixes) = split(p, url, i.fetch_owner.unwrap_or(false))?;
     let count = objects.len() + prefixes.len();
     Ok(ListObjectsV2Output {
         name: Some(i.bucket),

@@ -5,11 +5,11 @@
 //! [`LightningError`](crate::error::LightningError); the conversion to the
 //! S3 error on the wire happens here, once.
 
-mod bucket;
+pub(crate) mod bucket;
 pub mod convert;
-mod list;
+pub(crate) mod list;
 mod multipart;
-mod object;
+pub(crate) mod object;
 
 use crate::error::Result;
 use crate::store::Store;

@@ -22,10 +22,10 @@ use std::task::{Context, Poll};
 
 /// Makes a `Send` stream `Sync`, as s3s bodies must be. The mutex is never
 /// contended: only the poller touches it, through `&mut`.
-pub(super) struct SyncBody(Mutex<BoxStream<'static, Result<Bytes>>>);
+pub(crate) struct SyncBody(Mutex<BoxStream<'static, Result<Bytes>>>);
 
 impl SyncBody {
-    pub(super) fn blob(s: BoxStream<'static, Result<Bytes>>) -> StreamingBlob {
+    pub(crate) fn blob(s: BoxStream<'static, Result<Bytes>>) -> StreamingBlob {
         StreamingBlob::wrap(SyncBody(Mutex::new(s)))
     }
 }
@@ -131,9 +131,9 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
 }
 
 /// What GET and HEAD share: the row, the preconditions, and the range.
-struct Selected {
-    meta: ObjectMeta,
-    range: std::ops::Range<u64>,
+pub(crate) struct Selected {
+    pub(crate) meta: ObjectMeta,
+    pub(crate) range: std::ops::Range<u64>,
     partial: bool,
 }
 
@@ -145,7 +145,16 @@ fn select(
     range: Option<&Range>,
     part_number: Option<i32>,
 ) -> Result<Selected> {
-    let meta = load(store, bucket, key)?;
+    select_meta(load(store, bucket, key)?, pre, range, part_number)
+}
+
+/// Checks read preconditions on `meta` and resolves the range asked for.
+pub(crate) fn select_meta(
+    meta: ObjectMeta,
+    pre: &Preconditions,
+    range: Option<&Range>,
+    part_number: Option<i32>,
+) -> Result<Selected> {
     pre.check(&meta.etag, meta.last_modified_secs(), Mode::Read)?;
     let (range, partial) = match (range, part_number) {
         (Some(_), Some(_)) => {
@@ -162,7 +171,7 @@ fn content_range(s: &Selected) -> Option<String> {
     s.partial.then(|| format!("bytes {}-{}/{}", s.range.start, s.range.end.saturating_sub(1), s.meta.size))
 }
 
-fn preconditions(
+pub(crate) fn preconditions(
     if_match: Option<ETagCondition>,
     if_none_match: Option<ETagCondition>,
     if_modified_since: Option<&Timestamp>,
@@ -183,19 +192,29 @@ fn want_checksum(mode: Option<&ChecksumMode>, s: &Selected) -> bool {
 
 pub(super) async fn get_object(store: &Arc<Store>, req: S3Request<GetObjectInput>) -> Result<GetObjectOutput> {
     let i = req.input;
-    let pre = preconditions(i.if_match, i.if_none_match, i.if_modified_since.as_ref(), i.if_unmodified_since.as_ref());
+    let pre = preconditions(
+        i.if_match.clone(),
+        i.if_none_match.clone(),
+        i.if_modified_since.as_ref(),
+        i.if_unmodified_since.as_ref(),
+    );
     let s = select(store, &i.bucket, &i.key, &pre, i.range.as_ref(), i.part_number)?;
+    let body = store.read(&s.meta, s.range.clone());
+    Ok(get_output(i, &s, body))
+}
+
+/// The GetObject answer for a selected object and its body stream.
+pub(crate) fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<Bytes>>) -> GetObjectOutput {
     let h = &s.meta.headers;
-    let c = if want_checksum(i.checksum_mode.as_ref(), &s) {
+    let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
     } else {
         Default::default()
     };
-    let body = store.read(&s.meta, s.range.clone());
-    Ok(GetObjectOutput {
+    GetObjectOutput {
         body: Some(SyncBody::blob(body)),
         content_length: i64::try_from(s.range.end - s.range.start).ok(),
-        content_range: content_range(&s),
+        content_range: content_range(s),
         accept_ranges: Some("bytes".into()),
         e_tag: Some(etag(&s.meta.etag)),
         last_modified: Some(timestamp(s.meta.last_modified_ms)),
@@ -214,22 +233,32 @@ pub(super) async fn get_object(store: &Arc<Store>, req: S3Request<GetObjectInput
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
         ..Default::default()
-    })
+    }
 }
 
 pub(super) async fn head_object(store: &Arc<Store>, req: S3Request<HeadObjectInput>) -> Result<HeadObjectOutput> {
     let i = req.input;
-    let pre = preconditions(i.if_match, i.if_none_match, i.if_modified_since.as_ref(), i.if_unmodified_since.as_ref());
+    let pre = preconditions(
+        i.if_match.clone(),
+        i.if_none_match.clone(),
+        i.if_modified_since.as_ref(),
+        i.if_unmodified_since.as_ref(),
+    );
     let s = select(store, &i.bucket, &i.key, &pre, i.range.as_ref(), i.part_number)?;
+    Ok(head_output(i, &s))
+}
+
+/// The HeadObject answer for a selected object.
+pub(crate) fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
     let h = &s.meta.headers;
-    let c = if want_checksum(i.checksum_mode.as_ref(), &s) {
+    let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
     } else {
         Default::default()
     };
-    Ok(HeadObjectOutput {
+    HeadObjectOutput {
         content_length: i64::try_from(s.range.end - s.range.start).ok(),
-        content_range: content_range(&s),
+        content_range: content_range(s),
         accept_ranges: Some("bytes".into()),
         e_tag: Some(etag(&s.meta.etag)),
         last_modified: Some(timestamp(s.meta.last_modified_ms)),
@@ -248,7 +277,7 @@ pub(super) async fn head_object(store: &Arc<Store>, req: S3Request<HeadObjectInp
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
         ..Default::default()
-    })
+    }
 }
 
 pub(super) async fn delete_object(store: &Arc<Store>, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
@@ -314,7 +343,7 @@ pub(super) async fn delete_objects(
 }
 
 /// Resolves `x-amz-copy-source` to (bucket, key).
-pub(super) fn copy_source(src: &CopySource) -> Result<(String, String)> {
+pub(crate) fn copy_source(src: &CopySource) -> Result<(String, String)> {
     match src {
         CopySource::Bucket { bucket, key, version_id } => {
             if version_id.as_deref().is_some_and(|v| v != "null") {

@@ -1,0 +1,476 @@
+//! The coordinator side: any node turns an S3 request into replica
+//! requests, waits for the quorum, and repairs what it sees stale.
+//!
+//! Writes: the body is cut into blocks, each sent to every replica of the
+//! key (`PutBlock`, pinned in an upload session there); after the body is
+//! verified the row is committed on every replica that has all blocks
+//! (`Commit`). The write is acknowledged once every write set (one set
+//! normally, the old and the new replica set during a layout change) has
+//! W commits; replicas that missed it go to the resync queue *before* the
+//! acknowledgement. Reads ask every replica for its row, keep the highest
+//! version, stream blocks from any replica holding that version (verified
+//! by hash here), and push the winning row to replicas that answered with
+//! an older one (read repair).
+
+use super::NodeId;
+use super::config::Consistency;
+use super::node::{ClusterMetrics, Node};
+use super::placement::{Replication, partition_of};
+use super::rpc::{Msg, Req, Resp};
+use crate::block::BlockHash;
+use crate::checksum::{BodyHasher, Checksum, ChecksumAlgo};
+use crate::error::{LightningError, Result};
+use crate::meta::types::{BlockRef, ObjectData, ObjectMeta, Row};
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, FuturesOrdered};
+use futures::{Stream, StreamExt};
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Blocks one upload keeps in flight to its replicas.
+const BLOCKS_IN_FLIGHT: usize = 4;
+/// Blocks a download prefetches.
+const READS_AHEAD: usize = 3;
+
+/// A body sent to the replicas, not yet committed.
+#[derive(Debug)]
+pub struct Staged {
+    /// Bytes received.
+    pub size: u64,
+    /// MD5 of the body.
+    pub md5: [u8; 16],
+    /// Extra checksum, if asked for.
+    pub checksum: Option<Checksum>,
+    /// Inline bytes or the block list.
+    pub data: ObjectData,
+    /// Upload session the replicas pinned the blocks under.
+    pub session: u64,
+    /// Replicas that stored every block.
+    pub complete: Vec<NodeId>,
+}
+
+/// What a quorum read found.
+#[derive(Debug, Clone)]
+pub struct ReadOutcome {
+    /// The newest row, if any replica has one.
+    pub row: Option<Row>,
+    /// Replicas holding exactly that row (where to read blocks from).
+    pub holders: Vec<NodeId>,
+}
+
+fn union(sets: &[Vec<NodeId>]) -> Vec<NodeId> {
+    let mut out: Vec<NodeId> = Vec::new();
+    for s in sets {
+        for n in s {
+            if !out.contains(n) {
+                out.push(*n);
+            }
+        }
+    }
+    out
+}
+
+fn session_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish()
+}
+
+impl Node {
+    /// The replica sets a write to this key must reach a quorum in: the
+    /// current one, and during a layout change the previous one too.
+    pub fn write_sets(&self, bucket: &str, key: &[u8]) -> Vec<Vec<NodeId>> {
+        let l = self.layout();
+        let p = partition_of(l.partitions(), bucket, key);
+        let mut sets = vec![l.nodes_for(p).to_vec()];
+        if let Some(old) = self.previous_layout() {
+            let o = old.nodes_for(p).to_vec();
+            if o != sets[0] {
+                sets.push(o);
+            }
+        }
+        sets
+    }
+
+    fn need_w(&self, set: usize) -> usize {
+        match self.consistency() {
+            Consistency::Consistent => self.layout().write_quorum().min(set).max(1),
+            Consistency::Degraded => 1,
+        }
+    }
+
+    fn need_r(&self, set: usize) -> usize {
+        match self.consistency() {
+            Consistency::Consistent => self.layout().read_quorum().min(set).max(1),
+            Consistency::Degraded => 1,
+        }
+    }
+
+    fn quorum_failed(&self, what: &str) -> LightningError {
+        ClusterMetrics::inc(&self.metrics.quorum_failures);
+        LightningError::Unavailable(what.to_owned())
+    }
+
+    /// Streams a body to the replicas of (bucket, key), computing MD5 and
+    /// `algo` on the way. Small bodies (when `inline`) stay in the row.
+    pub async fn stage<S, E>(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &[u8],
+        body: S,
+        algo: Option<ChecksumAlgo>,
+        inline: bool,
+    ) -> Result<Staged>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        let sets = self.write_sets(bucket, key);
+        let targets = Arc::new(union(&sets));
+        let failed: Arc<Mutex<HashSet<NodeId>>> = Arc::default();
+        let session = session_id();
+        let bs = self.store.config.block_size;
+        let inline_max = self.store.config.inline_threshold;
+        let mut hasher = BodyHasher::new(algo);
+        let mut writes = FuturesOrdered::new();
+        let mut refs: Vec<BlockRef> = Vec::new();
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut filled = 0usize;
+        let mut received = 0u64;
+        let mut sent_any = false;
+        let mut body = std::pin::pin!(body);
+        while let Some(chunk) = body.next().await {
+            let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
+            received += chunk.len() as u64;
+            hasher.update(&chunk);
+            while !chunk.is_empty() {
+                let take = (bs - filled).min(chunk.len());
+                parts.push(chunk.split_to(take));
+                filled += take;
+                if filled == bs {
+                    writes.push_back(self.send_block(std::mem::take(&mut parts), session, &targets, &failed));
+                    sent_any = true;
+                    filled = 0;
+                    while writes.len() >= BLOCKS_IN_FLIGHT {
+                        if let Some(r) = writes.next().await {
+                            refs.push(r?);
+                        }
+                        self.check_alive(&sets, &failed)?;
+                    }
+                }
+            }
+        }
+        let data = if !sent_any && inline && filled <= inline_max {
+            ObjectData::Inline(parts.concat())
+        } else {
+            if filled > 0 {
+                writes.push_back(self.send_block(parts, session, &targets, &failed));
+            }
+            while let Some(r) = writes.next().await {
+                refs.push(r?);
+            }
+            ObjectData::Blocks(refs)
+        };
+        self.check_alive(&sets, &failed)?;
+        let failed = failed.lock().map(|f| f.clone()).unwrap_or_default();
+        let complete = targets.iter().copied().filter(|n| !failed.contains(n)).collect();
+        let (md5, checksum) = hasher.finalize();
+        self.store.metrics.add(&self.store.metrics.bytes_in, received);
+        Ok(Staged { size: received, md5, checksum, data, session, complete })
+    }
+
+    fn check_alive(&self, sets: &[Vec<NodeId>], failed: &Mutex<HashSet<NodeId>>) -> Result<()> {
+        let failed = failed.lock().map(|f| f.clone()).unwrap_or_default();
+        for s in sets {
+            let alive = s.iter().filter(|n| !failed.contains(n)).count();
+            if alive < self.need_w(s.len()) {
+                return Err(self.quorum_failed(&format!(
+                    "only {alive} of {} replicas accepted the data (write quorum {})",
+                    s.len(),
+                    self.need_w(s.len())
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn send_block(
+        self: &Arc<Self>,
+        parts: Vec<Bytes>,
+        session: u64,
+        targets: &Arc<Vec<NodeId>>,
+        failed: &Arc<Mutex<HashSet<NodeId>>>,
+    ) -> BoxFuture {
+        let node = self.clone();
+        let targets = targets.clone();
+        let failed = failed.clone();
+        tokio::spawn(async move {
+            let permit =
+                node.budget.clone().acquire_owned().await.map_err(|e| LightningError::Io(std::io::Error::other(e)))?;
+            let (hash, data) = tokio::task::spawn_blocking(move || {
+                let data = if parts.len() == 1 {
+                    parts.into_iter().next().unwrap_or_default()
+                } else {
+                    Bytes::from(parts.concat())
+                };
+                (BlockHash::of(&data), data)
+            })
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?;
+            let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            let live: Vec<NodeId> = {
+                let f = failed.lock().map(|f| f.clone()).unwrap_or_default();
+                targets.iter().copied().filter(|n| !f.contains(n)).collect()
+            };
+            let calls = live.iter().map(|&n| {
+                let node = node.clone();
+                let data = data.clone();
+                async move { (n, node.call(n, Msg::with_data(Req::PutBlock { session, hash }, data)).await) }
+            });
+            for (n, r) in futures::future::join_all(calls).await {
+                if let Err(e) = r {
+                    tracing::debug!(node = n, error = %e, "replica missed a block");
+                    if let Ok(mut f) = failed.lock() {
+                        f.insert(n);
+                    }
+                }
+            }
+            drop(permit);
+            node.store.metrics.inc(&node.store.metrics.blocks_written);
+            Ok(BlockRef { hash, len })
+        })
+        .map_join()
+    }
+
+    /// Commits `row` on the replicas in `complete` (those that hold its
+    /// blocks) and acknowledges once every write set has its quorum; the
+    /// replicas that missed it are queued for resync first.
+    pub async fn commit_row(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &[u8],
+        row: Row,
+        session: u64,
+        complete: &[NodeId],
+    ) -> Result<()> {
+        let sets = self.write_sets(bucket, key);
+        let targets = union(&sets);
+        let calls = complete.iter().filter(|n| targets.contains(n)).map(|&n| {
+            let node = self.clone();
+            let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
+            async move { (n, node.call(n, Msg::new(req)).await) }
+        });
+        let mut ok = HashSet::new();
+        for (n, r) in futures::future::join_all(calls).await {
+            match r {
+                Ok(_) => {
+                    ok.insert(n);
+                }
+                Err(e) => tracing::debug!(node = n, error = %e, "replica missed a commit"),
+            }
+        }
+        for s in &sets {
+            let acks = s.iter().filter(|n| ok.contains(n)).count();
+            if acks < self.need_w(s.len()) {
+                return Err(self.quorum_failed(&format!(
+                    "only {acks} of {} replicas committed (write quorum {})",
+                    s.len(),
+                    self.need_w(s.len())
+                )));
+            }
+        }
+        let missed: Vec<(NodeId, String, Vec<u8>, bool)> =
+            targets.iter().filter(|n| !ok.contains(n)).map(|&n| (n, bucket.to_owned(), key.to_vec(), false)).collect();
+        if !missed.is_empty() {
+            ClusterMetrics::inc(&self.metrics.degraded_writes);
+            let node = self.clone();
+            tokio::task::spawn_blocking(move || node.resync.add(&missed))
+                .await
+                .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+        }
+        Ok(())
+    }
+
+    /// Writes a row whose blocks are already on the replicas (tombstones,
+    /// copies within the same replica set) or inline.
+    pub async fn write_row(self: &Arc<Self>, bucket: &str, key: &[u8], row: Row) -> Result<()> {
+        let targets = union(&self.write_sets(bucket, key));
+        self.commit_row(bucket, key, row, 0, &targets).await
+    }
+
+    /// Reads the row of a key from its replicas; `Unavailable` when fewer
+    /// than R answer. Stale replicas are repaired in the background.
+    pub async fn read_row(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<ReadOutcome> {
+        let sets = self.write_sets(bucket, key);
+        // During a layout change the old set holds every acknowledged row.
+        let quorum_set = sets.last().cloned().unwrap_or_default();
+        let ask = union(&sets);
+        let calls = ask.iter().map(|&n| {
+            let node = self.clone();
+            let req = Req::GetRow { bucket: bucket.to_owned(), key: key.to_vec() };
+            async move { (n, node.call(n, Msg::new(req)).await) }
+        });
+        let mut replies: Vec<(NodeId, Option<Row>)> = Vec::new();
+        for (n, r) in futures::future::join_all(calls).await {
+            if let Ok(Msg { head: Resp::Row(row), .. }) = r {
+                replies.push((n, row));
+            }
+        }
+        let answered = quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count();
+        if answered < self.need_r(quorum_set.len()) {
+            return Err(self.quorum_failed(&format!(
+                "only {answered} of {} replicas answered (read quorum {})",
+                quorum_set.len(),
+                self.need_r(quorum_set.len())
+            )));
+        }
+        let best = replies.iter().filter_map(|(_, r)| r.clone()).max_by_key(Row::version);
+        let v = best.as_ref().map_or(0, Row::version);
+        let holders =
+            replies.iter().filter(|(_, r)| r.as_ref().map_or(0, Row::version) == v).map(|(n, _)| *n).collect();
+        if let Some(row) = &best {
+            for (n, r) in &replies {
+                if r.as_ref().map_or(0, Row::version) < v {
+                    ClusterMetrics::inc(&self.metrics.read_repairs);
+                    let (node, n, b, k, row) = (self.clone(), *n, bucket.to_owned(), key.to_vec(), row.clone());
+                    tokio::spawn(async move {
+                        if let Err(e) = node.push_row(n, &b, &k, &row).await {
+                            tracing::debug!(node = n, error = %e, "read repair failed; queued");
+                            let _ = node.resync.add(&[(n, b, k, false)]);
+                        }
+                    });
+                }
+            }
+        }
+        Ok(ReadOutcome { row: best, holders })
+    }
+
+    /// Reads one block from the first of `holders` with a good copy
+    /// (verified here), and repairs the bad copies it met on the way.
+    pub async fn fetch_block(self: &Arc<Self>, hash: BlockHash, holders: &[NodeId]) -> Result<Bytes> {
+        let mut order: Vec<NodeId> = holders.to_vec();
+        order.sort_by_key(|n| *n != self.id);
+        let mut bad = Vec::new();
+        let mut last = LightningError::MissingBlock { hash: hash.to_hex() };
+        for n in order {
+            match self.call(n, Msg::new(Req::GetBlock { hash })).await {
+                Ok(m) => {
+                    let data = m.data;
+                    let ok = {
+                        let d = data.clone();
+                        if n == self.id {
+                            true
+                        } else {
+                            tokio::task::spawn_blocking(move || crate::block::verify(&hash, &d).is_ok())
+                                .await
+                                .unwrap_or(false)
+                        }
+                    };
+                    if !ok {
+                        bad.push(n);
+                        continue;
+                    }
+                    for b in bad {
+                        ClusterMetrics::inc(&self.metrics.bad_copies_found);
+                        let node = self.clone();
+                        let d = data.clone();
+                        tokio::spawn(async move {
+                            if node.call(b, Msg::with_data(Req::RepairBlock { hash }, d)).await.is_ok() {
+                                ClusterMetrics::inc(&node.metrics.repairs);
+                            }
+                        });
+                    }
+                    return Ok(data);
+                }
+                Err(e @ (LightningError::CorruptBlock { .. } | LightningError::MissingBlock { .. })) => {
+                    bad.push(n);
+                    last = e;
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Streams `range` of an object from its holders.
+    pub fn read_body(
+        self: &Arc<Self>,
+        meta: &ObjectMeta,
+        range: Range<u64>,
+        holders: Vec<NodeId>,
+    ) -> BoxStream<'static, Result<Bytes>> {
+        let len = range.end.saturating_sub(range.start);
+        self.store.metrics.add(&self.store.metrics.bytes_out, len);
+        match &meta.data {
+            ObjectData::Inline(d) => {
+                let s = usize::try_from(range.start).unwrap_or(usize::MAX).min(d.len());
+                let e = usize::try_from(range.end).unwrap_or(usize::MAX).min(d.len());
+                let b = Bytes::copy_from_slice(&d[s..e]);
+                stream::once(async move { Ok(b) }).boxed()
+            }
+            ObjectData::Blocks(blocks) => {
+                let mut plan = Vec::new();
+                let mut off = 0u64;
+                for b in blocks {
+                    let (start, end) = (off, off + u64::from(b.len));
+                    off = end;
+                    if end <= range.start || start >= range.end {
+                        continue;
+                    }
+                    let cut_s = range.start.saturating_sub(start) as usize;
+                    let cut_e = (range.end.min(end) - start) as usize;
+                    plan.push((b.hash, cut_s..cut_e));
+                }
+                let node = self.clone();
+                let holders = Arc::new(holders);
+                stream::iter(plan)
+                    .map(move |(hash, cut)| {
+                        let node = node.clone();
+                        let holders = holders.clone();
+                        async move { Ok(node.fetch_block(hash, &holders).await?.slice(cut)) }
+                    })
+                    .buffered(READS_AHEAD)
+                    .boxed()
+            }
+        }
+    }
+
+    /// Brings replica `to` up to `row`: sends the blocks it lacks (read
+    /// from any other replica), then commits the row there.
+    pub async fn push_row(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8], row: &Row) -> Result<()> {
+        let session = session_id();
+        if let Row::Object(m) = row
+            && !m.data.blocks().is_empty()
+        {
+            let hashes: Vec<BlockHash> = m.data.blocks().iter().map(|b| b.hash).collect();
+            let missing = match self.call(to, Msg::new(Req::MissingBlocks { hashes })).await?.head {
+                Resp::Missing(m) => m,
+                _ => return Err(LightningError::Unavailable("unexpected answer to MissingBlocks".into())),
+            };
+            let sources: Vec<NodeId> = union(&self.write_sets(bucket, key)).into_iter().filter(|n| *n != to).collect();
+            for hash in missing {
+                let data = self.fetch_block(hash, &sources).await?;
+                self.call(to, Msg::with_data(Req::PutBlock { session, hash }, data)).await?;
+            }
+        }
+        let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
+        if let Resp::Flag(true) = self.call(to, Msg::new(req)).await?.head {
+            ClusterMetrics::inc(&self.metrics.repairs);
+        }
+        Ok(())
+    }
+}
+
+trait MapJoin {
+    fn map_join(self) -> BoxFuture;
+}
+
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<BlockRef>> + Send>>;
+
+impl MapJoin for tokio::task::JoinHandle<Result<BlockRef>> {
+    fn map_join(self) -> BoxFuture {
+        Box::pin(async move { self.await.map_err(|e| LightningError::Io(std::io::Error::other(e)))? })
+    }
+}

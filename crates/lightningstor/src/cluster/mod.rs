@@ -1,0 +1,126 @@
+//! Replication: a cluster of LightningStor nodes that keeps N copies of
+//! every object and loses no acknowledged write when a node dies.
+//!
+//! The module list is the dependency stack, bottom up:
+//!
+//! - [`config`]: the cluster TOML file and `cluster init`;
+//! - [`placement`]: partitions -> nodes, behind the [`placement::Replication`] trait;
+//! - [`hlc`]: hybrid logical clock row versions;
+//! - [`rpc`]: node-to-node messages and framing (sans-IO);
+//! - [`transport`]: the [`transport::Transport`] trait, in-process, TCP and fault-injecting;
+//! - [`resync`]: the persistent queue of replicas to catch up;
+//! - [`node`]: a node and the replica side of every request;
+//! - [`coord`]: the coordinator side (quorum writes and reads, read repair);
+//! - [`buckets`], [`list`]: bucket rows and listings across the cluster;
+//! - [`repair`]: resync worker, scrub, anti-entropy, tombstones, rebalance;
+//! - [`s3`]: `impl S3` for a cluster node;
+//! - [`testing`]: an in-process cluster for tests.
+
+pub mod buckets;
+pub mod config;
+pub mod coord;
+pub mod hlc;
+pub mod list;
+pub mod node;
+pub mod placement;
+pub mod repair;
+pub mod resync;
+pub mod rpc;
+pub mod s3;
+pub mod testing;
+pub mod transport;
+
+pub use config::{ClusterConfig, Consistency};
+pub use node::Node;
+
+use crate::error::{LightningError, Result};
+use crate::server::{MetricsFn, Running};
+use crate::store::Store;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// A node's id (from the cluster file).
+pub type NodeId = u8;
+
+/// Timeout of one node-to-node request over TCP.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Prometheus text for a cluster node: the engine's counters plus replication's.
+pub fn render_metrics(node: &Node) -> String {
+    let mut out = crate::server::store_metrics(&node.store);
+    let m = &node.metrics;
+    let counters = [
+        ("degraded_writes_total", "writes acknowledged without every replica", &m.degraded_writes),
+        ("repairs_total", "rows and blocks pushed to replicas that missed them", &m.repairs),
+        ("read_repairs_total", "read repairs started", &m.read_repairs),
+        ("resync_done_total", "resync queue entries completed", &m.resync_done),
+        ("resync_failed_total", "resync attempts that failed and were rescheduled", &m.resync_failed),
+        ("bad_copies_total", "corrupt or missing block copies found", &m.bad_copies_found),
+        ("scrubbed_blocks_total", "blocks re-hashed by scrub", &m.scrubbed_blocks),
+        ("divergent_partitions_total", "partitions anti-entropy found divergent", &m.divergent_partitions),
+        ("quorum_failures_total", "requests refused for lack of a quorum", &m.quorum_failures),
+    ];
+    for (name, help, c) in counters {
+        let _ = writeln!(out, "# HELP lightningstor_{name} {help}");
+        let _ = writeln!(out, "# TYPE lightningstor_{name} counter");
+        let _ = writeln!(out, "lightningstor_{name} {}", c.load(Ordering::Relaxed));
+    }
+    let _ = writeln!(out, "# HELP lightningstor_resync_queue entries waiting in the resync queue");
+    let _ = writeln!(out, "# TYPE lightningstor_resync_queue gauge");
+    let _ = writeln!(out, "lightningstor_resync_queue {}", node.resync.len());
+    let _ = writeln!(out, "# HELP lightningstor_layout_version layout version this node runs");
+    let _ = writeln!(out, "# TYPE lightningstor_layout_version gauge");
+    let _ = writeln!(out, "lightningstor_layout_version {}", node.layout().version);
+    out
+}
+
+/// A running cluster node serving S3 and node-to-node traffic over TCP.
+pub struct RunningNode {
+    /// The node.
+    pub node: Arc<Node>,
+    /// The S3 server.
+    pub s3: Running,
+    /// The RPC server and background tasks.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RunningNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningNode").field("id", &self.node.id).finish_non_exhaustive()
+    }
+}
+
+impl RunningNode {
+    /// Stops serving.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.s3.shutdown().await;
+    }
+}
+
+/// Starts node `name` of `config`: opens its store, listens for S3 and RPC
+/// on the addresses the file gives, and starts the background tasks.
+pub async fn start(config: ClusterConfig, name: &str) -> Result<RunningNode> {
+    config.validate()?;
+    let me = config.node(name)?.clone();
+    let engine = config.node_config(name)?;
+    let s3_listener = tokio::net::TcpListener::bind(me.s3).await?;
+    let rpc_listener = tokio::net::TcpListener::bind(me.rpc).await?;
+    let store = tokio::task::spawn_blocking(move || Store::open(engine))
+        .await
+        .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+    let peers = config.nodes.iter().map(|n| (n.id, n.rpc)).collect();
+    let transport = Arc::new(transport::Tcp::new(peers, RPC_TIMEOUT));
+    let node = Node::new(config, name, store.clone(), transport)?;
+    let mut tasks = vec![transport::serve_tcp(rpc_listener, node.clone())];
+    tasks.extend(node.spawn_background());
+    let svc = crate::server::service_for(s3::ClusterS3::new(node.clone()), &store.config);
+    let n = node.clone();
+    let metrics: MetricsFn = Arc::new(move || render_metrics(&n));
+    let s3 = crate::server::serve_with(s3_listener, svc, metrics)?;
+    Ok(RunningNode { node, s3, tasks })
+}

@@ -1,0 +1,357 @@
+//! A cluster node: its local engine, its view of the layout, and the
+//! replica side of every node-to-node request.
+
+use super::NodeId;
+use super::config::{ClusterConfig, Consistency};
+use super::hlc::Hlc;
+use super::placement::{Layout, Replication, partition_of};
+use super::resync::Resync;
+use super::rpc::{Msg, NodeStatus, Req, Resp};
+use super::transport::{Handler, Transport};
+use crate::block::BlockHash;
+use crate::error::{LightningError, Result};
+use crate::meta::ops;
+use crate::meta::types::Row;
+use crate::store::{Pins, Store};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// Uncommitted upload sessions older than this are dropped (their blocks freed).
+const SESSION_TTL: Duration = Duration::from_secs(600);
+
+/// Replication counters of one node (exported at /metrics).
+#[derive(Debug, Default)]
+pub struct ClusterMetrics {
+    /// Writes acknowledged with fewer than all replicas.
+    pub degraded_writes: AtomicU64,
+    /// Rows or blocks pushed to a replica that missed them (resync, read repair, anti-entropy).
+    pub repairs: AtomicU64,
+    /// Read repairs started.
+    pub read_repairs: AtomicU64,
+    /// Resync queue entries completed.
+    pub resync_done: AtomicU64,
+    /// Resync attempts that failed (and were rescheduled).
+    pub resync_failed: AtomicU64,
+    /// Corrupt or missing block copies found (reads and scrub).
+    pub bad_copies_found: AtomicU64,
+    /// Blocks scrub re-hashed.
+    pub scrubbed_blocks: AtomicU64,
+    /// Anti-entropy partitions found divergent.
+    pub divergent_partitions: AtomicU64,
+    /// Requests that failed for lack of a quorum.
+    pub quorum_failures: AtomicU64,
+}
+
+impl ClusterMetrics {
+    pub(crate) fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One node of a cluster.
+pub struct Node {
+    /// This node's id.
+    pub id: NodeId,
+    /// The local engine (this node's replicas).
+    pub store: Arc<Store>,
+    /// The node-to-node transport.
+    pub transport: Arc<dyn Transport>,
+    /// The row-version clock.
+    pub hlc: Hlc,
+    /// Replicas missed during outages, to push later.
+    pub resync: Resync,
+    /// Replication counters.
+    pub metrics: ClusterMetrics,
+    config: RwLock<Arc<ClusterConfig>>,
+    layout: RwLock<Arc<Layout>>,
+    /// Layout before the last change, while data moves (reads ask both).
+    previous: RwLock<Option<Arc<Layout>>>,
+    sessions: Mutex<HashMap<u64, (Pins, Instant)>>,
+    /// Blocks in memory over all uploads this node coordinates.
+    pub(crate) budget: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Opens node `name` of `config` over an open store and a transport.
+    pub fn new(
+        config: ClusterConfig,
+        name: &str,
+        store: Arc<Store>,
+        transport: Arc<dyn Transport>,
+    ) -> Result<Arc<Self>> {
+        let me = config.node(name)?;
+        let id = me.id;
+        let resync = Resync::open(&me.data_dir.join("resync.redb"))?;
+        let layout = Arc::new(Layout::compute(&config));
+        Ok(Arc::new(Node {
+            id,
+            store,
+            transport,
+            hlc: Hlc::new(id),
+            resync,
+            metrics: ClusterMetrics::default(),
+            config: RwLock::new(Arc::new(config)),
+            layout: RwLock::new(layout),
+            previous: RwLock::new(None),
+            sessions: Mutex::new(HashMap::new()),
+            budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
+        }))
+    }
+
+    /// The cluster file this node runs with.
+    pub fn config(&self) -> Arc<ClusterConfig> {
+        self.config.read().map(|c| c.clone()).unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// The current layout.
+    pub fn layout(&self) -> Arc<Layout> {
+        self.layout.read().map(|c| c.clone()).unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// The layout being moved away from, if a change is in progress.
+    pub fn previous_layout(&self) -> Option<Arc<Layout>> {
+        self.previous.read().ok().and_then(|p| p.clone())
+    }
+
+    /// Switches to a new cluster file (layout change). The old layout stays
+    /// readable until [`Node::finish_layout_change`].
+    pub fn change_layout(&self, config: ClusterConfig) {
+        let new = Arc::new(Layout::compute(&config));
+        let peers = config.nodes.iter().map(|n| (n.id, n.rpc)).collect();
+        self.transport.set_peers(peers);
+        let old = self.layout();
+        if let Ok(mut p) = self.previous.write() {
+            *p = Some(old);
+        }
+        if let Ok(mut l) = self.layout.write() {
+            *l = new;
+        }
+        if let Ok(mut c) = self.config.write() {
+            *c = Arc::new(config);
+        }
+    }
+
+    /// Forgets the previous layout once data has moved.
+    pub fn finish_layout_change(&self) {
+        if let Ok(mut p) = self.previous.write() {
+            *p = None;
+        }
+    }
+
+    /// The consistency mode.
+    pub fn consistency(&self) -> Consistency {
+        self.config().consistency
+    }
+
+    /// The partition of a key.
+    pub fn partition(&self, bucket: &str, key: &[u8]) -> u32 {
+        partition_of(self.layout().partitions(), bucket, key)
+    }
+
+    /// The replicas of a key under the current layout.
+    pub fn replicas(&self, bucket: &str, key: &[u8]) -> Vec<NodeId> {
+        let l = self.layout();
+        l.nodes_for(partition_of(l.partitions(), bucket, key)).to_vec()
+    }
+
+    /// Every node id in the current layout.
+    pub fn all_nodes(&self) -> Vec<NodeId> {
+        self.config().nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// Sends a request to `to` (handled here when `to` is this node).
+    pub async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
+        let r = if to == self.id {
+            Ok(self.serve(req, true).await.unwrap_or_else(|e| Msg::new(Resp::Err((&e).into()))))
+        } else {
+            self.transport.call(to, req).await
+        };
+        r?.ok()
+    }
+
+    /// Drops upload sessions that never committed.
+    pub fn expire_sessions(&self) {
+        if let Ok(mut s) = self.sessions.lock() {
+            s.retain(|_, (_, t)| t.elapsed() < SESSION_TTL);
+        }
+    }
+
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Store) -> Result<T> + Send + 'static) -> Result<T> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
+    }
+
+    /// The replica side of every request.
+    pub async fn handle_local(&self, req: Msg<Req>) -> Msg<Resp> {
+        match self.serve(req, false).await {
+            Ok(m) => m,
+            Err(e) => Msg::new(Resp::Err((&e).into())),
+        }
+    }
+
+    /// `trusted`: the request comes from this node itself, whose block
+    /// bytes were hashed by the coordinator a moment ago (no re-hash).
+    async fn serve(&self, req: Msg<Req>, trusted: bool) -> Result<Msg<Resp>> {
+        let Msg { head, data } = req;
+        Ok(match head {
+            Req::Ping => Msg::new(Resp::Ok),
+            Req::PutBlock { session, hash } => {
+                let pins = self.session(session);
+                self.put_block(hash, data, Some(pins), false, trusted).await?;
+                Msg::new(Resp::Ok)
+            }
+            Req::RepairBlock { hash } => {
+                self.put_block(hash, data, None, true, false).await?;
+                ClusterMetrics::inc(&self.metrics.repairs);
+                Msg::new(Resp::Ok)
+            }
+            Req::GetBlock { hash } => {
+                let store = self.store.clone();
+                let data = self.blocking(move |s| s.blocks.get(&hash)).await;
+                if matches!(data, Err(LightningError::CorruptBlock { .. })) {
+                    ClusterMetrics::inc(&self.metrics.bad_copies_found);
+                    store.metrics.inc(&store.metrics.corrupt_blocks);
+                }
+                Msg::with_data(Resp::Block, data?)
+            }
+            Req::MissingBlocks { hashes } => {
+                let missing = self
+                    .blocking(move |s| {
+                        let mut out = Vec::new();
+                        for h in hashes {
+                            if !s.blocks.contains(&h)? {
+                                out.push(h);
+                            }
+                        }
+                        Ok(out)
+                    })
+                    .await?;
+                Msg::new(Resp::Missing(missing))
+            }
+            Req::Commit { session, bucket, key, row } => {
+                self.hlc.observe(row.version());
+                let applied = self.commit(session, bucket, key, row).await?;
+                Msg::new(Resp::Flag(applied))
+            }
+            Req::GetRow { bucket, key } => {
+                let row = self.blocking(move |s| s.meta.get_row(&bucket, &key)).await?;
+                if let Some(r) = &row {
+                    self.hlc.observe(r.version());
+                }
+                Msg::new(Resp::Row(row))
+            }
+            Req::CreateBucket { name, created_ms } => {
+                let created = self.store.meta.write(move |t| ops::ensure_bucket(t, &name, created_ms)).await?;
+                Msg::new(Resp::Flag(created))
+            }
+            Req::HeadBucket { name } => {
+                let b = self.blocking(move |s| s.meta.get_bucket(&name)).await?;
+                Msg::new(Resp::Flag(b.is_some()))
+            }
+            Req::DeleteBucket { name } => {
+                self.store.meta.write(move |t| ops::drop_bucket(t, &name)).await?;
+                Msg::new(Resp::Ok)
+            }
+            Req::ListBuckets => {
+                let b = self.blocking(|s| s.meta.list_buckets()).await?;
+                Msg::new(Resp::Buckets(b.into_iter().map(|(n, m)| (n, m.created_ms)).collect()))
+            }
+            Req::ListRaw { bucket, from, prefix, limit } => {
+                let rows = self
+                    .blocking(move |s| s.meta.list_raw(&bucket, &from, &prefix, limit.clamp(1, 10_000) as usize))
+                    .await?;
+                Msg::new(Resp::Raw(rows))
+            }
+            Req::Digests { partitions } => Msg::new(Resp::Digests(self.digests(&partitions).await?)),
+            Req::PartitionRows { partition } => Msg::new(Resp::Versions(self.partition_rows(partition).await?)),
+            Req::Status => Msg::new(Resp::Status(self.status().await?)),
+        })
+    }
+
+    fn session(&self, id: u64) -> Pins {
+        let mut s = match self.sessions.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        s.entry(id).or_insert_with(|| (self.store.new_pins(), Instant::now())).0.clone()
+    }
+
+    /// Stores a block received from another node, after checking it hashes
+    /// to its name. `replace` overwrites a corrupt copy.
+    async fn put_block(
+        &self,
+        hash: BlockHash,
+        data: Bytes,
+        pins: Option<Pins>,
+        replace: bool,
+        trusted: bool,
+    ) -> Result<()> {
+        self.blocking(move |s| {
+            if !trusted {
+                crate::block::verify(&hash, &data)?;
+            }
+            if let Some(p) = &pins {
+                p.add(hash);
+            }
+            if replace && s.blocks.contains(&hash)? && s.blocks.get(&hash).is_err() {
+                s.blocks.delete(&hash)?;
+            }
+            s.blocks.put_parts(&hash, &[data])?;
+            s.metrics.inc(&s.metrics.blocks_written);
+            if replace {
+                s.blocks.flush()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn commit(&self, session: u64, bucket: String, key: Vec<u8>, row: Row) -> Result<bool> {
+        let pins = self.sessions.lock().ok().and_then(|mut s| s.remove(&session)).map(|(p, _)| p);
+        let blocks = match &row {
+            Row::Object(m) => m.data.blocks().to_vec(),
+            Row::Tombstone(_) => Vec::new(),
+        };
+        // Every block must be here (and stay) before a row may reference it.
+        let store = self.store.clone();
+        let held = self.blocking(move |_| store.pin_existing(&blocks)).await?;
+        let (applied, freed) = self.store.meta.write(move |t| ops::apply_row(t, &bucket, &key, &row)).await?;
+        held.release();
+        if let Some(p) = pins {
+            p.release();
+        }
+        self.store.spawn_delete(freed);
+        Ok(applied)
+    }
+
+    /// Node health for `cluster status`.
+    pub async fn status(&self) -> Result<NodeStatus> {
+        let (blocks, objects) = self.blocking(|s| s.meta.counts()).await?;
+        Ok(NodeStatus {
+            layout_version: self.layout().version,
+            resync_queue: self.resync.len(),
+            objects,
+            blocks,
+            repairs: self.metrics.repairs.load(Ordering::Relaxed),
+            corrupt_blocks: self.metrics.bad_copies_found.load(Ordering::Relaxed),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler for Node {
+    async fn handle(&self, req: Msg<Req>) -> Msg<Resp> {
+        self.handle_local(req).await
+    }
+}

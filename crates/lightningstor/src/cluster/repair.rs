@@ -1,0 +1,286 @@
+//! Background repair: the resync queue worker, scrub, anti-entropy, and
+//! tombstone collection. Each runs as its own task per node, bounded in
+//! rate, and counts what it does in [`super::node::ClusterMetrics`].
+
+use super::NodeId;
+use super::node::{ClusterMetrics, Node};
+use super::placement::{Replication, partition_of};
+use super::resync::Entry;
+use super::rpc::{Msg, Req, Resp};
+use crate::block::BlockHash;
+use crate::error::{LightningError, Result};
+use crate::meta::ops;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn join_err(e: tokio::task::JoinError) -> LightningError {
+    LightningError::Io(std::io::Error::other(e))
+}
+
+impl Node {
+    /// Works through due resync entries once; returns how many were tried.
+    pub async fn resync_round(self: &Arc<Self>) -> Result<usize> {
+        let node = self.clone();
+        let due = tokio::task::spawn_blocking(move || node.resync.due(64)).await.map_err(join_err)??;
+        let n = due.len();
+        let jobs = due.into_iter().map(|e| {
+            let node = self.clone();
+            async move {
+                let r = node.resync_one(&e).await;
+                let node2 = node.clone();
+                let ok = r.is_ok();
+                if let Err(err) = r {
+                    tracing::debug!(node = e.node, error = %err, "resync attempt failed");
+                }
+                let _ = tokio::task::spawn_blocking(
+                    move || {
+                        if ok { node2.resync.done(&e) } else { node2.resync.retry(&e) }
+                    },
+                )
+                .await;
+                if ok {
+                    ClusterMetrics::inc(&node.metrics.resync_done);
+                } else {
+                    ClusterMetrics::inc(&node.metrics.resync_failed);
+                }
+            }
+        });
+        futures::stream::iter(jobs).buffer_unordered(8).collect::<Vec<()>>().await;
+        Ok(n)
+    }
+
+    async fn resync_one(self: &Arc<Self>, e: &Entry) -> Result<()> {
+        if e.due.bucket_row {
+            if self.store.meta.get_bucket(&e.bucket)?.is_none() {
+                return Ok(());
+            }
+            let req = Req::CreateBucket { name: e.bucket.clone(), created_ms: crate::meta::now_ms() };
+            self.call(e.node, Msg::new(req)).await?;
+            return Ok(());
+        }
+        let replicas: Vec<NodeId> = self.write_sets(&e.bucket, &e.key).concat();
+        if !replicas.contains(&e.node) {
+            return Ok(()); // no longer a replica after a layout change
+        }
+        let found = self.read_row(&e.bucket, &e.key).await?;
+        match found.row {
+            Some(row) => self.push_row(e.node, &e.bucket, &e.key, &row).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Re-hashes up to `max` local blocks starting after `after`; corrupt
+    /// ones are replaced from another node. Returns the last block checked.
+    pub async fn scrub_some(self: &Arc<Self>, after: Option<BlockHash>, max: usize) -> Result<Option<BlockHash>> {
+        let store = self.store.clone();
+        let mut list = tokio::task::spawn_blocking(move || store.blocks.list()).await.map_err(join_err)??;
+        list.sort();
+        let start = after.map_or(0, |a| list.partition_point(|h| *h <= a));
+        let batch: Vec<BlockHash> = list.into_iter().skip(start).take(max).collect();
+        let last = batch.last().copied();
+        for hash in batch {
+            let store = self.store.clone();
+            let r = tokio::task::spawn_blocking(move || store.blocks.get(&hash)).await.map_err(join_err)?;
+            self.metrics.scrubbed_blocks.fetch_add(1, Ordering::Relaxed);
+            if let Err(LightningError::CorruptBlock { .. }) = r {
+                ClusterMetrics::inc(&self.metrics.bad_copies_found);
+                self.store.metrics.inc(&self.store.metrics.corrupt_blocks);
+                tracing::warn!(block = %hash, "scrub found a corrupt block; fetching a good copy");
+                let others: Vec<NodeId> = self.all_nodes().into_iter().filter(|n| *n != self.id).collect();
+                match self.fetch_block(hash, &others).await {
+                    Ok(data) => {
+                        self.call(self.id, Msg::with_data(Req::RepairBlock { hash }, data)).await?;
+                    }
+                    Err(e) => tracing::error!(block = %hash, error = %e, "no good copy of a corrupt block"),
+                }
+            }
+        }
+        Ok(last)
+    }
+
+    /// Digests of the (bucket, key, version) rows this node holds in each
+    /// of `partitions`.
+    pub async fn digests(&self, partitions: &[u32]) -> Result<Vec<[u8; 32]>> {
+        let rows = self.partition_map().await?;
+        Ok(partitions
+            .iter()
+            .map(|p| {
+                let mut h = blake3::Hasher::new();
+                for (b, k, v, t) in rows.get(p).map(Vec::as_slice).unwrap_or(&[]) {
+                    h.update(&(b.len() as u64).to_le_bytes());
+                    h.update(b.as_bytes());
+                    h.update(&(k.len() as u64).to_le_bytes());
+                    h.update(k);
+                    h.update(&v.to_le_bytes());
+                    h.update(&[u8::from(*t)]);
+                }
+                *h.finalize().as_bytes()
+            })
+            .collect())
+    }
+
+    /// The rows of one partition held here.
+    pub async fn partition_rows(&self, partition: u32) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+        Ok(self.partition_map().await?.remove(&partition).unwrap_or_default())
+    }
+
+    async fn partition_map(&self) -> Result<BTreeMap<u32, Vec<(String, Vec<u8>, u64, bool)>>> {
+        let store = self.store.clone();
+        let parts = self.layout().partitions();
+        let rows = tokio::task::spawn_blocking(move || store.meta.all_versions()).await.map_err(join_err)??;
+        let mut map: BTreeMap<u32, Vec<_>> = BTreeMap::new();
+        for r in rows {
+            map.entry(partition_of(parts, &r.0, &r.1)).or_default().push(r);
+        }
+        for v in map.values_mut() {
+            v.sort();
+        }
+        Ok(map)
+    }
+
+    /// One anti-entropy pass: for every peer, compare partition digests of
+    /// the partitions both hold; for those that differ, compare row
+    /// versions and push or pull the newer rows. Returns rows repaired.
+    pub async fn anti_entropy_round(self: &Arc<Self>) -> Result<usize> {
+        let layout = self.layout();
+        let mine = layout.partitions_of(self.id);
+        let mut by_peer: HashMap<NodeId, Vec<u32>> = HashMap::new();
+        for p in &mine {
+            for n in layout.nodes_for(*p) {
+                if *n != self.id {
+                    by_peer.entry(*n).or_default().push(*p);
+                }
+            }
+        }
+        let mut repaired = 0;
+        for (peer, parts) in by_peer {
+            let theirs = match self.call(peer, Msg::new(Req::Digests { partitions: parts.clone() })).await {
+                Ok(Msg { head: Resp::Digests(d), .. }) => d,
+                _ => continue,
+            };
+            let ours = self.digests(&parts).await?;
+            for ((p, a), b) in parts.iter().zip(ours).zip(theirs) {
+                if a == b {
+                    continue;
+                }
+                ClusterMetrics::inc(&self.metrics.divergent_partitions);
+                repaired += self.reconcile(peer, *p).await?;
+            }
+        }
+        Ok(repaired)
+    }
+
+    async fn reconcile(self: &Arc<Self>, peer: NodeId, partition: u32) -> Result<usize> {
+        let theirs = match self.call(peer, Msg::new(Req::PartitionRows { partition })).await?.head {
+            Resp::Versions(v) => v,
+            _ => return Ok(0),
+        };
+        let ours = self.partition_rows(partition).await?;
+        let key = |r: &(String, Vec<u8>, u64, bool)| (r.0.clone(), r.1.clone());
+        let mine: HashMap<_, u64> = ours.iter().map(|r| (key(r), r.2)).collect();
+        let other: HashMap<_, u64> = theirs.iter().map(|r| (key(r), r.2)).collect();
+        let mut n = 0;
+        for ((b, k), v) in &mine {
+            if other.get(&(b.clone(), k.clone())).is_none_or(|o| o < v)
+                && let Some(row) = self.store.meta.get_row(b, k)?
+            {
+                self.push_row(peer, b, k, &row).await?;
+                n += 1;
+            }
+        }
+        for ((b, k), v) in &other {
+            if mine.get(&(b.clone(), k.clone())).is_none_or(|m| m < v) {
+                let req = Req::GetRow { bucket: b.clone(), key: k.clone() };
+                if let Resp::Row(Some(row)) = self.call(peer, Msg::new(req)).await?.head {
+                    self.push_row(self.id, b, k, &row).await?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Drops tombstones older than the configured delay.
+    pub async fn collect_tombstones(self: &Arc<Self>) -> Result<usize> {
+        let keep_ms = self.config().tombstone_secs.saturating_mul(1000);
+        let now = u64::try_from(crate::meta::now_ms()).unwrap_or(0);
+        let before = now.saturating_sub(keep_ms) << 20;
+        let store = self.store.clone();
+        let old = tokio::task::spawn_blocking(move || store.meta.old_tombstones(before)).await.map_err(join_err)??;
+        let n = old.len();
+        for (b, k, v) in old {
+            self.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
+        }
+        Ok(n)
+    }
+
+    /// Pushes every row this node holds to the replicas the current layout
+    /// assigns it to (after a layout change). Returns rows pushed.
+    pub async fn rebalance_round(self: &Arc<Self>) -> Result<usize> {
+        let store = self.store.clone();
+        let rows = tokio::task::spawn_blocking(move || store.meta.all_versions()).await.map_err(join_err)??;
+        let mut n = 0;
+        for (b, k, _, _) in rows {
+            let Some(row) = self.store.meta.get_row(&b, &k)? else { continue };
+            for target in self.replicas(&b, &k) {
+                if target == self.id {
+                    continue;
+                }
+                let req = Req::GetRow { bucket: b.clone(), key: k.clone() };
+                let theirs = match self.call(target, Msg::new(req)).await?.head {
+                    Resp::Row(r) => r.map_or(0, |r| r.version()),
+                    _ => 0,
+                };
+                if theirs < row.version() {
+                    self.push_row(target, &b, &k, &row).await?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Starts the background tasks; they stop when the returned handles are aborted.
+    pub fn spawn_background(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        let node = self.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match node.resync_round().await {
+                    Ok(0) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    Ok(_) => {}
+                }
+                node.expire_sessions();
+            }
+        }));
+        let rate = self.config().scrub_blocks_per_sec;
+        if rate > 0 {
+            let node = self.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut after = None;
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    after = node.scrub_some(after, rate as usize).await.unwrap_or(None);
+                }
+            }));
+        }
+        let ae = self.config().anti_entropy_secs;
+        if ae > 0 {
+            let node = self.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(ae)).await;
+                    if let Err(e) = node.anti_entropy_round().await {
+                        tracing::debug!(error = %e, "anti-entropy round failed");
+                    }
+                    let _ = node.collect_tombstones().await;
+                }
+            }));
+        }
+        tasks
+    }
+}
+
+use futures::StreamExt as _;

@@ -1,0 +1,412 @@
+//! `impl S3 for ClusterS3`: the S3 surface of a cluster node. Every node
+//! accepts every request and coordinates it (see [`super::coord`]); the
+//! request parsing and response building are shared with the single-node
+//! service. Multipart uploads are not replicated yet (NotImplemented).
+
+use super::node::Node;
+use crate::checksum::ChecksumPlan;
+use crate::conditions::Mode;
+use crate::error::{LightningError, Result};
+use crate::meta::now_ms;
+use crate::meta::types::{ObjectMeta, Row};
+use crate::s3::bucket::owner;
+use crate::s3::convert::{
+    check_bucket_name, check_key, checksum_fields, checksum_headers, etag, object_headers, timestamp, trailer_value,
+};
+use crate::s3::list::{v1_output, v1_query, v2_output, v2_query};
+use crate::s3::object::{copy_source, get_output, head_output, preconditions, select_meta};
+use bytes::Bytes;
+use s3s::dto::*;
+use s3s::{S3, S3Request, S3Response, S3Result};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The S3 service of one cluster node (or, for tests, of several nodes
+/// taking requests in turn).
+#[derive(Debug, Clone)]
+pub struct ClusterS3 {
+    nodes: Vec<Arc<Node>>,
+    next: Arc<AtomicUsize>,
+}
+
+impl ClusterS3 {
+    /// Serves S3 through `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        ClusterS3 { nodes: vec![node], next: Arc::default() }
+    }
+
+    /// Sends each request to the next of `nodes` in turn (tests: every
+    /// operation of a sequence lands on a different coordinator).
+    pub fn rotating(nodes: Vec<Arc<Node>>) -> Self {
+        assert!(!nodes.is_empty(), "a rotating service needs nodes");
+        ClusterS3 { nodes, next: Arc::default() }
+    }
+
+    fn node(&self) -> &Arc<Node> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.nodes.len();
+        &self.nodes[i]
+    }
+
+    fn finish<T>(&self, r: Result<T>) -> S3Result<S3Response<T>> {
+        let m = &self.nodes[0].store.metrics;
+        m.inc(&m.requests);
+        match r {
+            Ok(v) => Ok(S3Response::new(v)),
+            Err(e) => {
+                m.inc(&m.request_errors);
+                if matches!(e, LightningError::BadDigest(_)) {
+                    m.inc(&m.bad_digests);
+                }
+                Err(e.to_s3_error())
+            }
+        }
+    }
+}
+
+/// The current object of a key, or NoSuchKey / NoSuchBucket.
+async fn load(node: &Arc<Node>, bucket: &str, key: &str) -> Result<(ObjectMeta, Vec<super::NodeId>)> {
+    let r = node.read_row(bucket, key.as_bytes()).await?;
+    match r.row {
+        Some(Row::Object(m)) => Ok((m, r.holders)),
+        _ => {
+            node.require_bucket(bucket).await?;
+            Err(LightningError::NoSuchKey { key: key.to_owned() })
+        }
+    }
+}
+
+async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
+    let S3Request { input, headers, trailing_headers, .. } = req;
+    check_key(&input.key)?;
+    let plan = ChecksumPlan::from_headers(&checksum_headers(
+        &headers,
+        input.content_md5.as_deref(),
+        input.checksum_algorithm.as_ref(),
+        input.checksum_crc32.as_deref(),
+        input.checksum_crc32c.as_deref(),
+        input.checksum_crc64nvme.as_deref(),
+        input.checksum_sha1.as_deref(),
+        input.checksum_sha256.as_deref(),
+    ))?;
+    node.require_bucket(&input.bucket).await?;
+    if input.if_match.is_some() || input.if_none_match.is_some() {
+        // Checked against a quorum read: not atomic with the write (documented).
+        let cur = node.read_row(&input.bucket, input.key.as_bytes()).await?;
+        let etag = match &cur.row {
+            Some(Row::Object(m)) => Some(m.etag.as_str()),
+            _ => None,
+        };
+        crate::conditions::check_write(etag, input.if_match.as_ref(), input.if_none_match.as_ref(), &input.key)?;
+    }
+    let (bucket, key) = (input.bucket.clone(), input.key.clone());
+    let staged = match input.body {
+        Some(body) => node.stage(&bucket, key.as_bytes(), body, plan.algo, true).await?,
+        None => {
+            let empty = futures::stream::empty::<std::result::Result<Bytes, String>>();
+            node.stage(&bucket, key.as_bytes(), empty, plan.algo, true).await?
+        }
+    };
+    if let Some(declared) = input.content_length
+        && u64::try_from(declared).ok() != Some(staged.size)
+    {
+        return Err(LightningError::IncompleteBody {
+            declared: u64::try_from(declared).unwrap_or(0),
+            got: staged.size,
+        });
+    }
+    let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
+    plan.verify(&staged.md5, staged.checksum.as_ref(), trailer.as_deref())?;
+    let meta = ObjectMeta {
+        version: node.hlc.now(),
+        size: staged.size,
+        etag: hex::encode(staged.md5),
+        last_modified_ms: now_ms(),
+        headers: object_headers(
+            input.content_type,
+            input.content_encoding,
+            input.content_disposition,
+            input.content_language,
+            input.cache_control,
+            input.expires.as_ref(),
+            input.metadata,
+        ),
+        checksum: staged.checksum.clone(),
+        parts: Vec::new(),
+        data: staged.data.clone(),
+    };
+    node.commit_row(&bucket, key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete).await?;
+    let c = checksum_fields(meta.checksum.as_ref());
+    Ok(PutObjectOutput {
+        e_tag: Some(etag(&meta.etag)),
+        checksum_crc32: c.crc32,
+        checksum_crc32c: c.crc32c,
+        checksum_crc64nvme: c.crc64nvme,
+        checksum_sha1: c.sha1,
+        checksum_sha256: c.sha256,
+        checksum_type: c.kind,
+        size: i64::try_from(meta.size).ok(),
+        ..Default::default()
+    })
+}
+
+async fn get_object(node: &Arc<Node>, req: S3Request<GetObjectInput>) -> Result<GetObjectOutput> {
+    let i = req.input;
+    let (meta, holders) = load(node, &i.bucket, &i.key).await?;
+    let pre = preconditions(
+        i.if_match.clone(),
+        i.if_none_match.clone(),
+        i.if_modified_since.as_ref(),
+        i.if_unmodified_since.as_ref(),
+    );
+    let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
+    let body = node.read_body(&s.meta, s.range.clone(), holders);
+    Ok(get_output(i, &s, body))
+}
+
+async fn head_object(node: &Arc<Node>, req: S3Request<HeadObjectInput>) -> Result<HeadObjectOutput> {
+    let i = req.input;
+    let (meta, _) = load(node, &i.bucket, &i.key).await?;
+    let pre = preconditions(
+        i.if_match.clone(),
+        i.if_none_match.clone(),
+        i.if_modified_since.as_ref(),
+        i.if_unmodified_since.as_ref(),
+    );
+    let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
+    Ok(head_output(i, &s))
+}
+
+async fn delete_object(node: &Arc<Node>, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
+    let (bucket, key) = (req.input.bucket, req.input.key);
+    check_key(&key)?;
+    node.require_bucket(&bucket).await?;
+    node.write_row(&bucket, key.as_bytes(), Row::Tombstone(node.hlc.now())).await?;
+    Ok(DeleteObjectOutput::default())
+}
+
+async fn delete_objects(node: &Arc<Node>, req: S3Request<DeleteObjectsInput>) -> Result<DeleteObjectsOutput> {
+    let bucket = req.input.bucket;
+    let quiet = req.input.delete.quiet.unwrap_or(false);
+    let keys: Vec<String> = req.input.delete.objects.into_iter().map(|o| o.key).collect();
+    if keys.len() > 1000 {
+        return Err(LightningError::InvalidRequest("at most 1000 keys may be deleted at once".into()));
+    }
+    node.require_bucket(&bucket).await?;
+    let calls = keys.into_iter().map(|key| {
+        let node = node.clone();
+        let bucket = bucket.clone();
+        async move {
+            let r = match check_key(&key) {
+                Ok(()) => node.write_row(&bucket, key.as_bytes(), Row::Tombstone(node.hlc.now())).await,
+                Err(e) => Err(e),
+            };
+            (key, r)
+        }
+    });
+    let mut deleted = Vec::new();
+    let mut errors = Vec::new();
+    for (key, r) in futures::future::join_all(calls).await {
+        match r {
+            Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(key), ..Default::default() }),
+            Ok(()) => {}
+            Err(e) => errors.push(Error {
+                code: Some(e.s3_code().as_str().to_owned()),
+                key: Some(key),
+                message: Some(e.to_string()),
+                version_id: None,
+            }),
+        }
+    }
+    Ok(DeleteObjectsOutput {
+        deleted: Some(deleted),
+        errors: (!errors.is_empty()).then_some(errors),
+        ..Default::default()
+    })
+}
+
+async fn copy_object(node: &Arc<Node>, req: S3Request<CopyObjectInput>) -> Result<CopyObjectOutput> {
+    let i = req.input;
+    check_key(&i.key)?;
+    let (sb, sk) = copy_source(&i.copy_source)?;
+    let (src, holders) = load(node, &sb, &sk).await?;
+    preconditions(
+        i.copy_source_if_match,
+        i.copy_source_if_none_match,
+        i.copy_source_if_modified_since.as_ref(),
+        i.copy_source_if_unmodified_since.as_ref(),
+    )
+    .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
+    let replace =
+        i.metadata_directive.as_ref().is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
+    if sb == i.bucket && sk == i.key && !replace {
+        return Err(LightningError::InvalidRequest(
+            "this copy request is illegal because it is trying to copy an object to itself \
+             without changing the object's metadata"
+                .into(),
+        ));
+    }
+    node.require_bucket(&i.bucket).await?;
+    let headers = if replace {
+        object_headers(
+            i.content_type,
+            i.content_encoding,
+            i.content_disposition,
+            i.content_language,
+            i.cache_control,
+            i.expires.as_ref(),
+            i.metadata,
+        )
+    } else {
+        src.headers.clone()
+    };
+    // The destination may live on other replicas: stream the bytes through
+    // the normal write path (blocks deduplicate where they already exist).
+    let inline = matches!(src.data, crate::meta::types::ObjectData::Inline(_));
+    let body = node.read_body(&src, 0..src.size, holders);
+    let staged = node.stage(&i.bucket, i.key.as_bytes(), body, None, inline).await?;
+    let meta =
+        ObjectMeta { version: node.hlc.now(), last_modified_ms: now_ms(), headers, data: staged.data.clone(), ..src };
+    node.commit_row(&i.bucket, i.key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete).await?;
+    let c = checksum_fields(meta.checksum.as_ref());
+    Ok(CopyObjectOutput {
+        copy_object_result: Some(CopyObjectResult {
+            e_tag: Some(etag(&meta.etag)),
+            last_modified: Some(timestamp(meta.last_modified_ms)),
+            checksum_crc32: c.crc32,
+            checksum_crc32c: c.crc32c,
+            checksum_crc64nvme: c.crc64nvme,
+            checksum_sha1: c.sha1,
+            checksum_sha256: c.sha256,
+            checksum_type: c.kind,
+        }),
+        ..Default::default()
+    })
+}
+
+#[async_trait::async_trait]
+impl S3 for ClusterS3 {
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        let node = self.node();
+        let name = req.input.bucket;
+        let r = async {
+            check_bucket_name(&name)?;
+            node.create_bucket(&name).await?;
+            Ok(CreateBucketOutput { location: Some(format!("/{name}")) })
+        }
+        .await;
+        self.finish(r)
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        let node = self.node();
+        let r = async {
+            node.require_bucket(&req.input.bucket).await?;
+            Ok(HeadBucketOutput { bucket_region: Some(node.store.config.region.clone()), ..Default::default() })
+        }
+        .await;
+        self.finish(r)
+    }
+
+    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let node = self.node();
+        let r = node.delete_bucket(&req.input.bucket).await.map(|()| DeleteBucketOutput {});
+        self.finish(r)
+    }
+
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        let node = self.node();
+        let prefix = req.input.prefix.unwrap_or_default();
+        let region = node.store.config.region.clone();
+        let r = node.list_buckets().await.map(|all| {
+            let buckets = all
+                .into_iter()
+                .filter(|(n, _)| n.starts_with(&prefix))
+                .map(|(name, created)| Bucket {
+                    name: Some(name),
+                    creation_date: Some(timestamp(created)),
+                    bucket_region: Some(region.clone()),
+                })
+                .collect();
+            ListBucketsOutput { buckets: Some(buckets), owner: Some(owner()), ..Default::default() }
+        });
+        self.finish(r)
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let node = self.node();
+        let r = async {
+            node.require_bucket(&req.input.bucket).await?;
+            let region = &node.store.config.region;
+            Ok(GetBucketLocationOutput {
+                location_constraint: (region != "us-east-1").then(|| BucketLocationConstraint::from(region.clone())),
+            })
+        }
+        .await;
+        self.finish(r)
+    }
+
+    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let node = self.node();
+        let r = put_object(node, req).await;
+        self.finish(r)
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let node = self.node();
+        let r = get_object(node, req).await;
+        self.finish(r)
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        let node = self.node();
+        let r = head_object(node, req).await;
+        self.finish(r)
+    }
+
+    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let node = self.node();
+        let r = delete_object(node, req).await;
+        self.finish(r)
+    }
+
+    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let node = self.node();
+        let r = delete_objects(node, req).await;
+        self.finish(r)
+    }
+
+    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        let node = self.node();
+        let r = copy_object(node, req).await;
+        self.finish(r)
+    }
+
+    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        let node = self.node();
+        let r = async {
+            let i = req.input;
+            let (q, url, max) = v1_query(&i)?;
+            node.require_bucket(&i.bucket).await?;
+            let p = node.list(&i.bucket, q).await?;
+            v1_output(i, &p, url, max)
+        }
+        .await;
+        self.finish(r)
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let node = self.node();
+        let r = async {
+            let i = req.input;
+            let (q, url, max) = v2_query(&i)?;
+            node.require_bucket(&i.bucket).await?;
+            let p = node.list(&i.bucket, q).await?;
+            v2_output(i, &p, url, max)
+        }
+        .await;
+        self.finish(r)
+    }
+}

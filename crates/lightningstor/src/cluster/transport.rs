@@ -1,0 +1,320 @@
+//! The transport between nodes: a small trait with an in-process
+//! implementation (clusters inside one test process), a TCP one (spawned
+//! processes), and a fault-injecting wrapper that can drop, delay and
+//! partition traffic for tests.
+
+use super::NodeId;
+use super::rpc::{self, Msg, Req, Resp};
+use crate::error::{LightningError, Result};
+use bytes::BytesMut;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Something that answers requests: a node.
+#[async_trait::async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one request from another node.
+    async fn handle(&self, req: Msg<Req>) -> Msg<Resp>;
+}
+
+/// Sends requests from one node to others.
+#[async_trait::async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `req` to node `to` and waits for its answer.
+    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>>;
+    /// Learns (or forgets) a node's address after a layout change.
+    fn set_peers(&self, _peers: HashMap<NodeId, SocketAddr>) {}
+}
+
+fn unreachable(to: NodeId, why: &str) -> LightningError {
+    LightningError::Unavailable(format!("node {to} unreachable: {why}"))
+}
+
+/// Nodes of one process, by id.
+#[derive(Default)]
+pub struct Hub {
+    nodes: RwLock<HashMap<NodeId, Weak<dyn Handler>>>,
+}
+
+impl Hub {
+    /// An empty hub.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Hub::default())
+    }
+
+    /// Registers node `id` (replacing an earlier registration).
+    pub fn register(&self, id: NodeId, h: Weak<dyn Handler>) {
+        if let Ok(mut n) = self.nodes.write() {
+            n.insert(id, h);
+        }
+    }
+
+    /// Removes node `id` (it looks down from then on).
+    pub fn unregister(&self, id: NodeId) {
+        if let Ok(mut n) = self.nodes.write() {
+            n.remove(&id);
+        }
+    }
+}
+
+/// In-process transport: calls the other node's handler directly.
+pub struct InProcess {
+    hub: Arc<Hub>,
+}
+
+impl InProcess {
+    /// A transport over `hub`.
+    pub fn new(hub: Arc<Hub>) -> Self {
+        InProcess { hub }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for InProcess {
+    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
+        let h = self.hub.nodes.read().ok().and_then(|n| n.get(&to).and_then(Weak::upgrade));
+        match h {
+            Some(h) => Ok(h.handle(req).await),
+            None => Err(unreachable(to, "not running")),
+        }
+    }
+}
+
+/// Faults applied to traffic, shared by every node of a test cluster.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Nodes cut off from every other node (both directions).
+    isolated: Mutex<HashSet<NodeId>>,
+    /// Directed links that drop everything.
+    cut: Mutex<HashSet<(NodeId, NodeId)>>,
+    /// Delay added to every message.
+    delay_ms: std::sync::atomic::AtomicU64,
+    /// Percentage of messages dropped at random.
+    drop_percent: std::sync::atomic::AtomicU64,
+}
+
+impl Faults {
+    /// No faults.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Faults::default())
+    }
+
+    /// Cuts `n` off from every other node.
+    pub fn isolate(&self, n: NodeId) {
+        if let Ok(mut s) = self.isolated.lock() {
+            s.insert(n);
+        }
+    }
+
+    /// Drops the one-way link `from -> to`.
+    pub fn cut(&self, from: NodeId, to: NodeId) {
+        if let Ok(mut s) = self.cut.lock() {
+            s.insert((from, to));
+        }
+    }
+
+    /// Removes every partition and cut.
+    pub fn heal(&self) {
+        if let Ok(mut s) = self.isolated.lock() {
+            s.clear();
+        }
+        if let Ok(mut s) = self.cut.lock() {
+            s.clear();
+        }
+    }
+
+    /// Delays every message by `ms`.
+    pub fn set_delay_ms(&self, ms: u64) {
+        self.delay_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Drops `p` percent of messages.
+    pub fn set_drop_percent(&self, p: u64) {
+        self.drop_percent.store(p.min(100), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn blocks(&self, from: NodeId, to: NodeId) -> bool {
+        let iso = self.isolated.lock().map(|s| s.contains(&from) || s.contains(&to)).unwrap_or(false);
+        let cut = self.cut.lock().map(|s| s.contains(&(from, to))).unwrap_or(false);
+        iso || cut
+    }
+}
+
+/// Wraps a transport with [`Faults`].
+pub struct Faulty<T> {
+    inner: T,
+    me: NodeId,
+    faults: Arc<Faults>,
+}
+
+impl<T> Faulty<T> {
+    /// `inner` as seen from node `me` under `faults`.
+    pub fn new(inner: T, me: NodeId, faults: Arc<Faults>) -> Self {
+        Faulty { inner, me, faults }
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for Faulty<T> {
+    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let delay = self.faults.delay_ms.load(Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if self.faults.blocks(self.me, to) {
+            return Err(unreachable(to, "partitioned (test fault)"));
+        }
+        let p = self.faults.drop_percent.load(Relaxed);
+        if p > 0 && u64::from(rand_byte()) * 100 / 256 < p {
+            return Err(unreachable(to, "message dropped (test fault)"));
+        }
+        let r = self.inner.call(to, req).await;
+        // A reply can be lost too: the request ran, the caller sees an error.
+        if self.faults.blocks(to, self.me) {
+            return Err(unreachable(to, "reply lost to a partition (test fault)"));
+        }
+        r
+    }
+
+    fn set_peers(&self, peers: HashMap<NodeId, SocketAddr>) {
+        self.inner.set_peers(peers);
+    }
+}
+
+fn rand_byte() -> u8 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() & 0xff) as u8
+}
+
+/// TCP transport: pooled connections, one request at a time per connection.
+pub struct Tcp {
+    peers: RwLock<HashMap<NodeId, SocketAddr>>,
+    pool: Mutex<HashMap<NodeId, Vec<TcpStream>>>,
+    timeout: Duration,
+}
+
+/// Idle connections kept per peer.
+const POOL_PER_PEER: usize = 32;
+
+impl Tcp {
+    /// A transport to `peers`; each call must finish within `timeout`.
+    pub fn new(peers: HashMap<NodeId, SocketAddr>, timeout: Duration) -> Self {
+        Tcp { peers: RwLock::new(peers), pool: Mutex::new(HashMap::new()), timeout }
+    }
+
+    async fn connection(&self, to: NodeId) -> Result<TcpStream> {
+        if let Some(c) = self.pool.lock().ok().and_then(|mut p| p.get_mut(&to).and_then(Vec::pop)) {
+            return Ok(c);
+        }
+        let addr = self
+            .peers
+            .read()
+            .ok()
+            .and_then(|p| p.get(&to).copied())
+            .ok_or_else(|| unreachable(to, "no address in the layout"))?;
+        let s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+            .await
+            .map_err(|_| unreachable(to, "connect timed out"))?
+            .map_err(|e| unreachable(to, &e.to_string()))?;
+        let _ = s.set_nodelay(true);
+        Ok(s)
+    }
+
+    async fn exchange(s: &mut TcpStream, req: &Msg<Req>) -> Result<Msg<Resp>> {
+        write_msg(s, req).await?;
+        read_msg(s).await?.ok_or_else(|| LightningError::Unavailable("connection closed".into()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Tcp {
+    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
+        let mut s = self.connection(to).await?;
+        match tokio::time::timeout(self.timeout, Self::exchange(&mut s, &req)).await {
+            Ok(Ok(r)) => {
+                if let Ok(mut p) = self.pool.lock() {
+                    let v = p.entry(to).or_default();
+                    if v.len() < POOL_PER_PEER {
+                        v.push(s);
+                    }
+                }
+                Ok(r)
+            }
+            Ok(Err(e)) => Err(unreachable(to, &e.to_string())),
+            Err(_) => Err(unreachable(to, "request timed out")),
+        }
+    }
+
+    fn set_peers(&self, peers: HashMap<NodeId, SocketAddr>) {
+        if let Ok(mut p) = self.peers.write() {
+            *p = peers;
+        }
+        if let Ok(mut p) = self.pool.lock() {
+            p.clear();
+        }
+    }
+}
+
+async fn write_msg<T: serde::Serialize>(s: &mut TcpStream, m: &Msg<T>) -> Result<()> {
+    let head = rpc::encode(m)?;
+    s.write_all(&head).await?;
+    if !m.data.is_empty() {
+        s.write_all(&m.data).await?;
+    }
+    Ok(())
+}
+
+async fn read_msg<T: for<'de> serde::Deserialize<'de>>(s: &mut TcpStream) -> Result<Option<Msg<T>>> {
+    let mut h = [0u8; 8];
+    match s.read_exact(&mut h).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let (hl, dl) = rpc::frame_lengths(h)?;
+    let mut buf = BytesMut::zeroed(8 + hl + dl);
+    buf[..8].copy_from_slice(&h);
+    s.read_exact(&mut buf[8..]).await?;
+    rpc::decode(&mut buf)
+}
+
+/// Serves node-to-node requests on `listener` until the task is aborted.
+pub fn serve_tcp(listener: TcpListener, handler: Arc<dyn Handler>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "rpc accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = sock.set_nodelay(true);
+            let h = handler.clone();
+            tokio::spawn(async move {
+                loop {
+                    let req: Msg<Req> = match read_msg(&mut sock).await {
+                        Ok(Some(r)) => r,
+                        Ok(None) => return,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "bad rpc frame; closing");
+                            return;
+                        }
+                    };
+                    let resp = h.handle(req).await;
+                    if write_msg(&mut sock, &resp).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}

@@ -1,0 +1,458 @@
+//! LightningStor replication driven by aws-sdk-s3: in-process clusters with
+//! faults injected through the transport trait, and spawned node processes
+//! killed with SIGKILL.
+
+mod s3_common;
+
+use aws_sdk_s3::primitives::ByteStream;
+use lightningstor::cluster::NodeId;
+use lightningstor::meta::types::Row;
+use s3_common::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+type R = anyhow::Result<()>;
+
+async fn put(c: &aws_sdk_s3::Client, b: &str, k: &str, data: &[u8]) -> anyhow::Result<()> {
+    match c.put_object().bucket(b).key(k).body(ByteStream::from(data.to_vec())).send().await {
+        Ok(_) => Ok(()),
+        Err(e) => anyhow::bail!("put {b}/{k}: {}: {e:?}", code(&e)),
+    }
+}
+
+async fn get(c: &aws_sdk_s3::Client, b: &str, k: &str) -> anyhow::Result<Vec<u8>> {
+    let out = c.get_object().bucket(b).key(k).send().await?;
+    Ok(out.body.collect().await?.into_bytes().to_vec())
+}
+
+/// The row node `id` holds locally for a key.
+fn local_row(s: &InCluster, id: NodeId, b: &str, k: &str) -> Option<Row> {
+    s.cluster.node(id).store.meta.get_row(b, k.as_bytes()).expect("local row")
+}
+
+/// Waits until `f` holds, up to `secs`.
+async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out after {secs} s waiting for: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
+    let s = InCluster::new(5);
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    for i in 0..40 {
+        let data = pseudo_random(if i % 4 == 0 { 1_500_000 } else { 3000 }, i);
+        put(&c, "bkt", &format!("k{i}"), &data).await?;
+    }
+    for i in 0..40 {
+        let k = format!("k{i}");
+        let replicas = s.cluster.node(1).replicas("bkt", k.as_bytes());
+        assert_eq!(replicas.len(), 3);
+        let mut versions = Vec::new();
+        for id in s.cluster.ids() {
+            let row = local_row(&s, id, "bkt", &k);
+            if replicas.contains(&id) {
+                versions.push(row.expect("replica holds the row").version());
+            } else {
+                assert!(row.is_none(), "node {id} is not a replica of {k} but holds it");
+            }
+        }
+        versions.dedup();
+        assert_eq!(versions.len(), 1, "replicas disagree on {k}");
+        let data = pseudo_random(if i % 4 == 0 { 1_500_000 } else { 3000 }, i);
+        assert_eq!(get(&c, "bkt", &k).await?, data);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_node_misses_writes_then_catches_up_after_healing() -> R {
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    put(&c, "bkt", "before", b"old").await?;
+    put(&c, "bkt", "doomed", b"to be deleted").await?;
+    s.cluster.faults.isolate(3);
+    // W=2 of 3: writes through node 1 still succeed.
+    let mut want = BTreeMap::new();
+    for i in 0..30u64 {
+        let data = pseudo_random(if i % 5 == 0 { 1_200_000 } else { 777 }, i);
+        put(&c, "bkt", &format!("p{i}"), &data).await?;
+        want.insert(format!("p{i}"), data);
+    }
+    put(&c, "bkt", "before", b"new").await?;
+    c.delete_object().bucket("bkt").key("doomed").send().await?;
+    // Node 3 cannot reach a read quorum on its own.
+    let e = get(&s.client_of(3), "bkt", "before").await.expect_err("isolated node has no quorum");
+    assert!(format!("{e:?}").contains("ServiceUnavailable") || format!("{e:?}").contains("503"), "{e:?}");
+    assert!(local_row(&s, 3, "bkt", "p1").is_none(), "isolated node got a write");
+    assert!(s.cluster.node(1).resync.len() > 0, "missed replicas are queued");
+    // Everything acknowledged is readable from the majority side meanwhile.
+    for (k, v) in &want {
+        assert_eq!(&get(&s.client_of(2), "bkt", k).await?, v);
+    }
+    s.cluster.faults.heal();
+    eventually(60, "node 3 converges through the resync queue", || {
+        want.keys().all(|k| local_row(&s, 3, "bkt", k).is_some()) && s.cluster.node(1).resync.is_empty()
+    })
+    .await;
+    for (k, v) in &want {
+        assert_eq!(local_row(&s, 3, "bkt", k), local_row(&s, 1, "bkt", k), "{k} differs");
+        assert_eq!(&get(&s.client_of(3), "bkt", k).await?, v);
+    }
+    assert!(matches!(local_row(&s, 3, "bkt", "doomed"), Some(Row::Tombstone(_))), "the delete reached node 3");
+    assert_eq!(get(&s.client_of(3), "bkt", "before").await?, b"new");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_repair_a_stale_replica() -> R {
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    put(&c, "bkt", "k", b"v1").await?;
+    // Node 3 misses v2, and node 1 forgets to resync it (queue drained by hand).
+    s.cluster.faults.cut(1, 3);
+    put(&c, "bkt", "k", b"v2").await?;
+    s.cluster.node(1).resync.clear()?;
+    s.cluster.faults.heal();
+    let v1 = local_row(&s, 3, "bkt", "k").expect("row").version();
+    // The read sees node 3 stale and pushes the new row to it.
+    assert_eq!(get(&s.client_of(2), "bkt", "k").await?, b"v2");
+    eventually(20, "node 3 repaired", || local_row(&s, 3, "bkt", "k").is_some_and(|r| r.version() > v1)).await;
+    assert!(s.cluster.node(2).metrics.read_repairs.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    Ok(())
+}
+
+fn block_file(s: &InCluster, id: NodeId, hash: &lightningstor::block::BlockHash) -> std::path::PathBuf {
+    let hex = hash.to_hex();
+    s.cluster.config.nodes[usize::from(id) - 1].data_dir.join("blocks").join(&hex[..2]).join(&hex)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R {
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    let data = pseudo_random(3 * 1024 * 1024 + 5, 9);
+    put(&c, "bkt", "big", &data).await?;
+    let Some(Row::Object(meta)) = local_row(&s, 1, "bkt", "big") else { panic!("no row") };
+    let blocks = meta.data.blocks().to_vec();
+    assert_eq!(blocks.len(), 4);
+    // Flip a byte of block 0 on node 1 (read first: the coordinator reads locally).
+    let f0 = block_file(&s, 1, &blocks[0].hash);
+    let mut bytes = std::fs::read(&f0)?;
+    bytes[1000] ^= 0x40;
+    std::fs::write(&f0, &bytes)?;
+    // The read still returns the right bytes, and repairs node 1's copy.
+    assert_eq!(get(&c, "bkt", "big").await?, data);
+    eventually(20, "read repair of the corrupt block", || {
+        std::fs::read(&f0).is_ok_and(|b| lightningstor::block::BlockHash::of(&b) == blocks[0].hash)
+    })
+    .await;
+    // Flip a byte of block 2 on node 2; scrub finds and fixes it.
+    let f2 = block_file(&s, 2, &blocks[2].hash);
+    let mut bytes = std::fs::read(&f2)?;
+    bytes[7] ^= 0x01;
+    std::fs::write(&f2, &bytes)?;
+    let node2 = s.cluster.node(2);
+    node2.scrub_some(None, 10_000).await?;
+    let fixed = std::fs::read(&f2)?;
+    assert_eq!(lightningstor::block::BlockHash::of(&fixed), blocks[2].hash, "scrub rewrote the block");
+    assert!(node2.metrics.bad_copies_found.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert_eq!(get(&s.client_of(2), "bkt", "big").await?, data);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    for i in 0..20u64 {
+        put(&c, "bkt", &format!("k{i}"), &pseudo_random(500, i)).await?;
+    }
+    // Node 3 misses ten writes; the resync queue is lost (as if node 1's disk died).
+    s.cluster.faults.isolate(3);
+    for i in 20..30u64 {
+        put(&c, "bkt", &format!("k{i}"), &pseudo_random(2_000_000, i)).await?;
+    }
+    let n1 = s.cluster.node(1);
+    let n2 = s.cluster.node(2);
+    for n in [&n1, &n2] {
+        n.resync.clear()?;
+    }
+    s.cluster.faults.heal();
+    assert!(local_row(&s, 3, "bkt", "k25").is_none());
+    let n3 = s.cluster.node(3);
+    let fixed = n3.anti_entropy_round().await?;
+    assert_eq!(fixed, 10, "exactly the missed rows were pulled");
+    for i in 0..30u64 {
+        let k = format!("k{i}");
+        assert_eq!(local_row(&s, 3, "bkt", &k), local_row(&s, 1, "bkt", &k));
+    }
+    assert_eq!(n3.anti_entropy_round().await?, 0, "a second round finds nothing");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() -> R {
+    let s = InCluster::new(4);
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let mut want = BTreeMap::new();
+    for i in 0..60u64 {
+        let data = pseudo_random(if i % 6 == 0 { 1_100_000 } else { 1000 }, i);
+        put(&c, "bkt", &format!("k{i}"), &data).await?;
+        want.insert(format!("k{i}"), data);
+    }
+    // Add node 5: a new cluster file, applied to every node.
+    let mut bigger = s.cluster.config.clone();
+    let extra = lightningstor::cluster::ClusterConfig::init(5, s.dir.path(), 1)?.nodes[4].clone();
+    bigger.nodes.push(extra);
+    bigger.layout_version += 1;
+    s.cluster.start_node("n5", &bigger)?;
+    s.cluster.change_layout(&bigger);
+    // Reads and writes during the move.
+    for (k, v) in &want {
+        assert_eq!(&get(&c, "bkt", k).await?, v, "{k} during the move");
+    }
+    for i in 60..70u64 {
+        let data = pseudo_random(3000, i);
+        put(&c, "bkt", &format!("k{i}"), &data).await?;
+        want.insert(format!("k{i}"), data);
+    }
+    for id in s.cluster.ids() {
+        s.cluster.node(id).rebalance_round().await?;
+    }
+    for id in s.cluster.ids() {
+        s.cluster.node(id).finish_layout_change();
+    }
+    let n5_rows = want.keys().filter(|k| local_row(&s, 5, "bkt", k).is_some()).count();
+    assert!(n5_rows > 20, "node 5 took its share ({n5_rows} rows)");
+    for (k, v) in &want {
+        for id in s.cluster.node(1).replicas("bkt", k.as_bytes()) {
+            assert!(local_row(&s, id, "bkt", k).is_some(), "{k} missing on its new replica {id}");
+        }
+        assert_eq!(&get(&c, "bkt", k).await?, v);
+    }
+    // Remove node 2.
+    let mut smaller = bigger.clone();
+    smaller.nodes.retain(|n| n.id != 2);
+    smaller.layout_version += 1;
+    s.cluster.change_layout(&smaller);
+    for (k, v) in &want {
+        assert_eq!(&get(&c, "bkt", k).await?, v, "{k} while node 2 leaves");
+    }
+    for id in [1, 3, 4, 5, 2] {
+        s.cluster.node(id).rebalance_round().await?;
+    }
+    for id in s.cluster.ids() {
+        s.cluster.node(id).finish_layout_change();
+    }
+    s.cluster.stop_node(2);
+    for (k, v) in &want {
+        assert_eq!(&get(&s.client_of(1), "bkt", k).await?, v, "{k} after node 2 left");
+        for id in s.cluster.node(1).replicas("bkt", k.as_bytes()) {
+            assert_ne!(id, 2);
+            assert!(local_row(&s, id, "bkt", k).is_some(), "{k} missing on replica {id}");
+        }
+    }
+    Ok(())
+}
+
+/// Per key: the last acknowledged value (None = deleted or never written)
+/// and every value whose write failed (it may or may not have taken effect).
+#[derive(Default, Debug)]
+struct KeyModel {
+    acked: Option<Vec<u8>>,
+    uncertain: Vec<Option<Vec<u8>>>,
+}
+
+impl KeyModel {
+    fn allows(&self, got: &Option<Vec<u8>>) -> bool {
+        *got == self.acked || self.uncertain.contains(got)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_value() -> R {
+    let s = InCluster::with(5, |c| c.replication_factor = 3);
+    let clients: Vec<_> = (1..=5u8).map(|i| s.client_of(i)).collect();
+    clients[0].create_bucket().bucket("bkt").send().await?;
+    let mut model: BTreeMap<String, KeyModel> = BTreeMap::new();
+    let mut rng = 0x5eed_u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let (mut acked_writes, mut reads_checked, mut faults) = (0, 0, 0);
+    for step in 0..160u64 {
+        let key = format!("k{}", next(12));
+        let via = next(5) as usize;
+        match next(20) {
+            0..=1 => {
+                faults += 1;
+                s.cluster.faults.isolate(next(5) as u8 + 1);
+            }
+            2 => {
+                faults += 1;
+                let (a, b) = (next(5) as u8 + 1, next(5) as u8 + 1);
+                s.cluster.faults.cut(a, b);
+            }
+            3..=4 => s.cluster.faults.heal(),
+            5..=10 => {
+                let len = if next(8) == 0 { 1_100_000 } else { 100 + next(3000) as usize };
+                let value = pseudo_random(len, step);
+                let m = model.entry(key.clone()).or_default();
+                match put(&clients[via], "bkt", &key, &value).await {
+                    Ok(()) => {
+                        acked_writes += 1;
+                        m.acked = Some(value);
+                    }
+                    Err(_) => m.uncertain.push(Some(value)),
+                }
+            }
+            11..=12 => {
+                let m = model.entry(key.clone()).or_default();
+                match clients[via].delete_object().bucket("bkt").key(&key).send().await {
+                    Ok(_) => m.acked = None,
+                    Err(_) => m.uncertain.push(None),
+                }
+            }
+            _ => {
+                let got = match clients[via].get_object().bucket("bkt").key(&key).send().await {
+                    Ok(o) => Some(Some(o.body.collect().await?.into_bytes().to_vec())),
+                    Err(e) if code(&e) == "NoSuchKey" => Some(None),
+                    Err(_) => None, // unavailable under faults: allowed
+                };
+                if let Some(got) = got {
+                    reads_checked += 1;
+                    let m = model.entry(key.clone()).or_default();
+                    assert!(
+                        m.allows(&got),
+                        "step {step}: read of {key} returned a value never written or a lost write"
+                    );
+                }
+            }
+        }
+    }
+    s.cluster.faults.heal();
+    // After healing and repair every replica agrees and every key reads back
+    // its acknowledged value (or one whose write was in doubt).
+    for id in s.cluster.ids() {
+        s.cluster.node(id).anti_entropy_round().await?;
+    }
+    for (key, m) in &model {
+        for c in &clients {
+            let got = match c.get_object().bucket("bkt").key(key).send().await {
+                Ok(o) => Some(o.body.collect().await?.into_bytes().to_vec()),
+                Err(e) if code(&e) == "NoSuchKey" => None,
+                Err(e) => panic!("read of {key} failed after healing: {e:?}"),
+            };
+            assert!(m.allows(&got), "{key} after healing: {:?} not allowed", got.map(|g| g.len()));
+        }
+    }
+    assert!(acked_writes > 25 && reads_checked > 25 && faults > 5, "{acked_writes} {reads_checked} {faults}");
+    Ok(())
+}
+
+#[test]
+fn killing_a_node_during_600_parallel_uploads_loses_no_acknowledged_object() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime");
+    let cluster = SpawnedCluster::start(3, |c| {
+        c.scrub_blocks_per_sec = 0;
+        c.anti_entropy_secs = 5;
+    });
+    let clients: Vec<_> = (0..3).map(|i| cluster.client(i)).collect();
+    let cluster = std::sync::Arc::new(std::sync::Mutex::new(cluster));
+    rt.block_on(async {
+        clients[0].create_bucket().bucket("bkt").send().await.expect("bucket");
+        let size = |i: u64| if i % 10 == 0 { 1_500_000 } else { 20_000 + (i as usize % 7) * 1000 };
+        let acked_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let killer = {
+            let cluster = cluster.clone();
+            let acked = acked_count.clone();
+            tokio::spawn(async move {
+                while acked.load(std::sync::atomic::Ordering::Relaxed) < 150 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                tokio::task::spawn_blocking(move || cluster.lock().expect("lock").kill(2)).await.expect("kill");
+            })
+        };
+        let uploads = futures::stream::iter(0..600u64).map(|i| {
+            let c = clients[(i % 3) as usize].clone();
+            let acked = acked_count.clone();
+            async move {
+                let r = put(&c, "bkt", &format!("obj{i}"), &pseudo_random(size(i), i)).await;
+                if r.is_ok() {
+                    acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                (i, r.is_ok())
+            }
+        });
+        use futures::StreamExt as _;
+        let results: Vec<(u64, bool)> = uploads.buffer_unordered(64).collect().await;
+        killer.await.expect("killer");
+        let acked: Vec<u64> = results.iter().filter(|r| r.1).map(|r| r.0).collect();
+        let unacked: Vec<u64> = results.iter().filter(|r| !r.1).map(|r| r.0).collect();
+        assert!(acked.len() >= 400, "only {} of 600 uploads acknowledged", acked.len());
+        eprintln!("{} acknowledged, {} failed (their coordinator was killed)", acked.len(), unacked.len());
+        // During the outage: every acknowledged object reads back from both survivors.
+        for &i in &acked {
+            for c in &clients[..2] {
+                let got = get(c, "bkt", &format!("obj{i}")).await.expect("acknowledged object readable during outage");
+                assert!(got == pseudo_random(size(i), i), "obj{i} differs during the outage");
+            }
+        }
+        // Unacknowledged objects are absent or whole, never partial.
+        for &i in &unacked {
+            match get(&clients[0], "bkt", &format!("obj{i}")).await {
+                Ok(got) => assert!(got == pseudo_random(size(i), i), "obj{i} is half-visible"),
+                Err(e) => assert!(format!("{e:?}").contains("NoSuchKey"), "obj{i}: {e:?}"),
+            }
+        }
+        // Bring node 3 back and wait for repair to converge.
+        let c2 = {
+            let cluster = cluster.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut c = cluster.lock().expect("lock");
+                c.restart(2);
+                c.client(2)
+            })
+            .await
+            .expect("restart")
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (q, objects) = {
+                let c = cluster.lock().expect("lock");
+                let q: f64 = (0..3).filter_map(|i| c.metric(i, "lightningstor_resync_queue")).sum();
+                let o: Vec<f64> = (0..3).filter_map(|i| c.metric(i, "lightningstor_objects")).collect();
+                (q, o)
+            };
+            if q == 0.0
+                && objects.len() == 3
+                && objects.iter().all(|o| *o == objects[0])
+                && objects[0] >= acked.len() as f64
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no convergence: queue {q}, objects {objects:?}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        for &i in &acked {
+            let got = get(&c2, "bkt", &format!("obj{i}")).await.expect("readable after repair");
+            assert!(got == pseudo_random(size(i), i), "obj{i} differs after repair");
+        }
+    });
+}
