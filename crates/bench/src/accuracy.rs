@@ -23,6 +23,9 @@ pub struct Options {
     pub iterations: usize,
     /// Only jobs whose name contains one of these (all when empty).
     pub only: Vec<String>,
+    /// Emulated link in front of the target, so the target (not either
+    /// load generator's CPU) is what limits the figures.
+    pub link: crate::shaper::LinkSpec,
 }
 
 /// One compared figure.
@@ -56,22 +59,56 @@ fn median(v: &[f64]) -> f64 {
     crate::stats::Summary::of(v).median
 }
 
+/// A runtime that may be dropped from async code (shuts down in the background).
+struct BgRuntime(Option<tokio::runtime::Runtime>);
+
+impl BgRuntime {
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(rt) => rt.handle().clone(),
+            None => tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+impl Drop for BgRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// Runs the comparison.
 pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut own = None;
     let spec = match &opts.target {
         Some(t) => TargetSpec::parse(t)?,
         None => {
+            // The export runs on its own runtime so it does not share worker
+            // threads with our load generator (fio gets its own process too).
             let dir = tempfile::tempdir()?;
+            let srt =
+                BgRuntime(Some(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?));
             let cfg = coronafs::server::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Uring);
-            let srv = coronafs::server::start(cfg).await?;
+            let srv = srt.handle().spawn(coronafs::server::start(cfg)).await??;
             srv.shared.exports.create("accuracy", opts.size)?;
             let ep = crate::cluster::CoronaEndpoint { nbd: srv.nbd_addr.to_string(), api: srv.api_url() };
             crate::storage::measure::prefill(&ep, "accuracy", opts.size).await?;
             let spec = TargetSpec::Nbd { addr: srv.nbd_addr.to_string(), export: "accuracy".into() };
-            own = Some((dir, srv));
+            own = Some((dir, srv, srt));
             spec
         }
+    };
+    let mut shaper = None;
+    let spec = match spec {
+        TargetSpec::Nbd { addr, export } if !opts.link.is_loopback() => {
+            let sh = crate::shaper::Shaper::start(TargetSpec::nbd_addr(&addr)?, opts.link).await?;
+            let addr = sh.addr.to_string();
+            shaper = Some(sh);
+            TargetSpec::Nbd { addr, export }
+        }
+        other => other,
     };
     let fio_target = match &spec {
         TargetSpec::Nbd { addr, export } => FioTarget::Nbd(format!("nbd://{addr}/{export}")),
@@ -123,12 +160,16 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         anyhow::Ok(())
     }
     .await;
-    if let Some((dir, srv)) = own {
-        srv.shutdown().await;
+    if let Some(sh) = shaper {
+        sh.shutdown().await;
+    }
+    if let Some((dir, srv, srt)) = own {
+        let _ = srt.handle().spawn(srv.shutdown()).await;
+        drop(srt);
         drop(dir);
     }
     result?;
-    let mut report = Report { target: spec.to_string(), rows: Vec::new() };
+    let mut report = Report { target: format!("{spec} ({})", opts.link.describe()), rows: Vec::new() };
     for ((profile, job), (reads, writes)) in jobs.iter().zip(raw) {
         for (side, pairs, used) in [("read", reads, job.rw.reads()), ("write", writes, job.rw.writes())] {
             if !used {

@@ -161,6 +161,13 @@ struct AccuracyArgs {
     /// Only jobs whose name contains one of these (comma-separated).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Emulated link rate in front of an NBD target (e.g. 64MiB), so the
+    /// target rather than either generator's CPU sets the pace.
+    #[arg(long)]
+    link_rate: Option<String>,
+    /// Emulated one-way delay in front of an NBD target (e.g. 2ms).
+    #[arg(long)]
+    link_delay: Option<String>,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -295,6 +302,10 @@ fn main() -> anyhow::Result<()> {
                 tolerance_pct: bench::compare::parse_pct(&a.tolerance)?,
                 iterations: a.iterations.max(1),
                 only: a.only,
+                link: bench::shaper::LinkSpec {
+                    rate: a.link_rate.as_deref().map(coronafs::util::parse_size).transpose()?,
+                    delay: a.link_delay.as_deref().map(parse_duration).transpose()?.unwrap_or_default(),
+                },
             };
             let report = runtime()?.block_on(bench::accuracy::run(&opts))?;
             print!("{}", bench::accuracy::table(&report, opts.tolerance_pct));
