@@ -43,8 +43,8 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         assert_eq!(nbd.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
         let s3e = c.endpoints.lightningstor.clone().unwrap();
         let s3 = bench::storage::measure::s3(&s3e, 0);
-        bench::storage::measure::ensure_bucket(&s3, "b").await.unwrap();
-        s3.put_object().bucket("b").key("k").body(vec![1u8; 100].into()).send().await.unwrap();
+        bench::storage::measure::ensure_bucket(&s3, "cycle-bucket").await.unwrap();
+        s3.put_object().bucket("cycle-bucket").key("k").body(vec![1u8; 100].into()).send().await.unwrap();
         let addrs = c.listen_addrs();
         drop(nbd);
         c.shutdown().await;
