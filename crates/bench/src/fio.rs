@@ -49,6 +49,57 @@ pub fn run_nbd(uri: &str, w: &Workload, size: &str, runtime_s: u32) -> anyhow::R
     parse(&out.stdout, w.rw.contains("write") && !w.rw.contains("read"))
 }
 
+/// Where fio sends a [`crate::job::Job`]'s I/O.
+#[derive(Debug, Clone)]
+pub enum FioTarget {
+    /// fio's nbd engine on `nbd://host:port/export`.
+    Nbd(String),
+    /// libaio on a file or block device.
+    File(std::path::PathBuf),
+}
+
+/// Runs one of our jobs with fio, time-based; returns (read, write).
+pub fn run_job(target: &FioTarget, job: &crate::job::Job) -> anyhow::Result<(FioResult, FioResult)> {
+    let mut cmd = Command::new("fio");
+    cmd.arg(format!("--name={}", job.name));
+    match target {
+        FioTarget::Nbd(uri) => {
+            cmd.args(["--ioengine=nbd", &format!("--uri={uri}")]);
+        }
+        FioTarget::File(p) => {
+            cmd.arg("--ioengine=libaio").arg(format!("--filename={}", p.display()));
+            cmd.arg(format!("--direct={}", u8::from(job.direct)));
+        }
+    }
+    let runtime = job.runtime.map_or(10.0, |d| d.as_secs_f64());
+    cmd.args([
+        &format!("--rw={}", job.rw.fio_name()),
+        &format!("--bs={}", job.bs),
+        &format!("--iodepth={}", job.iodepth),
+        &format!("--numjobs={}", job.numjobs),
+        &format!("--size={}", job.size),
+        &format!("--runtime={}ms", (runtime * 1000.0) as u64),
+        "--time_based",
+        "--group_reporting",
+        "--randrepeat=0",
+        "--output-format=json",
+    ]);
+    if job.fsync > 0 {
+        cmd.arg(format!("--fsync={}", job.fsync));
+    }
+    if matches!(job.rw, crate::job::Rw::Rw | crate::job::Rw::Randrw) {
+        cmd.arg(format!("--rwmixread={}", job.rwmixread));
+    }
+    if !job.ramp_time.is_zero() {
+        cmd.arg(format!("--ramp_time={}ms", job.ramp_time.as_millis()));
+    }
+    let out = cmd.output().context("running fio (is it installed? apt-get install fio)")?;
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok((parse(&out.stdout, false)?, parse(&out.stdout, true)?))
+}
+
 /// Extracts read (or write) figures from fio's JSON.
 pub fn parse(json: &[u8], write: bool) -> anyhow::Result<FioResult> {
     // fio may print notices before the JSON object.

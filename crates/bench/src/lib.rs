@@ -2,12 +2,34 @@
 //! with a peer measured in the same run, with several iterations and the
 //! median and spread of each figure.
 //!
+//! - [`job`]: job files and profiles (fio's vocabulary in TOML), pure;
+//! - [`target`]: `--target` URIs (NBD, path, S3);
+//! - [`loadgen`], [`files`], [`hist`]: our own load generator;
+//! - [`runner`]: `bench run`, a profile over several iterations;
+//! - [`compare`]: `bench compare`, regressions between two result files;
+//! - [`accuracy`]: our load generator against fio on the same target;
+//! - [`shaper`], [`netprobe`]: link emulation and the TCP baseline;
+//! - [`cluster`]: the embedded (or deployed) cluster the storage bench measures;
+//! - [`storage`], [`charts`], [`progress`]: `fresh-bench-storage`;
 //! - [`fio`]: runs fio jobs and parses its JSON output;
 //! - [`stats`]: median, spread, ratios;
-//! - [`peers`]: NBD servers to compare (coronafs, nbdkit, qemu-nbd);
-//! - [`nbd_compare`]: the NBD comparison of CoronaFS against those peers.
+//! - [`peers`], [`nbd_compare`]: CoronaFS against nbdkit and qemu-nbd.
 
+pub mod accuracy;
+pub mod charts;
+pub mod cluster;
+pub mod compare;
+pub mod files;
 pub mod fio;
+pub mod hist;
+pub mod job;
+pub mod loadgen;
 pub mod nbd_compare;
+pub mod netprobe;
 pub mod peers;
+pub mod progress;
+pub mod runner;
+pub mod shaper;
 pub mod stats;
+pub mod storage;
+pub mod target;

@@ -1,12 +1,15 @@
 //! The `bench` command.
 
 use anyhow::Context;
+use bench::job::parse_duration;
 use bench::nbd_compare::{self, Options};
-use bench::peers::{self, Peer};
+use bench::peers::{self, default_peers};
 use clap::{Parser, Subcommand};
 use coronafs::backend::IoEngine;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Measures the storage stack side by side with reference peers run in the
 /// same run, and reports medians and spreads.
@@ -19,18 +22,35 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// The main job. Today it runs the NBD comparison (CoronaFS vs nbdkit vs
-    /// qemu-nbd) and writes storage-benchmarks.md and results.json to
-    /// --out-dir; the object store and VM image sections join as those
-    /// services land.
-    FreshBenchStorage {
-        /// Small sizes and short runs (about a minute).
-        #[arg(long)]
-        quick: bool,
-        /// Where the report goes.
-        #[arg(long, default_value = "bench-out")]
-        out_dir: PathBuf,
+    /// The main job: stand up a fresh cluster (or use --cluster), measure
+    /// the network, local disk, CoronaFS, LightningStor and the VM image
+    /// path through their real interfaces, and write storage-benchmarks.md,
+    /// results.json and SVG charts to --out-dir.
+    FreshBenchStorage(StorageArgs),
+    /// Run a profile (built-in seed-000..seed-004, or a TOML job file) against
+    /// any target with our own load generator, and report IOPS, bandwidth and
+    /// latency percentiles per job: mean and standard deviation over the
+    /// iterations.
+    ///
+    /// Targets: nbd://host:port/export, a file, block device or directory
+    /// (O_DIRECT when the job says direct = true), or
+    /// s3://bucket?endpoint=http://host:port (keys from --access-key/--secret-key
+    /// or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY).
+    Run(RunArgs),
+    /// Compare two result files (bench run --json, or results.json) figure by
+    /// figure; exit 1 when any figure got worse by more than --max-regression
+    /// and by more than its own standard deviation.
+    Compare {
+        old: PathBuf,
+        new: PathBuf,
+        /// Allowed worsening, in percent.
+        #[arg(long, default_value = "10%")]
+        max_regression: String,
     },
+    /// Run each block profile job with our load generator and with fio on the
+    /// same NBD export or file, interleaved, and print ours/fio ratios; exit 1
+    /// when a ratio is outside --tolerance.
+    Accuracy(AccuracyArgs),
     /// Serve one file through CoronaFS, nbdkit and qemu-nbd and run the same
     /// fio workloads (nbd engine) on each; print MiB/s, IOPS, p50/p99 and ratios.
     NbdCompare {
@@ -55,17 +75,251 @@ enum Cmd {
     ServeCoronafs { dir: PathBuf, addr: SocketAddr, engine: IoEngine },
 }
 
+#[derive(clap::Args, Debug)]
+struct StorageArgs {
+    /// Small sizes and short runs (about a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Where the report, results.json and charts go.
+    #[arg(long, default_value = "bench-out")]
+    out_dir: PathBuf,
+    /// Emulated link rate per direction between the bench and the services
+    /// (e.g. 20MiB); transfer sizes shrink so the run stays bounded.
+    #[arg(long)]
+    link_rate: Option<String>,
+    /// Emulated one-way delay added by the link (e.g. 1ms).
+    #[arg(long)]
+    link_delay: Option<String>,
+    /// A deployed cluster (TOML: [coronafs] nbd/api, [lightningstor]
+    /// endpoints/access_key/secret_key, [plasmavmc] url) instead of a fresh
+    /// embedded one.
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Iterations (default 3, or 1 with --quick).
+    #[arg(long)]
+    iterations: Option<usize>,
+    /// Skip the nbdkit / qemu-nbd comparison of a full run.
+    #[arg(long)]
+    no_peers: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Built-in profile name (seed-000 .. seed-004) or path to a TOML job file.
+    #[arg(long)]
+    profile: String,
+    /// nbd://host:port/export, a path, or s3://bucket?endpoint=URL.
+    #[arg(long)]
+    target: String,
+    /// Iterations (default: the profile's own).
+    #[arg(long)]
+    iterations: Option<u32>,
+    /// Override every job's runtime (e.g. 2s) for a short run.
+    #[arg(long)]
+    runtime: Option<String>,
+    /// Override every job's size (e.g. 256M).
+    #[arg(long)]
+    size: Option<String>,
+    /// Override every job's ramp-up time (e.g. 1s).
+    #[arg(long)]
+    ramp_time: Option<String>,
+    /// Hard cap on one job's wall time.
+    #[arg(long, default_value = "300s")]
+    max_job_time: String,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// S3 access key (else AWS_ACCESS_KEY_ID).
+    #[arg(long)]
+    access_key: Option<String>,
+    /// S3 secret key (else AWS_SECRET_ACCESS_KEY).
+    #[arg(long)]
+    secret_key: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct AccuracyArgs {
+    /// nbd://host:port/export or a file path; without it a CoronaFS export
+    /// is started in this process.
+    #[arg(long)]
+    target: Option<String>,
+    /// Profiles whose jobs are compared (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "seed-002,seed-003,seed-004")]
+    profiles: Vec<String>,
+    /// Seconds per run.
+    #[arg(long, default_value = "5s")]
+    runtime: String,
+    /// Bytes each job works over.
+    #[arg(long, default_value = "256M")]
+    size: String,
+    /// Allowed difference from fio, in percent.
+    #[arg(long, default_value = "10%")]
+    tolerance: String,
+    /// Iterations (the median ratio is judged).
+    #[arg(long, default_value_t = 3)]
+    iterations: usize,
+    /// Only jobs whose name contains one of these (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Emulated link rate in front of an NBD target (e.g. 64MiB), so the
+    /// target rather than either generator's CPU sets the pace.
+    #[arg(long)]
+    link_rate: Option<String>,
+    /// Emulated one-way delay in front of an NBD target (e.g. 2ms).
+    #[arg(long)]
+    link_delay: Option<String>,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+/// Sets `stop` on the first Ctrl-C.
+fn stop_on_ctrl_c(stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("bench: interrupted; stopping and cleaning up");
+            stop.store(true, Ordering::Relaxed);
+        }
+    });
+}
+
+fn cmd_run(a: RunArgs) -> anyhow::Result<()> {
+    let profile = bench::runner::load_profile(&a.profile)?;
+    let target = bench::target::TargetSpec::parse(&a.target)?;
+    let ov = bench::runner::Overrides {
+        runtime: a.runtime.as_deref().map(parse_duration).transpose()?,
+        size: a.size.as_deref().map(coronafs::util::parse_size).transpose()?,
+        ramp_time: a.ramp_time.as_deref().map(parse_duration).transpose()?,
+    };
+    let limits = bench::loadgen::Limits { max_job_time: parse_duration(&a.max_job_time)? };
+    let keys = bench::target::S3Keys { access_key: a.access_key, secret_key: a.secret_key };
+    let iterations = a.iterations.unwrap_or(profile.iterations).max(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let report = runtime()?.block_on(async {
+        stop_on_ctrl_c(stop.clone());
+        bench::runner::run_profile(&profile, &target, &keys, iterations, &ov, limits, stop.clone()).await
+    })?;
+    println!("{}", bench::runner::markdown(&report));
+    if let Some(path) = a.json {
+        std::fs::write(&path, serde_json::to_vec_pretty(&report)?).with_context(|| path.display().to_string())?;
+    }
+    Ok(())
+}
+
+fn cmd_compare(old: PathBuf, new: PathBuf, bound: &str) -> anyhow::Result<i32> {
+    let bound = bench::compare::parse_pct(bound)?;
+    let read = |p: &PathBuf| -> anyhow::Result<serde_json::Value> {
+        let text = std::fs::read(p).with_context(|| p.display().to_string())?;
+        serde_json::from_slice(&text).with_context(|| format!("{} is not JSON", p.display()))
+    };
+    let c = bench::compare::compare(&read(&old)?, &read(&new)?, bound);
+    if c.rows.is_empty() {
+        anyhow::bail!("no figure appears in both files (are they bench results?)");
+    }
+    print!("{}", bench::compare::table(&c, bound));
+    Ok(if c.regressions() > 0 { 1 } else { 0 })
+}
+
+fn cmd_storage(a: StorageArgs) -> anyhow::Result<i32> {
+    use bench::shaper::LinkSpec;
+    let link = LinkSpec {
+        rate: a.link_rate.as_deref().map(coronafs::util::parse_size).transpose()?,
+        delay: a.link_delay.as_deref().map(parse_duration).transpose()?.unwrap_or_default(),
+    };
+    if link.rate == Some(0) {
+        anyhow::bail!("--link-rate must be more than 0");
+    }
+    let mut opts = bench::storage::Options::new(a.quick);
+    opts.fit_link(link.rate);
+    if let Some(i) = a.iterations {
+        opts.iterations = i.max(1);
+    }
+    if a.no_peers {
+        opts.peers = false;
+    }
+    let endpoints = a.cluster.as_deref().map(bench::cluster::Endpoints::from_file).transpose()?;
+    std::fs::create_dir_all(&a.out_dir).with_context(|| a.out_dir.display().to_string())?;
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let stop = Arc::new(AtomicBool::new(false));
+    let rt = runtime()?;
+    let result = rt.block_on(async {
+        let cluster = match (&endpoints, &a.cluster) {
+            (Some(e), Some(p)) => bench::cluster::Cluster::external(e.clone(), &p.display().to_string(), link).await?,
+            _ => bench::cluster::Cluster::embedded(link).await?,
+        };
+        let scratch = tempfile::Builder::new().prefix("bench-scratch-").tempdir()?;
+        let progress = bench::progress::Progress::new(bench::storage::steps(&opts));
+        let run = bench::storage::run(&cluster, &opts, scratch.path(), command, &progress, stop.clone());
+        let interrupted = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let r = tokio::select! {
+            r = run => r,
+            () = interrupted => {
+                stop.store(true, Ordering::Relaxed);
+                Err(anyhow::anyhow!("interrupted"))
+            }
+        };
+        progress.finish();
+        // Whatever happened, the temporary cluster and its data go.
+        cluster.shutdown().await;
+        drop(scratch);
+        r
+    });
+    let report = match result {
+        Ok(r) => r,
+        Err(e) if stop.load(Ordering::Relaxed) => {
+            eprintln!("bench: {e:#}; the temporary cluster was removed");
+            return Ok(130);
+        }
+        Err(e) => return Err(e),
+    };
+    let charts = bench::charts::for_report(&report, &a.out_dir);
+    let md = bench::storage::markdown::render(&report, &charts);
+    std::fs::write(a.out_dir.join("storage-benchmarks.md"), &md)?;
+    std::fs::write(a.out_dir.join("results.json"), serde_json::to_vec_pretty(&report)?)?;
+    println!("{md}");
+    eprintln!("bench: wrote {}/storage-benchmarks.md, results.json and charts", a.out_dir.display());
+    Ok(0)
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().cmd {
-        Cmd::ServeCoronafs { dir, addr, engine } => peers::serve_coronafs(&dir, addr, engine),
+    let code = match Cli::parse().cmd {
+        Cmd::Run(a) => cmd_run(a).map(|()| 0)?,
+        Cmd::Compare { old, new, max_regression } => cmd_compare(old, new, &max_regression)?,
+        Cmd::FreshBenchStorage(a) => cmd_storage(a)?,
+        Cmd::Accuracy(a) => {
+            let opts = bench::accuracy::Options {
+                target: a.target,
+                profiles: a.profiles,
+                runtime: parse_duration(&a.runtime)?,
+                size: coronafs::util::parse_size(&a.size)?,
+                tolerance_pct: bench::compare::parse_pct(&a.tolerance)?,
+                iterations: a.iterations.max(1),
+                only: a.only,
+                link: bench::shaper::LinkSpec {
+                    rate: a.link_rate.as_deref().map(coronafs::util::parse_size).transpose()?,
+                    delay: a.link_delay.as_deref().map(parse_duration).transpose()?.unwrap_or_default(),
+                },
+            };
+            let report = runtime()?.block_on(bench::accuracy::run(&opts))?;
+            print!("{}", bench::accuracy::table(&report, opts.tolerance_pct));
+            if report.failures(opts.tolerance_pct) > 0 { 1 } else { 0 }
+        }
+        Cmd::ServeCoronafs { dir, addr, engine } => peers::serve_coronafs(&dir, addr, engine).map(|()| 0)?,
         Cmd::NbdCompare { size, iterations, runtime, engines, json } => {
             let size = coronafs::util::parse_size(&size)?;
-            let opts =
-                Options { size, iterations: iterations.max(1), runtime_s: runtime.max(1), peers: peer_list(&engines) };
+            let opts = Options {
+                size,
+                iterations: iterations.max(1),
+                runtime_s: runtime.max(1),
+                peers: default_peers(&engines),
+            };
             let work = tempfile::tempdir()?;
             let report = nbd_compare::run(&opts, work.path())?;
             println!("{}", nbd_compare::markdown(&report));
@@ -73,35 +327,8 @@ fn main() -> anyhow::Result<()> {
                 std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
                     .with_context(|| path.display().to_string())?;
             }
-            Ok(())
+            0
         }
-        Cmd::FreshBenchStorage { quick, out_dir } => {
-            let opts = if quick {
-                Options { size: 256 << 20, iterations: 1, runtime_s: 2, peers: peer_list(&[IoEngine::Uring]) }
-            } else {
-                Options {
-                    size: 1 << 30,
-                    iterations: 3,
-                    runtime_s: 5,
-                    peers: peer_list(&[IoEngine::Uring, IoEngine::Threads]),
-                }
-            };
-            std::fs::create_dir_all(&out_dir).with_context(|| out_dir.display().to_string())?;
-            let work = tempfile::tempdir()?;
-            let report = nbd_compare::run(&opts, work.path())?;
-            let md = format!("# Storage Benchmarks\n\n{}", nbd_compare::markdown(&report));
-            std::fs::write(out_dir.join("storage-benchmarks.md"), &md)?;
-            std::fs::write(out_dir.join("results.json"), serde_json::to_vec_pretty(&report)?)?;
-            println!("{md}");
-            eprintln!("bench: wrote {}/storage-benchmarks.md and results.json", out_dir.display());
-            Ok(())
-        }
-    }
-}
-
-fn peer_list(engines: &[IoEngine]) -> Vec<Peer> {
-    let mut v: Vec<Peer> = engines.iter().map(|&e| Peer::Coronafs(e)).collect();
-    v.push(Peer::Nbdkit);
-    v.push(Peer::QemuNbd);
-    v
+    };
+    std::process::exit(code);
 }

@@ -26,6 +26,14 @@ impl Peer {
     }
 }
 
+/// CoronaFS on each engine, then nbdkit and qemu-nbd.
+pub fn default_peers(engines: &[IoEngine]) -> Vec<Peer> {
+    let mut v: Vec<Peer> = engines.iter().map(|&e| Peer::Coronafs(e)).collect();
+    v.push(Peer::Nbdkit);
+    v.push(Peer::QemuNbd);
+    v
+}
+
 /// A running peer serving one file as an export.
 #[derive(Debug)]
 pub struct PeerProc {

@@ -1,9 +1,9 @@
 //! Summary statistics over iterations.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Median and spread of one figure over several iterations.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub median: f64,
     pub min: f64,

@@ -1,0 +1,474 @@
+//! The load generator: runs one [`Job`] against a target and measures it the
+//! way fio does (IOPS, bandwidth, completion latency percentiles per
+//! direction), without fio.
+//!
+//! Each of `numjobs` jobs gets its own connection (NBD), file (directory
+//! targets) or prefix (S3) and keeps `iodepth` operations in flight: async
+//! tasks sharing one pipelined connection for NBD and S3, OS threads doing
+//! `pread`/`pwrite` on an `O_DIRECT` descriptor for files. Every job stops at
+//! its runtime, or after `size` bytes, and never later than a hard time cap.
+
+use crate::files::{self, AlignedBuf, FileTarget};
+use crate::hist::Histogram;
+use crate::job::{Job, Rw};
+use crate::target::{S3_MAX_KEYS, TargetSpec};
+use anyhow::{Context, bail};
+use coronafs::client::NbdClient;
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Figures for one direction of one job run.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Side {
+    pub ops: u64,
+    pub bytes: u64,
+    pub iops: f64,
+    pub bw_bytes: f64,
+    pub lat_mean_us: f64,
+    pub lat_p50_us: f64,
+    pub lat_p95_us: f64,
+    pub lat_p99_us: f64,
+}
+
+/// One run of one job.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobRun {
+    pub name: String,
+    /// Measured seconds (after ramp-up).
+    pub elapsed_s: f64,
+    pub read: Side,
+    pub write: Side,
+    /// Flushes issued (fsync = N).
+    pub flushes: u64,
+}
+
+/// Limits a run never exceeds.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Hard cap on one job's wall time (size-based jobs included).
+    pub max_job_time: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_job_time: Duration::from_secs(300) }
+    }
+}
+
+/// Per-slot measurements, merged at the end.
+#[derive(Debug, Default)]
+struct Recorder {
+    read: Histogram,
+    write: Histogram,
+    read_bytes: u64,
+    write_bytes: u64,
+    last: Option<Instant>,
+    flushes: u64,
+}
+
+impl Recorder {
+    fn record(&mut self, plan: &Plan, op: Op, started: Instant, bytes: u64) {
+        let now = Instant::now();
+        if now < plan.ramp_end {
+            return;
+        }
+        let ns = now.duration_since(started).as_nanos() as u64;
+        match op {
+            Op::Read => {
+                self.read.record(ns);
+                self.read_bytes += bytes;
+            }
+            Op::Write => {
+                self.write.record(ns);
+                self.write_bytes += bytes;
+            }
+        }
+        self.last = Some(now);
+    }
+
+    fn merge(&mut self, o: &Recorder) {
+        self.read.merge(&o.read);
+        self.write.merge(&o.write);
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+        self.flushes += o.flushes;
+        self.last = self.last.max(o.last);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+}
+
+/// What every slot of one job shares: where the next offset comes from and
+/// when to stop.
+#[derive(Debug)]
+struct Plan {
+    rw: Rw,
+    read_pct: u32,
+    bs: u64,
+    blocks: u64,
+    fsync: u32,
+    ramp_end: Instant,
+    deadline: Instant,
+    ops_limit: Option<u64>,
+    issued: AtomicU64,
+    seq: AtomicU64,
+    writes: AtomicU64,
+    stop: Arc<AtomicBool>,
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+impl Plan {
+    fn new(job: &Job, size: u64, limits: Limits, stop: Arc<AtomicBool>) -> Plan {
+        let start = Instant::now();
+        let blocks = (size / job.bs).max(1);
+        let (ramp_end, deadline, ops_limit) = match job.runtime {
+            Some(rt) => (start + job.ramp_time, start + (job.ramp_time + rt).min(limits.max_job_time), None),
+            None => (start, start + limits.max_job_time, Some(blocks)),
+        };
+        Plan {
+            rw: job.rw,
+            read_pct: job.read_pct(),
+            bs: job.bs,
+            blocks,
+            fsync: job.fsync,
+            ramp_end,
+            deadline,
+            ops_limit,
+            issued: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            stop,
+        }
+    }
+
+    /// The next operation, or `None` when the job is over.
+    fn next(&self, rng: &mut u64) -> Option<(Op, u64)> {
+        if self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
+            return None;
+        }
+        if let Some(limit) = self.ops_limit {
+            if self.issued.fetch_add(1, Ordering::Relaxed) >= limit {
+                return None;
+            }
+        }
+        let op = match self.read_pct {
+            100 => Op::Read,
+            0 => Op::Write,
+            p => {
+                if xorshift(rng) % 100 < u64::from(p) {
+                    Op::Read
+                } else {
+                    Op::Write
+                }
+            }
+        };
+        let block = if self.rw.random() {
+            xorshift(rng) % self.blocks
+        } else {
+            self.seq.fetch_add(1, Ordering::Relaxed) % self.blocks
+        };
+        Some((op, block * self.bs))
+    }
+
+    /// Whether a flush is due after this write.
+    fn flush_due(&self) -> bool {
+        self.fsync > 0 && (self.writes.fetch_add(1, Ordering::Relaxed) + 1) % u64::from(self.fsync) == 0
+    }
+}
+
+fn side(h: &Histogram, bytes: u64, secs: f64) -> Side {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Side {
+        ops: h.count(),
+        bytes,
+        iops: h.count() as f64 / secs,
+        bw_bytes: bytes as f64 / secs,
+        lat_mean_us: h.mean() / 1000.0,
+        lat_p50_us: us(h.percentile(50.0)),
+        lat_p95_us: us(h.percentile(95.0)),
+        lat_p99_us: us(h.percentile(99.0)),
+    }
+}
+
+fn finish(name: &str, plan_ramp_end: Instant, total: &Recorder) -> JobRun {
+    let end = total.last.unwrap_or(plan_ramp_end);
+    let secs = end.saturating_duration_since(plan_ramp_end).as_secs_f64().max(1e-6);
+    JobRun {
+        name: name.to_owned(),
+        elapsed_s: secs,
+        read: side(&total.read, total.read_bytes, secs),
+        write: side(&total.write, total.write_bytes, secs),
+        flushes: total.flushes,
+    }
+}
+
+/// A pattern of incompressible bytes, so no layer can shortcut zeroes.
+pub fn fill(buf: &mut [u8], seed: u64) {
+    let mut x = seed | 1;
+    for chunk in buf.chunks_mut(8) {
+        let v = xorshift(&mut x).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+}
+
+/// A target opened for a run: connections and files are made per job.
+#[derive(Debug)]
+pub enum Opened {
+    Nbd { addr: String, export: String },
+    Files(FileTarget),
+    S3 { client: aws_sdk_s3::Client, bucket: String, prefix: String },
+}
+
+impl Opened {
+    /// Checks the target is reachable (and creates the S3 bucket if missing).
+    pub async fn open(spec: &TargetSpec, keys: &crate::target::S3Keys) -> anyhow::Result<Opened> {
+        match spec {
+            TargetSpec::Nbd { addr, export } => {
+                let c = NbdClient::connect(addr.as_str(), export)
+                    .await
+                    .with_context(|| format!("connecting to nbd://{addr}/{export}"))?;
+                let _ = c.disconnect().await;
+                Ok(Opened::Nbd { addr: addr.clone(), export: export.clone() })
+            }
+            TargetSpec::Path(p) => Ok(Opened::Files(FileTarget::open(p)?)),
+            TargetSpec::S3 { bucket, prefix, endpoint, region } => {
+                let (ak, sk) = keys.resolve()?;
+                let client = crate::target::s3_client(endpoint, region, &ak, &sk);
+                if client.head_bucket().bucket(bucket).send().await.is_err() {
+                    client
+                        .create_bucket()
+                        .bucket(bucket)
+                        .send()
+                        .await
+                        .with_context(|| format!("creating bucket {bucket} at {endpoint}"))?;
+                }
+                Ok(Opened::S3 { client, bucket: bucket.clone(), prefix: prefix.clone() })
+            }
+        }
+    }
+
+    /// Removes what the run created (job files in a directory).
+    pub fn cleanup(&self) {
+        if let Opened::Files(f) = self {
+            f.cleanup();
+        }
+    }
+
+    /// Runs `job` once.
+    pub async fn run(&self, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -> anyhow::Result<JobRun> {
+        match self {
+            Opened::Nbd { addr, export } => run_nbd(addr, export, job, limits, stop).await,
+            Opened::Files(f) => {
+                let f = f.clone();
+                let job = job.clone();
+                tokio::task::spawn_blocking(move || run_files(&f, &job, limits, stop)).await?
+            }
+            Opened::S3 { client, bucket, prefix } => run_s3(client, bucket, prefix, job, limits, stop).await,
+        }
+    }
+}
+
+async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -> anyhow::Result<JobRun> {
+    let mut conns = Vec::new();
+    for _ in 0..job.numjobs {
+        let c = NbdClient::connect(addr, export).await.with_context(|| format!("connecting to {addr}/{export}"))?;
+        if job.rw.writes() && c.info().read_only() {
+            bail!("nbd://{addr}/{export} is read-only; job {} writes", job.name);
+        }
+        conns.push(Arc::new(c));
+    }
+    let size = job.size.min(conns[0].size()) / job.bs * job.bs;
+    if size == 0 {
+        bail!("nbd://{addr}/{export} ({} bytes) is smaller than bs {}", conns[0].size(), job.bs);
+    }
+    let mut plans = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (j, conn) in conns.iter().enumerate() {
+        let plan = Arc::new(Plan::new(job, size, limits, stop.clone()));
+        plans.push(plan.clone());
+        for slot in 0..job.iodepth {
+            let (conn, plan) = (conn.clone(), plan.clone());
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+            let bs = job.bs as usize;
+            tasks.spawn(async move {
+                let mut rec = Recorder::default();
+                let mut data = vec![0u8; bs];
+                fill(&mut data, rng);
+                let mut buf = vec![0u8; bs];
+                while let Some((op, off)) = plan.next(&mut rng) {
+                    let t = Instant::now();
+                    match op {
+                        Op::Read => buf = conn.read_into(buf, off).await?,
+                        Op::Write => conn.write(off, &data, false).await?,
+                    }
+                    rec.record(&plan, op, t, bs as u64);
+                    if op == Op::Write && plan.flush_due() {
+                        conn.flush().await?;
+                        rec.flushes += 1;
+                    }
+                }
+                anyhow::Ok(rec)
+            });
+        }
+    }
+    let total = join_all(tasks).await?;
+    for c in conns {
+        if let Ok(c) = Arc::try_unwrap(c) {
+            let _ = c.disconnect().await;
+        }
+    }
+    Ok(finish(&job.name, plans[0].ramp_end, &total))
+}
+
+async fn join_all(mut tasks: tokio::task::JoinSet<anyhow::Result<Recorder>>) -> anyhow::Result<Recorder> {
+    let mut total = Recorder::default();
+    let mut first_err = None;
+    while let Some(r) = tasks.join_next().await {
+        match r? {
+            Ok(rec) => total.merge(&rec),
+            Err(e) => {
+                first_err.get_or_insert(e);
+                tasks.abort_all();
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
+}
+
+fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -> anyhow::Result<JobRun> {
+    let handles = f.prepare(job)?;
+    let size = job.size.min(handles[0].size) / job.bs * job.bs;
+    if size == 0 {
+        bail!("{} ({} bytes) is smaller than bs {}", f.path().display(), handles[0].size, job.bs);
+    }
+    let plans: Vec<Arc<Plan>> = handles.iter().map(|_| Arc::new(Plan::new(job, size, limits, stop.clone()))).collect();
+    let results: Vec<anyhow::Result<Recorder>> = std::thread::scope(|s| {
+        let mut threads = Vec::new();
+        for (j, (h, plan)) in handles.iter().zip(&plans).enumerate() {
+            for slot in 0..job.iodepth {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+                let bs = job.bs as usize;
+                threads.push(s.spawn(move || {
+                    let mut rec = Recorder::default();
+                    let mut data = AlignedBuf::new(bs)?;
+                    fill(data.as_mut(), rng);
+                    let mut buf = AlignedBuf::new(bs)?;
+                    while let Some((op, off)) = plan.next(&mut rng) {
+                        let t = Instant::now();
+                        match op {
+                            Op::Read => files::pread_full(&h.file, buf.as_mut(), off)?,
+                            Op::Write => files::pwrite_full(&h.file, data.as_ref(), off)?,
+                        }
+                        rec.record(plan, op, t, bs as u64);
+                        if op == Op::Write && plan.flush_due() {
+                            h.file.sync_all().context("fsync")?;
+                            rec.flushes += 1;
+                        }
+                    }
+                    anyhow::Ok(rec)
+                }));
+            }
+        }
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("I/O thread panicked")))).collect()
+    });
+    let mut total = Recorder::default();
+    for r in results {
+        total.merge(&r?);
+    }
+    Ok(finish(&job.name, plans[0].ramp_end, &total))
+}
+
+/// Distinct keys an S3 job cycles over: `size / bs`, capped by count and
+/// so that prefilling stays under 256 MiB.
+pub fn s3_keys(job: &Job) -> u64 {
+    (job.size / job.bs).min(S3_MAX_KEYS).min(((256u64 << 20) / job.bs).max(1)).max(1)
+}
+
+async fn run_s3(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+    job: &Job,
+    limits: Limits,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<JobRun> {
+    let keys = s3_keys(job);
+    let (pfx, name, kbs) = (prefix.to_owned(), job.name.clone(), job.bs);
+    let key = move |j: u32, off: u64| format!("{pfx}bench-{name}-{j}/{:06}", off / kbs);
+    let mut data = vec![0u8; job.bs as usize];
+    fill(&mut data, 7);
+    let body = bytes::Bytes::from(data);
+    if job.rw.reads() {
+        // Objects must exist before they are read; not timed.
+        for j in 0..job.numjobs {
+            let mut puts = tokio::task::JoinSet::new();
+            for i in 0..keys {
+                let (c, b, k, body) = (client.clone(), bucket.to_owned(), key(j, i * job.bs), body.clone());
+                puts.spawn(async move { c.put_object().bucket(b).key(k).body(body.into()).send().await });
+                if puts.len() >= 16 {
+                    if let Some(r) = puts.join_next().await {
+                        r?.context("prefilling S3 objects")?;
+                    }
+                }
+            }
+            while let Some(r) = puts.join_next().await {
+                r?.context("prefilling S3 objects")?;
+            }
+        }
+    }
+    let mut plans = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for j in 0..job.numjobs {
+        let plan = Arc::new(Plan::new(job, keys * job.bs, limits, stop.clone()));
+        plans.push(plan.clone());
+        for slot in 0..job.iodepth {
+            let (c, b, plan, body) = (client.clone(), bucket.to_owned(), plan.clone(), body.clone());
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+            let key = key.clone();
+            let bs = job.bs;
+            tasks.spawn(async move {
+                let mut rec = Recorder::default();
+                while let Some((op, off)) = plan.next(&mut rng) {
+                    let t = Instant::now();
+                    let k = key(j, off);
+                    let n = match op {
+                        Op::Read => {
+                            let r =
+                                c.get_object().bucket(&b).key(&k).send().await.with_context(|| format!("GET {k}"))?;
+                            r.body.collect().await.with_context(|| format!("GET {k} body"))?.into_bytes().len() as u64
+                        }
+                        Op::Write => {
+                            c.put_object()
+                                .bucket(&b)
+                                .key(&k)
+                                .body(body.clone().into())
+                                .send()
+                                .await
+                                .with_context(|| format!("PUT {k}"))?;
+                            bs
+                        }
+                    };
+                    rec.record(&plan, op, t, n);
+                }
+                anyhow::Ok(rec)
+            });
+        }
+    }
+    let total = join_all(tasks).await?;
+    Ok(finish(&job.name, plans[0].ramp_end, &total))
+}
