@@ -32,7 +32,7 @@ fn nbd_round_trip(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = coronafs::server::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Threads);
     let srv = rt.block_on(coronafs::server::start(cfg)).expect("server");
-    srv.shared.exports.create("bench", 64 << 20).expect("volume");
+    rt.block_on(srv.shared.exports.create("bench", 64 << 20)).expect("volume");
     let client = Arc::new(rt.block_on(coronafs::client::NbdClient::connect(srv.nbd_addr, "bench")).expect("connect"));
     let data = vec![0xA5u8; 4096];
     rt.block_on(client.write(0, &data, false)).expect("write");

@@ -92,7 +92,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
                 BgRuntime(Some(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?));
             let cfg = coronafs::server::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Uring);
             let srv = srt.handle().spawn(coronafs::server::start(cfg)).await??;
-            srv.shared.exports.create("accuracy", opts.size)?;
+            srv.shared.exports.create("accuracy", opts.size).await?;
             let ep = crate::cluster::CoronaEndpoint { nbd: srv.nbd_addr.to_string(), api: srv.api_url() };
             crate::storage::measure::prefill(&ep, "accuracy", opts.size).await?;
             let spec = TargetSpec::Nbd { addr: srv.nbd_addr.to_string(), export: "accuracy".into() };

@@ -237,7 +237,7 @@ impl Cluster {
 pub async fn create_volume(api: &str, name: &str, size: u64) -> anyhow::Result<()> {
     let resp = reqwest::Client::new()
         .post(format!("{api}/v1/volumes"))
-        .json(&coronafs::api::CreateVolume { name: name.into(), size })
+        .json(&coronafs::api::CreateVolume { name: name.into(), size: Some(size), from_snapshot: None })
         .send()
         .await
         .with_context(|| format!("POST {api}/v1/volumes"))?;
