@@ -172,6 +172,8 @@ fn fio_nbd_engine_verifies_crc32c(engine: IoEngine) {
             "--do_verify=1",
             "--verify_fatal=1",
             "--randrepeat=1",
+            // fio would otherwise leave its verify state file in the working directory.
+            "--verify_state_save=0",
         ]));
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("err= 0"), "fio {rw}: {text}");
