@@ -113,7 +113,11 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
         let _ = writeln!(
             s,
             "Measured with aws-sdk-s3 against {nodes} LightningStor node(s){}.\n",
-            if nodes == 1 { " (single node: the embedded cluster does not start a replicated LightningStor yet)" } else { "" }
+            if nodes == 1 {
+                " (single node: the embedded cluster does not start a replicated LightningStor yet)"
+            } else {
+                ""
+            }
         );
     }
     let _ = writeln!(s, "### Large-object path\n");
