@@ -143,17 +143,22 @@ impl Spawned {
     /// Starts `lightningstor serve --data-dir DIR --listen 127.0.0.1:0 EXTRA...`
     /// with keys [`AK`]/[`SK`] in the environment, and waits until it listens.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .args(extra)
+        let mut cmd = Command::new(binary());
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir).args(extra);
+        Self::launch(cmd, "lightningstor", data_dir.to_owned())
+    }
+
+    /// Runs `cmd` (a `lightningstor serve ...`) with the test keys and waits
+    /// for its "listening on ADDR" line.
+    fn launch(mut cmd: Command, what: &str, data_dir: PathBuf) -> Self {
+        let mut child = cmd
             .env("LIGHTNINGSTOR_ACCESS_KEY", AK)
             .env("LIGHTNINGSTOR_SECRET_KEY", SK)
             .env("RUST_LOG", "warn,s3s=off")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("spawn lightningstor");
+            .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -167,10 +172,10 @@ impl Spawned {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
-                panic!("lightningstor did not start listening within 60 s");
+                panic!("{what} did not start listening within 60 s");
             }
         };
-        Spawned { child, addr, data_dir: data_dir.to_owned() }
+        Spawned { child, addr, data_dir }
     }
 
     pub fn endpoint(&self) -> String {
@@ -339,34 +344,9 @@ impl SpawnedCluster {
 
     fn spawn(&self, i: usize) -> Spawned {
         let name = &self.config.nodes[i].name;
-        let mut child = Command::new(binary())
-            .args(["serve", "--config"])
-            .arg(&self.config_path)
-            .args(["--node", name])
-            .env("LIGHTNINGSTOR_ACCESS_KEY", AK)
-            .env("LIGHTNINGSTOR_SECRET_KEY", SK)
-            .env("RUST_LOG", "warn,s3s=off")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn node");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(a.to_owned());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("node {name} did not start listening within 60 s");
-            }
-        };
-        Spawned { child, addr, data_dir: self.config.nodes[i].data_dir.clone() }
+        let mut cmd = Command::new(binary());
+        cmd.args(["serve", "--config"]).arg(&self.config_path).args(["--node", name]);
+        Spawned::launch(cmd, &format!("node {name}"), self.config.nodes[i].data_dir.clone())
     }
 
     /// kill -9 node `i` (0-based).
