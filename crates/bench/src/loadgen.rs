@@ -214,6 +214,22 @@ fn finish(name: &str, plan_ramp_end: Instant, total: &Recorder) -> JobRun {
     }
 }
 
+/// Makes a write buffer unique to this write, the way fio's
+/// `scramble_buffers` does: stamps `offset` and a per-slot counter into the
+/// first 16 bytes of every 512-byte sector. Without it every write of a slot
+/// carries the same bytes, which a deduplicating or compressing layer (a
+/// content-addressed block store, a thin-provisioning host) absorbs for free.
+pub fn scramble(buf: &mut [u8], offset: u64, counter: u64) {
+    for (i, sector) in buf.chunks_mut(512).enumerate() {
+        let stamp = offset.wrapping_add(i as u64 * 512);
+        let n = sector.len().min(8);
+        sector[..n].copy_from_slice(&stamp.to_le_bytes()[..n]);
+        if sector.len() >= 16 {
+            sector[8..16].copy_from_slice(&counter.to_le_bytes());
+        }
+    }
+}
+
 /// A pattern of incompressible bytes, so no layer can shortcut zeroes.
 pub fn fill(buf: &mut [u8], seed: u64) {
     let mut x = seed | 1;
@@ -307,7 +323,12 @@ async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<
                 let mut data = vec![0u8; bs];
                 fill(&mut data, rng);
                 let mut buf = vec![0u8; bs];
+                let mut writes = 0u64;
                 while let Some((op, off)) = plan.next(&mut rng) {
+                    if op == Op::Write {
+                        writes += 1;
+                        scramble(&mut data, off, writes);
+                    }
                     let t = Instant::now();
                     match op {
                         Op::Read => buf = conn.read_into(buf, off).await?,
@@ -368,7 +389,12 @@ fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -
                     let mut data = AlignedBuf::new(bs)?;
                     fill(data.as_mut(), rng);
                     let mut buf = AlignedBuf::new(bs)?;
+                    let mut writes = 0u64;
                     while let Some((op, off)) = plan.next(&mut rng) {
+                        if op == Op::Write {
+                            writes += 1;
+                            scramble(data.as_mut(), off, writes);
+                        }
                         let t = Instant::now();
                         match op {
                             Op::Read => files::pread_full(&h.file, buf.as_mut(), off)?,
@@ -443,7 +469,19 @@ async fn run_s3(
             let bs = job.bs;
             tasks.spawn(async move {
                 let mut rec = Recorder::default();
+                let mut data = body.to_vec();
+                let mut writes = 0u64;
                 while let Some((op, off)) = plan.next(&mut rng) {
+                    // A distinct body per PUT, built before the clock starts:
+                    // LightningStor stores blocks by content hash, so a
+                    // repeated body would be deduplicated, not stored.
+                    let body = if op == Op::Write {
+                        writes += 1;
+                        scramble(&mut data, off ^ (u64::from(j) << 48 | u64::from(slot) << 40), writes);
+                        bytes::Bytes::copy_from_slice(&data)
+                    } else {
+                        bytes::Bytes::new()
+                    };
                     let t = Instant::now();
                     let k = key(j, off);
                     let n = match op {
@@ -456,7 +494,7 @@ async fn run_s3(
                             c.put_object()
                                 .bucket(&b)
                                 .key(&k)
-                                .body(body.clone().into())
+                                .body(body.into())
                                 .send()
                                 .await
                                 .with_context(|| format!("PUT {k}"))?;
@@ -471,4 +509,36 @@ async fn run_s3(
     }
     let total = join_all(tasks).await?;
     Ok(finish(&job.name, plans[0].ramp_end, &total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fill, scramble};
+
+    #[test]
+    fn scrambled_writes_differ_in_every_sector() {
+        let mut a = vec![0u8; 64 << 10];
+        fill(&mut a, 7);
+        let mut b = a.clone();
+        scramble(&mut a, 0, 1);
+        scramble(&mut b, 0, 2);
+        assert!(a.chunks(512).zip(b.chunks(512)).all(|(x, y)| x != y), "same offset, next write");
+        let mut c = a.clone();
+        scramble(&mut c, 1 << 20, 1);
+        assert!(a.chunks(512).zip(c.chunks(512)).all(|(x, y)| x != y), "other offset, same count");
+        // Sectors within one buffer differ too, so no 512-byte dedup inside a write.
+        let mut sectors: Vec<&[u8]> = a.chunks(512).collect();
+        sectors.sort();
+        sectors.dedup();
+        assert_eq!(sectors.len(), a.len() / 512);
+    }
+
+    #[test]
+    fn scramble_handles_short_and_odd_buffers() {
+        for len in [0usize, 1, 7, 8, 15, 16, 511, 513] {
+            let mut v = vec![0xAAu8; len];
+            scramble(&mut v, u64::MAX, u64::MAX);
+            assert_eq!(v.len(), len);
+        }
+    }
 }

@@ -106,30 +106,7 @@ pub use stack_tests::pattern as pseudo_random;
 
 /// Where cargo put the `lightningstor` binary; (re)built once per test process.
 pub fn binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current exe");
-        // target/<profile>/deps/<test> -> target/<profile>
-        let profile_dir =
-            exe.parent().and_then(Path::parent).expect("test binary lives in target/<profile>/deps").to_path_buf();
-        let bin = profile_dir.join("lightningstor");
-        // Always ask cargo: a no-op when the binary is current, and it keeps
-        // these tests from running a stale server after an edit.
-        {
-            let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.args(["build", "-p", "lightningstor", "--bin", "lightningstor"]).arg("--target-dir").arg(&target_dir);
-            if profile_dir.file_name().is_some_and(|n| n == "release") {
-                cmd.arg("--release");
-            }
-            let st = cmd.status().expect("run cargo build");
-            assert!(st.success(), "cargo build of lightningstor failed");
-        }
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
-    })
-    .clone()
+    stack_tests::bin("lightningstor", "lightningstor")
 }
 
 /// The real binary running on a loopback port.
