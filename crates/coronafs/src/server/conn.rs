@@ -154,7 +154,7 @@ async fn transmit(
     wr: OwnedWriteHalf,
     shared: &Arc<Shared>,
     volume: &Arc<Volume>,
-    writer: Arc<Writer>,
+    fence_writer: Arc<Writer>,
     n: &Negotiated,
 ) -> io::Result<()> {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -166,7 +166,7 @@ async fn transmit(
         base_allocation: n.base_allocation,
         max_block: n.export.max_block,
         read_only: n.export.read_only,
-        writer,
+        writer: fence_writer,
         tx,
     });
     let budget = Arc::new(Semaphore::new(INFLIGHT_BYTES as usize));
