@@ -386,7 +386,10 @@ fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
     c.create("f", 4 * MIB);
     let base = c.srv().api_url();
     let port = c.addr().port().to_string();
-    let mut sh = Command::new("nbdsh")
+    // Debian's python3 is the one that can import `nbd`: put /usr/bin first.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut sh = Command::new("/usr/bin/nbdsh")
+        .env("PATH", format!("/usr/bin:/bin:{path}"))
         .args(["-c", &NBDSH_STALE.replace("EXPORT", "f;epoch=1").replace("PORT", &port)])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
