@@ -408,12 +408,13 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     let dir = st.work();
     let img = st.upload_ok("vm", &make_raw(&dir, "vm.raw", 11));
     let vol = st.create_volume(img["id"].as_str().expect("id"), None);
+    let name = vol["coronafs_volume"].as_str().expect("name").to_owned();
     let (code, vm) =
         st.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "w1", "io_ops": 20000 })));
     assert_eq!(code, 201, "{vm}");
     let id = vm["id"].as_str().expect("id").to_owned();
     let app = st.app().clone();
-    let source = st.rt.block_on(app.workers.attachment(&id)).expect("attached");
+    let source = st.rt.block_on(app.workers.attachment("w1", &id)).expect("attached");
     assert_eq!((source.worker.as_str(), source.epoch), ("w1", 1));
     // Migrate while the guest is writing.
     while st.call("GET", &format!("/v1/vms/{id}"), None).1["writes_acked"].as_u64().unwrap_or(0) < 50 {
@@ -424,25 +425,32 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     assert_eq!((moved["worker"].as_str(), moved["epoch"].as_u64()), (Some("w2"), Some(2)), "{moved}");
     let log_at_switch = moved["verified_blocks"].as_u64().expect("verified");
     assert!(log_at_switch > 0, "{moved}");
-    // The stale source is fenced and its write never lands.
+    assert!(moved["notice"].is_null(), "{moved}");
+    // CoronaFS itself holds the fence: the stale source's write is refused
+    // there (EPERM), reads still work, and the volume is at epoch 2.
     let before = st.rt.block_on(source.read(0, 65536)).expect("read");
     let e = st.rt.block_on(source.write(0, &[0x5a; 65536])).unwrap_err();
-    assert!(matches!(e, plasmavmc::PlasmaError::Fenced { held: 1, current: 2, .. }), "{e}");
+    assert!(matches!(&e, plasmavmc::PlasmaError::Fenced { held: 1, .. }), "{e}");
+    assert!(e.to_string().contains("fenced at epoch 2"), "{e}");
     assert_eq!(st.rt.block_on(source.read(0, 65536)).expect("read"), before);
     assert!(st.metric("plasmavmc_fenced_writes_total") >= 1);
+    let info = st.rt.block_on(app.corona.get(&name)).expect("volume info");
+    assert_eq!(info.epoch, 2);
     // Independently of the server's own check: every block the guest had
     // acknowledged holds its last write, read on a fresh connection.
-    st.rt.block_on(app.workers.wait_idle(&id));
-    let log = st.rt.block_on(app.workers.log(&id)).expect("log");
-    let disk = st.read_export(vol["coronafs_volume"].as_str().expect("name"));
+    let target = st.rt.block_on(app.workers.attachment("w2", &id)).expect("attached");
+    st.rt.block_on(target.wait_idle());
+    let log = target.log();
+    assert!(log.len() as u64 >= log_at_switch);
+    let disk = st.read_export(&name);
     for (block, seq) in &log {
         let at = (*block * plasmavmc::vms::BLOCK) as usize;
-        assert!(
-            disk[at..at + 65536] == plasmavmc::vms::pattern(&id, *block, *seq)[..],
+        assert_eq!(
+            plasmavmc::vms::written_seq(&id, *block, &disk[at..at + 65536]),
+            Some(*seq),
             "block {block} lost write {seq}"
         );
     }
-    let target = st.rt.block_on(app.workers.attachment(&id)).expect("attached");
     assert_eq!((target.worker.as_str(), target.epoch), ("w2", 2));
     st.rt.block_on(target.write(0, &[1; 65536])).expect("target writes");
     // Same worker again is refused; the volume cannot be deleted while attached.
@@ -453,7 +461,7 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     let (code, _) = st.call("DELETE", &format!("/v1/vms/{id}"), None);
     assert_eq!(code, 204);
     let e = st.rt.block_on(target.write(0, &[2; 65536])).unwrap_err();
-    assert!(matches!(e, plasmavmc::PlasmaError::Fenced { .. }), "a deleted VM's attachment still wrote");
+    assert!(matches!(e, plasmavmc::PlasmaError::Fenced { held: 2, .. }), "a deleted VM's attachment still wrote: {e}");
 }
 
 #[test]

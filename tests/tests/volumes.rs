@@ -359,3 +359,143 @@ fn the_cli_drives_snapshots_clones_resize_flatten_and_delete() {
     ok(&["volume", "delete", "vm", "--force"], "deleted vm");
     fails(&["volume", "show", "vm"], "not found");
 }
+
+/// `nbdsh` holding one connection opened as `export` across a fence: writes
+/// once, waits for a line on stdin, then tries to write again and reads.
+const NBDSH_STALE: &str = r#"
+import sys
+h2 = nbd.NBD()
+h2.set_export_name("EXPORT")
+h2.connect_tcp("127.0.0.1", "PORT")
+h2.pwrite(b"\x11" * 4096, 0)
+print("written", flush=True)
+sys.stdin.readline()
+try:
+    h2.pwrite(b"\x22" * 4096, 0)
+    print("wrote after the fence", flush=True)
+except nbd.Error as e:
+    print("refused errno=%s %s" % (e.errno, e), flush=True)
+print("read %s" % h2.pread(4096, 0)[:1].hex(), flush=True)
+"#;
+
+#[test]
+fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
+    use std::io::{BufRead, Write};
+    require("nbdsh");
+    let c = Corona::start(IoEngine::Threads);
+    c.create("f", 4 * MIB);
+    let base = c.srv().api_url();
+    let port = c.addr().port().to_string();
+    // Debian's python3 is the one that can import `nbd`: put /usr/bin first.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut sh = Command::new("/usr/bin/nbdsh")
+        .env("PATH", format!("/usr/bin:/bin:{path}"))
+        .args(["-c", &NBDSH_STALE.replace("EXPORT", "f;epoch=1").replace("PORT", &port)])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn nbdsh");
+    let mut lines = std::io::BufReader::new(sh.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().and_then(|l| l.ok()).as_deref(), Some("written"));
+    c.rt.block_on(async {
+        // Declaring an epoch ahead of the volume's is allowed (a migration
+        // target attaches before the fence).
+        let old = NbdClient::connect(c.addr(), "f;epoch=1").await.expect("epoch 1");
+        old.write(4096, &[0x33; 4096], false).await.expect("epoch 1 writes at epoch 0");
+        let (s, v) = api(&base, "POST", "/v1/volumes/f/fence", Some(json!({ "epoch": 2 }))).await;
+        assert_eq!((s, v["epoch"].as_u64()), (200, Some(2)), "{v}");
+        for e in
+            [old.write(4096, &[0x44; 4096], false).await, old.write_zeroes(0, 4096, 0).await, old.trim(0, 4096).await]
+        {
+            match e {
+                Err(coronafs::CoronaError::Nbd { errno, message }) => {
+                    assert_eq!(errno, coronafs::proto::NbdErrno::Perm);
+                    assert!(message.contains("fenced at epoch 2"), "{message}");
+                }
+                other => panic!("a stale write was not refused: {other:?}"),
+            }
+        }
+        assert_eq!(old.read(4096, 4096).await.expect("stale reads work"), vec![0x33; 4096]);
+        old.flush().await.expect("a flush is not a write");
+        // The current epoch writes; an older one cannot even open; no epoch
+        // opens read-only.
+        let new = NbdClient::connect(c.addr(), "f;epoch=2").await.expect("epoch 2");
+        new.write(8192, &[0x55; 4096], true).await.expect("epoch 2 writes");
+        assert!(NbdClient::connect(c.addr(), "f;epoch=1").await.is_err(), "a stale open was accepted");
+        let plain = NbdClient::connect(c.addr(), "f").await.expect("no epoch");
+        assert!(plain.info().read_only());
+        assert!(plain.write(0, &[1; 512], false).await.is_err());
+        assert_eq!(plain.read(8192, 4096).await.expect("read"), vec![0x55; 4096]);
+        // Never back; bad bodies and unknown volumes are clear errors.
+        let (s, v) = api(&base, "POST", "/v1/volumes/f/fence", Some(json!({ "epoch": 1 }))).await;
+        assert_eq!(s, 409, "{v}");
+        let (s, _) = api(&base, "POST", "/v1/volumes/f/fence", Some(json!({ "epoch": -1 }))).await;
+        assert_eq!(s, 400);
+        let (s, _) = api(&base, "POST", "/v1/volumes/f/fence", Some(json!({ "epoch": 3, "x": 1 }))).await;
+        assert_eq!(s, 400);
+        let (s, _) = api(&base, "POST", "/v1/volumes/nope/fence", Some(json!({ "epoch": 3 }))).await;
+        assert_eq!(s, 404);
+    });
+    // nbdsh's connection, opened at epoch 1, is refused too and still reads.
+    writeln!(sh.stdin.as_mut().expect("stdin")).expect("go");
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(sh.wait().expect("nbdsh").success(), "{rest:?}");
+    assert!(rest[0].starts_with("refused errno=1"), "{rest:?}");
+    assert_eq!(rest[1], "read 11", "{rest:?}");
+    let metrics = c.rt.block_on(reqwest::get(format!("{base}/metrics"))).expect("metrics");
+    let text = c.rt.block_on(metrics.text()).expect("text");
+    let fenced = text.lines().find_map(|l| l.strip_prefix("coronafs_nbd_fenced_requests_total ")).expect("metric");
+    assert!(fenced.parse::<u64>().expect("count") >= 4, "{fenced}");
+}
+
+#[test]
+fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
+    let base = format!("http://{}", p.api);
+    rt.block_on(async {
+        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({ "name": "d", "size": 16 * MIB }))).await;
+        assert_eq!(s, 201, "{v}");
+        let old = Arc::new(NbdClient::connect(p.nbd, "d;epoch=1").await.expect("connect"));
+        // Many writes in flight from the old epoch while the fence is raised.
+        let mut writers = Vec::new();
+        for t in 0..8u64 {
+            let old = old.clone();
+            writers.push(tokio::spawn(async move {
+                let mut landed = 0u64;
+                for i in 0..2000u64 {
+                    let off = ((t * 2000 + i) % 256) * 65536;
+                    match old.write(off, &pattern(65536, t * 1000 + i), false).await {
+                        Ok(()) => landed += 1,
+                        Err(_) => return landed,
+                    }
+                }
+                landed
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let (s, v) = api(&base, "POST", "/v1/volumes/d/fence", Some(json!({ "epoch": 2 }))).await;
+        assert_eq!(s, 200, "{v}");
+        // Whatever the volume holds now is final: no stale write lands after.
+        let reader = NbdClient::connect(p.nbd, "d;epoch=2").await.expect("connect");
+        let at_fence = reader.read(0, (16 * MIB) as usize).await.expect("read");
+        let mut landed = 0;
+        for w in writers {
+            landed += w.await.expect("join");
+        }
+        assert!(landed > 0, "no write landed before the fence; the test proves nothing");
+        assert!(landed < 16000, "every stale write landed before the fence; the test proves nothing");
+        assert_eq!(reader.read(0, (16 * MIB) as usize).await.expect("read"), at_fence, "a stale write landed");
+    });
+    p.kill9();
+    let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
+    let base = format!("http://{}", p.api);
+    rt.block_on(async {
+        let (s, v) = api(&base, "GET", "/v1/volumes/d", None).await;
+        assert_eq!((s, v["epoch"].as_u64()), (200, Some(2)), "{v}");
+        assert!(NbdClient::connect(p.nbd, "d;epoch=1").await.is_err(), "epoch 1 opened after a restart");
+        let c = NbdClient::connect(p.nbd, "d;epoch=2").await.expect("epoch 2 after a restart");
+        c.write(0, &[9; 4096], true).await.expect("write");
+    });
+}

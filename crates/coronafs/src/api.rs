@@ -9,10 +9,11 @@
 //! | GET, DELETE | `/v1/volumes/{name}` | show; delete (`?force=true`) |
 //! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
 //! | POST | `/v1/volumes/{name}/flatten` | copy parent data in, detach |
+//! | POST | `/v1/volumes/{name}/fence` | `{epoch}`: raise the write epoch, drain older writes |
 //! | GET, POST | `/v1/volumes/{name}/snapshots` | list; create `{name}` |
 //! | DELETE | `/v1/volumes/{name}/snapshots/{snap}` | delete (`?force=true`) |
 //!
-//! Every error is `{"error": "..."}` with 400, 403, 404, 409, 500 or 507.
+//! Every error is `{"error": "..."}` with 400, 403, 404, 409, 500, 503 or 507.
 
 use crate::error::CoronaError;
 use crate::server::Shared;
@@ -48,6 +49,14 @@ pub struct ResizeVolume {
     /// Allow a size below the current one (the data past it is lost).
     #[serde(default)]
     pub allow_shrink: bool,
+}
+
+/// Body of `POST /v1/volumes/{name}/fence`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceVolume {
+    /// The new write epoch (at least the current one).
+    pub epoch: u64,
 }
 
 /// Body of `POST /v1/volumes/{name}/snapshots`.
@@ -89,6 +98,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/volumes/{name}", get(show).delete(remove))
         .route("/v1/volumes/{name}/resize", post(resize))
         .route("/v1/volumes/{name}/flatten", post(flatten))
+        .route("/v1/volumes/{name}/fence", post(fence))
         .route("/v1/volumes/{name}/snapshots", get(snapshots).post(snapshot))
         .route("/v1/volumes/{name}/snapshots/{snap}", delete(remove_snapshot))
         .with_state(shared)
@@ -147,6 +157,15 @@ async fn resize(
 
 async fn flatten(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
     Ok(Json(s.exports.flatten(&name).await?))
+}
+
+async fn fence(
+    State(s): S,
+    Path(name): Path<String>,
+    b: Result<Json<FenceVolume>, JsonRejection>,
+) -> Result<impl IntoResponse, CoronaError> {
+    let req = body(b)?;
+    Ok(Json(s.exports.fence(&name, req.epoch).await?))
 }
 
 async fn snapshots(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {

@@ -35,6 +35,9 @@ pub enum CoronaError {
     /// The server exports everything read-only.
     #[error("the server is read-only: {0}")]
     ReadOnly(&'static str),
+    /// A fence raised the epoch, but writes of older epochs did not finish in time.
+    #[error("volume {volume:?} is fenced at epoch {epoch}, but {inflight} older write(s) are still in flight")]
+    DrainTimeout { volume: String, epoch: u64, inflight: u64 },
     /// A request to the control API failed.
     #[error("control API at {url}: {message}")]
     Api { url: String, status: Option<u16>, message: String },
@@ -65,6 +68,7 @@ impl CoronaError {
             CoronaError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => 507,
             CoronaError::Meta(_) => 500,
             CoronaError::ReadOnly(_) => 403,
+            CoronaError::DrainTimeout { .. } => 503,
             CoronaError::Api { .. }
             | CoronaError::Nbd { .. }
             | CoronaError::Negotiation(_)

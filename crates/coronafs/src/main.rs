@@ -2,7 +2,7 @@
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use coronafs::api::{ApiError, CreateSnapshot, CreateVolume, ResizeVolume};
+use coronafs::api::{ApiError, CreateSnapshot, CreateVolume, FenceVolume, ResizeVolume};
 use coronafs::backend::IoEngine;
 use coronafs::server::{self, ServerConfig};
 use coronafs::volume::{SnapshotInfo, VolumeInfo};
@@ -103,6 +103,15 @@ enum VolumeCmd {
     },
     /// Copy all inherited data into a clone and detach it from its snapshot.
     Flatten { name: String },
+    /// Raise the volume's write epoch: connections opened with a lower one
+    /// (export `NAME;epoch=N`) can no longer write. Returns once their writes
+    /// in flight have finished.
+    Fence {
+        name: String,
+        /// The new epoch (at least the current one; it never goes back).
+        #[arg(long)]
+        epoch: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -203,6 +212,13 @@ async fn volume(cmd: VolumeCmd, api: &str) -> anyhow::Result<()> {
             let v: Option<VolumeInfo> = call(http.post(url(&format!("/{name}/resize"))).json(&body), api).await?;
             if let Some(v) = v {
                 println!("resized {} to {} bytes (clients see it when they reconnect)", v.name, v.size);
+            }
+        }
+        VolumeCmd::Fence { name, epoch } => {
+            let v: Option<VolumeInfo> =
+                call(http.post(url(&format!("/{name}/fence"))).json(&FenceVolume { epoch }), api).await?;
+            if let Some(v) = v {
+                println!("{} is at epoch {}; no older write is in flight", v.name, v.epoch);
             }
         }
         VolumeCmd::Flatten { name } => {

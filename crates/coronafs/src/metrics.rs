@@ -44,6 +44,8 @@ pub struct Metrics {
     pub protocol_errors: AtomicU64,
     /// READs sent straight from the page cache with `sendfile`.
     pub sendfile_reads: AtomicU64,
+    /// Mutating requests refused because their connection's epoch was fenced.
+    pub fenced_requests: AtomicU64,
 }
 
 fn index(c: Command) -> usize {
@@ -102,7 +104,7 @@ impl Metrics {
             let _ = writeln!(s, "{name}_sum{{op=\"{}\"}} {}", op.name(), m.sum_us.load(Relaxed) as f64 / 1e6);
             let _ = writeln!(s, "{name}_count{{op=\"{}\"}} {cum}", op.name());
         }
-        let gauges: [(&str, &str, i64); 5] = [
+        let gauges: [(&str, &str, i64); 6] = [
             ("coronafs_nbd_connections", "Open NBD connections.", self.connections.load(Relaxed)),
             ("coronafs_nbd_inflight_requests", "Requests being served.", self.inflight.load(Relaxed)),
             (
@@ -119,6 +121,11 @@ impl Metrics {
                 "coronafs_nbd_sendfile_reads_total",
                 "READs sent from the page cache with sendfile, without a copy.",
                 self.sendfile_reads.load(Relaxed) as i64,
+            ),
+            (
+                "coronafs_nbd_fenced_requests_total",
+                "WRITE/TRIM/WRITE_ZEROES refused because a newer epoch fenced the connection.",
+                self.fenced_requests.load(Relaxed) as i64,
             ),
         ];
         for (name, help, v) in gauges {

@@ -66,6 +66,15 @@ pub fn document() -> Value {
                 "post": {"summary": "copy all inherited data in and detach from the parent (parent becomes null)",
                          "responses": {"200": ok("flattened", "VolumeInfo"), "404": err("not found"), "507": err("no space")}}
             },
+            "/v1/volumes/{name}/fence": {
+                "parameters": [vol],
+                "post": {"summary": "raise the write epoch; answers once no write of an older epoch is in flight",
+                         "description": "Clients declare an epoch by opening the export as VOL;epoch=N. WRITE, TRIM and WRITE_ZEROES from a connection whose epoch is below the volume's are answered EPERM; opening with a lower epoch is refused; opening without one is read-only once the epoch is above 0. The epoch is persisted before any connection is fenced.",
+                         "requestBody": body("FenceVolume"),
+                         "responses": {"200": ok("fenced and drained", "VolumeInfo"), "400": err("bad body"), "403": err("server is read-only"),
+                                       "404": err("not found"), "409": err("the epoch is below the current one"),
+                                       "503": err("the epoch is raised, but older writes did not finish within 30 s")}}
+            },
             "/v1/volumes/{name}/snapshots": {
                 "parameters": [vol],
                 "get": {"summary": "list a volume's snapshots", "responses": {"200": list_of("snapshots", "SnapshotInfo"), "404": err("volume not found")}},
@@ -88,6 +97,8 @@ pub fn document() -> Value {
             "ResizeVolume": {"type": "object", "required": ["size"], "additionalProperties": false, "properties": {
                 "size": {"type": "integer", "format": "int64", "minimum": 1},
                 "allow_shrink": {"type": "boolean", "default": false}}},
+            "FenceVolume": {"type": "object", "required": ["epoch"], "additionalProperties": false, "properties": {
+                "epoch": {"type": "integer", "format": "int64", "minimum": 0, "description": "new epoch, at least the current one"}}},
             "CreateSnapshot": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
                 "name": {"type": "string"}}},
             "VolumeInfo": {"type": "object", "required": ["name", "size", "allocated_bytes", "parent", "snapshots", "connections", "read_only", "nbd_export"], "properties": {
@@ -98,7 +109,8 @@ pub fn document() -> Value {
                 "snapshots": {"type": "array", "items": {"type": "string"}},
                 "connections": {"type": "integer"},
                 "read_only": {"type": "boolean"},
-                "nbd_export": {"type": "string"}}},
+                "nbd_export": {"type": "string"},
+                "epoch": {"type": "integer", "format": "int64", "description": "write epoch; exports opened as VOL;epoch=N with a lower N cannot write"}}},
             "SnapshotInfo": {"type": "object", "required": ["volume", "name", "size", "allocated_bytes", "clones", "nbd_export"], "properties": {
                 "volume": {"type": "string"},
                 "name": {"type": "string"},
@@ -120,6 +132,6 @@ mod tests {
             let path = line.split('"').nth(1).expect("route path");
             assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
         }
-        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(9));
+        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(10));
     }
 }

@@ -8,7 +8,7 @@ use crate::meta::{self, Meta};
 use crate::metrics::Metrics;
 use crate::model::{Image, Status, Vm, Volume};
 use crate::objstore::ObjectStore;
-use crate::vms::Workers;
+use crate::workers::Workers;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,14 +44,16 @@ pub struct App {
 impl App {
     pub fn new(cfg: Config) -> Result<Arc<Self>> {
         let meta = Meta::open(&cfg.data_dir)?;
+        let metrics = Metrics::default();
+        let workers = Workers::new(&cfg.coronafs_nbd, &cfg.workers, metrics.fenced_writes.clone());
         let app = App {
             s3: ObjectStore::new(&cfg),
             corona: Corona::new(&cfg.coronafs_api, &cfg.coronafs_nbd),
             meta,
-            metrics: Metrics::default(),
+            metrics,
             progress: Mutex::default(),
             fills: Mutex::default(),
-            workers: Workers::default(),
+            workers,
             cfg,
         };
         app.recover()?;
@@ -80,6 +82,11 @@ impl App {
             }
         }
         for vm in self.meta.list::<Vm>(meta::VMS)? {
+            // Agents keep their attachments across a control-plane restart;
+            // in-process workers and half-done migrations do not.
+            if !self.cfg.workers.is_empty() && vm.status != "migrating" {
+                continue;
+            }
             self.meta.update(meta::VMS, "vm", &vm.id, |x: &mut Vm| {
                 x.status = "error".into();
                 x.error_reason = Some("the worker attachment was lost when the server restarted".into());

@@ -43,6 +43,19 @@ pub struct Config {
     pub cache_max_bytes: u64,
     /// Allow imports from loopback, private and link-local addresses (tests).
     pub allow_private_urls: bool,
+    /// `plasmavmc agent` processes VMs are placed on (`[[workers]]` tables).
+    /// Empty: workers are in-process objects created by name on first use.
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// One `[[workers]]` entry.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The worker's name (what `POST /v1/vms {worker}` names).
+    pub name: String,
+    /// Its agent's API, e.g. `http://10.0.0.2:8090`.
+    pub url: String,
 }
 
 impl Default for Config {
@@ -65,6 +78,7 @@ impl Default for Config {
             cache_max_bases: 16,
             cache_max_bytes: 1 << 40,
             allow_private_urls: false,
+            workers: Vec::new(),
         }
     }
 }
@@ -106,6 +120,19 @@ impl Config {
         if self.cache_max_bases == 0 {
             return bad("cache_max_bases must be at least 1".into());
         }
+        if self.coronafs_nbd.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+            return bad(format!("coronafs_nbd {:?} must be host:port", self.coronafs_nbd));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for w in &self.workers {
+            crate::vms::check_worker(&w.name).map_err(|e| PlasmaError::Config(format!("workers: {e}")))?;
+            if !seen.insert(w.name.as_str()) {
+                return bad(format!("workers: {:?} is listed twice", w.name));
+            }
+            if !url::Url::parse(&w.url).is_ok_and(|u| matches!(u.scheme(), "http" | "https")) {
+                return bad(format!("workers: url {:?} of {:?} is not an http(s) URL", w.url, w.name));
+            }
+        }
         Ok(())
     }
 }
@@ -129,5 +156,20 @@ mod tests {
         c.validate().expect("valid");
         let c = Config { part_size: 1, ..c };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn workers_are_listed_with_a_name_and_an_http_url() {
+        let text = "[[workers]]\nname = \"a\"\nurl = \"http://127.0.0.1:8091\"\n[[workers]]\nname = \"b\"\nurl = \"http://127.0.0.1:8092\"\n";
+        let c = Config::from_toml(text).expect("parse");
+        assert_eq!(c.workers.len(), 2);
+        c.validate().expect("valid");
+        let dup = Config { workers: vec![c.workers[0].clone(), c.workers[0].clone()], ..c.clone() };
+        assert!(dup.validate().unwrap_err().to_string().contains("twice"));
+        let mut bad = c.clone();
+        bad.workers[1].url = "ftp://x".into();
+        assert!(bad.validate().is_err());
+        let e = Config::from_toml("[[workers]]\nname = \"a\"\nurl = \"http://x\"\nport = 1\n").unwrap_err();
+        assert!(e.to_string().contains("port"), "{e}");
     }
 }

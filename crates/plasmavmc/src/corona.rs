@@ -16,6 +16,9 @@ pub struct VolumeInfo {
     pub snapshots: Vec<String>,
     #[serde(default)]
     pub connections: usize,
+    /// Write epoch (CoronaFS fencing).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// A snapshot as CoronaFS reports it.
@@ -107,6 +110,15 @@ impl Corona {
         }
     }
 
+    /// `POST /v1/volumes/{name}/fence {epoch}`: returns once no write of an
+    /// older epoch is in flight.
+    pub async fn fence(&self, name: &str, epoch: u64) -> Result<VolumeInfo, CallError> {
+        let body = serde_json::json!({ "epoch": epoch });
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/fence"))).json(&body))
+            .await
+            .map(Option::unwrap_or_default_info)
+    }
+
     /// `POST /v1/volumes/{name}/snapshots {name}`.
     pub async fn snapshot(&self, volume: &str, snap: &str) -> Result<SnapshotInfo, CallError> {
         let body = serde_json::json!({ "name": snap });
@@ -150,6 +162,13 @@ trait UnwrapInfo {
 
 impl UnwrapInfo for Option<VolumeInfo> {
     fn unwrap_or_default_info(self) -> VolumeInfo {
-        self.unwrap_or(VolumeInfo { name: String::new(), size: 0, parent: None, snapshots: vec![], connections: 0 })
+        self.unwrap_or(VolumeInfo {
+            name: String::new(),
+            size: 0,
+            parent: None,
+            snapshots: vec![],
+            connections: 0,
+            epoch: 0,
+        })
     }
 }

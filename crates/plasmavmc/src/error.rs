@@ -35,9 +35,13 @@ pub enum PlasmaError {
     /// A download from an import URL failed.
     #[error("download: {0}")]
     Download(String),
-    /// A write from a VM whose epoch has been superseded.
-    #[error("fenced: VM {vm} is at epoch {current}, this attachment holds epoch {held}")]
-    Fenced { vm: String, held: u64, current: u64 },
+    /// A write from a VM attachment whose epoch has been superseded
+    /// (CoronaFS refused it).
+    #[error("fenced: VM {vm}'s attachment at epoch {held} may no longer write: {reason}")]
+    Fenced { vm: String, held: u64, reason: String },
+    /// A worker (agent) could not be reached or answered an error.
+    #[error("worker {worker}: {message}")]
+    Worker { worker: String, message: String },
     /// The metadata database failed.
     #[error("metadata store: {0}")]
     Meta(String),
@@ -61,7 +65,10 @@ impl PlasmaError {
             | PlasmaError::Config(_) => 400,
             PlasmaError::NotFound { .. } => 404,
             PlasmaError::Conflict(_) | PlasmaError::Fenced { .. } => 409,
-            PlasmaError::ObjectStore(_) | PlasmaError::Volume(_) | PlasmaError::Download(_) => 502,
+            PlasmaError::ObjectStore(_)
+            | PlasmaError::Volume(_)
+            | PlasmaError::Download(_)
+            | PlasmaError::Worker { .. } => 502,
             PlasmaError::Meta(_) | PlasmaError::Io(_) => 500,
         }
     }

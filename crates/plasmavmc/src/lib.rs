@@ -9,8 +9,11 @@
 //! - [`objstore`], [`corona`]: clients of LightningStor (S3) and CoronaFS;
 //! - [`meta`]: redb tables of images, volumes, VMs and cached bases;
 //! - [`images`], [`volumes`], [`cache`], [`vms`]: the operations;
+//! - [`guest`], [`agent`], [`workers`]: emulated guests, the `plasmavmc
+//!   agent` worker process, and the control plane's handle on workers;
 //! - [`api`], [`openapi`], [`server`]: the REST API and an in-process server.
 
+pub mod agent;
 pub mod api;
 pub mod app;
 pub mod cache;
@@ -18,6 +21,7 @@ pub mod config;
 pub mod convert;
 pub mod corona;
 pub mod error;
+pub mod guest;
 pub mod images;
 pub mod meta;
 pub mod metrics;
@@ -30,6 +34,7 @@ pub mod sink;
 pub mod urlfilter;
 pub mod vms;
 pub mod volumes;
+pub mod workers;
 
 pub use config::Config;
 pub use error::{PlasmaError, Result};

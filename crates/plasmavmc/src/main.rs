@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[command(
     name = "plasmavmc",
     version,
-    about = "PlasmaVMC: VM images in LightningStor, volumes in CoronaFS, emulated VMs.\n\nRun `plasmavmc serve` next to a LightningStor and a CoronaFS; every other command talks to a running server's REST API (--api)."
+    about = "PlasmaVMC: VM images in LightningStor, volumes in CoronaFS, emulated VMs.\n\nRun `plasmavmc serve` next to a LightningStor and a CoronaFS, and `plasmavmc agent` on each worker node; every other command talks to a running server's REST API (--api)."
 )]
 struct Cli {
     /// URL of a running PlasmaVMC API (client commands).
@@ -21,8 +21,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the server (flags override the TOML config file).
+    /// Run the control plane: the REST API over images, volumes and VMs
+    /// (flags override the TOML config file). Stops on SIGTERM or ctrl-c.
     Serve(Serve),
+    /// Run a worker: holds the NBD connections of the VMs placed on it and
+    /// runs their guest I/O; the control plane lists it under [[workers]].
+    /// Stops on SIGTERM or ctrl-c (its VMs' guests stop; CoronaFS keeps
+    /// what they had written and acknowledged).
+    Agent(AgentArgs),
     /// Images: upload, import, list, show, delete.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -68,6 +74,27 @@ struct Serve {
     /// Allow imports from loopback/private/link-local addresses.
     #[arg(long)]
     allow_private_urls: bool,
+    /// A worker agent, NAME=URL (repeat for more); adds to the config's
+    /// [[workers]]. Without any, VMs run on in-process workers.
+    #[arg(long = "worker", value_name = "NAME=URL")]
+    workers: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct AgentArgs {
+    /// TOML config file with `listen`, `name`, `coronafs_nbd` (unknown keys
+    /// are an error); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Agent API listen address (default 127.0.0.1:8090).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// This worker's name, as the control plane's [[workers]] lists it.
+    #[arg(long)]
+    name: Option<String>,
+    /// CoronaFS NBD address (host:port) the VMs' volumes are opened at.
+    #[arg(long, value_name = "ADDR")]
+    coronafs_nbd: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -158,8 +185,39 @@ fn serve_config(s: Serve) -> Result<Config> {
     macro_rules! set { ($($f:ident),*) => { $(if let Some(v) = s.$f { c.$f = v; })* } }
     set!(listen, data_dir, s3_endpoint, s3_bucket, s3_access_key, s3_secret_key, coronafs_api, coronafs_nbd);
     c.allow_private_urls |= s.allow_private_urls;
+    for w in s.workers {
+        let (name, url) = w.split_once('=').with_context(|| format!("--worker {w:?} must be NAME=URL"))?;
+        c.workers.push(plasmavmc::config::WorkerConfig { name: name.into(), url: url.into() });
+    }
     c.validate()?;
     Ok(c)
+}
+
+fn agent_config(a: AgentArgs) -> Result<plasmavmc::agent::AgentConfig> {
+    let mut c = match &a.config {
+        Some(p) => plasmavmc::agent::AgentConfig::from_file(p)?,
+        None => plasmavmc::agent::AgentConfig::default(),
+    };
+    if let Some(v) = a.listen {
+        c.listen = v;
+    }
+    if let Some(v) = a.name {
+        c.name = v;
+    }
+    if let Some(v) = a.coronafs_nbd {
+        c.coronafs_nbd = v;
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+/// Waits for ctrl-c or SIGTERM.
+async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
 }
 
 struct Client {
@@ -204,7 +262,7 @@ fn print(v: &serde_json::Value) {
 async fn client(api: String, cmd: Cmd) -> Result<()> {
     let c = Client { http: reqwest::Client::new(), api };
     let out = match cmd {
-        Cmd::Serve(_) => unreachable!("handled in main"),
+        Cmd::Serve(_) | Cmd::Agent(_) => bail!("serve and agent are not client commands"),
         Cmd::Image(ImageCmd::Create { name, file, sha256, format }) => {
             let img = c
                 .post("/v1/images", serde_json::json!({ "name": name, "sha256": sha256, "disk_format": format }))
@@ -285,8 +343,18 @@ async fn main() -> Result<()> {
             let cfg = serve_config(s)?;
             let srv = plasmavmc::Server::start(cfg).await?;
             eprintln!("plasmavmc listening on {}", srv.url());
-            tokio::signal::ctrl_c().await?;
+            stop_signal().await;
             srv.shutdown().await;
+            eprintln!("plasmavmc stopped");
+            Ok(())
+        }
+        Cmd::Agent(a) => {
+            let cfg = agent_config(a)?;
+            let srv = plasmavmc::agent::AgentServer::start(cfg).await?;
+            eprintln!("plasmavmc agent {} listening on {}", srv.agent.name, srv.url());
+            stop_signal().await;
+            srv.shutdown().await;
+            eprintln!("plasmavmc agent stopped");
             Ok(())
         }
         cmd => client(cli.api, cmd).await,

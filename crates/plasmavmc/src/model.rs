@@ -89,6 +89,10 @@ pub struct Vm {
     /// Blocks read back and verified on the target at the last migration.
     pub verified_blocks: u64,
     pub error_reason: Option<String>,
+    /// Set when the last migration could not flush the source (it was
+    /// unreachable) and verified against the last report taken instead.
+    #[serde(default)]
+    pub notice: Option<String>,
 }
 
 /// A cached image base: a CoronaFS volume holding the converted image and

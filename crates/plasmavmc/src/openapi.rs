@@ -63,7 +63,8 @@ fn schemas() -> Value {
                 "migrations": { "type": "integer" },
                 "writes_acked": { "type": "integer" },
                 "verified_blocks": { "type": "integer" },
-                "error_reason": nullable("string")
+                "error_reason": nullable("string"),
+                "notice": nullable("string")
             }
         },
         "CacheEntry": {

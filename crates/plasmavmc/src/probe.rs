@@ -519,6 +519,38 @@ mod tests {
         }
 
         #[test]
+        fn mutated_and_truncated_headers_are_accepted_within_limits_or_refused_with_a_message(
+            muts in proptest::collection::vec((0usize..4 * 65536, any::<u8>()), 1..32),
+            size in 1u64..(1 << 44),
+            keep in 1usize..=4 * 65536,
+        ) {
+            let mut h = header(size);
+            for (at, v) in muts {
+                h[at] = v;
+            }
+            h.truncate(keep);
+            let head = &h[..h.len().min(PROBE_LEN)];
+            let r = probe(head, h.len() as u64, None, LIM);
+            match &r {
+                Ok(r) => {
+                    prop_assert!(r.virtual_size <= LIM.max_virtual_size);
+                    if r.format == DiskFormat::Qcow2 {
+                        prop_assert!(r.cluster_size.is_power_of_two() && (512..=2 << 20).contains(&r.cluster_size));
+                    }
+                }
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+            if let (Ok(ok), Some((off, n))) = (&r, l1_location(head)) {
+                let start = (off as usize).min(h.len());
+                let len = (n.saturating_mul(8) as usize).min(h.len() - start);
+                let _ = check_l1_entries(&h[start..start + len - len % 8], 0, ok.cluster_size.max(512), h.len() as u64);
+            }
+            let mut p = Prober::default();
+            p.feed(&h);
+            prop_assert_eq!(p.finish(None, LIM), r);
+        }
+
+        #[test]
         fn the_streaming_prober_agrees_with_one_shot_probing(split in proptest::collection::vec(1usize..70_000, 1..8)) {
             let h = header(3 << 30);
             let mut p = Prober::default();

@@ -15,6 +15,7 @@ use crate::proto::reply::{self, Extent, Head};
 use crate::proto::request::{Command, REQUEST_LEN, Request};
 use crate::proto::{BASE_ALLOCATION_ID, MAX_OPTION_LEN, NbdErrno, cmd_flags, rep};
 use crate::server::exports::Volume;
+use crate::volume::fence::Writer;
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -63,7 +64,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
             return;
         }
     };
-    let volume = match shared.exports.open(&negotiated.export.name) {
+    let (volume, declared) = match shared.exports.open_export(&negotiated.export.name) {
         Ok(v) => v,
         Err(e) => {
             tracing::warn!(?peer, error = %e, "export vanished after negotiation");
@@ -73,7 +74,8 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     volume.connections.fetch_add(1, Ordering::Relaxed);
     shared.metrics.connections.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(?peer, export = %volume.name, structured = negotiated.structured, "transmission");
-    if let Err(e) = transmit(rd, wr, &shared, &volume, &negotiated).await {
+    let writer = volume.fence.register(declared.unwrap_or(0));
+    if let Err(e) = transmit(rd, wr, &shared, &volume, writer, &negotiated).await {
         shared.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(?peer, error = %e, "connection dropped");
     }
@@ -140,6 +142,10 @@ struct Ctx {
     structured: bool,
     base_allocation: bool,
     max_block: u32,
+    /// As negotiated: a volume, or a fenced volume opened without an epoch.
+    read_only: bool,
+    /// This connection's epoch and its mutating requests in flight.
+    writer: Arc<Writer>,
     tx: mpsc::UnboundedSender<Reply>,
 }
 
@@ -148,6 +154,7 @@ async fn transmit(
     wr: OwnedWriteHalf,
     shared: &Arc<Shared>,
     volume: &Arc<Volume>,
+    fence_writer: Arc<Writer>,
     n: &Negotiated,
 ) -> io::Result<()> {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -158,6 +165,8 @@ async fn transmit(
         structured: n.structured,
         base_allocation: n.base_allocation,
         max_block: n.export.max_block,
+        read_only: n.export.read_only,
+        writer: fence_writer,
         tx,
     });
     let budget = Arc::new(Semaphore::new(INFLIGHT_BYTES as usize));
@@ -183,7 +192,7 @@ async fn read_requests(rd: &mut BufReader<OwnedReadHalf>, ctx: &Arc<Ctx>, budget
             return Ok(());
         }
         let started = Instant::now();
-        if let Err(errno) = req.validate(size, ctx.volume.read_only, ctx.max_block) {
+        if let Err(errno) = req.validate(size, ctx.read_only, ctx.max_block) {
             // Keep the stream in step: a refused WRITE's payload is still on the wire.
             let skip = req.payload_len() as u64;
             if skip > 0 {
@@ -293,6 +302,10 @@ fn answer_now(
             Reply { head: read_head(ctx, req), data: Some(buf), file: None, tail: Vec::new(), _permit: Some(permit) }
         }
         (Command::Write, Some(buf)) if !req.fua() => {
+            // A fenced connection's write goes to `execute`, which refuses it.
+            let Ok(_in_flight) = ctx.volume.fence.enter(&ctx.writer) else {
+                return Err((Some(buf), permit));
+            };
             if !b.try_write_now(&buf, req.offset) {
                 return Err((Some(buf), permit));
             }
@@ -336,6 +349,28 @@ async fn execute(
     let b = &ctx.volume.backend;
     let (off, len) = (req.offset, req.length as u64);
     let permit = Some(permit);
+    // Held until the backend is done, so a fence waits for this request.
+    let _in_flight = if matches!(req.command, Command::Write | Command::Trim | Command::WriteZeroes) {
+        match ctx.volume.fence.enter(&ctx.writer) {
+            Ok(g) => Some(g),
+            Err(current) => {
+                if let Some(buf) = payload {
+                    ctx.shared.pool.put(buf);
+                }
+                ctx.shared.metrics.fenced_requests.fetch_add(1, Ordering::Relaxed);
+                ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
+                let msg = format!(
+                    "{} refused: this connection holds epoch {}, volume {} is fenced at epoch {current}",
+                    req.command.name(),
+                    ctx.writer.epoch,
+                    ctx.volume.name
+                );
+                return error_reply(ctx, &req, NbdErrno::Perm, &msg, None);
+            }
+        }
+    } else {
+        None
+    };
     let result: io::Result<Reply> = match req.command {
         Command::Read => {
             let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize), off).await;

@@ -10,6 +10,7 @@ use crate::backend::AnyBackend;
 use crate::backend::BlockBackend;
 use crate::backend::layered::Layered;
 use crate::proto::handshake::{ExportCatalog, ExportDesc};
+use crate::volume::fence::Fence;
 use std::sync::atomic::AtomicUsize;
 
 pub use crate::volume::{SnapshotInfo, VolumeInfo, Volumes as Exports};
@@ -26,21 +27,32 @@ pub struct Volume {
     pub backend: Layered<AnyBackend>,
     pub read_only: bool,
     pub connections: AtomicUsize,
+    /// The write epoch (see [`crate::volume::fence`]).
+    pub fence: Fence,
 }
 
 impl Volume {
-    pub fn new(name: &str, backend: Layered<AnyBackend>, read_only: bool) -> Self {
-        Volume { name: name.to_owned(), backend, read_only, connections: AtomicUsize::new(0) }
+    pub fn new(name: &str, backend: Layered<AnyBackend>, read_only: bool, epoch: u64) -> Self {
+        Volume { name: name.to_owned(), backend, read_only, connections: AtomicUsize::new(0), fence: Fence::new(epoch) }
     }
 }
 
 impl ExportCatalog for Exports {
     fn lookup(&self, name: &str) -> std::result::Result<ExportDesc, String> {
-        let v = self.open(name).map_err(|e| e.to_string())?;
+        let (v, declared) = self.open_export(name).map_err(|e| e.to_string())?;
+        let current = v.fence.current();
+        if let Some(e) = declared
+            && e < current
+        {
+            return Err(format!("export {name:?} declares epoch {e}, but the volume is fenced at epoch {current}"));
+        }
+        // A client that declares no epoch holds epoch 0: once the volume has
+        // been fenced it may only read, so it is told the export is read-only.
+        let read_only = v.read_only || (declared.is_none() && current > 0);
         Ok(ExportDesc {
             name: name.to_owned(),
             size: v.backend.size(),
-            read_only: v.read_only,
+            read_only,
             description: if v.read_only && name.contains('@') {
                 format!("CoronaFS snapshot {name}")
             } else {

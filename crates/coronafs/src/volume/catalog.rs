@@ -16,6 +16,10 @@ pub struct VolumeRec {
     pub head: u64,
     /// The snapshot this volume was cloned from (`VOL@SNAP`), until flattened.
     pub origin: Option<String>,
+    /// Write epoch: connections that declared a lower one may not write
+    /// (0 until the first fence; absent in records written before fencing).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// A snapshot: a frozen layer.
@@ -132,7 +136,7 @@ mod tests {
         for (id, p) in [(1, None), (2, Some(1)), (3, Some(1)), (4, Some(2)), (9, None)] {
             c.layers.insert(id, layer(p));
         }
-        c.volumes.insert("a".into(), VolumeRec { size: 1, head: 4, origin: None });
+        c.volumes.insert("a".into(), VolumeRec { size: 1, head: 4, origin: None, epoch: 0 });
         c.snapshots.insert(snap_key("a", "s"), SnapRec { layer: 2, size: 1 });
         assert_eq!(c.chain(4), vec![4, 2, 1]);
         assert_eq!(c.garbage(), vec![3, 9]);

@@ -14,6 +14,7 @@
 //! (fixed when the layer opens). See docs/design/volumes.md.
 
 pub mod catalog;
+pub mod fence;
 pub mod files;
 pub mod meta;
 
@@ -34,6 +35,9 @@ use std::sync::{Arc, Mutex};
 /// Largest volume: 1 PiB.
 pub const MAX_SIZE: u64 = 1 << 50;
 
+/// How long a fence waits for writes of older epochs still in flight.
+pub const FENCE_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A volume as the API shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VolumeInfo {
@@ -47,6 +51,9 @@ pub struct VolumeInfo {
     pub connections: usize,
     pub read_only: bool,
     pub nbd_export: String,
+    /// Write epoch: exports opened as `VOL;epoch=N` with a lower N cannot write.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// A snapshot as the API shows it.
@@ -158,7 +165,7 @@ impl Volumes {
     pub fn insert(&self, name: &str, backend: AnyBackend, read_only: bool) -> Result<Arc<Volume>> {
         validate_name(name)?;
         let size = crate::backend::BlockBackend::size(&backend);
-        let v = Arc::new(Volume::new(name, Layered::new(Layer::base(0, size, backend)), read_only));
+        let v = Arc::new(Volume::new(name, Layered::new(Layer::base(0, size, backend)), read_only, 0));
         self.open.lock().map_err(|_| poisoned())?.insert(name.to_owned(), v.clone());
         Ok(v)
     }
@@ -170,18 +177,71 @@ impl Volumes {
             return Ok(v.clone());
         }
         let cat = self.catalog()?;
-        let (layer, ro) = if name.contains('@') {
+        let (layer, ro, epoch) = if name.contains('@') {
             let (v, s) = parse_snap(name)?;
             let rec = cat.snapshots.get(name).ok_or_else(|| CoronaError::SnapshotNotFound(snap_key(v, s)))?;
-            (files::open_layer(&self.dir, &self.opener, &cat, rec.layer, false, None)?, true)
+            (files::open_layer(&self.dir, &self.opener, &cat, rec.layer, false, None)?, true, 0)
         } else {
             validate_name(name)?;
             let rec = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
-            (files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None)?, self.read_only)
+            let layer = files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None)?;
+            (layer, self.read_only, rec.epoch)
         };
-        let v = Arc::new(Volume::new(name, Layered::new(layer), ro));
+        let v = Arc::new(Volume::new(name, Layered::new(layer), ro, epoch));
         open.insert(name.to_owned(), v.clone());
         Ok(v)
+    }
+
+    /// Opens the export an NBD client named: `VOL`, `VOL@SNAP` or
+    /// `VOL;epoch=N`, with the epoch it declares.
+    pub fn open_export(&self, name: &str) -> Result<(Arc<Volume>, Option<u64>)> {
+        let (base, epoch) = fence::parse_export(name).map_err(CoronaError::BadRequest)?;
+        if epoch.is_some() && base.contains('@') {
+            return Err(CoronaError::BadRequest(format!(
+                "export {name:?}: snapshots are read-only, an epoch applies only to volumes"
+            )));
+        }
+        Ok((self.open(base)?, epoch))
+    }
+
+    /// Raises the write epoch of `name` to `epoch` (persisted first), then
+    /// waits until no write from an older epoch is in flight. Raising to the
+    /// current epoch only waits; lowering it is a conflict.
+    pub async fn fence(&self, name: &str, epoch: u64) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        self.writable()?;
+        {
+            let _g = self.control.lock().await;
+            let old = self.catalog()?;
+            let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+            if epoch < rec.epoch {
+                return Err(CoronaError::Conflict(format!(
+                    "volume {name:?} is at epoch {}; an epoch never goes back (asked for {epoch})",
+                    rec.epoch
+                )));
+            }
+            if epoch > rec.epoch {
+                let mut cat = old.clone();
+                if let Some(r) = cat.volumes.get_mut(name) {
+                    r.epoch = epoch;
+                }
+                // Durable before any connection is told: a restart keeps it.
+                self.commit(&old, cat)?;
+            }
+        }
+        // After the commit, so a volume opened meanwhile read the new epoch.
+        let open = self.open.lock().map_err(|_| poisoned())?.get(name).cloned();
+        if let Some(v) = open {
+            match v.fence.raise(epoch, FENCE_DRAIN_TIMEOUT).await {
+                Ok(n) => tracing::info!(volume = name, epoch, drained = n, "volume fenced"),
+                Err(left) => {
+                    return Err(CoronaError::DrainTimeout { volume: name.to_owned(), epoch, inflight: left });
+                }
+            }
+        } else {
+            tracing::info!(volume = name, epoch, "volume fenced (not open)");
+        }
+        self.info(name)
     }
 
     fn connections(&self, name: &str) -> usize {
@@ -234,6 +294,7 @@ impl Volumes {
             connections: self.connections(name),
             read_only: self.read_only,
             nbd_export: name.to_owned(),
+            epoch: v.epoch,
         })
     }
 
@@ -291,7 +352,7 @@ impl Volumes {
         let id = cat.alloc_layer();
         files::create_layer(&self.dir, id, size, false)?;
         cat.layers.insert(id, LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 });
-        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: None });
+        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: None, epoch: 0 });
         self.commit(&old, cat)?;
         tracing::info!(volume = name, size, "created volume");
         self.info(name)
@@ -329,7 +390,7 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, true)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: Some(snap.layer), parent_limit: snap.size };
         cat.layers.insert(id, layer);
-        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: Some(key.clone()) });
+        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: Some(key.clone()), epoch: 0 });
         self.commit(&old, cat)?;
         tracing::info!(volume = name, from = %key, size, "cloned volume");
         self.info(name)
@@ -595,7 +656,7 @@ fn adopt_raw_files(dir: &Path, cat: &mut Catalog) -> Result<()> {
         }
         let id = cat.alloc_layer();
         cat.layers.insert(id, LayerRec { file: name.clone(), size, parent: None, parent_limit: 0 });
-        cat.volumes.insert(name.clone(), VolumeRec { size, head: id, origin: None });
+        cat.volumes.insert(name.clone(), VolumeRec { size, head: id, origin: None, epoch: 0 });
         tracing::info!(volume = %name, size, "adopted a raw file as a volume");
     }
     Ok(())

@@ -211,3 +211,31 @@ fn a_4_gib_clone_is_made_in_well_under_100_ms() {
         assert_eq!(b, vec![5; 4096], "reads fall through to the snapshot");
     });
 }
+
+#[test]
+fn a_fence_is_persisted_never_goes_back_and_survives_snapshots_and_restarts() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let rt = rt();
+    rt.block_on(async {
+        let v = load(dir.path());
+        v.create("vm", 256 * KIB).await.expect("create");
+        assert_eq!(v.info("vm").expect("info").epoch, 0);
+        // Open first: the raise reaches the open export too.
+        let (e, declared) = v.open_export("vm;epoch=3").expect("open with an epoch");
+        assert_eq!(declared, Some(3));
+        assert_eq!(v.fence("vm", 3).await.expect("fence").epoch, 3);
+        assert_eq!(e.fence.current(), 3);
+        assert!(matches!(v.fence("vm", 2).await, Err(CoronaError::Conflict(_))));
+        assert_eq!(v.fence("vm", 3).await.expect("same epoch again").epoch, 3);
+        v.snapshot("vm", "s").await.expect("snapshot");
+        assert_eq!(v.info("vm").expect("info").epoch, 3, "a snapshot keeps the epoch");
+        assert!(v.open_export("vm@s;epoch=3").is_err(), "snapshots take no epoch");
+        assert!(v.open_export("vm;epoch=x").is_err());
+        assert!(matches!(v.fence("nope", 1).await, Err(CoronaError::NotFound(_))));
+        v.clone_from("c", "vm@s", None).await.expect("clone");
+        assert_eq!(v.info("c").expect("info").epoch, 0, "a clone starts its own epochs");
+    });
+    let v = load(dir.path());
+    assert_eq!(v.info("vm").expect("info").epoch, 3, "the epoch survives a restart");
+    assert_eq!(v.open("vm").expect("open").fence.current(), 3);
+}

@@ -1,0 +1,316 @@
+//! The emulated guest: one NBD connection to a volume (opened with the VM's
+//! write epoch, `VOL;epoch=N`) running a bounded guest-like write pattern, and
+//! the log of what the volume acknowledged.
+//!
+//! Every block the guest writes says which write it was: the first 8 bytes
+//! are the write's sequence number, the next 8 the block number, the rest a
+//! pseudo-random fill derived from (VM, block, seq). So anyone can read a
+//! block and tell which write it holds ([`written_seq`]) without the log,
+//! and "nothing acknowledged was lost" is checkable as: every logged block
+//! holds its logged write or a later one.
+//!
+//! Both in-process workers and `plasmavmc agent` run guests through this type;
+//! the fence that stops a stale guest is CoronaFS's (its writes answer EPERM).
+
+use crate::error::{PlasmaError, Result};
+use coronafs::client::NbdClient;
+use coronafs::proto::NbdErrno;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Size of one guest write.
+pub const BLOCK: u64 = 64 * 1024;
+/// The guest writes within the first this many bytes of the volume.
+pub const WORKING_SET: u64 = 64 << 20;
+/// Most guest writes one request may ask for.
+pub const MAX_IO_OPS: u64 = 100_000;
+/// A FLUSH after every this many writes.
+const FLUSH_EVERY: u64 = 16;
+
+/// What the guest has written and had acknowledged: block -> last seq.
+pub type WriteLog = BTreeMap<u64, u64>;
+
+/// The guest's content for `block` at write number `seq`. Pure.
+pub fn pattern(vm_id: &str, block: u64, seq: u64) -> Vec<u8> {
+    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ block.rotate_left(29) ^ 0x5851_f42d_4c95_7f2d;
+    for b in vm_id.bytes() {
+        x = (x ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    let mut out = Vec::with_capacity(BLOCK as usize);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&block.to_le_bytes());
+    while out.len() < BLOCK as usize {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+/// Which guest write `data` (the contents of `block`) holds, if any. Pure.
+pub fn written_seq(vm_id: &str, block: u64, data: &[u8]) -> Option<u64> {
+    let seq = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
+    (data.len() == BLOCK as usize && data == pattern(vm_id, block, seq)).then_some(seq)
+}
+
+/// The block the guest's write number `seq` goes to, among `blocks`.
+fn block_of(seq: u64, blocks: u64) -> u64 {
+    (seq.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 17) % blocks
+}
+
+/// An attachment's state as reported to the control plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    pub vm_id: String,
+    pub worker: String,
+    /// CoronaFS volume name.
+    pub volume: String,
+    pub epoch: u64,
+    /// Guest I/O is running.
+    pub running: bool,
+    /// Writes acknowledged on this attachment.
+    pub writes_acked: u64,
+    /// The next write's sequence number.
+    pub next_seq: u64,
+    /// Acknowledged writes: block -> seq. After a flush report, all flushed.
+    pub log: WriteLog,
+    /// Why the guest stopped early (fenced, I/O error), if it did.
+    pub stopped_by: Option<String>,
+}
+
+/// Result of reading back a log on an attachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verified {
+    /// Blocks that hold their logged write or a later one.
+    pub verified: u64,
+    /// Highest seq found on the volume among the checked blocks.
+    pub max_seq: u64,
+}
+
+/// A volume attached on a worker, holding one epoch.
+#[derive(Debug)]
+pub struct Attachment {
+    pub vm_id: String,
+    pub worker: String,
+    pub volume: String,
+    pub epoch: u64,
+    size: u64,
+    nbd: NbdClient,
+    log: Mutex<WriteLog>,
+    next_seq: AtomicU64,
+    acked: AtomicU64,
+    stop: AtomicBool,
+    stopped_by: Mutex<Option<String>>,
+    io: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    fenced: Arc<AtomicU64>,
+}
+
+impl Attachment {
+    /// Connects to `volume` at `nbd_addr` declaring `epoch`.
+    pub async fn connect(
+        nbd_addr: &str,
+        vm_id: &str,
+        worker: &str,
+        volume: &str,
+        epoch: u64,
+        fenced: Arc<AtomicU64>,
+    ) -> Result<Arc<Self>> {
+        let export = format!("{volume}{}{epoch}", coronafs::volume::fence::EPOCH_SUFFIX);
+        let nbd = NbdClient::connect(nbd_addr, &export)
+            .await
+            .map_err(|e| PlasmaError::Volume(format!("attaching {export} at {nbd_addr}: {e}")))?;
+        if nbd.info().read_only() {
+            return Err(PlasmaError::Volume(format!("{export} at {nbd_addr} is exported read-only")));
+        }
+        Ok(Arc::new(Attachment {
+            vm_id: vm_id.to_owned(),
+            worker: worker.to_owned(),
+            volume: volume.to_owned(),
+            epoch,
+            size: nbd.size(),
+            nbd,
+            log: Mutex::default(),
+            next_seq: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            stopped_by: Mutex::default(),
+            io: tokio::sync::Mutex::new(None),
+            fenced,
+        }))
+    }
+
+    /// One guest write. A write CoronaFS refuses for a stale epoch is
+    /// [`PlasmaError::Fenced`].
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        match self.nbd.write(offset, data, false).await {
+            Ok(()) => Ok(()),
+            Err(coronafs::CoronaError::Nbd { errno: NbdErrno::Perm, message }) => {
+                self.fenced.fetch_add(1, Ordering::Relaxed);
+                Err(PlasmaError::Fenced { vm: self.vm_id.clone(), held: self.epoch, reason: message })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        Ok(self.nbd.read(offset, len).await?)
+    }
+
+    pub async fn flush(&self) -> Result<()> {
+        Ok(self.nbd.flush().await?)
+    }
+
+    /// A copy of the write log.
+    pub fn log(&self) -> WriteLog {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The current state.
+    pub async fn report(&self) -> Report {
+        let running = self.io.lock().await.as_ref().is_some_and(|h| !h.is_finished());
+        Report {
+            vm_id: self.vm_id.clone(),
+            worker: self.worker.clone(),
+            volume: self.volume.clone(),
+            epoch: self.epoch,
+            running,
+            writes_acked: self.acked.load(Ordering::Relaxed),
+            next_seq: self.next_seq.load(Ordering::Relaxed),
+            log: self.log(),
+            stopped_by: self.stopped_by.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
+    }
+
+    /// Starts `ops` guest writes numbered from `seq_start` (or where the
+    /// last run stopped, if later). Refused while a run is going.
+    pub async fn start_io(self: &Arc<Self>, ops: u64, seq_start: u64) -> Result<()> {
+        if ops > MAX_IO_OPS {
+            return Err(PlasmaError::Invalid(format!("io_ops must be at most {MAX_IO_OPS}")));
+        }
+        let mut io = self.io.lock().await;
+        if io.as_ref().is_some_and(|h| !h.is_finished()) {
+            return Err(PlasmaError::Conflict(format!("VM {} already runs guest I/O", self.vm_id)));
+        }
+        self.next_seq.fetch_max(seq_start, Ordering::Relaxed);
+        self.stop.store(false, Ordering::Relaxed);
+        let me = self.clone();
+        *io = Some(tokio::spawn(async move { me.run(ops).await }));
+        Ok(())
+    }
+
+    async fn run(&self, ops: u64) {
+        let blocks = (self.size.min(WORKING_SET) / BLOCK).max(1);
+        for n in 0..ops {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let s = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            let block = block_of(s, blocks);
+            if let Err(e) = self.write(block * BLOCK, &pattern(&self.vm_id, block, s)).await {
+                tracing::info!(vm = %self.vm_id, worker = %self.worker, error = %e, "guest stopped");
+                *self.stopped_by.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                return;
+            }
+            self.log.lock().unwrap_or_else(|e| e.into_inner()).insert(block, s);
+            self.acked.fetch_add(1, Ordering::Relaxed);
+            if n % FLUSH_EVERY == FLUSH_EVERY - 1
+                && let Err(e) = self.flush().await
+            {
+                *self.stopped_by.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                return;
+            }
+        }
+    }
+
+    /// Stops guest I/O and waits for its write in flight.
+    pub async fn pause(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let h = self.io.lock().await.take();
+        if let Some(h) = h {
+            let _ = h.await;
+        }
+    }
+
+    /// Waits until the guest's run has ended by itself.
+    pub async fn wait_idle(&self) {
+        let h = self.io.lock().await.take();
+        if let Some(h) = h {
+            let _ = h.await;
+        }
+    }
+
+    /// Takes the log, then FLUSHes: everything in the report is durable.
+    /// With `pause`, guest I/O is stopped first, so the log is final.
+    pub async fn flush_report(&self, pause: bool) -> Result<Report> {
+        if pause {
+            self.pause().await;
+        }
+        let report = self.report().await;
+        self.flush().await?;
+        Ok(report)
+    }
+
+    /// Reads back every logged block: each must hold its logged write or a
+    /// later one. With `adopt`, what was found becomes this guest's log.
+    pub async fn verify(&self, log: &WriteLog, adopt: bool) -> Result<Verified> {
+        let mut out = Verified { verified: 0, max_seq: 0 };
+        let mut found = WriteLog::new();
+        for (&block, &seq) in log {
+            let data = self.read(block * BLOCK, BLOCK as usize).await?;
+            match written_seq(&self.vm_id, block, &data) {
+                Some(s) if s >= seq => {
+                    out.verified += 1;
+                    out.max_seq = out.max_seq.max(s);
+                    found.insert(block, s);
+                }
+                got => {
+                    return Err(PlasmaError::Conflict(format!(
+                        "VM {}: block {block} should hold write {seq} or later, but {} on {}",
+                        self.vm_id,
+                        got.map_or("holds no guest write".to_owned(), |s| format!("holds write {s}")),
+                        self.worker
+                    )));
+                }
+            }
+        }
+        if adopt {
+            let mut l = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            for (b, s) in found {
+                let e = l.entry(b).or_insert(s);
+                *e = (*e).max(s);
+            }
+            self.next_seq.fetch_max(out.max_seq + 1, Ordering::Relaxed);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_block_tells_which_write_it_holds(block in 0u64..1024, seq in any::<u64>(), flip in 0usize..BLOCK as usize) {
+            let data = pattern("vm-1", block, seq);
+            prop_assert_eq!(written_seq("vm-1", block, &data), Some(seq));
+            prop_assert_eq!(written_seq("vm-2", block, &data), None);
+            prop_assert_eq!(written_seq("vm-1", block + 1, &data), None);
+            let mut bad = data.clone();
+            bad[flip] ^= 1;
+            prop_assert_eq!(written_seq("vm-1", block, &bad), None);
+        }
+    }
+
+    #[test]
+    fn zeroes_and_short_reads_hold_no_write() {
+        assert_eq!(written_seq("vm", 0, &vec![0; BLOCK as usize]), None);
+        assert_eq!(written_seq("vm", 0, &[1, 2, 3]), None);
+    }
+}
