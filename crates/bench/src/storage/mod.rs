@@ -437,7 +437,15 @@ pub async fn run(
         };
         let placement = cluster.vm_link_placement();
         let r = vm::measure(p, cluster.setup.coronafs.as_ref(), &vo, scratch, &placement, |m| progress.step(m)).await;
-        report.vm_image = Section::Measured(r.context("VM image path")?);
+        // A failure here (a PlasmaVMC or LightningStor error) is reported in
+        // the section, with the reason, instead of losing the whole run.
+        report.vm_image = match r {
+            Ok(v) => Section::Measured(v),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the VM image path failed");
+                Section::na(format!("the measurement failed: {e:#}"))
+            }
+        };
     } else {
         for _ in 0..2 + it {
             progress.step("PlasmaVMC not in the cluster");

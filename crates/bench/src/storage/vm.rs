@@ -208,7 +208,7 @@ async fn verify(c: &CoronaEndpoint, volume: &Value, img: &TestImage) -> anyhow::
     let mut want = vec![0u8; qcow2::CLUSTER as usize];
     let last = *img.written.extents.last().context("no extents")?;
     for e in [img.written.extents[0], last] {
-        let got = nbd.read(e, qcow2::EXTENT as u32).await?;
+        let got = nbd.read(e, qcow2::EXTENT as usize).await?;
         for (i, c) in got.chunks(qcow2::CLUSTER as usize).enumerate() {
             img.spec.cluster_data(e + i as u64 * qcow2::CLUSTER, &mut want);
             if c != want.as_slice() {
@@ -218,7 +218,7 @@ async fn verify(c: &CoronaEndpoint, volume: &Value, img: &TestImage) -> anyhow::
     }
     let hole = img.written.extents[0] + qcow2::EXTENT;
     if !img.written.extents.contains(&hole) && hole + qcow2::EXTENT <= img.spec.virtual_size {
-        let got = nbd.read(hole, qcow2::EXTENT as u32).await?;
+        let got = nbd.read(hole, qcow2::EXTENT as usize).await?;
         if got.iter().any(|b| *b != 0) {
             bail!("volume {export}: the hole at {hole} does not read as zeros");
         }
