@@ -114,7 +114,7 @@ pub fn ratios(r: &Report) -> Vec<Ratio> {
                 key: format!("vm_{}", t.key),
                 pct: 100.0 * t.ratio,
                 text: format!(
-                    "{} (target {}): {:.0}% of the target, {}.",
+                    "{} (target {}): {:.1}% of the target, {}.",
                     t.what,
                     t.target,
                     100.0 * t.ratio,

@@ -54,7 +54,7 @@ pub const PAGE_CACHE_NOTE: &str = "Reads are not like for like: the local-disk b
 fn vm_section(s: &mut String, v: &VmImage) {
     let _ = writeln!(
         s,
-        "Measured through PlasmaVMC's REST API only (`POST /v1/images`, `PUT /v1/images/{{id}}/file`, `POST /v1/volumes` polled to `available`): PlasmaVMC -> LightningStor artifact -> CoronaFS-backed volume. Emulated link: {}.\n",
+        "Measured through PlasmaVMC's REST API only (`POST /v1/images`, `PUT /v1/images/{{id}}/file`, `POST /v1/volumes` polled to `available`): PlasmaVMC -> LightningStor artifact -> CoronaFS-backed volume. Link: {}.\n",
         v.link_placement
     );
     let _ = writeln!(s, "| Metric | Result |\n|---|---:|");
@@ -96,7 +96,7 @@ fn vm_section(s: &mut String, v: &VmImage) {
         for t in &v.targets {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.2} | {} |",
+                "| {} | {} | {:.3} | {} |",
                 t.what,
                 t.target,
                 t.ratio,
