@@ -1,11 +1,15 @@
 //! The bench end to end: the embedded cluster's life cycle, `bench run`
 //! against NBD, a directory and S3, `bench compare`'s exit status, the
-//! accuracy check against fio, and `fresh-bench-storage --quick`.
+//! accuracy check against fio, `fresh-bench-storage --quick` on the embedded
+//! cluster and on services spawned as processes (`--cluster lab.toml`), and
+//! the criterion benches (built and run once each).
+
+mod s3_common;
 
 use bench::cluster::Cluster;
 use bench::shaper::LinkSpec;
 use serde_json::Value;
-use stack_tests::{Corona, ENGINES, bin, require};
+use stack_tests::{Corona, CoronaProc, ENGINES, bin, free_port, require, wait_for_port};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
@@ -42,9 +46,19 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         nbd.write(0, &[7u8; 4096], false).await.unwrap();
         assert_eq!(nbd.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
         let s3e = c.endpoints.lightningstor.clone().unwrap();
+        assert_eq!(s3e.endpoints.len(), 3, "three LightningStor nodes");
         let s3 = bench::storage::measure::s3(&s3e, 0);
         bench::storage::measure::ensure_bucket(&s3, "cycle-bucket").await.unwrap();
         s3.put_object().bucket("cycle-bucket").key("k").body(vec![1u8; 100].into()).send().await.unwrap();
+        // Written through node 1, read through node 3: the nodes form one cluster.
+        let other = bench::storage::measure::s3(&s3e, 2);
+        let got = other.get_object().bucket("cycle-bucket").key("k").send().await.unwrap();
+        assert_eq!(got.body.collect().await.unwrap().into_bytes().as_ref(), &[1u8; 100][..]);
+        // PlasmaVMC answers and reaches LightningStor (its bucket exists).
+        let p = c.endpoints.plasmavmc.clone().unwrap();
+        let images = reqwest::get(format!("{}/v1/images", p.url)).await.unwrap();
+        assert!(images.status().is_success());
+        s3.head_bucket().bucket(bench::cluster::EMBEDDED_IMAGE_BUCKET).send().await.unwrap();
         let addrs = c.listen_addrs();
         drop(nbd);
         c.shutdown().await;
@@ -67,7 +81,8 @@ fn the_embedded_cluster_starts_and_stops_cleanly_many_times() {
         };
         let (dir, addrs) = cycle(link);
         assert!(!dir.exists(), "cycle {i}: {} left behind", dir.display());
-        assert!(addrs.len() >= 3, "cycle {i}: {addrs:?}");
+        // CoronaFS NBD + API, 3 x (S3 + RPC), PlasmaVMC, and the proxies.
+        assert!(addrs.len() >= 9, "cycle {i}: {addrs:?}");
         for a in addrs {
             assert!(
                 TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_err(),
@@ -299,7 +314,7 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
         }
     }
     assert_eq!(v["s3_parallel_batch"]["jobs"], 8);
-    assert_eq!(v["vm_image"]["status"], "not_available");
+    check_vm_section(&v);
     let keys: Vec<&str> = v["assessment"].as_array().unwrap().iter().filter_map(|a| a["key"].as_str()).collect();
     for k in [
         "coronafs_seq_read_vs_local",
@@ -308,15 +323,194 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
         "coronafs_seq_read_vs_tcp",
         "coronafs_depth32_read_vs_local",
         "s3_large_download_vs_tcp",
+        "vm_warm_create_volume_p50_1g",
+        "vm_warm_create_volume_p50_4g",
+        "vm_warm_create_volume_p50_16g",
     ] {
         assert!(keys.contains(&k), "assessment lacks {k}: {keys:?}");
     }
+    assert_eq!(v["s3_large_object"]["nodes"], 3);
     let md = std::fs::read_to_string(d.path().join("storage-benchmarks.md")).unwrap();
     for h in ["## CoronaFS", "## LightningStor", "### Large-object path", "## VM Image Path", "## Assessment"] {
         assert!(md.contains(h), "report lacks {h}");
     }
+    assert!(md.contains("`CreateImage` latency") && md.contains("Warm `CreateVolume`"), "VM table missing");
+    assert!(md.contains("page cache") && md.contains("O_DIRECT"), "the page-cache caveat is missing");
     for svg in ["throughput.svg", "coronafs.svg", "lightningstor.svg"] {
         assert!(md.contains(svg), "report does not embed {svg}");
         assert!(std::fs::read_to_string(d.path().join(svg)).unwrap().contains("<svg"));
+    }
+}
+
+/// The VM image section of a results.json: every figure measured and
+/// plausible, the volumes verified, the warm targets present.
+fn check_vm_section(v: &Value) {
+    let vm = &v["vm_image"];
+    assert_eq!(vm["status"], "measured", "vm_image: {vm}");
+    assert_eq!(vm["format"], "qcow2");
+    assert_eq!(vm["virtual_size"], 4u64 << 30);
+    assert!(vm["artifact_bytes"].as_u64().unwrap() > vm["data_bytes"].as_u64().unwrap(), "{vm}");
+    for f in ["create_image_s", "create_image_mib_s", "first_create_volume_s", "second_create_volume_s"] {
+        let x = vm[f]["median"].as_f64().unwrap_or(0.0);
+        assert!(x > 0.0 && x.is_finite(), "vm_image.{f} = {x}");
+    }
+    let cold = vm["first_create_volume_s"]["median"].as_f64().unwrap();
+    let warm = vm["second_create_volume_s"]["median"].as_f64().unwrap();
+    assert!(warm < cold, "a cache hit ({warm} s) must beat the cold fill ({cold} s)");
+    assert_eq!(vm["verified"], true);
+    let sizes: Vec<u64> = vm["warm"].as_array().unwrap().iter().map(|w| w["virtual_size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, vec![1u64 << 30, 4 << 30, 16 << 30]);
+    for w in vm["warm"].as_array().unwrap() {
+        assert!(w["n"].as_u64().unwrap() >= 5, "{w}");
+        let p50 = w["p50_ms"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p50 <= w["max_ms"].as_f64().unwrap(), "{w}");
+    }
+    let targets: Vec<&str> = vm["targets"].as_array().unwrap().iter().filter_map(|t| t["key"].as_str()).collect();
+    assert!(targets.contains(&"warm_create_volume_p50_16g"), "{targets:?}");
+}
+
+#[test]
+fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
+    // The deployed shape: every service its own process, found through a
+    // cluster file, as a lab or a Docker client container would give it.
+    let d = tempfile::tempdir().unwrap();
+    let corona_dir = d.path().join("coronafs");
+    std::fs::create_dir(&corona_dir).unwrap();
+    let corona = CoronaProc::spawn(&corona_dir, ENGINES[0]);
+    let s3 = s3_common::SpawnedCluster::start(3, |c| {
+        c.access_key = Some(s3_common::AK.into());
+        c.secret_key = Some(s3_common::SK.into());
+        c.anonymous = false;
+    });
+    let s3_urls: Vec<String> = s3.nodes.iter().map(|n| n.as_ref().unwrap().endpoint()).collect();
+    let plasma_addr = format!("127.0.0.1:{}", free_port());
+    let mut plasma = Command::new(bin("plasmavmc", "plasmavmc"))
+        .args(["serve", "--listen", &plasma_addr, "--data-dir"])
+        .arg(d.path().join("plasmavmc"))
+        .args(["--s3-endpoint", &s3_urls[0], "--s3-bucket", "images"])
+        .args(["--coronafs-api", &format!("http://{}", corona.api), "--coronafs-nbd", &corona.nbd.to_string()])
+        .env("PLASMAVMC_S3_ACCESS_KEY", s3_common::AK)
+        .env("PLASMAVMC_S3_SECRET_KEY", s3_common::SK)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_port(plasma_addr.parse().unwrap(), Duration::from_secs(30));
+    let lab = d.path().join("lab.toml");
+    let quoted: Vec<String> = s3_urls.iter().map(|u| format!("{u:?}")).collect();
+    std::fs::write(
+        &lab,
+        format!(
+            "[coronafs]\nnbd = \"{}\"\napi = \"http://{}\"\n\n[lightningstor]\nendpoints = [{}]\naccess_key = \"{}\"\nsecret_key = \"{}\"\n\n[plasmavmc]\nurl = \"http://{plasma_addr}\"\n",
+            corona.nbd,
+            corona.api,
+            quoted.join(", "),
+            s3_common::AK,
+            s3_common::SK
+        ),
+    )
+    .unwrap();
+    let out_dir = d.path().join("out");
+    let out = bench()
+        .args(["fresh-bench-storage", "--quick", "--cluster"])
+        .arg(&lab)
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let _ = plasma.kill();
+        let _ = plasma.wait();
+        panic!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v = json(&out_dir.join("results.json"));
+    assert_eq!(v["cluster"], lab.display().to_string());
+    for s in
+        ["network", "local_disk", "coronafs", "cross_worker", "s3_large_object", "s3_small_batch", "s3_parallel_batch"]
+    {
+        assert_eq!(v[s]["status"], "measured", "{s}: {}", v[s]);
+    }
+    for (s, f) in [
+        ("coronafs", "seq_read_mib_s"),
+        ("coronafs", "rand_read_4k_iops"),
+        ("cross_worker", "read_mib_s"),
+        ("s3_large_object", "upload_mib_s"),
+        ("s3_parallel_batch", "get_per_s"),
+    ] {
+        let x = v[s][f]["median"].as_f64().unwrap_or(0.0);
+        assert!(x > 0.0 && x.is_finite(), "{s}.{f} = {x}");
+    }
+    assert_eq!(v["s3_large_object"]["nodes"], 3);
+    check_vm_section(&v);
+    // The deployed cluster keeps running; the bench left no volumes or images behind.
+    let images = s3_common::http_get(&plasma_addr, "/v1/images");
+    let _ = plasma.kill();
+    let _ = plasma.wait();
+    let images: Value = serde_json::from_str(&images.expect("GET /v1/images")).unwrap();
+    assert_eq!(images.as_array().map(Vec::len), Some(0), "images left behind: {images}");
+    drop(s3);
+    drop(corona);
+}
+
+#[test]
+fn the_criterion_benches_build_and_run_once() {
+    // `cargo test --workspace` builds no benches, so this test does: criterion
+    // run by `cargo test` (no --bench flag) executes every benchmark once
+    // without timing it, which catches a bench that no longer compiles or
+    // panics.
+    let release = stack_tests::target_dir().file_name().is_some_and(|n| n == "release");
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["test", "-p", "bench", "--bench", "hot_paths"]);
+    if release {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for group in [
+        "nbd_codec/request_decode",
+        "nbd_round_trip/read_4k",
+        "lightningstor_block_hash/",
+        "lightningstor_placement/",
+        "qcow2_mapping_walk/",
+        "s3_in_process/put_256k",
+    ] {
+        assert!(text.contains(group), "no {group} in the bench run:\n{text}");
+    }
+}
+
+#[test]
+fn the_bench_qcow2_writer_makes_images_qemu_img_accepts() {
+    require("qemu-img");
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("t.qcow2");
+    // 3 GiB: several L2 tables, extents in more than one of them.
+    let spec = bench::qcow2::Spec { virtual_size: 3 << 30, data_bytes: 5 << 20, seed: 42 };
+    let w = bench::qcow2::write(&spec, &path).unwrap();
+    let check = stack_tests::run(Command::new("qemu-img").args(["check", "--output=json"]).arg(&path));
+    let c: Value = serde_json::from_slice(&check.stdout).unwrap();
+    for k in ["corruptions", "leaks", "check-errors"] {
+        assert_eq!(c.get(k).and_then(Value::as_u64).unwrap_or(0), 0, "{k}: {c}");
+    }
+    let info = stack_tests::run(Command::new("qemu-img").args(["info", "--output=json"]).arg(&path));
+    let i: Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(i["format"], "qcow2");
+    assert_eq!(i["virtual-size"], 3u64 << 30);
+    assert!(i["backing-filename"].is_null());
+    // The guest bytes qemu reads are the ones the writer meant, holes are zero.
+    let raw = d.path().join("t.raw");
+    stack_tests::run(Command::new("qemu-img").args(["convert", "-f", "qcow2", "-O", "raw"]).arg(&path).arg(&raw));
+    let f = std::fs::File::open(&raw).unwrap();
+    use std::os::unix::fs::FileExt;
+    let mut got = vec![0u8; bench::qcow2::CLUSTER as usize];
+    let mut want = got.clone();
+    for e in &w.extents {
+        for c in 0..(bench::qcow2::EXTENT / bench::qcow2::CLUSTER) {
+            let off = e + c * bench::qcow2::CLUSTER;
+            f.read_exact_at(&mut got, off).unwrap();
+            spec.cluster_data(off, &mut want);
+            assert!(got == want, "guest bytes at {off} differ");
+        }
+        f.read_exact_at(&mut got, e + bench::qcow2::EXTENT).unwrap();
+        assert!(got.iter().all(|b| *b == 0), "the hole after {e} is not zero");
     }
 }

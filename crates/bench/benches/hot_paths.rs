@@ -1,11 +1,12 @@
 //! criterion benches for the hot paths: the NBD request/reply codec, an
 //! in-process NBD read/write round trip over loopback, LightningStor's block
-//! hashing, and an in-process S3 PUT/GET (aws-sdk-s3 plugged straight into
-//! the s3s service, no sockets).
+//! hashing and placement (key -> partition -> replicas, and computing a
+//! layout), PlasmaVMC's qcow2 mapping walk (probe, L1 check and imago's
+//! mapping of a sparse image into pieces), and an in-process S3 PUT/GET
+//! (aws-sdk-s3 plugged straight into the s3s service, no sockets).
 //!
-//! Not here yet, by design: LightningStor placement (lands with the
-//! replication branch) and the qcow2 mapping walk (lands with PlasmaVMC's
-//! image path); add them beside these when those crates export them.
+//! `cargo bench -p bench --bench hot_paths` measures; `cargo test -p bench
+//! --bench hot_paths` runs each once (the `stack-tests` bench test does that).
 
 use coronafs::proto::reply::{self, ReplyHeader};
 use coronafs::proto::request::{Command, Request};
@@ -73,6 +74,65 @@ fn block_hashing(c: &mut Criterion) {
     g.finish();
 }
 
+fn placement(c: &mut Criterion) {
+    use lightningstor::cluster::ClusterConfig;
+    use lightningstor::cluster::placement::{Layout, Replication, partition_of};
+    let mut g = c.benchmark_group("lightningstor_placement");
+    let cfg = ClusterConfig::init(5, std::path::Path::new("/nonexistent"), 9000).expect("config");
+    let layout = Layout::compute(&cfg);
+    let parts = layout.partitions();
+    g.bench_function("key_to_replicas", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            let key = format!("images/img-{i:016x}/part-{}", i % 977);
+            let p = partition_of(parts, "bench-bucket", key.as_bytes());
+            black_box(layout.nodes_for(p).len())
+        })
+    });
+    g.bench_function("compute_layout_5_nodes_256_partitions", |b| b.iter(|| Layout::compute(black_box(&cfg))));
+    g.finish();
+}
+
+fn qcow2_walk(c: &mut Criterion) {
+    use plasmavmc::convert::{Arrivals, Piece, Streamed, qcow2_to_pieces};
+    use std::sync::atomic::AtomicU64;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut g = c.benchmark_group("qcow2_mapping_walk");
+    // Sparse: 16 GiB virtual, 4 MiB allocated in 1 MiB extents; the walk
+    // (tables, mapping, holes) dominates, not the data copy.
+    for (virt, data) in [(16u64 << 30, 4u64 << 20), (1 << 30, 64 << 20)] {
+        let path = dir.path().join(format!("{}-{}.qcow2", virt >> 30, data >> 20));
+        let spec = bench::qcow2::Spec { virtual_size: virt, data_bytes: data, seed: 9 };
+        let w = bench::qcow2::write(&spec, &path).expect("write qcow2");
+        g.throughput(Throughput::Bytes(w.data_bytes));
+        g.bench_function(format!("{}g_virtual_{}m_data", virt >> 30, data >> 20), |b| {
+            b.iter(|| {
+                let file = std::fs::File::open(&path).expect("open");
+                let arrivals = std::sync::Arc::new(Arrivals::new(w.file_size, 1 << 20));
+                for i in 0..w.file_size.div_ceil(1 << 20) {
+                    arrivals.mark(i as usize);
+                }
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<Piece>(64);
+                let drain = std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while let Some(p) = rx.blocking_recv() {
+                        n += match p {
+                            Piece::Data { data, .. } => data.len() as u64,
+                            Piece::Zero { len, .. } => len,
+                        };
+                    }
+                    n
+                });
+                let done = AtomicU64::new(0);
+                qcow2_to_pieces(Streamed::new(file, w.file_size, arrivals), tx, &done).expect("walk");
+                assert_eq!(drain.join().expect("drain"), virt);
+            })
+        });
+    }
+    g.finish();
+}
+
 fn s3_put_get(c: &mut Criterion) {
     use aws_sdk_s3::config::{BehaviorVersion, Region};
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
@@ -118,5 +178,5 @@ fn s3_put_get(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, codec, nbd_round_trip, block_hashing, s3_put_get);
+criterion_group!(benches, codec, nbd_round_trip, block_hashing, placement, qcow2_walk, s3_put_get);
 criterion_main!(benches);

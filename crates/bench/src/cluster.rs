@@ -8,20 +8,25 @@
 //! own set-up traffic (creating and filling volumes) uses the unshaped
 //! addresses so only measured traffic crosses the emulated link.
 //!
-//! Services not in this build (PlasmaVMC; LightningStor replication) are
-//! absent from [`Endpoints`], and the report says "not available in this
-//! build" for their sections.
+//! The embedded cluster is one CoronaFS node, a LightningStor cluster of
+//! [`EMBEDDED_S3_NODES`] nodes replicating every object [`EMBEDDED_RF`] ways
+//! over TCP between them, and PlasmaVMC using both. Where the emulated link
+//! sits for PlasmaVMC is explained at [`Cluster::embedded`].
 
-use crate::shaper::{LinkSpec, Shaper};
+use crate::shaper::{LinkSpec, Nic, Shaper};
 use anyhow::{Context, bail};
 use coronafs::backend::IoEngine;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-/// LightningStor nodes the embedded cluster starts. One until replication
-/// lands; then three, and the S3 sections address all of them.
-pub const EMBEDDED_S3_NODES: usize = 1;
+/// LightningStor nodes the embedded cluster starts (the S3 sections spread
+/// their clients over all of them).
+pub const EMBEDDED_S3_NODES: usize = 3;
+/// Copies of every object in the embedded LightningStor cluster.
+pub const EMBEDDED_RF: usize = 3;
+/// Bucket PlasmaVMC keeps image artifacts in.
+pub const EMBEDDED_IMAGE_BUCKET: &str = "images";
 /// Keys of the embedded LightningStor nodes.
 pub const EMBEDDED_KEYS: (&str, &str) = ("bench-access-key", "bench-secret-key-0123456789");
 
@@ -92,22 +97,93 @@ impl Endpoints {
             }
         }
         if let Some(c) = &e.coronafs {
-            c.nbd.parse::<SocketAddr>().with_context(|| format!("coronafs.nbd {:?} is not host:port", c.nbd))?;
+            host_port(&c.nbd).with_context(|| format!("coronafs.nbd {:?}", c.nbd))?;
+            url_addr(&c.api).context("coronafs.api")?;
+        }
+        if let Some(p) = &e.plasmavmc {
+            url_addr(&p.url).context("plasmavmc.url")?;
         }
         Ok(e)
     }
 }
 
-/// `http://1.2.3.4:9000[/]` -> the socket address.
+/// `host:port` (an IP or a name that resolves) -> its first socket address.
+pub fn host_port(s: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    if !s.contains(':') {
+        bail!("{s:?} is not host:port");
+    }
+    s.to_socket_addrs()
+        .with_context(|| format!("cannot resolve {s:?}"))?
+        .next()
+        .with_context(|| format!("{s:?} resolves to no address"))
+}
+
+/// `http://host:port[/]` -> the socket address (names are resolved).
 pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
     let rest = url.strip_prefix("http://").with_context(|| format!("{url}: only http:// endpoints are supported"))?;
-    rest.trim_end_matches('/').parse().with_context(|| format!("{url}: expected http://IP:PORT"))
+    host_port(rest.trim_end_matches('/')).with_context(|| format!("{url}: expected http://HOST:PORT"))
 }
 
 struct Embedded {
     dir: tempfile::TempDir,
     corona: coronafs::server::RunningServer,
-    s3: Vec<lightningstor::server::Running>,
+    s3: Vec<lightningstor::cluster::RunningNode>,
+    /// Node-to-node addresses of the LightningStor nodes.
+    rpc: Vec<SocketAddr>,
+    plasma: plasmavmc::Server,
+}
+
+/// A loopback address nothing listens on right now (bound, then released).
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?)
+}
+
+/// Starts a LightningStor cluster in this process: every node with its own
+/// data dir under `base`, S3 and node-to-node RPC on loopback TCP. Node
+/// addresses go into the shared cluster file before any node starts, so a
+/// port taken in between makes the attempt fail; it is retried.
+async fn start_s3_cluster(base: &Path) -> anyhow::Result<(Vec<lightningstor::cluster::RunningNode>, Vec<SocketAddr>)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let dir = base.join(format!("attempt-{attempt}"));
+        let mut cfg = lightningstor::cluster::ClusterConfig::init(EMBEDDED_S3_NODES, &dir, 1)?;
+        cfg.replication_factor = EMBEDDED_RF;
+        cfg.access_key = Some(EMBEDDED_KEYS.0.into());
+        cfg.secret_key = Some(EMBEDDED_KEYS.1.into());
+        cfg.anonymous = false;
+        for n in &mut cfg.nodes {
+            n.s3 = free_addr()?;
+            n.rpc = free_addr()?;
+        }
+        cfg.validate()?;
+        let rpc = cfg.nodes.iter().map(|n| n.rpc).collect();
+        let mut nodes = Vec::new();
+        let mut failed = None;
+        for n in &cfg.nodes {
+            match lightningstor::cluster::start(cfg.clone(), &n.name).await {
+                Ok(r) => nodes.push(r),
+                Err(e) => {
+                    failed = Some(anyhow::anyhow!("starting LightningStor node {}: {e}", n.name));
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => return Ok((nodes, rpc)),
+            Some(e) => {
+                for n in nodes {
+                    n.shutdown().await;
+                }
+                tracing::warn!(error = %e, attempt, "retrying the LightningStor cluster start");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("LightningStor did not start")))
 }
 
 /// A cluster to measure.
@@ -121,6 +197,8 @@ pub struct Cluster {
     pub origin: String,
     embedded: Option<Embedded>,
     shapers: Vec<Shaper>,
+    /// The PlasmaVMC host's interface on the emulated link (embedded only).
+    nic: Option<Nic>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -130,38 +208,88 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// Starts CoronaFS and LightningStor in this process on loopback.
+    /// Starts CoronaFS, a replicated LightningStor cluster and PlasmaVMC in
+    /// this process on loopback.
+    ///
+    /// With link emulation, the bench's clients reach every service through
+    /// their own shaping proxy (the client's link). PlasmaVMC models the
+    /// seed's `node01`, which ran PlasmaVMC and the CoronaFS export while the
+    /// LightningStor replicas sat on other machines: it gets one emulated
+    /// interface ([`Nic`], a rate per direction) that carries both the client's
+    /// uploads to it (received) and its own S3 traffic to LightningStor
+    /// (multipart parts sent, range GETs received). Its writes into CoronaFS
+    /// stay local (same host), and LightningStor's node-to-node replication
+    /// runs on its own, unemulated network.
     pub async fn embedded(link: LinkSpec) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("fresh-bench-storage-").tempdir()?;
         let cfg = coronafs::server::ServerConfig::ephemeral(dir.path().join("coronafs"), IoEngine::Uring);
         let corona = coronafs::server::start(cfg).await.context("starting CoronaFS")?;
-        let mut s3 = Vec::new();
-        for i in 0..EMBEDDED_S3_NODES {
-            let mut cfg = lightningstor::Config::new(dir.path().join(format!("lightningstor-{i}")))
-                .with_keys(EMBEDDED_KEYS.0, EMBEDDED_KEYS.1);
-            cfg.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-            let (running, _store) = lightningstor::server::start(cfg).await.context("starting LightningStor")?;
-            s3.push(running);
-        }
+        let (s3, rpc) = match start_s3_cluster(&dir.path().join("lightningstor")).await {
+            Ok(x) => x,
+            Err(e) => {
+                corona.shutdown().await;
+                return Err(e);
+            }
+        };
+        let nic = (!link.is_loopback()).then(|| Nic::new(link));
+        let mut shapers = Vec::new();
+        let s3_for_plasma = match &nic {
+            Some(n) => {
+                let sh = n.outbound(s3[0].s3.addr).await?;
+                let a = sh.addr;
+                shapers.push(sh);
+                a
+            }
+            None => s3[0].s3.addr,
+        };
+        let pcfg = plasmavmc::Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("plasmavmc"),
+            s3_endpoint: format!("http://{s3_for_plasma}"),
+            s3_bucket: EMBEDDED_IMAGE_BUCKET.into(),
+            s3_access_key: EMBEDDED_KEYS.0.into(),
+            s3_secret_key: EMBEDDED_KEYS.1.into(),
+            s3_region: default_region(),
+            coronafs_api: corona.api_url(),
+            coronafs_nbd: corona.nbd_addr.to_string(),
+            ..plasmavmc::Config::default()
+        };
+        let plasma = match plasmavmc::Server::start(pcfg).await {
+            Ok(p) => p,
+            Err(e) => {
+                for sh in shapers {
+                    sh.shutdown().await;
+                }
+                for n in s3 {
+                    n.shutdown().await;
+                }
+                corona.shutdown().await;
+                return Err(anyhow::anyhow!("starting PlasmaVMC: {e}"));
+            }
+        };
         let setup = Endpoints {
             coronafs: Some(CoronaEndpoint { nbd: corona.nbd_addr.to_string(), api: corona.api_url() }),
             lightningstor: Some(S3Endpoint {
-                endpoints: s3.iter().map(|r| format!("http://{}", r.addr)).collect(),
+                endpoints: s3.iter().map(|r| format!("http://{}", r.s3.addr)).collect(),
                 access_key: EMBEDDED_KEYS.0.into(),
                 secret_key: EMBEDDED_KEYS.1.into(),
                 region: default_region(),
             }),
-            plasmavmc: None,
+            plasmavmc: Some(PlasmaEndpoint { url: plasma.url() }),
         };
         let mut c = Cluster {
             endpoints: setup.clone(),
             setup,
             link,
             origin: "embedded".into(),
-            embedded: Some(Embedded { dir, corona, s3 }),
-            shapers: Vec::new(),
+            embedded: Some(Embedded { dir, corona, s3, rpc, plasma }),
+            shapers,
+            nic,
         };
-        c.shape().await?;
+        if let Err(e) = c.shape().await {
+            c.shutdown().await;
+            return Err(e);
+        }
         Ok(c)
     }
 
@@ -174,18 +302,20 @@ impl Cluster {
             origin: origin.into(),
             embedded: None,
             shapers: Vec::new(),
+            nic: None,
         };
         c.shape().await?;
         Ok(c)
     }
 
-    /// Puts a shaping proxy in front of every NBD and S3 endpoint.
+    /// Puts a shaping proxy in front of every endpoint: PlasmaVMC's through
+    /// its host's interface when embedded, the others each their own link.
     async fn shape(&mut self) -> anyhow::Result<()> {
         if self.link.is_loopback() {
             return Ok(());
         }
         if let Some(c) = &mut self.endpoints.coronafs {
-            let sh = Shaper::start(c.nbd.parse()?, self.link).await?;
+            let sh = Shaper::start(host_port(&c.nbd)?, self.link).await?;
             c.nbd = sh.addr.to_string();
             self.shapers.push(sh);
         }
@@ -196,7 +326,38 @@ impl Cluster {
                 self.shapers.push(sh);
             }
         }
+        if let Some(p) = &mut self.endpoints.plasmavmc {
+            let addr = url_addr(&p.url)?;
+            let sh = match &self.nic {
+                Some(n) => n.inbound(addr).await?,
+                None => Shaper::start(addr, self.link).await?,
+            };
+            p.url = format!("http://{}", sh.addr);
+            self.shapers.push(sh);
+        }
         Ok(())
+    }
+
+    /// Where the emulated link sits on the VM image path, for the report.
+    pub fn vm_link_placement(&self) -> String {
+        if self.link.is_loopback() {
+            return "loopback: no link emulation anywhere on the path".into();
+        }
+        if self.embedded.is_some() {
+            format!(
+                "{}, on PlasmaVMC's interface: the client's upload into PlasmaVMC and PlasmaVMC's S3 traffic \
+                 (multipart parts out, range GETs in) share one rate per direction, like the seed's node01; \
+                 PlasmaVMC's writes into CoronaFS are host-local and LightningStor's replication between its \
+                 nodes is not on the emulated link",
+                self.link.describe()
+            )
+        } else {
+            format!(
+                "{}, between the bench client and PlasmaVMC only; the deployed services reach each other over \
+                 their own network",
+                self.link.describe()
+            )
+        }
     }
 
     /// Directory of the embedded cluster's data (None for an external one).
@@ -210,7 +371,9 @@ impl Cluster {
         if let Some(e) = &self.embedded {
             v.push(e.corona.nbd_addr);
             v.push(e.corona.api_addr);
-            v.extend(e.s3.iter().map(|r| r.addr));
+            v.extend(e.s3.iter().map(|r| r.s3.addr));
+            v.extend(e.rpc.iter().copied());
+            v.push(e.plasma.addr);
         }
         v
     }
@@ -221,10 +384,11 @@ impl Cluster {
             s.shutdown().await;
         }
         if let Some(e) = self.embedded {
-            e.corona.shutdown().await;
+            e.plasma.shutdown().await;
             for r in e.s3 {
                 r.shutdown().await;
             }
+            e.corona.shutdown().await;
             let path = e.dir.path().to_owned();
             if let Err(err) = e.dir.close() {
                 tracing::warn!(error = %err, path = %path.display(), "could not remove the cluster's data");
@@ -268,7 +432,12 @@ mod tests {
         assert_eq!(e.lightningstor.unwrap().endpoints.len(), 2);
         assert!(e.plasmavmc.is_none());
         assert!(Endpoints::from_toml("[coronafs]\nnbd = \"x:1\"\napi = \"y\"\nfoo = 1").is_err());
-        assert!(Endpoints::from_toml("[coronafs]\nnbd = \"nohost\"\napi = \"y\"").is_err());
+        assert!(Endpoints::from_toml("[coronafs]\nnbd = \"nohost\"\napi = \"http://127.0.0.1:1\"").is_err());
+        assert!(Endpoints::from_toml("[coronafs]\nnbd = \"localhost:1\"\napi = \"http://localhost:7070\"").is_ok());
+        let e = Endpoints::from_toml("[plasmavmc]\nurl = \"ftp://h:1\"").unwrap_err();
+        assert!(format!("{e:#}").contains("plasmavmc.url"), "{e:#}");
+        let e = Endpoints::from_toml("[plasmavmc]\nurl = \"http://127.0.0.1:8080\"\n").unwrap();
+        assert_eq!(e.plasmavmc.unwrap().url, "http://127.0.0.1:8080");
         let e = Endpoints::from_toml("[lightningstor]\nendpoints = []\naccess_key = \"a\"\nsecret_key = \"s\"");
         assert!(format!("{:#}", e.unwrap_err()).contains("empty"));
         assert!(

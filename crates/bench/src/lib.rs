@@ -12,6 +12,7 @@
 //! - [`cluster`]: the embedded (or deployed) cluster the storage bench measures;
 //! - [`storage`], [`charts`], [`progress`]: `fresh-bench-storage`;
 //! - [`fio`]: runs fio jobs and parses its JSON output;
+//! - [`qcow2`]: a small qcow2 writer for the VM image test images;
 //! - [`stats`]: median, spread, ratios;
 //! - [`peers`], [`nbd_compare`]: CoronaFS against nbdkit and qemu-nbd.
 
@@ -28,6 +29,7 @@ pub mod nbd_compare;
 pub mod netprobe;
 pub mod peers;
 pub mod progress;
+pub mod qcow2;
 pub mod runner;
 pub mod shaper;
 pub mod stats;

@@ -84,15 +84,23 @@ struct StorageArgs {
     #[arg(long, default_value = "bench-out")]
     out_dir: PathBuf,
     /// Emulated link rate per direction between the bench and the services
-    /// (e.g. 20MiB); transfer sizes shrink so the run stays bounded.
+    /// (e.g. 20MiB); transfer sizes shrink so the run stays bounded. In the
+    /// embedded cluster PlasmaVMC's own interface is emulated too: client
+    /// uploads into it and its S3 traffic to LightningStor share one rate per
+    /// direction (its CoronaFS writes are host-local), as on the seed lab's
+    /// node01. The VM image targets (CreateImage >= 85 % of the rate, cold
+    /// CreateVolume <= 1.2 x artifact / rate) are evaluated only with it.
     #[arg(long)]
     link_rate: Option<String>,
     /// Emulated one-way delay added by the link (e.g. 1ms).
     #[arg(long)]
     link_delay: Option<String>,
-    /// A deployed cluster (TOML: [coronafs] nbd/api, [lightningstor]
-    /// endpoints/access_key/secret_key, [plasmavmc] url) instead of a fresh
-    /// embedded one.
+    /// A deployed cluster instead of a fresh embedded one. TOML, every table
+    /// optional (a missing service's sections say "not available"):
+    /// [coronafs] nbd = "host:port", api = "http://host:port";
+    /// [lightningstor] endpoints = ["http://host:port", ...], access_key,
+    /// secret_key, region (default us-east-1); [plasmavmc] url =
+    /// "http://host:port". See docs/bench.md.
     #[arg(long)]
     cluster: Option<PathBuf>,
     /// Iterations (default 3, or 1 with --quick).

@@ -65,6 +65,36 @@ impl TokenBucket {
     }
 }
 
+/// One host's network interface on the emulated link: a bucket for what
+/// it receives and one for what it sends, shared by every proxy in front of
+/// or behind that host.
+#[derive(Debug, Clone)]
+pub struct Nic {
+    pub rx: Option<Arc<TokenBucket>>,
+    pub tx: Option<Arc<TokenBucket>>,
+    pub delay: Duration,
+}
+
+impl Nic {
+    pub fn new(spec: LinkSpec) -> Nic {
+        Nic {
+            rx: spec.rate.map(|r| Arc::new(TokenBucket::new(r))),
+            tx: spec.rate.map(|r| Arc::new(TokenBucket::new(r))),
+            delay: spec.delay,
+        }
+    }
+
+    /// A proxy in front of a service on this host (clients send into it).
+    pub async fn inbound(&self, service: SocketAddr) -> std::io::Result<Shaper> {
+        Shaper::start_with(service, self.delay, self.rx.clone(), self.tx.clone()).await
+    }
+
+    /// A proxy this host's processes use to reach `remote` (they send out).
+    pub async fn outbound(&self, remote: SocketAddr) -> std::io::Result<Shaper> {
+        Shaper::start_with(remote, self.delay, self.tx.clone(), self.rx.clone()).await
+    }
+}
+
 /// A running proxy.
 #[derive(Debug)]
 pub struct Shaper {
@@ -77,10 +107,23 @@ pub struct Shaper {
 impl Shaper {
     /// Listens on a free loopback port and forwards every connection to `upstream`.
     pub async fn start(upstream: SocketAddr, spec: LinkSpec) -> std::io::Result<Shaper> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
         let up = spec.rate.map(|r| Arc::new(TokenBucket::new(r)));
         let down = spec.rate.map(|r| Arc::new(TokenBucket::new(r)));
+        Self::start_with(upstream, spec.delay, up, down).await
+    }
+
+    /// Like [`Shaper::start`], with the buckets given: `up` paces bytes from
+    /// clients to `upstream`, `down` the replies. Proxies that share a
+    /// bucket share its rate, as connections through one NIC do.
+    pub async fn start_with(
+        upstream: SocketAddr,
+        delay: Duration,
+        up: Option<Arc<TokenBucket>>,
+        down: Option<Arc<TokenBucket>>,
+    ) -> std::io::Result<Shaper> {
+        let spec = LinkSpec { rate: None, delay };
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();

@@ -1,5 +1,6 @@
 //! The Assessment: every ratio the seed report states, computed from this
-//! run's medians (and a few more that the same figures allow). A ratio whose
+//! run's medians (and a few more that the same figures allow), plus the VM
+//! image path's targets as a percentage of each target (>= 100 % is met). A ratio whose
 //! inputs were not measured is left out, not guessed.
 
 use super::{Ratio, Report};
@@ -107,5 +108,20 @@ pub fn ratios(r: &Report) -> Vec<Ratio> {
             )
         },
     );
+    if let Some(vm) = r.vm_image.get() {
+        for t in &vm.targets {
+            v.push(Ratio {
+                key: format!("vm_{}", t.key),
+                pct: 100.0 * t.ratio,
+                text: format!(
+                    "{} (target {}): {:.1}% of the target, {}.",
+                    t.what,
+                    t.target,
+                    100.0 * t.ratio,
+                    if t.met { "met" } else { "missed" }
+                ),
+            });
+        }
+    }
     v
 }

@@ -10,6 +10,7 @@
 pub mod assess;
 pub mod markdown;
 pub mod measure;
+pub mod vm;
 
 use crate::cluster::Cluster;
 use crate::loadgen::Opened;
@@ -58,6 +59,14 @@ pub struct Options {
     pub net_time: Duration,
     /// Run the nbdkit / qemu-nbd comparison too.
     pub peers: bool,
+    /// Allocated bytes of the main (4 GiB virtual) VM image.
+    pub vm_artifact: u64,
+    /// Allocated bytes of the 1 GiB and 16 GiB VM images.
+    pub vm_side_artifact: u64,
+    /// Warm `CreateVolume` calls per virtual size.
+    pub vm_warm_count: usize,
+    /// Link rate (bytes/s) when emulated.
+    pub link_rate: Option<u64>,
 }
 
 impl Options {
@@ -75,6 +84,10 @@ impl Options {
                 parallel_jobs: 8,
                 net_time: Duration::from_secs(1),
                 peers: false,
+                vm_artifact: 32 << 20,
+                vm_side_artifact: 8 << 20,
+                vm_warm_count: 10,
+                link_rate: None,
             }
         } else {
             Options {
@@ -89,6 +102,10 @@ impl Options {
                 parallel_jobs: 8,
                 net_time: Duration::from_secs(3),
                 peers: true,
+                vm_artifact: 256 << 20,
+                vm_side_artifact: 32 << 20,
+                vm_warm_count: 21,
+                link_rate: None,
             }
         }
     }
@@ -96,6 +113,7 @@ impl Options {
     /// Shrinks transfer sizes so a slow emulated link still ends in time.
     pub fn fit_link(&mut self, rate: Option<u64>) {
         let Some(rate) = rate else { return };
+        self.link_rate = Some(rate);
         // About 10 s of link time per transfer at most.
         let cap = (rate * 10).max(4 << 20);
         let cap_mib = |v: u64| (v.min(cap) >> 20).max(1) << 20;
@@ -104,6 +122,8 @@ impl Options {
         self.large_object = cap_mib(self.large_object as u64) as usize;
         let batch_cap = (cap / self.batch_count as u64).max(256 << 10);
         self.batch_object = self.batch_object.min(batch_cap as usize);
+        self.vm_artifact = cap_mib(self.vm_artifact);
+        self.vm_side_artifact = cap_mib(self.vm_side_artifact).min(self.vm_artifact);
     }
 }
 
@@ -144,11 +164,55 @@ pub struct Objects {
     pub nodes: usize,
 }
 
+/// The VM image path (see [`vm`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct VmImage {
+    pub format: String,
+    /// Bytes of the main image's artifact (the qcow2 file).
+    pub artifact_bytes: u64,
+    /// Virtual size of the main image.
+    pub virtual_size: u64,
+    /// Allocated guest bytes in the main image.
+    pub data_bytes: u64,
     pub create_image_s: Summary,
+    pub create_image_mib_s: Summary,
+    /// Cold: the image's first `CreateVolume`.
     pub first_create_volume_s: Summary,
+    /// The image's second `CreateVolume` (warm).
     pub second_create_volume_s: Summary,
+    /// Warm `CreateVolume` per virtual size.
+    pub warm: Vec<WarmCreate>,
+    /// Volumes were read back over NBD and matched the image.
+    pub verified: bool,
+    /// Where the emulated link sits on this path.
+    pub link_placement: String,
+    /// Issue 6's targets with this run's ratio to each.
+    pub targets: Vec<Target>,
+}
+
+/// Warm `CreateVolume` latency for one virtual size.
+#[derive(Debug, Clone, Serialize)]
+pub struct WarmCreate {
+    pub virtual_size: u64,
+    pub artifact_bytes: u64,
+    pub n: usize,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub max_ms: f64,
+    /// The cold `CreateVolume` that cached this image (None: the main image's, above).
+    pub cold_create_volume_s: Option<f64>,
+}
+
+/// A performance target: the figure, the target, and `ratio` = how far
+/// the figure is past the target (>= 1 is met, < 1 missed by that factor).
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub key: String,
+    pub what: String,
+    pub value: f64,
+    pub target: String,
+    pub ratio: f64,
+    pub met: bool,
 }
 
 /// One ratio of the assessment.
@@ -214,7 +278,7 @@ fn objects_summary(runs: &[measure::Transfer], count: usize, size: usize, jobs: 
 
 /// Steps the progress bar counts.
 pub fn steps(opts: &Options) -> u64 {
-    2 + 6 * opts.iterations as u64 + u64::from(opts.peers)
+    2 + 6 * opts.iterations as u64 + u64::from(opts.peers) + 2 + opts.iterations as u64
 }
 
 /// Runs every section against `cluster`. `scratch` holds the local-disk
@@ -359,13 +423,34 @@ pub async fn run(
         } else {
             Section::na(no_s3)
         },
-        vm_image: Section::na(match &ep.plasmavmc {
-            None => "not available in this build: PlasmaVMC (CreateImage / CreateVolume) has not landed yet",
-            Some(_) => "not available in this build: the bench has no PlasmaVMC client yet",
-        }),
+        vm_image: Section::na("PlasmaVMC is not in the cluster file"),
         nbd_peers: Section::na("skipped (--quick, or --no-peers); run `bench nbd-compare`"),
         assessment: Vec::new(),
     };
+    if let Some(p) = &ep.plasmavmc {
+        let vo = vm::VmOptions {
+            artifact_data: opts.vm_artifact,
+            side_data: opts.vm_side_artifact,
+            warm_count: opts.vm_warm_count,
+            iterations: it,
+            link_rate: opts.link_rate,
+        };
+        let placement = cluster.vm_link_placement();
+        let r = vm::measure(p, cluster.setup.coronafs.as_ref(), &vo, scratch, &placement, |m| progress.step(m)).await;
+        // A failure here (a PlasmaVMC or LightningStor error) is reported in
+        // the section, with the reason, instead of losing the whole run.
+        report.vm_image = match r {
+            Ok(v) => Section::Measured(v),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the VM image path failed");
+                Section::na(format!("the measurement failed: {e:#}"))
+            }
+        };
+    } else {
+        for _ in 0..2 + it {
+            progress.step("PlasmaVMC not in the cluster");
+        }
+    }
     if opts.peers && cluster.data_dir().is_some() {
         progress.step("NBD peers: CoronaFS vs nbdkit vs qemu-nbd (fio)");
         report.nbd_peers = peers_section(scratch).await;
