@@ -229,6 +229,12 @@ impl Node {
 
     /// The replica side of every request.
     pub async fn handle_local(&self, req: Msg<Req>) -> Msg<Resp> {
+        if let Req::Rebalance = req.head {
+            return match self.rebalance().await {
+                Ok(n) => Msg::new(Resp::Count(n as u64)),
+                Err(e) => Msg::new(Resp::Err((&e).into())),
+            };
+        }
         match self.serve(req, false).await {
             Ok(m) => m,
             Err(e) => Msg::new(Resp::Err((&e).into())),
@@ -363,11 +369,8 @@ impl Node {
                 self.change_layout_from(&old, new)?;
                 Msg::new(Resp::Ok)
             }
-            Req::Rebalance => {
-                let me =
-                    self.me.upgrade().ok_or_else(|| LightningError::Unavailable("node is shutting down".into()))?;
-                Msg::new(Resp::Count(me.rebalance_round().await? as u64))
-            }
+            // Answered in `handle_local` (rebalancing calls back into `serve`).
+            Req::Rebalance => return Err(LightningError::InvalidRequest("rebalance is a remote request".into())),
             Req::FinishLayout => {
                 self.finish_layout_change();
                 Msg::new(Resp::Ok)
@@ -443,6 +446,11 @@ impl Node {
         }
         self.store.spawn_delete(r?);
         Ok(())
+    }
+
+    async fn rebalance(&self) -> Result<usize> {
+        let me = self.me.upgrade().ok_or_else(|| LightningError::Unavailable("node is shutting down".into()))?;
+        me.rebalance_round().await
     }
 
     /// Node health for `cluster status`.
