@@ -542,9 +542,9 @@ async fn multipart_uploads_survive_nodes_down_and_read_back_from_every_node() ->
     // Node 3 missed the drop of the completed upload; it can never revive it.
     assert!(s.cluster.node(3).store.meta.get_upload(&id)?.is_some());
     assert!(c.list_multipart_uploads().bucket("bkt").send().await?.uploads().is_empty());
+    assert_eq!(s.cluster.node(3).sweep_uploads().await?, 1, "the sweep drops it on node 3");
     let e = upload_part(&s.client_of(3), "bkt", "big", &id, 4, b"late").await.expect_err("completed upload");
     assert!(e.to_string().contains("NoSuchUpload"), "{e}");
-    assert_eq!(s.cluster.node(3).sweep_uploads().await?, 1);
     for n in 1..=3 {
         let store = &s.cluster.node(n).store;
         assert!(store.meta.get_upload(&id)?.is_none() && store.meta.upload_gone(&id)?, "node {n} still has the upload");
