@@ -45,6 +45,8 @@ single_node_and_cluster!(
     copies_keep_or_replace_metadata_and_check_source_conditions,
     delete_objects_removes_a_batch_and_reports_each_key,
     listings_page_through_prefixes_delimiters_and_markers,
+    multipart_uploads_complete_with_an_s3_style_etag,
+    multipart_uploads_are_listed_by_prefix_and_page_by_markers,
 );
 
 async fn body_of(out: aws_sdk_s3::operation::get_object::GetObjectOutput) -> Vec<u8> {
@@ -437,10 +439,7 @@ async fn listings_page_through_prefixes_delimiters_and_markers(c: aws_sdk_s3::Cl
     Ok(())
 }
 
-#[tokio::test]
-async fn multipart_uploads_complete_with_an_s3_style_etag() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn multipart_uploads_complete_with_an_s3_style_etag(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     let p1 = pseudo_random(5 * 1024 * 1024, 10);
     let p2 = pseudo_random(1234, 11);
@@ -972,10 +971,7 @@ async fn a_block_corrupted_on_disk_fails_the_get_instead_of_returning_bad_bytes(
     Ok(())
 }
 
-#[tokio::test]
-async fn multipart_uploads_are_listed_by_prefix_and_page_by_markers() -> R {
-    let s = InProcess::new();
-    let c = s.client();
+async fn multipart_uploads_are_listed_by_prefix_and_page_by_markers(c: aws_sdk_s3::Client) -> R {
     c.create_bucket().bucket("bkt").send().await?;
     let mut ids = Vec::new();
     for key in ["a/1", "a/2", "b/1", "c"] {

@@ -456,3 +456,452 @@ fn killing_a_node_during_600_parallel_uploads_loses_no_acknowledged_object() {
         }
     });
 }
+
+async fn create_upload(c: &aws_sdk_s3::Client, b: &str, k: &str) -> anyhow::Result<String> {
+    let up = c.create_multipart_upload().bucket(b).key(k).send().await?;
+    Ok(up.upload_id().ok_or_else(|| anyhow::anyhow!("no upload id"))?.to_owned())
+}
+
+async fn upload_part(
+    c: &aws_sdk_s3::Client,
+    b: &str,
+    k: &str,
+    id: &str,
+    n: i32,
+    data: &[u8],
+) -> anyhow::Result<String> {
+    let out = c
+        .upload_part()
+        .bucket(b)
+        .key(k)
+        .upload_id(id)
+        .part_number(n)
+        .body(ByteStream::from(data.to_vec()))
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("part {n} of {k}: {}: {e:?}", code(&e)))?;
+    Ok(out.e_tag.ok_or_else(|| anyhow::anyhow!("no etag"))?)
+}
+
+async fn complete(c: &aws_sdk_s3::Client, b: &str, k: &str, id: &str, etags: &[String]) -> anyhow::Result<String> {
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let mut parts = CompletedMultipartUpload::builder();
+    for (i, e) in etags.iter().enumerate() {
+        parts = parts.parts(CompletedPart::builder().part_number(i as i32 + 1).e_tag(e).build());
+    }
+    let out = c
+        .complete_multipart_upload()
+        .bucket(b)
+        .key(k)
+        .upload_id(id)
+        .multipart_upload(parts.build())
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("complete {k}: {}: {e:?}", code(&e)))?;
+    Ok(out.e_tag.ok_or_else(|| anyhow::anyhow!("no etag"))?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn multipart_uploads_survive_nodes_down_and_read_back_from_every_node() -> R {
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    let parts =
+        [pseudo_random(5 * 1024 * 1024 + 1000, 1), pseudo_random(5 * 1024 * 1024, 2), pseudo_random(300_000, 3)];
+    let whole: Vec<u8> = parts.concat();
+    // Node 2 misses the creation and part 1; node 3 misses parts 2 and 3 and the completion.
+    s.cluster.faults.isolate(2);
+    let id = create_upload(&c, "bkt", "big").await?;
+    let mut etags = vec![upload_part(&c, "bkt", "big", &id, 1, &parts[0]).await?];
+    s.cluster.faults.heal();
+    s.cluster.faults.isolate(3);
+    for (i, p) in parts.iter().enumerate().skip(1) {
+        etags.push(upload_part(&c, "bkt", "big", &id, i as i32 + 1, p).await?);
+    }
+    let listed = c.list_parts().bucket("bkt").key("big").upload_id(&id).send().await?;
+    assert_eq!(listed.parts().len(), 3, "every acknowledged part is listed");
+    let e = get(&c, "bkt", "big").await.expect_err("not visible before completion");
+    assert!(format!("{e:?}").contains("NoSuchKey"), "{e:?}");
+    complete(&c, "bkt", "big", &id, &etags).await?;
+    // Node 2 got the blocks of part 1 at completion: both live nodes serve it.
+    for n in [1, 2] {
+        assert!(get(&s.client_of(n), "bkt", "big").await? == whole, "node {n} read differs during the outage");
+    }
+    s.cluster.faults.heal();
+    eventually(60, "node 3 gets the completed object through the resync queue", || {
+        local_row(&s, 3, "bkt", "big") == local_row(&s, 1, "bkt", "big") && s.cluster.node(1).resync.is_empty()
+    })
+    .await;
+    let Some(Row::Object(meta)) = local_row(&s, 3, "bkt", "big") else { panic!("node 3 has no object row") };
+    for b in meta.data.blocks() {
+        assert!(s.cluster.node(3).store.blocks.contains(&b.hash)?, "node 3 lacks block {}", b.hash.to_hex());
+    }
+    for n in 1..=3 {
+        assert!(get(&s.client_of(n), "bkt", "big").await? == whole, "node {n} read differs after repair");
+    }
+    // Node 3 missed the drop of the completed upload; it can never revive it.
+    assert!(s.cluster.node(3).store.meta.get_upload(&id)?.is_some());
+    assert!(c.list_multipart_uploads().bucket("bkt").send().await?.uploads().is_empty());
+    assert_eq!(s.cluster.node(3).sweep_uploads().await?, 1, "the sweep drops it on node 3");
+    let e = upload_part(&s.client_of(3), "bkt", "big", &id, 4, b"late").await.expect_err("completed upload");
+    assert!(e.to_string().contains("NoSuchUpload"), "{e}");
+    for n in 1..=3 {
+        let store = &s.cluster.node(n).store;
+        assert!(store.meta.get_upload(&id)?.is_none() && store.meta.upload_gone(&id)?, "node {n} still has the upload");
+        assert_eq!(store.meta.counts()?, s.cluster.node(1).store.meta.counts()?, "node {n} holds other blocks");
+    }
+
+    // Abort with a node down: the parts' blocks go, the upload stays gone.
+    s.cluster.faults.isolate(2);
+    let id2 = create_upload(&c, "bkt", "aborted").await?;
+    upload_part(&c, "bkt", "aborted", &id2, 1, &pseudo_random(2_000_000, 9)).await?;
+    c.abort_multipart_upload().bucket("bkt").key("aborted").upload_id(&id2).send().await?;
+    s.cluster.faults.heal();
+    let e = upload_part(&s.client_of(2), "bkt", "aborted", &id2, 2, b"x").await.expect_err("aborted");
+    assert!(e.to_string().contains("NoSuchUpload"), "{e}");
+    assert!(c.list_multipart_uploads().bucket("bkt").send().await?.uploads().is_empty());
+    assert!(get(&c, "bkt", "aborted").await.is_err());
+    eventually(10, "aborted parts' blocks are freed", || {
+        (1..=3).all(|n| s.cluster.node(n).store.meta.counts().ok() == s.cluster.node(1).store.meta.counts().ok())
+    })
+    .await;
+    Ok(())
+}
+
+#[test]
+fn a_multipart_upload_to_spawned_nodes_survives_a_kill_and_reads_back_from_every_node() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut cluster = SpawnedCluster::start(3, |c| {
+        c.scrub_blocks_per_sec = 0;
+        c.anti_entropy_secs = 2;
+    });
+    let c = cluster.client(0);
+    let parts = [pseudo_random(6 * 1024 * 1024, 21), pseudo_random(5 * 1024 * 1024 + 7, 22), pseudo_random(1000, 23)];
+    let whole: Vec<u8> = parts.concat();
+    let id = rt.block_on(async {
+        c.create_bucket().bucket("bkt").send().await.expect("bucket");
+        let id = create_upload(&c, "bkt", "image.qcow2").await.expect("create");
+        upload_part(&c, "bkt", "image.qcow2", &id, 1, &parts[0]).await.expect("part 1");
+        id
+    });
+    cluster.kill(2);
+    let etag = rt.block_on(async {
+        let mut etags = Vec::new();
+        let listed = c.list_parts().bucket("bkt").key("image.qcow2").upload_id(&id).send().await.expect("parts");
+        etags.extend(listed.parts().iter().filter_map(|p| p.e_tag().map(str::to_owned)));
+        for (i, p) in parts.iter().enumerate().skip(1) {
+            etags.push(upload_part(&c, "bkt", "image.qcow2", &id, i as i32 + 1, p).await.expect("part"));
+        }
+        let etag = complete(&c, "bkt", "image.qcow2", &id, &etags).await.expect("complete with a node down");
+        for i in 0..2 {
+            let got = get(&cluster.client(i), "bkt", "image.qcow2").await.expect("read during the outage");
+            assert!(got == whole, "node {i} read differs during the outage");
+        }
+        etag
+    });
+    assert!(etag.ends_with("-3\""), "{etag}");
+    cluster.restart(2);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let q: f64 = (0..3).filter_map(|i| cluster.metric(i, "lightningstor_resync_queue")).sum();
+        let objects: Vec<f64> = (0..3).filter_map(|i| cluster.metric(i, "lightningstor_objects")).collect();
+        if q == 0.0 && objects == [1.0, 1.0, 1.0] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no convergence: queue {q}, objects {objects:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    rt.block_on(async {
+        for i in 0..3 {
+            let got = get(&cluster.client(i), "bkt", "image.qcow2").await.expect("read after repair");
+            assert!(got == whole, "node {i} read differs after repair");
+        }
+        let left = c.list_multipart_uploads().bucket("bkt").send().await.expect("list uploads");
+        assert!(left.uploads().is_empty(), "{:?}", left.uploads());
+    });
+    // Node 3's reads above fetch local blocks first; its disk holds the whole object too.
+    let dir = cluster.config.nodes[2].data_dir.clone();
+    let sum: usize = block_files(&dir).iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len() as usize)).sum();
+    assert!(sum >= whole.len(), "node 3 holds {sum} block bytes, the object is {}", whole.len());
+}
+
+/// Node lines of `cluster status` output: (name, health, layout version).
+fn status_lines(out: &str) -> Vec<(String, String, String)> {
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 6 && f[0].starts_with('n') && f[1].parse::<u8>().is_ok())
+                .then(|| (f[0].to_owned(), f[4].to_owned(), f[5].to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn cluster_status_and_layout_apply_add_and_remove_nodes_of_running_processes() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut cluster = SpawnedCluster::start_with_spares(3, 1, |c| {
+        c.scrub_blocks_per_sec = 0;
+        c.anti_entropy_secs = 5;
+    });
+    let path = cluster.config_path.to_string_lossy().into_owned();
+    let (ok, out, err) = cluster.cli(&["cluster", "status", "--config", &path]);
+    assert!(ok, "status failed: {err}");
+    assert_eq!(
+        status_lines(&out),
+        ["n1", "n2", "n3"].map(|n| (n.to_owned(), "up".to_owned(), "1".to_owned())),
+        "{out}"
+    );
+    assert!(out.contains("repair backlog: 0 resync entries"), "{out}");
+
+    let size = |i: u64| if i % 8 == 0 { 1_300_000 } else { 2000 + i as usize };
+    let mut want: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let c0 = cluster.client(0);
+    rt.block_on(async {
+        c0.create_bucket().bucket("bkt").send().await.expect("bucket");
+        for i in 0..40u64 {
+            let data = pseudo_random(size(i), i);
+            put(&c0, "bkt", &format!("k{i}"), &data).await.expect("put");
+            want.insert(format!("k{i}"), data);
+        }
+    });
+
+    // Add n4 while a writer keeps writing through n2.
+    let mut bigger = cluster.config.clone();
+    bigger.nodes.push(cluster.spares[0].clone());
+    bigger.layout_version = 2;
+    cluster.set_config(bigger.clone());
+    cluster.add(3);
+    let writer = {
+        let c = cluster.client(1);
+        rt.spawn(async move {
+            let mut acked = Vec::new();
+            for i in 100..130u64 {
+                if put(&c, "bkt", &format!("k{i}"), &pseudo_random(3000, i)).await.is_ok() {
+                    acked.push(i);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            acked
+        })
+    };
+    let (ok, out, err) = cluster.cli(&["cluster", "layout", "apply", "--config", &path]);
+    assert!(ok, "apply (add n4) failed: {out}\n{err}");
+    assert!(out.contains("layout 2 in place"), "{out}");
+    let acked = rt.block_on(writer).expect("writer");
+    assert_eq!(acked.len(), 30, "writes during the move must succeed");
+    for i in acked {
+        want.insert(format!("k{i}"), pseudo_random(3000, i));
+    }
+    let (ok, out, err) = cluster.cli(&["cluster", "status", "--config", &path]);
+    assert!(ok, "{err}");
+    let lines = status_lines(&out);
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(lines.iter().all(|(_, h, v)| h == "up" && v == "2"), "{out}");
+    let n4_objects = cluster.metric(3, "lightningstor_objects").unwrap_or(0.0);
+    assert!(n4_objects > 20.0, "n4 took its share: {n4_objects} objects");
+    rt.block_on(async {
+        for i in 0..4 {
+            let c = cluster.client(i);
+            for (k, v) in &want {
+                assert!(&get(&c, "bkt", k).await.expect("read after adding n4") == v, "{k} via node {i}");
+            }
+        }
+    });
+
+    // Remove n1, then stop it: everything must still read from the rest.
+    let mut smaller = bigger.clone();
+    smaller.nodes.retain(|n| n.name != "n1");
+    smaller.layout_version = 3;
+    cluster.set_config(smaller);
+    let (ok, out, err) = cluster.cli(&["cluster", "layout", "apply", "--config", &path]);
+    assert!(ok, "apply (remove n1) failed: {out}\n{err}");
+    cluster.kill(0);
+    rt.block_on(async {
+        for i in 1..4 {
+            let c = cluster.client(i);
+            for (k, v) in &want {
+                assert!(&get(&c, "bkt", k).await.expect("read after removing n1") == v, "{k} via node {i}");
+            }
+        }
+    });
+    let (ok, out, err) = cluster.cli(&["cluster", "status", "--config", &path]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        status_lines(&out),
+        ["n2", "n3", "n4"].map(|n| (n.to_owned(), "up".to_owned(), "3".to_owned())),
+        "{out}"
+    );
+    // An older file is refused.
+    let mut stale = bigger;
+    stale.nodes.retain(|n| n.name != "n1");
+    let stale_path = cluster.dir.path().join("stale.toml");
+    std::fs::write(&stale_path, stale.to_toml()).expect("write");
+    let (ok, _, err) = cluster.cli(&["cluster", "layout", "apply", "--config", &stale_path.to_string_lossy()]);
+    assert!(!ok && err.contains("layout_version"), "{err}");
+
+    // Nothing running: a clear error, not a table of DOWN lines.
+    for i in 1..4 {
+        cluster.kill(i);
+    }
+    let (ok, out, err) = cluster.cli(&["cluster", "status", "--config", &path]);
+    assert!(!ok, "status with every node down must fail: {out}");
+    assert!(err.contains("no node of the cluster answered"), "{err}");
+}
+
+#[test]
+fn a_random_schedule_of_kills_and_restarts_of_spawned_nodes_never_loses_an_acknowledged_write() {
+    let seed: u64 = std::env::var("LS_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
+    });
+    eprintln!("fault schedule seed {seed} (rerun with LS_FAULT_SEED={seed})");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut cluster = SpawnedCluster::start(3, |c| {
+        c.scrub_blocks_per_sec = 0;
+        c.anti_entropy_secs = 2;
+    });
+    let mut clients: Vec<aws_sdk_s3::Client> = (0..3).map(|i| cluster.client(i)).collect();
+    rt.block_on(clients[0].create_bucket().bucket("bkt").send()).expect("bucket");
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut model: BTreeMap<String, KeyModel> = BTreeMap::new();
+    let (mut acked_writes, mut reads_checked, mut kills) = (0, 0, 0);
+    let started = Instant::now();
+    for step in 0..150u64 {
+        if started.elapsed() > Duration::from_secs(150) {
+            eprintln!("time bound reached at step {step}");
+            break;
+        }
+        let key = format!("k{}", next(10));
+        let via = next(3) as usize;
+        let down: Vec<usize> = (0..3).filter(|i| cluster.nodes[*i].is_none()).collect();
+        match next(20) {
+            0..=1 if down.len() < 2 => {
+                let victim = next(3) as usize;
+                if cluster.nodes[victim].is_some() {
+                    kills += 1;
+                    cluster.kill(victim);
+                }
+            }
+            2..=3 if !down.is_empty() => {
+                let back = down[next(down.len() as u64) as usize];
+                cluster.restart(back);
+                clients[back] = cluster.client(back);
+            }
+            4..=10 => {
+                let len = if next(6) == 0 { 1_100_000 } else { 100 + next(20_000) as usize };
+                let value = pseudo_random(len, seed ^ step);
+                let m = model.entry(key.clone()).or_default();
+                match rt.block_on(put(&clients[via], "bkt", &key, &value)) {
+                    Ok(()) => {
+                        acked_writes += 1;
+                        m.acked = Some(value);
+                    }
+                    Err(_) => m.uncertain.push(Some(value)),
+                }
+            }
+            11..=12 => {
+                let m = model.entry(key.clone()).or_default();
+                match rt.block_on(clients[via].delete_object().bucket("bkt").key(&key).send()) {
+                    Ok(_) => m.acked = None,
+                    Err(_) => m.uncertain.push(None),
+                }
+            }
+            _ => {
+                let got = rt.block_on(async {
+                    match clients[via].get_object().bucket("bkt").key(&key).send().await {
+                        Ok(o) => o.body.collect().await.ok().map(|b| Some(b.into_bytes().to_vec())),
+                        Err(e) if code(&e) == "NoSuchKey" => Some(None),
+                        Err(_) => None, // node down or no quorum: allowed
+                    }
+                });
+                if let Some(got) = got {
+                    reads_checked += 1;
+                    let m = model.entry(key.clone()).or_default();
+                    assert!(m.allows(&got), "seed {seed} step {step}: {key} read a value never written or lost one");
+                }
+            }
+        }
+    }
+    for i in 0..3 {
+        if cluster.nodes[i].is_none() {
+            cluster.restart(i);
+            clients[i] = cluster.client(i);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while (0..3).filter_map(|i| cluster.metric(i, "lightningstor_resync_queue")).sum::<f64>() > 0.0 {
+        assert!(Instant::now() < deadline, "seed {seed}: resync queues never drained");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_secs(5)); // two anti-entropy passes
+    rt.block_on(async {
+        for (key, m) in &model {
+            let mut seen = Vec::new();
+            for c in &clients {
+                let got = match c.get_object().bucket("bkt").key(key).send().await {
+                    Ok(o) => Some(o.body.collect().await.expect("body").into_bytes().to_vec()),
+                    Err(e) if code(&e) == "NoSuchKey" => None,
+                    Err(e) => panic!("seed {seed}: read of {key} failed after recovery: {e:?}"),
+                };
+                assert!(m.allows(&got), "seed {seed}: {key} after recovery: {:?} not allowed", got.map(|g| g.len()));
+                seen.push(got);
+            }
+            assert!(seen.windows(2).all(|w| w[0] == w[1]), "seed {seed}: nodes disagree on {key} after recovery");
+        }
+    });
+    eprintln!("{acked_writes} acknowledged writes, {reads_checked} reads checked, {kills} kills");
+    assert!(acked_writes > 20 && reads_checked > 20 && kills >= 2, "{acked_writes} {reads_checked} {kills}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_conditional_puts_through_different_nodes_let_exactly_one_win() -> R {
+    let s = InCluster::new(3);
+    let clients: Vec<_> = (1..=3u8).map(|i| s.client_of(i)).collect();
+    clients[0].create_bucket().bucket("bkt").send().await?;
+    // If-None-Match: * from 12 writers at once: one creates, eleven get 412.
+    let tries = (0..12u64).map(|i| {
+        let c = clients[(i % 3) as usize].clone();
+        async move {
+            let r = c
+                .put_object()
+                .bucket("bkt")
+                .key("once")
+                .if_none_match("*")
+                .body(ByteStream::from(pseudo_random(5000, i)))
+                .send()
+                .await;
+            (i, r.map_err(|e| code(&e)))
+        }
+    });
+    let results = futures::future::join_all(tries).await;
+    let winners: Vec<u64> = results.iter().filter(|(_, r)| r.is_ok()).map(|(i, _)| *i).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    assert!(results.iter().all(|(_, r)| r.as_ref().err().is_none_or(|c| c == "PreconditionFailed")), "{results:?}");
+    assert_eq!(get(&clients[1], "bkt", "once").await?, pseudo_random(5000, winners[0]));
+    // If-Match on the current ETag from 9 writers at once: one replaces it.
+    let etag = clients[0].head_object().bucket("bkt").key("once").send().await?.e_tag.expect("etag");
+    let tries = (100..109u64).map(|i| {
+        let (c, etag) = (clients[(i % 3) as usize].clone(), etag.clone());
+        async move {
+            let r = c
+                .put_object()
+                .bucket("bkt")
+                .key("once")
+                .if_match(etag)
+                .body(ByteStream::from(pseudo_random(700, i)))
+                .send()
+                .await;
+            (i, r.map_err(|e| code(&e)))
+        }
+    });
+    let results = futures::future::join_all(tries).await;
+    let winners: Vec<u64> = results.iter().filter(|(_, r)| r.is_ok()).map(|(i, _)| *i).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    assert_eq!(get(&clients[2], "bkt", "once").await?, pseudo_random(700, winners[0]));
+    Ok(())
+}

@@ -85,10 +85,43 @@ enum ClusterCmd {
         base_port: u16,
     },
     /// Show every node's health, layout version and repair backlog.
+    ///
+    /// Asks each node of the file over its RPC address; a node that does not
+    /// answer is shown DOWN with the reason. Exits with an error when no node
+    /// answers.
     Status {
         /// The cluster file.
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+    },
+    /// Change the layout of a running cluster (add or remove nodes).
+    #[command(subcommand)]
+    Layout(LayoutCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum LayoutCmd {
+    /// Move a running cluster to a new cluster file.
+    ///
+    /// NEW must keep `partitions` and `replication_factor`, and carry a
+    /// `layout_version` above the running one. Start added nodes first
+    /// (`lightningstor serve --config NEW --node NAME`). The command tells
+    /// every node of the old and new file to write to both replica sets,
+    /// moves the data in rounds until nothing is left to move, then drops
+    /// the old layout; reads and writes go on meanwhile. Afterwards stop the
+    /// removed nodes and install NEW as every node's cluster file (a node
+    /// restarted with the old file would run the old layout).
+    #[command(
+        after_help = "Example (add node n4):\n  lightningstor serve --config new.toml --node n4 &\n  lightningstor cluster layout apply --config new.toml"
+    )]
+    Apply {
+        /// The new cluster file.
+        #[arg(long, value_name = "NEW")]
+        config: PathBuf,
+        /// Seconds one node may take for one step (a rebalance round moves
+        /// all of its rows).
+        #[arg(long, value_name = "SECS", default_value_t = 3600)]
+        timeout: u64,
     },
 }
 
@@ -113,6 +146,18 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("reading {}", config.display()))?;
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(status(c))
+        }
+        Cmd::Cluster(ClusterCmd::Layout(LayoutCmd::Apply { config, timeout })) => {
+            let c = lightningstor::cluster::ClusterConfig::from_file(&config)
+                .with_context(|| format!("reading {}", config.display()))?;
+            let rt = tokio::runtime::Runtime::new()?;
+            let moved = rt.block_on(lightningstor::cluster::admin::apply_layout(
+                c,
+                std::time::Duration::from_secs(timeout),
+                |m| println!("{m}"),
+            ))?;
+            println!("done: {moved} rows moved");
+            Ok(())
         }
         Cmd::Serve { node: Some(name), config: Some(path), access_key, secret_key, anonymous, .. } => {
             let mut c = lightningstor::cluster::ClusterConfig::from_file(&path)
@@ -206,10 +251,7 @@ async fn serve_node(c: lightningstor::cluster::ClusterConfig, name: String) -> a
 }
 
 async fn status(c: lightningstor::cluster::ClusterConfig) -> anyhow::Result<()> {
-    use lightningstor::cluster::rpc::{Msg, Req, Resp};
-    use lightningstor::cluster::transport::{Tcp, Transport};
-    let peers = c.nodes.iter().map(|n| (n.id, n.rpc)).collect();
-    let t = Tcp::new(peers, std::time::Duration::from_secs(5));
+    let nodes = lightningstor::cluster::admin::status(&c, std::time::Duration::from_secs(5)).await?;
     println!(
         "cluster: {} nodes, replication factor {}, R={} W={}, {:?}, layout version {}, {} partitions",
         c.nodes.len(),
@@ -226,21 +268,27 @@ async fn status(c: lightningstor::cluster::ClusterConfig) -> anyhow::Result<()> 
         "node", "id", "zone", "s3", "health", "layout", "parts", "objects", "blocks", "resync", "corrupt"
     );
     let mut backlog = 0;
-    for n in &c.nodes {
+    let mut moving = Vec::new();
+    for (n, r) in &nodes {
         let parts = layout.partitions_of(n.id).len();
-        let line = match t.call(n.id, Msg::new(Req::Status)).await.map(|m| m.head) {
-            Ok(Resp::Status(s)) => {
+        let line = match r {
+            Ok(s) => {
                 backlog += s.resync_queue;
+                if let Some(p) = s.previous_layout {
+                    moving.push(format!("{} ({p} -> {})", n.name, s.layout_version));
+                }
                 format!(
                     "{:<6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8}",
                     "up", s.layout_version, parts, s.objects, s.blocks, s.resync_queue, s.corrupt_blocks
                 )
             }
-            Ok(other) => format!("{:<6} unexpected answer {other:?}", "?"),
             Err(e) => format!("{:<6} {:>6} {:>8}  ({e})", "DOWN", "-", parts),
         };
         println!("{:<8} {:<4} {:<8} {:<22} {line}", n.name, n.id, n.zone, n.s3.to_string());
     }
     println!("repair backlog: {backlog} resync entries");
+    if !moving.is_empty() {
+        println!("layout change in progress on: {}", moving.join(", "));
+    }
     Ok(())
 }

@@ -279,6 +279,7 @@ pub struct SpawnedCluster {
     pub config_path: PathBuf,
     pub config: lightningstor::cluster::ClusterConfig,
     pub nodes: Vec<Option<Spawned>>,
+    pub spares: Vec<lightningstor::cluster::config::NodeConfig>,
 }
 
 fn free_base_port(n: usize) -> u16 {
@@ -298,20 +299,35 @@ fn free_base_port(n: usize) -> u16 {
 impl SpawnedCluster {
     /// Writes a cluster file with `lightningstor cluster init` and starts every node.
     pub fn start(n: usize, adjust: impl FnOnce(&mut lightningstor::cluster::ClusterConfig)) -> Self {
+        Self::start_with_spares(n, 0, adjust)
+    }
+
+    /// Starts `n` nodes of a file made for `n + spares`; the spare nodes'
+    /// entries are kept in `spares` (free addresses) for a layout change.
+    pub fn start_with_spares(
+        n: usize,
+        spares: usize,
+        adjust: impl FnOnce(&mut lightningstor::cluster::ClusterConfig),
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let base = free_base_port(n);
+        let total = n + spares;
+        let base = free_base_port(total);
         let out = Command::new(binary())
-            .args(["cluster", "init", "--nodes", &n.to_string(), "--base-port", &base.to_string(), "--base-dir"])
+            .args(["cluster", "init", "--nodes", &total.to_string(), "--base-port", &base.to_string(), "--base-dir"])
             .arg(dir.path())
             .output()
             .expect("run cluster init");
         assert!(out.status.success(), "cluster init failed: {}", String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8(out.stdout).expect("utf-8 config");
         let mut config = lightningstor::cluster::ClusterConfig::from_toml(&text).expect("init prints a valid file");
+        let spares = config.nodes.split_off(n);
+        if config.replication_factor > n {
+            config.replication_factor = n;
+        }
         adjust(&mut config);
         let config_path = dir.path().join("cluster.toml");
         std::fs::write(&config_path, config.to_toml()).expect("write config");
-        let mut c = SpawnedCluster { dir, config_path, config, nodes: Vec::new() };
+        let mut c = SpawnedCluster { dir, config_path, config, nodes: Vec::new(), spares };
         for i in 0..n {
             let s = c.spawn(i);
             c.nodes.push(Some(s));
@@ -327,6 +343,31 @@ impl SpawnedCluster {
     }
 
     /// kill -9 node `i` (0-based).
+    /// Replaces the cluster file (what nodes started from now on read).
+    pub fn set_config(&mut self, config: lightningstor::cluster::ClusterConfig) {
+        std::fs::write(&self.config_path, config.to_toml()).expect("write config");
+        self.config = config;
+    }
+
+    /// Starts node `i` of the current file, which must not be running.
+    pub fn add(&mut self, i: usize) {
+        let s = self.spawn(i);
+        while self.nodes.len() <= i {
+            self.nodes.push(None);
+        }
+        self.nodes[i] = Some(s);
+    }
+
+    /// Runs the `lightningstor` binary with `args` and returns its status and output.
+    pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(binary()).args(args).env("RUST_LOG", "warn").output().expect("run lightningstor");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     pub fn kill(&mut self, i: usize) {
         if let Some(s) = self.nodes[i].take() {
             s.kill9();

@@ -59,7 +59,7 @@ pub struct ReadOutcome {
     pub holders: Vec<NodeId>,
 }
 
-fn union(sets: &[Vec<NodeId>]) -> Vec<NodeId> {
+pub(crate) fn union(sets: &[Vec<NodeId>]) -> Vec<NodeId> {
     let mut out: Vec<NodeId> = Vec::new();
     for s in sets {
         for n in s {
@@ -71,7 +71,7 @@ fn union(sets: &[Vec<NodeId>]) -> Vec<NodeId> {
     out
 }
 
-fn session_id() -> u64 {
+pub(crate) fn session_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
@@ -94,21 +94,21 @@ impl Node {
         sets
     }
 
-    fn need_w(&self, set: usize) -> usize {
+    pub(crate) fn need_w(&self, set: usize) -> usize {
         match self.consistency() {
             Consistency::Consistent => self.layout().write_quorum().min(set).max(1),
             Consistency::Degraded => 1,
         }
     }
 
-    fn need_r(&self, set: usize) -> usize {
+    pub(crate) fn need_r(&self, set: usize) -> usize {
         match self.consistency() {
             Consistency::Consistent => self.layout().read_quorum().min(set).max(1),
             Consistency::Degraded => 1,
         }
     }
 
-    fn quorum_failed(&self, what: &str) -> LightningError {
+    pub(crate) fn quorum_failed(&self, what: &str) -> LightningError {
         ClusterMetrics::inc(&self.metrics.quorum_failures);
         LightningError::Unavailable(what.to_owned())
     }

@@ -59,7 +59,7 @@ impl ClusterCursor {
                 }
             }
         }
-        self.check_coverage(&answered)?;
+        self.node.check_coverage(&answered, "listing")?;
         for (k, e) in merged {
             if bound.as_ref().is_some_and(|b| &k > b) {
                 break;
@@ -72,26 +72,6 @@ impl ClusterCursor {
             b.push(0);
             b
         });
-        Ok(())
-    }
-
-    /// Every partition must have a read quorum among the nodes that answered.
-    fn check_coverage(&self, answered: &HashSet<NodeId>) -> Result<()> {
-        let l = self.node.layout();
-        for p in 0..l.partitions() {
-            let set = l.nodes_for(p);
-            let got = set.iter().filter(|n| answered.contains(n)).count();
-            let need = match self.node.consistency() {
-                super::config::Consistency::Consistent => l.read_quorum().min(set.len()),
-                super::config::Consistency::Degraded => 1,
-            };
-            if got < need {
-                return Err(LightningError::Unavailable(format!(
-                    "listing: only {got} of {} replicas of partition {p} answered",
-                    set.len()
-                )));
-            }
-        }
         Ok(())
     }
 }
@@ -118,6 +98,27 @@ impl Cursor for ClusterCursor {
 }
 
 impl Node {
+    /// Every partition must have a read quorum among the nodes that
+    /// answered a request sent to every node (listings).
+    pub fn check_coverage(&self, answered: &HashSet<NodeId>, what: &str) -> Result<()> {
+        let l = self.layout();
+        for p in 0..l.partitions() {
+            let set = l.nodes_for(p);
+            let got = set.iter().filter(|n| answered.contains(n)).count();
+            let need = match self.consistency() {
+                super::config::Consistency::Consistent => l.read_quorum().min(set.len()),
+                super::config::Consistency::Degraded => 1,
+            };
+            if got < need {
+                return Err(LightningError::Unavailable(format!(
+                    "{what}: only {got} of {} replicas of partition {p} answered",
+                    set.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// One listing page of a bucket across the cluster.
     pub async fn list(self: &Arc<Self>, bucket: &str, q: ListQuery) -> Result<ListPage<ObjectSummary>> {
         let mut cur = ClusterCursor {

@@ -12,15 +12,21 @@
 //! - [`node`]: a node and the replica side of every request;
 //! - [`coord`]: the coordinator side (quorum writes and reads, read repair);
 //! - [`buckets`], [`list`]: bucket rows and listings across the cluster;
+//! - [`multipart`]: replicated multipart uploads;
+//! - [`locks`]: key leases that make conditional writes atomic;
 //! - [`repair`]: resync worker, scrub, anti-entropy, tombstones, rebalance;
 //! - [`s3`]: `impl S3` for a cluster node;
+//! - [`admin`]: status and layout change for the CLI;
 //! - [`testing`]: an in-process cluster for tests.
 
+pub mod admin;
 pub mod buckets;
 pub mod config;
 pub mod coord;
 pub mod hlc;
 pub mod list;
+pub mod locks;
+pub mod multipart;
 pub mod node;
 pub mod placement;
 pub mod repair;
@@ -123,4 +129,60 @@ pub async fn start(config: ClusterConfig, name: &str) -> Result<RunningNode> {
     let metrics: MetricsFn = Arc::new(move || render_metrics(&n));
     let s3 = crate::server::serve_with(s3_listener, svc, metrics)?;
     Ok(RunningNode { node, s3, tasks })
+}
+
+/// A cluster whose nodes all run in this process, each serving S3 and RPC
+/// over real TCP on 127.0.0.1 (benches, examples, embedded labs).
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// The cluster file the nodes run with.
+    pub config: ClusterConfig,
+    /// The running nodes, in the order of the file.
+    pub nodes: Vec<RunningNode>,
+}
+
+impl LocalCluster {
+    /// The S3 address of every node.
+    pub fn s3_addrs(&self) -> Vec<std::net::SocketAddr> {
+        self.nodes.iter().map(|n| n.s3.addr).collect()
+    }
+
+    /// Stops every node.
+    pub async fn shutdown(self) {
+        for n in self.nodes {
+            n.shutdown().await;
+        }
+    }
+}
+
+/// Starts `n` nodes in this process with data under `dir` (one directory per
+/// node), on free loopback ports. The file is [`ClusterConfig::init`]'s
+/// (anonymous access, RF = min(3, n)); `adjust` may change it (keys,
+/// quorums, intervals) before the nodes start.
+pub async fn start_local(
+    n: usize,
+    dir: &std::path::Path,
+    adjust: impl FnOnce(&mut ClusterConfig),
+) -> Result<LocalCluster> {
+    let mut config = ClusterConfig::init(n, dir, 1)?;
+    // Hold every probe listener until all ports are chosen, so none repeats.
+    let mut probes = Vec::new();
+    let mut free_port = || -> Result<u16> {
+        let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let port = l.local_addr()?.port();
+        probes.push(l);
+        Ok(port)
+    };
+    for node in &mut config.nodes {
+        node.s3.set_port(free_port()?);
+        node.rpc.set_port(free_port()?);
+    }
+    drop(probes);
+    adjust(&mut config);
+    config.validate()?;
+    let mut nodes = Vec::with_capacity(n);
+    for node in &config.nodes {
+        nodes.push(start(config.clone(), &node.name).await?);
+    }
+    Ok(LocalCluster { config, nodes })
 }

@@ -6,12 +6,12 @@ use super::config::{ClusterConfig, Consistency};
 use super::hlc::Hlc;
 use super::placement::{Layout, Replication, partition_of};
 use super::resync::Resync;
-use super::rpc::{Msg, NodeStatus, Req, Resp};
+use super::rpc::{Msg, NodeStatus, Req, Resp, UploadState};
 use super::transport::{Handler, Transport};
 use crate::block::BlockHash;
 use crate::error::{LightningError, Result};
 use crate::meta::ops;
-use crate::meta::types::Row;
+use crate::meta::types::{PartMeta, Row, UploadMeta};
 use crate::store::{Pins, Store};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -70,6 +70,10 @@ pub struct Node {
     /// Layout before the last change, while data moves (reads ask both).
     previous: RwLock<Option<Arc<Layout>>>,
     sessions: Mutex<HashMap<u64, (Pins, Instant)>>,
+    /// Short leases on keys held by conditional writes (see [`super::locks`]).
+    pub(crate) locks: super::locks::KeyLocks,
+    /// This node, for requests that need an owning handle (rebalance).
+    me: std::sync::Weak<Node>,
     /// Blocks in memory over all uploads this node coordinates.
     pub(crate) budget: Arc<tokio::sync::Semaphore>,
 }
@@ -92,7 +96,8 @@ impl Node {
         let id = me.id;
         let resync = Resync::open(&me.data_dir.join("resync.redb"))?;
         let layout = Arc::new(Layout::compute(&config));
-        Ok(Arc::new(Node {
+        Ok(Arc::new_cyclic(|me| Node {
+            me: me.clone(),
             id,
             store,
             transport,
@@ -103,6 +108,7 @@ impl Node {
             layout: RwLock::new(layout),
             previous: RwLock::new(None),
             sessions: Mutex::new(HashMap::new()),
+            locks: super::locks::KeyLocks::default(),
             budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
         }))
     }
@@ -125,12 +131,41 @@ impl Node {
     /// Switches to a new cluster file (layout change). The old layout stays
     /// readable until [`Node::finish_layout_change`].
     pub fn change_layout(&self, config: ClusterConfig) {
+        let old = self.config();
+        self.install(&old, self.layout(), config);
+    }
+
+    /// Switches from cluster file `old` to `new`, as told by `cluster layout
+    /// apply`. Idempotent: a node already running `new` (a node added by
+    /// this change, or a repeated apply) keeps or takes `old` as previous.
+    pub fn change_layout_from(&self, old: &ClusterConfig, new: ClusterConfig) -> Result<()> {
+        let cur = self.layout().version;
+        if new.layout_version < cur {
+            return Err(LightningError::Config(format!(
+                "layout version {} is older than the {cur} this node runs",
+                new.layout_version
+            )));
+        }
+        if old.partitions != new.partitions || old.replication_factor != new.replication_factor {
+            return Err(LightningError::Config(
+                "partitions and replication_factor cannot change in a layout change".into(),
+            ));
+        }
+        if new.layout_version == cur && self.previous_layout().is_some() {
+            return Ok(()); // already moving to it
+        }
+        self.install(old, Arc::new(Layout::compute(old)), new);
+        Ok(())
+    }
+
+    fn install(&self, old: &ClusterConfig, old_layout: Arc<Layout>, config: ClusterConfig) {
         let new = Arc::new(Layout::compute(&config));
-        let peers = config.nodes.iter().map(|n| (n.id, n.rpc)).collect();
+        // Nodes leaving stay reachable while their data moves.
+        let mut peers: HashMap<NodeId, std::net::SocketAddr> = old.nodes.iter().map(|n| (n.id, n.rpc)).collect();
+        peers.extend(config.nodes.iter().map(|n| (n.id, n.rpc)));
         self.transport.set_peers(peers);
-        let old = self.layout();
         if let Ok(mut p) = self.previous.write() {
-            *p = Some(old);
+            *p = (old_layout.version != new.version).then_some(old_layout);
         }
         if let Ok(mut l) = self.layout.write() {
             *l = new;
@@ -194,6 +229,12 @@ impl Node {
 
     /// The replica side of every request.
     pub async fn handle_local(&self, req: Msg<Req>) -> Msg<Resp> {
+        if let Req::Rebalance = req.head {
+            return match self.rebalance().await {
+                Ok(n) => Msg::new(Resp::Count(n as u64)),
+                Err(e) => Msg::new(Resp::Err((&e).into())),
+            };
+        }
         match self.serve(req, false).await {
             Ok(m) => m,
             Err(e) => Msg::new(Resp::Err((&e).into())),
@@ -276,6 +317,64 @@ impl Node {
             Req::Digests { partitions } => Msg::new(Resp::Digests(self.digests(&partitions).await?)),
             Req::PartitionRows { partition } => Msg::new(Resp::Versions(self.partition_rows(partition).await?)),
             Req::Status => Msg::new(Resp::Status(self.status().await?)),
+            Req::CreateUpload { id, upload } => {
+                self.store.meta.write(move |t| ops::replica_create_upload(t, &id, &upload)).await?;
+                Msg::new(Resp::Ok)
+            }
+            Req::PutPart { session, id, upload, number, part } => {
+                self.put_part(session, id, upload, number, part).await?;
+                Msg::new(Resp::Ok)
+            }
+            Req::GetUpload { id, parts } => {
+                let state = self
+                    .blocking(move |s| {
+                        if s.meta.upload_gone(&id)? {
+                            return Ok(UploadState::Gone);
+                        }
+                        Ok(match s.meta.get_upload(&id)? {
+                            None => UploadState::Absent,
+                            Some(u) if parts => UploadState::Live(u, s.meta.list_parts(&id, 0, 10_000)?),
+                            Some(u) => UploadState::Live(u, Vec::new()),
+                        })
+                    })
+                    .await?;
+                Msg::new(Resp::Upload(state))
+            }
+            Req::DropUpload { id, bucket } => {
+                let now = crate::meta::now_ms();
+                let freed = self.store.meta.write(move |t| ops::drop_upload(t, &id, &bucket, now)).await?;
+                self.store.spawn_delete(freed);
+                Msg::new(Resp::Ok)
+            }
+            Req::ListUploads { bucket, prefix } => {
+                let (live, gone) = self
+                    .blocking(move |s| {
+                        let live = s.meta.list_uploads(&bucket, &prefix, None, None, 10_000)?;
+                        let (gone, _) = s.meta.gone_uploads(&bucket, i64::MIN)?;
+                        Ok((live, gone))
+                    })
+                    .await?;
+                Msg::new(Resp::Uploads { live, gone })
+            }
+            Req::LockKey { bucket, key, token, ttl_ms } => {
+                Msg::new(Resp::Flag(self.locks.try_lock(bucket, key, token, ttl_ms)))
+            }
+            Req::UnlockKey { bucket, key, token } => {
+                self.locks.unlock(bucket, key, token);
+                Msg::new(Resp::Ok)
+            }
+            Req::GetConfig => Msg::new(Resp::Config(self.config().to_toml())),
+            Req::ChangeLayout { old, new } => {
+                let (old, new) = (ClusterConfig::from_toml(&old)?, ClusterConfig::from_toml(&new)?);
+                self.change_layout_from(&old, new)?;
+                Msg::new(Resp::Ok)
+            }
+            // Answered in `handle_local` (rebalancing calls back into `serve`).
+            Req::Rebalance => return Err(LightningError::InvalidRequest("rebalance is a remote request".into())),
+            Req::FinishLayout => {
+                self.finish_layout_change();
+                Msg::new(Resp::Ok)
+            }
         })
     }
 
@@ -335,6 +434,25 @@ impl Node {
         Ok(applied)
     }
 
+    async fn put_part(&self, session: u64, id: String, upload: UploadMeta, number: u32, part: PartMeta) -> Result<()> {
+        let pins = self.sessions.lock().ok().and_then(|mut s| s.remove(&session)).map(|(p, _)| p);
+        let store = self.store.clone();
+        let blocks = part.blocks.clone();
+        let held = self.blocking(move |_| store.pin_existing(&blocks)).await?;
+        let r = self.store.meta.write(move |t| ops::replica_put_part(t, &id, &upload, number, &part)).await;
+        held.release();
+        if let Some(p) = pins {
+            p.release();
+        }
+        self.store.spawn_delete(r?);
+        Ok(())
+    }
+
+    async fn rebalance(&self) -> Result<usize> {
+        let me = self.me.upgrade().ok_or_else(|| LightningError::Unavailable("node is shutting down".into()))?;
+        me.rebalance_round().await
+    }
+
     /// Node health for `cluster status`.
     pub async fn status(&self) -> Result<NodeStatus> {
         let (blocks, objects) = self.blocking(|s| s.meta.counts()).await?;
@@ -345,6 +463,7 @@ impl Node {
             blocks,
             repairs: self.metrics.repairs.load(Ordering::Relaxed),
             corrupt_blocks: self.metrics.bad_copies_found.load(Ordering::Relaxed),
+            previous_layout: self.previous_layout().map(|l| l.version),
         })
     }
 }

@@ -276,6 +276,9 @@ impl Node {
                         tracing::debug!(error = %e, "anti-entropy round failed");
                     }
                     let _ = node.collect_tombstones().await;
+                    if let Err(e) = node.sweep_uploads().await {
+                        tracing::debug!(error = %e, "upload sweep failed");
+                    }
                 }
             }));
         }

@@ -12,7 +12,7 @@
 
 use crate::block::BlockHash;
 use crate::error::{LightningError, Result};
-use crate::meta::types::{RawEntry, Row};
+use crate::meta::types::{PartMeta, RawEntry, Row, UploadMeta};
 use bytes::{Buf, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +54,32 @@ pub enum Req {
     PartitionRows { partition: u32 },
     /// Node health and repair backlog.
     Status,
+    /// Record multipart upload `id` (idempotent; refused once it is gone).
+    CreateUpload { id: String, upload: UploadMeta },
+    /// Store a part whose blocks were sent under `session` (creates the
+    /// upload first if this replica missed it); releases the session's pins.
+    PutPart { session: u64, id: String, upload: UploadMeta, number: u32, part: PartMeta },
+    /// The state of upload `id`, with its parts when `parts` is set.
+    GetUpload { id: String, parts: bool },
+    /// Drop upload `id` and remember it as gone (complete and abort).
+    DropUpload { id: String, bucket: String },
+    /// The uploads of a bucket in progress here, and those gone.
+    ListUploads { bucket: String, prefix: String },
+    /// The cluster file this node runs with (TOML), for `cluster layout apply`.
+    GetConfig,
+    /// Start a layout change from cluster file `old` to `new` (TOML):
+    /// writes reach both replica sets until [`Req::FinishLayout`].
+    ChangeLayout { old: String, new: String },
+    /// Push every row held here to its replicas under the new layout;
+    /// answered with the number of rows pushed.
+    Rebalance,
+    /// Drop the previous layout (every node has rebalanced).
+    FinishLayout,
+    /// Lease (bucket, key) to `token` for `ttl_ms` unless another token
+    /// holds it; answered with whether it was granted.
+    LockKey { bucket: String, key: Vec<u8>, token: u64, ttl_ms: u32 },
+    /// Release a lease held by `token`.
+    UnlockKey { bucket: String, key: Vec<u8>, token: u64 },
 }
 
 /// Answers.
@@ -81,6 +107,25 @@ pub enum Resp {
     Status(NodeStatus),
     /// The request failed on the remote node.
     Err(RemoteError),
+    /// An upload's state on a replica.
+    Upload(UploadState),
+    /// Uploads of a bucket: (key, id, upload) in progress, and ids gone.
+    Uploads { live: Vec<(String, String, UploadMeta)>, gone: Vec<String> },
+    /// A cluster file (TOML).
+    Config(String),
+    /// A count (rows pushed by a rebalance round).
+    Count(u64),
+}
+
+/// What a replica knows of a multipart upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UploadState {
+    /// Never seen here.
+    Absent,
+    /// Completed or aborted: it can never come back.
+    Gone,
+    /// In progress, with the parts stored here (when asked for).
+    Live(UploadMeta, Vec<(u32, PartMeta)>),
 }
 
 /// Status a node reports to `cluster status`.
@@ -98,6 +143,8 @@ pub struct NodeStatus {
     pub repairs: u64,
     /// Corrupt blocks found.
     pub corrupt_blocks: u64,
+    /// Version of the layout being moved away from, while a change is in progress.
+    pub previous_layout: Option<u64>,
 }
 
 /// A failure reported by a remote node.
@@ -109,6 +156,8 @@ pub enum RemoteError {
     Missing(String),
     /// Anything else.
     Other(String),
+    /// The multipart upload is gone (completed or aborted) there.
+    NoSuchUpload(String),
 }
 
 impl From<&LightningError> for RemoteError {
@@ -116,6 +165,7 @@ impl From<&LightningError> for RemoteError {
         match e {
             LightningError::CorruptBlock { hash } => RemoteError::Corrupt(hash.clone()),
             LightningError::MissingBlock { hash } => RemoteError::Missing(hash.clone()),
+            LightningError::NoSuchUpload(id) => RemoteError::NoSuchUpload(id.clone()),
             other => RemoteError::Other(other.to_string()),
         }
     }
@@ -127,6 +177,7 @@ impl From<RemoteError> for LightningError {
             RemoteError::Corrupt(hash) => LightningError::CorruptBlock { hash },
             RemoteError::Missing(hash) => LightningError::MissingBlock { hash },
             RemoteError::Other(m) => LightningError::Unavailable(format!("replica: {m}")),
+            RemoteError::NoSuchUpload(id) => LightningError::NoSuchUpload(id),
         }
     }
 }

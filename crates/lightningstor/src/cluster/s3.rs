@@ -1,7 +1,7 @@
 //! `impl S3 for ClusterS3`: the S3 surface of a cluster node. Every node
 //! accepts every request and coordinates it (see [`super::coord`]); the
 //! request parsing and response building are shared with the single-node
-//! service. Multipart uploads are not replicated yet (NotImplemented).
+//! service. Multipart uploads are in [`super::multipart`].
 
 use super::node::Node;
 use crate::checksum::ChecksumPlan;
@@ -64,7 +64,7 @@ impl ClusterS3 {
 }
 
 /// The current object of a key, or NoSuchKey / NoSuchBucket.
-async fn load(node: &Arc<Node>, bucket: &str, key: &str) -> Result<(ObjectMeta, Vec<super::NodeId>)> {
+pub(super) async fn load(node: &Arc<Node>, bucket: &str, key: &str) -> Result<(ObjectMeta, Vec<super::NodeId>)> {
     let r = node.read_row(bucket, key.as_bytes()).await?;
     match r.row {
         Some(Row::Object(m)) => Ok((m, r.holders)),
@@ -73,6 +73,23 @@ async fn load(node: &Arc<Node>, bucket: &str, key: &str) -> Result<(ObjectMeta, 
             Err(LightningError::NoSuchKey { key: key.to_owned() })
         }
     }
+}
+
+/// If-Match / If-None-Match of a write, checked against a quorum read;
+/// callers hold the key's lease ([`super::locks`]) from this check to the commit.
+pub(super) async fn check_write_conditions(
+    node: &Arc<Node>,
+    bucket: &str,
+    key: &str,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> Result<()> {
+    let cur = node.read_row(bucket, key.as_bytes()).await?;
+    let etag = match &cur.row {
+        Some(Row::Object(m)) => Some(m.etag.as_str()),
+        _ => None,
+    };
+    crate::conditions::check_write(etag, if_match, if_none_match, key)
 }
 
 async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
@@ -89,14 +106,11 @@ async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<
         input.checksum_sha256.as_deref(),
     ))?;
     node.require_bucket(&input.bucket).await?;
-    if input.if_match.is_some() || input.if_none_match.is_some() {
-        // Checked against a quorum read: not atomic with the write (documented).
-        let cur = node.read_row(&input.bucket, input.key.as_bytes()).await?;
-        let etag = match &cur.row {
-            Some(Row::Object(m)) => Some(m.etag.as_str()),
-            _ => None,
-        };
-        crate::conditions::check_write(etag, input.if_match.as_ref(), input.if_none_match.as_ref(), &input.key)?;
+    let (if_match, if_none_match) = (input.if_match.clone(), input.if_none_match.clone());
+    let conditional = if_match.is_some() || if_none_match.is_some();
+    if conditional {
+        // Fail fast before the body moves; checked again under the lease.
+        check_write_conditions(node, &input.bucket, &input.key, if_match.as_ref(), if_none_match.as_ref()).await?;
     }
     let (bucket, key) = (input.bucket.clone(), input.key.clone());
     let staged = match input.body {
@@ -134,7 +148,20 @@ async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<
         parts: Vec::new(),
         data: staged.data.clone(),
     };
-    node.commit_row(&bucket, key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete).await?;
+    let meta = if conditional {
+        node.with_key_lease(&bucket, key.as_bytes(), async {
+            check_write_conditions(node, &bucket, &key, if_match.as_ref(), if_none_match.as_ref()).await?;
+            // A version above the row the check saw (the read advanced the clock).
+            let meta = ObjectMeta { version: node.hlc.now(), ..meta };
+            node.commit_row(&bucket, key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete)
+                .await?;
+            Ok(meta)
+        })
+        .await?
+    } else {
+        node.commit_row(&bucket, key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete).await?;
+        meta
+    };
     let c = checksum_fields(meta.checksum.as_ref());
     Ok(PutObjectOutput {
         e_tag: Some(etag(&meta.etag)),
@@ -407,6 +434,63 @@ impl S3 for ClusterS3 {
             v2_output(i, &p, url, max)
         }
         .await;
+        self.finish(r)
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let node = self.node();
+        let r = super::multipart::create_multipart_upload(node, req).await;
+        self.finish(r)
+    }
+
+    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let node = self.node();
+        let r = super::multipart::upload_part(node, req).await;
+        self.finish(r)
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let node = self.node();
+        let r = super::multipart::upload_part_copy(node, req).await;
+        self.finish(r)
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let node = self.node();
+        let r = super::multipart::complete_multipart_upload(node, req).await;
+        self.finish(r)
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let node = self.node();
+        let r = super::multipart::abort_multipart_upload(node, req).await;
+        self.finish(r)
+    }
+
+    async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
+        let node = self.node();
+        let r = super::multipart::list_parts(node, req).await;
+        self.finish(r)
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let node = self.node();
+        let r = super::multipart::list_multipart_uploads(node, req).await;
         self.finish(r)
     }
 }

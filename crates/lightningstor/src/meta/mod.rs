@@ -37,6 +37,10 @@ pub const UPLOAD_INDEX: TableDefinition<(&str, &[u8], &str), ()> = TableDefiniti
 pub const PARTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("parts");
 /// (bucket, key bytes) -> version of the delete (replicated mode only).
 pub const TOMBSTONES: TableDefinition<(&str, &[u8]), u64> = TableDefinition::new("tombstones");
+/// upload id -> postcard `(bucket, Unix ms)`: uploads completed or aborted
+/// (replicated mode only), so a replica that still lists one, or a late
+/// part, cannot bring it back.
+pub const UPLOADS_GONE: TableDefinition<&str, &[u8]> = TableDefinition::new("uploads_gone");
 /// block hash -> number of references from objects and parts.
 pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
 
@@ -108,6 +112,7 @@ impl MetaStore {
             txn.open_table(PARTS)?;
             txn.open_table(REFS)?;
             txn.open_table(TOMBSTONES)?;
+            txn.open_table(UPLOADS_GONE)?;
             txn.commit()?;
         }
         let (tx, rx) = mpsc::channel::<Box<dyn PendingOp>>();
@@ -336,6 +341,40 @@ impl MetaStore {
             if out.len() >= max {
                 break;
             }
+        }
+        Ok(out)
+    }
+
+    /// Whether an upload was completed or aborted (replicated mode).
+    pub fn upload_gone(&self, id: &str) -> Result<bool> {
+        Ok(self.table(UPLOADS_GONE)?.get(id)?.is_some())
+    }
+
+    /// Ids of the uploads of `bucket` completed or aborted here, and of every
+    /// bucket's gone uploads older than `before_ms` (for collection), in one scan.
+    pub fn gone_uploads(&self, bucket: &str, before_ms: i64) -> Result<(Vec<String>, Vec<String>)> {
+        let t = self.table(UPLOADS_GONE)?;
+        let (mut of_bucket, mut old) = (Vec::new(), Vec::new());
+        for row in t.iter()? {
+            let (k, v) = row?;
+            let (b, ms): (String, i64) = postcard::from_bytes(v.value())?;
+            if b == bucket {
+                of_bucket.push(k.value().to_owned());
+            }
+            if ms < before_ms {
+                old.push(k.value().to_owned());
+            }
+        }
+        Ok((of_bucket, old))
+    }
+
+    /// Ids of the uploads in progress here, with their bucket and key.
+    pub fn all_uploads(&self) -> Result<Vec<(String, UploadMeta)>> {
+        let t = self.table(UPLOADS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            out.push((k.value().to_owned(), postcard::from_bytes(v.value())?));
         }
         Ok(out)
     }

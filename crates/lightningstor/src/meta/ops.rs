@@ -4,7 +4,7 @@
 //! so the caller can delete them after the commit.
 
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
-use super::{BUCKETS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS};
+use super::{BUCKETS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
 use crate::conditions;
@@ -235,6 +235,68 @@ pub struct CompletedPart {
     pub checksum: Option<Checksum>,
 }
 
+/// Builds the object a completed upload becomes (pure): checks the order,
+/// ETags, checksums and sizes of the `requested` parts against `stored`
+/// (which may hold several candidates per part number, as replicas may;
+/// the one whose ETag the client names is taken), computes the multipart
+/// ETag and composite checksum, and lists the blocks in order.
+pub fn assemble_upload(
+    upload: &UploadMeta,
+    requested: &[CompletedPart],
+    stored: &[(u32, PartMeta)],
+    version: u64,
+    now_ms: i64,
+) -> Result<ObjectMeta> {
+    if requested.is_empty() {
+        return Err(LightningError::InvalidRequest("you must specify at least one part".into()));
+    }
+    if requested.windows(2).any(|w| w[0].number >= w[1].number) {
+        return Err(LightningError::InvalidPartOrder);
+    }
+    let mut chosen: Vec<&PartMeta> = Vec::with_capacity(requested.len());
+    for (i, want) in requested.iter().enumerate() {
+        let mut same_number = stored.iter().filter(|(n, _)| *n == want.number).map(|(_, p)| p).peekable();
+        let first = same_number
+            .peek()
+            .copied()
+            .ok_or_else(|| LightningError::InvalidPart(format!("part {} was not uploaded", want.number)))?;
+        let wanted_tag = want.etag.trim_matches('"');
+        let part = same_number.find(|p| p.etag() == wanted_tag).ok_or_else(|| {
+            LightningError::InvalidPart(format!("part {} has ETag {}, not {}", want.number, first.etag(), want.etag))
+        })?;
+        if let Some(c) = &want.checksum
+            && part.checksum.as_ref().is_some_and(|p| p.algo == c.algo && p.raw != c.raw)
+        {
+            return Err(LightningError::InvalidPart(format!("part {} checksum does not match", want.number)));
+        }
+        if i + 1 < requested.len() && part.size < MIN_PART_SIZE {
+            return Err(LightningError::EntityTooSmall { part: want.number, size: part.size, min: MIN_PART_SIZE });
+        }
+        chosen.push(part);
+    }
+    let mut md5s = md5::Md5::new();
+    for p in &chosen {
+        md5s.update(p.md5);
+    }
+    let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
+    let checksum = upload.checksum_algo.and_then(|algo| {
+        let digests: Option<Vec<&[u8]>> =
+            chosen.iter().map(|p| p.checksum.as_ref().filter(|c| c.algo == algo).map(|c| c.raw.as_slice())).collect();
+        digests.map(|d| Checksum::composite(algo, &d))
+    });
+    let blocks: Vec<BlockRef> = chosen.iter().flat_map(|p| p.blocks.iter().copied()).collect();
+    Ok(ObjectMeta {
+        version,
+        size: chosen.iter().map(|p| p.size).sum(),
+        etag,
+        last_modified_ms: now_ms,
+        headers: upload.headers.clone(),
+        checksum,
+        parts: chosen.iter().map(|p| p.size).collect(),
+        data: ObjectData::Blocks(blocks),
+    })
+}
+
 /// Turns an upload into an object. Returns the object and freed blocks.
 #[allow(clippy::too_many_arguments)]
 pub fn complete_upload(
@@ -248,38 +310,8 @@ pub fn complete_upload(
     cond: &WriteConditions,
 ) -> Result<(ObjectMeta, Vec<BlockHash>)> {
     let upload = require_upload(txn, id, bucket, key)?;
-    if requested.is_empty() {
-        return Err(LightningError::InvalidRequest("you must specify at least one part".into()));
-    }
-    if requested.windows(2).any(|w| w[0].number >= w[1].number) {
-        return Err(LightningError::InvalidPartOrder);
-    }
     let stored = all_parts(txn, id)?;
-    let mut chosen: Vec<&PartMeta> = Vec::with_capacity(requested.len());
-    for (i, want) in requested.iter().enumerate() {
-        let part = stored
-            .iter()
-            .find(|(n, _)| *n == want.number)
-            .map(|(_, p)| p)
-            .ok_or_else(|| LightningError::InvalidPart(format!("part {} was not uploaded", want.number)))?;
-        if part.etag() != want.etag.trim_matches('"') {
-            return Err(LightningError::InvalidPart(format!(
-                "part {} has ETag {}, not {}",
-                want.number,
-                part.etag(),
-                want.etag
-            )));
-        }
-        if let Some(c) = &want.checksum
-            && part.checksum.as_ref().is_some_and(|p| p.algo == c.algo && p.raw != c.raw)
-        {
-            return Err(LightningError::InvalidPart(format!("part {} checksum does not match", want.number)));
-        }
-        if i + 1 < requested.len() && part.size < MIN_PART_SIZE {
-            return Err(LightningError::EntityTooSmall { part: want.number, size: part.size, min: MIN_PART_SIZE });
-        }
-        chosen.push(part);
-    }
+    let meta = assemble_upload(&upload, requested, &stored, version, now_ms)?;
     let old = existing_object(txn, bucket, key)?;
     conditions::check_write(
         old.as_ref().map(|o| o.etag.as_str()),
@@ -287,28 +319,6 @@ pub fn complete_upload(
         cond.if_none_match.as_ref(),
         key,
     )?;
-
-    let mut md5s = md5::Md5::new();
-    for p in &chosen {
-        md5s.update(p.md5);
-    }
-    let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
-    let checksum = upload.checksum_algo.and_then(|algo| {
-        let digests: Option<Vec<&[u8]>> =
-            chosen.iter().map(|p| p.checksum.as_ref().filter(|c| c.algo == algo).map(|c| c.raw.as_slice())).collect();
-        digests.map(|d| Checksum::composite(algo, &d))
-    });
-    let blocks: Vec<BlockRef> = chosen.iter().flat_map(|p| p.blocks.iter().copied()).collect();
-    let meta = ObjectMeta {
-        version,
-        size: chosen.iter().map(|p| p.size).sum(),
-        etag,
-        last_modified_ms: now_ms,
-        headers: upload.headers.clone(),
-        checksum,
-        parts: chosen.iter().map(|p| p.size).collect(),
-        data: ObjectData::Blocks(blocks),
-    };
 
     let mut freed = Vec::new();
     // The object takes its own references; dropping every part's afterwards
@@ -392,4 +402,65 @@ pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Res
     let row = postcard::to_allocvec(&BucketMeta { created_ms })?;
     t.insert(name, row.as_slice())?;
     Ok(true)
+}
+
+fn refuse_if_gone(txn: &WriteTransaction, id: &str) -> Result<()> {
+    if txn.open_table(UPLOADS_GONE)?.get(id)?.is_some() {
+        return Err(LightningError::NoSuchUpload(id.to_owned()));
+    }
+    Ok(())
+}
+
+/// Records a replicated upload unless it is already here or gone
+/// (completed or aborted); creates the bucket row if this replica missed it.
+pub fn replica_create_upload(txn: &WriteTransaction, id: &str, meta: &UploadMeta) -> Result<()> {
+    refuse_if_gone(txn, id)?;
+    if txn.open_table(UPLOADS)?.get(id)?.is_some() {
+        return Ok(());
+    }
+    ensure_bucket(txn, &meta.bucket, super::now_ms())?;
+    create_upload(txn, id, meta)
+}
+
+/// Stores a replicated part, creating the upload first if this replica
+/// missed its creation. Refused once the upload is gone. Returns freed blocks.
+pub fn replica_put_part(
+    txn: &WriteTransaction,
+    id: &str,
+    upload: &UploadMeta,
+    number: u32,
+    part: &PartMeta,
+) -> Result<Vec<BlockHash>> {
+    replica_create_upload(txn, id, upload)?;
+    put_part(txn, id, &upload.bucket, &upload.key, number, part)
+}
+
+/// Drops a replicated upload (after its object committed, or on abort) and
+/// remembers it as gone, so a late part or a stale replica cannot revive
+/// it. Idempotent. Returns freed blocks.
+pub fn drop_upload(txn: &WriteTransaction, id: &str, bucket: &str, now_ms: i64) -> Result<Vec<BlockHash>> {
+    let upload: Option<UploadMeta> = match txn.open_table(UPLOADS)?.get(id)? {
+        Some(v) => Some(postcard::from_bytes(v.value())?),
+        None => None,
+    };
+    let mut freed = Vec::new();
+    if let Some(upload) = upload {
+        let parts = all_parts(txn, id)?;
+        for (_, p) in &parts {
+            decref(txn, &p.blocks, &mut freed)?;
+        }
+        remove_upload(txn, id, &upload, &parts)?;
+    }
+    let mut gone = txn.open_table(UPLOADS_GONE)?;
+    if gone.get(id)?.is_none() {
+        let v = postcard::to_allocvec(&(bucket, now_ms))?;
+        gone.insert(id, v.as_slice())?;
+    }
+    Ok(freed)
+}
+
+/// Forgets that an upload is gone (collection after the tombstone delay).
+pub fn forget_gone_upload(txn: &WriteTransaction, id: &str) -> Result<()> {
+    txn.open_table(UPLOADS_GONE)?.remove(id)?;
+    Ok(())
 }

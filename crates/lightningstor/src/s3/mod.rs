@@ -8,7 +8,7 @@
 pub(crate) mod bucket;
 pub mod convert;
 pub(crate) mod list;
-mod multipart;
+pub(crate) mod multipart;
 pub(crate) mod object;
 
 use crate::error::Result;

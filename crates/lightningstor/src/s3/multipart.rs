@@ -30,7 +30,7 @@ fn new_upload_id(store: &Store, bucket: &str, key: &str) -> String {
     hex::encode(&h.finalize().as_bytes()[..16])
 }
 
-fn part_number(n: i32) -> Result<u32> {
+pub(crate) fn part_number(n: i32) -> Result<u32> {
     u32::try_from(n)
         .ok()
         .filter(|n| (1..=10_000).contains(n))
@@ -194,7 +194,7 @@ pub(super) async fn upload_part_copy(
     })
 }
 
-fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
+pub(crate) fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
     let given = [
         (ChecksumAlgo::Crc32, &p.checksum_crc32),
         (ChecksumAlgo::Crc32c, &p.checksum_crc32c),
@@ -256,7 +256,7 @@ pub(super) async fn abort_multipart_upload(
     Ok(AbortMultipartUploadOutput::default())
 }
 
-fn limit(v: Option<i32>, what: &str) -> Result<usize> {
+pub(crate) fn limit(v: Option<i32>, what: &str) -> Result<usize> {
     match v {
         None => Ok(1000),
         Some(n) if n < 0 => Err(LightningError::InvalidArgument(format!("{what} must not be negative"))),

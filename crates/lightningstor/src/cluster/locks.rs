@@ -1,0 +1,131 @@
+//! Key leases for conditional writes (If-Match / If-None-Match).
+//!
+//! A conditional write must check the current ETag and commit without
+//! another conditional write to the same key slipping in between. The
+//! coordinator leases the key on a write quorum of its replicas (every
+//! write set during a layout change) before the quorum read, and releases
+//! it after the commit. Two coordinators need W grants each from the same
+//! N replicas and 2W > N, so at most one holds the lease. Leases expire
+//! after [`LEASE`], so a coordinator that dies cannot block the key; a
+//! coordinator stalled longer than that between its check and its commit
+//! could break the exclusion (the check and commit take milliseconds, the
+//! body is staged before the lease is taken).
+
+use super::NodeId;
+use super::coord::{session_id, union};
+use super::node::Node;
+use super::rpc::{Msg, Req, Resp};
+use crate::error::Result;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a lease lasts unless released.
+pub const LEASE: Duration = Duration::from_secs(10);
+/// How long a coordinator keeps trying to get a contended lease.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The leases granted by one node.
+#[derive(Debug, Default)]
+pub struct KeyLocks {
+    held: Mutex<HashMap<(String, Vec<u8>), (u64, Instant)>>,
+}
+
+impl KeyLocks {
+    /// Grants the lease to `token` if it is free, expired or already its own.
+    pub fn try_lock(&self, bucket: String, key: Vec<u8>, token: u64, ttl_ms: u32) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        held.retain(|_, (_, until)| *until > now);
+        let until = now + Duration::from_millis(u64::from(ttl_ms));
+        match held.get_mut(&(bucket.clone(), key.clone())) {
+            Some((t, u)) if *t == token => {
+                *u = until;
+                true
+            }
+            Some(_) => false,
+            None => {
+                held.insert((bucket, key), (token, until));
+                true
+            }
+        }
+    }
+
+    /// Releases the lease if `token` holds it.
+    pub fn unlock(&self, bucket: String, key: Vec<u8>, token: u64) {
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held.get(&(bucket.clone(), key.clone())).is_some_and(|(t, _)| *t == token) {
+            held.remove(&(bucket, key));
+        }
+    }
+}
+
+impl Node {
+    /// Runs `f` holding the lease on (bucket, key) on a write quorum of
+    /// every write set. Contention is retried with back-off for a while,
+    /// then answered 503 (SlowDown-like; SDKs retry).
+    pub async fn with_key_lease<T, F>(self: &Arc<Self>, bucket: &str, key: &[u8], f: F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        let token = session_id();
+        let sets = self.write_sets(bucket, key);
+        let targets = union(&sets);
+        let ttl_ms = u32::try_from(LEASE.as_millis()).unwrap_or(u32::MAX);
+        let start = Instant::now();
+        let mut backoff = Duration::from_millis(2);
+        loop {
+            let calls = targets.iter().map(|&n| {
+                let node = self.clone();
+                let req = Req::LockKey { bucket: bucket.to_owned(), key: key.to_vec(), token, ttl_ms };
+                async move { (n, matches!(node.call(n, Msg::new(req)).await, Ok(Msg { head: Resp::Flag(true), .. }))) }
+            });
+            let granted: Vec<NodeId> =
+                futures::future::join_all(calls).await.into_iter().filter(|(_, g)| *g).map(|(n, _)| n).collect();
+            let enough = sets.iter().all(|s| s.iter().filter(|n| granted.contains(n)).count() >= self.need_w(s.len()));
+            if enough {
+                let r = f.await;
+                self.release(bucket, key, token, &granted).await;
+                return r;
+            }
+            self.release(bucket, key, token, &granted).await;
+            if start.elapsed() > WAIT {
+                return Err(
+                    self.quorum_failed("the key is locked by another conditional write, or too few replicas answered")
+                );
+            }
+            // Jitter from the token keeps two contenders from retrying in step.
+            tokio::time::sleep(backoff + Duration::from_micros(token % 2000)).await;
+            backoff = (backoff * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    async fn release(self: &Arc<Self>, bucket: &str, key: &[u8], token: u64, granted: &[NodeId]) {
+        let calls = granted.iter().map(|&n| {
+            let node = self.clone();
+            let req = Req::UnlockKey { bucket: bucket.to_owned(), key: key.to_vec(), token };
+            async move { node.call(n, Msg::new(req)).await }
+        });
+        futures::future::join_all(calls).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_excludes_other_tokens_until_released_or_expired() {
+        let l = KeyLocks::default();
+        let k = || ("b".to_owned(), b"k".to_vec());
+        assert!(l.try_lock(k().0, k().1, 1, 60_000));
+        assert!(l.try_lock(k().0, k().1, 1, 60_000), "re-entrant for the same token");
+        assert!(!l.try_lock(k().0, k().1, 2, 60_000));
+        l.unlock(k().0, k().1, 2);
+        assert!(!l.try_lock(k().0, k().1, 2, 60_000), "only the holder releases");
+        l.unlock(k().0, k().1, 1);
+        assert!(l.try_lock(k().0, k().1, 2, 0), "free after release");
+        assert!(l.try_lock(k().0, k().1, 3, 60_000), "a zero-length lease has expired");
+    }
+}
