@@ -31,7 +31,9 @@ pub struct Config {
     pub max_virtual_size: u64,
     /// Largest accepted artifact in bytes.
     pub max_artifact_size: u64,
-    /// Multipart part size for uploads to LightningStor.
+    /// Multipart part size for uploads to LightningStor (default 8 MiB). The
+    /// last part leaves only after the client's upload ends, so a smaller part
+    /// shortens that tail: at 20 MiB/s an 8 MiB part is 0.4 s.
     pub part_size: u64,
     /// Parallel range GETs when fetching an artifact.
     pub fetch_parallelism: usize,
@@ -72,7 +74,7 @@ impl Default for Config {
             coronafs_nbd: "127.0.0.1:10809".into(),
             max_virtual_size: 16 << 40,
             max_artifact_size: 1 << 40,
-            part_size: 16 << 20,
+            part_size: 8 << 20,
             fetch_parallelism: 8,
             fetch_chunk: 8 << 20,
             cache_max_bases: 16,
