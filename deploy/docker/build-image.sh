@@ -40,6 +40,8 @@ files=()
 for b in "${bins[@]}"; do
   [ -x "$bin_dir/$b" ] || { echo "build-image: $bin_dir/$b is missing (build with cargo build --release)" >&2; exit 1; }
   cp "$bin_dir/$b" "$root/usr/local/bin/$b"
+  # Debug info is most of a release binary's size; the image does not need it.
+  if command -v strip >/dev/null; then strip --strip-debug "$root/usr/local/bin/$b"; fi
   files+=("$bin_dir/$b")
 done
 sleep_bin="$(command -v sleep)"

@@ -96,7 +96,7 @@ fn remove_prefixed(prefix: &str) {
             let _ = try_run(&mut docker(&["volume", "rm", "-f", &v]));
         }
     }
-    for i in listed(&["images", "--format", "{{.Repository}}:{{.Tag}}", &format!("{prefix}*")]) {
+    for i in listed(&["images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", &format!("reference={prefix}*")]) {
         if i.starts_with(prefix) {
             let _ = try_run(&mut docker(&["rmi", "-f", &i]));
         }
@@ -131,12 +131,10 @@ impl Lab {
         let image = format!("{project}:lab");
         let lab = Lab { project, image, _turn: turn };
         let t = Instant::now();
-        let bin_dir = ["coronafs", "lightningstor", "plasmavmc", "bench"]
-            .iter()
-            .map(|b| bin(b, b))
-            .next_back()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-            .expect("target dir");
+        // Build (or find fresh) every binary the image carries.
+        let bins: Vec<PathBuf> =
+            ["coronafs", "lightningstor", "plasmavmc", "bench"].iter().map(|b| bin(b, b)).collect();
+        let bin_dir = bins[0].parent().expect("target dir").to_path_buf();
         let script = repo().join("deploy/docker/build-image.sh");
         must(
             Command::new("bash")
@@ -367,11 +365,11 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
     let victim = lab.container("node02");
     let coordinators = vec![S3_NODES[1].1, S3_NODES[2].1, S3_NODES[3].1];
     let (acked, failed) =
-        rt.block_on(uploads_with(coordinators, "smoke", 300, 256 << 10, Duration::from_secs(90), move || {
+        rt.block_on(uploads_with(coordinators, "smoke", 240, 256 << 10, Duration::from_secs(120), move || {
             must(&mut docker(&["kill", &victim]));
         }));
     eprintln!("lab: node02 killed during uploads: {} acknowledged, {failed} failed", acked.len());
-    assert!(acked.len() >= 150, "too few uploads acknowledged with one node of four down ({})", acked.len());
+    assert!(acked.len() >= 100, "too few uploads acknowledged with one node of four down ({})", acked.len());
     rt.block_on(check_all(S3_NODES[1].1, "smoke", &acked, 256 << 10));
 
     must(&mut docker(&["start", &lab.container("node02")]));
@@ -384,10 +382,12 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
 }
 
 /// A job file for `bench run`, copied into a container.
-fn job_file(dir: &Path, name: &str, rw: &str, size: &str, runtime: &str) -> PathBuf {
+/// With a `runtime` the job is time-based; without, it ends after `size` bytes.
+fn job_file(dir: &Path, name: &str, rw: &str, size: &str, runtime: Option<&str>) -> PathBuf {
     let path = dir.join(format!("{name}.toml"));
+    let runtime = runtime.map(|r| format!("runtime = \"{r}\"\n")).unwrap_or_default();
     let text = format!(
-        "description = \"lab {name}\"\niterations = 1\n[global]\nsize = \"{size}\"\nruntime = \"{runtime}\"\n\
+        "description = \"lab {name}\"\niterations = 1\n[global]\nsize = \"{size}\"\n{runtime}\
          direct = false\n[[job]]\nname = \"{name}\"\nrw = \"{rw}\"\nbs = \"1M\"\niodepth = 8\n{}",
         if rw == "write" { "fsync = 16\n" } else { "" }
     );
@@ -425,18 +425,20 @@ fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
     let lab = Lab::up();
     let dir = tempfile::tempdir().expect("tempdir");
 
-    // Cross-worker read: node02 writes and flushes, node03 reads it back.
-    create_volume(&lab, "xworker", "256M");
+    // Cross-worker read: node02 writes the whole volume and flushes, node03
+    // reads it (written data, not holes, crosses the network).
+    create_volume(&lab, "xworker", "128M");
     let target = format!("nbd://{NODE01}:10809/xworker");
-    let w = bench_run(&lab, "node02", &job_file(dir.path(), "xw-write", "write", "256M", "4s"), &target, "write");
-    let r = bench_run(&lab, "node03", &job_file(dir.path(), "xw-read", "read", "256M", "4s"), &target, "read");
+    let w = bench_run(&lab, "node02", &job_file(dir.path(), "xw-write", "write", "128M", None), &target, "write");
+    let r = bench_run(&lab, "node03", &job_file(dir.path(), "xw-read", "read", "128M", Some("4s")), &target, "read");
     eprintln!("lab: cross-worker over NBD: node02 writes {w:.0} MiB/s, node03 reads {r:.0} MiB/s");
     assert!(w > 0.0 && r > 0.0);
 
     // Shaping: node01's egress through tbf at 20 MiB/s, read from the client.
-    create_volume(&lab, "shaped", "256M");
+    create_volume(&lab, "shaped", "64M");
     let target = format!("nbd://{NODE01}:10809/shaped");
-    let read = job_file(dir.path(), "shaped-read", "read", "256M", "4s");
+    bench_run(&lab, "client", &job_file(dir.path(), "shaped-fill", "write", "64M", None), &target, "write");
+    let read = job_file(dir.path(), "shaped-read", "read", "64M", Some("4s"));
     let before = bench_run(&lab, "client", &read, &target, "read");
     let pid = lab.pid("node01");
     must(
@@ -457,9 +459,9 @@ fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
     });
     let net = format!("{}_lab", lab.project);
     let victim = lab.container("node03");
-    let coordinators = vec![S3_NODES[0].1, S3_NODES[1].1, S3_NODES[3].1];
+    let coordinators = vec![S3_NODES[0].1, S3_NODES[2].1, S3_NODES[3].1];
     let (acked, failed) =
-        rt.block_on(uploads_with(coordinators, "partition", 200, 64 << 10, Duration::from_secs(90), {
+        rt.block_on(uploads_with(coordinators, "partition", 200, 64 << 10, Duration::from_secs(120), {
             let (net, victim) = (net.clone(), victim.clone());
             move || {
                 must(&mut docker(&["network", "disconnect", &net, &victim]));
@@ -467,7 +469,7 @@ fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
         }));
     eprintln!("lab: node03 partitioned during uploads: {} acknowledged, {failed} failed", acked.len());
     assert!(acked.len() >= 100, "too few uploads acknowledged with one node cut off ({})", acked.len());
-    rt.block_on(check_all(S3_NODES[2].1, "partition", &acked, 64 << 10));
+    rt.block_on(check_all(S3_NODES[3].1, "partition", &acked, 64 << 10));
     let (up, _, text) = lab.cluster_status();
     assert_eq!(up, 3, "the partitioned node should show as down:\n{text}");
     must(&mut docker(&["network", "connect", "--ip", "10.89.0.13", &net, &victim]));
