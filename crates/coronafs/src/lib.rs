@@ -8,11 +8,13 @@
 //!   their metadata in redb;
 //! - [`server`]: the async NBD server and the export table;
 //! - [`api`]: the HTTP control API and `/metrics`;
+//! - [`config`]: the settings of `coronafs serve` (TOML file and flags);
 //! - [`client`]: an async, pipelined NBD client (used by the bench and PlasmaVMC).
 
 pub mod api;
 pub mod backend;
 pub mod client;
+pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod openapi;

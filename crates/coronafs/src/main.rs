@@ -4,7 +4,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use coronafs::api::{ApiError, CreateSnapshot, CreateVolume, FenceVolume, ResizeVolume};
 use coronafs::backend::IoEngine;
-use coronafs::server::{self, ServerConfig};
+use coronafs::config::ServeSettings;
+use coronafs::server;
 use coronafs::volume::{SnapshotInfo, VolumeInfo};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,24 +28,36 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Serve every volume under DATA_DIR over NBD, with the control API beside it.
+    ///
+    /// Settings come from --config (TOML, unknown fields refused; see
+    /// docs/deploy.md) and from flags; a flag wins over the file.
+    #[command(
+        after_help = "Examples:\n  coronafs serve --data-dir /var/lib/coronafs\n  coronafs serve --config /etc/photoncloud/coronafs.toml\n\nThe file's fields: data_dir, nbd, api, io_engine, read_only (as the flags)."
+    )]
     Serve {
+        /// TOML settings file with the same fields as the flags
+        /// (data_dir, nbd, api, io_engine, read_only).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// Directory holding the metadata store (meta.redb) and the layer files
-        /// (created if missing). Raw files placed directly in it are adopted as volumes.
+        /// (created if missing). Raw files placed directly in it are adopted as
+        /// volumes. Required here or in --config.
         #[arg(long, value_name = "DIR")]
-        data_dir: PathBuf,
-        /// NBD listen address.
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:10809")]
-        nbd: SocketAddr,
-        /// Control API and /metrics listen address.
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
-        api: SocketAddr,
-        /// Data path engine. Both answer page-cache hits inline; they differ in
-        /// what waits. `threads` is the default: buffered writes that io_uring
-        /// punts to its io-wq workers cost about 1.6x the CPU (measured with
-        /// `bench nbd-compare`). `uring` falls back to `threads` (with a
-        /// warning) where io_uring is refused, e.g. under Docker's default seccomp.
-        #[arg(long, value_enum, default_value_t = IoEngine::Threads)]
-        io_engine: IoEngine,
+        data_dir: Option<PathBuf>,
+        /// NBD listen address [default: 127.0.0.1:10809].
+        #[arg(long, value_name = "ADDR")]
+        nbd: Option<SocketAddr>,
+        /// Control API and /metrics listen address [default: 127.0.0.1:7070].
+        #[arg(long, value_name = "ADDR")]
+        api: Option<SocketAddr>,
+        /// Data path engine [default: threads]. Both answer page-cache hits
+        /// inline; they differ in what waits. `threads` is the default:
+        /// buffered writes that io_uring punts to its io-wq workers cost about
+        /// 1.6x the CPU (measured with `bench nbd-compare`). `uring` falls back
+        /// to `threads` (with a warning) where io_uring is refused, e.g. under
+        /// Docker's default seccomp.
+        #[arg(long, value_enum)]
+        io_engine: Option<IoEngine>,
         /// Export every volume read-only (writes are answered with EPERM).
         #[arg(long)]
         read_only: bool,
@@ -145,8 +158,13 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
-        Cmd::Serve { data_dir, nbd, api, io_engine, read_only } => {
-            let cfg = ServerConfig { data_dir, nbd, api, engine: io_engine, read_only };
+        Cmd::Serve { config, data_dir, nbd, api, io_engine, read_only } => {
+            let file = match &config {
+                Some(path) => ServeSettings::from_file(path)?,
+                None => ServeSettings::default(),
+            };
+            let flags = ServeSettings { data_dir, nbd, api, io_engine, read_only: read_only.then_some(true) };
+            let cfg = file.overridden_by(flags).into_server_config()?;
             let srv = server::start(cfg).await.context("starting the server")?;
             srv.run_until_signal().await;
             Ok(())

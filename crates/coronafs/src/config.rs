@@ -1,0 +1,142 @@
+//! `coronafs serve --config FILE`: the server's settings as one TOML file.
+//!
+//! Every field is optional in the file; a flag given on the command line
+//! wins over the file, and what neither gives takes the default below.
+//! Unknown fields are refused, so a typo never silently falls back to a
+//! default. Example (`deploy/docker/config/node01/coronafs.toml`):
+//!
+//! ```toml
+//! data_dir = "/var/lib/coronafs"
+//! nbd = "10.89.0.11:10809"
+//! api = "10.89.0.11:7070"
+//! io_engine = "threads"
+//! ```
+
+use crate::backend::IoEngine;
+use crate::error::{CoronaError, Result};
+use crate::server::ServerConfig;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Default NBD listen address.
+pub const DEFAULT_NBD: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10809);
+/// Default control API listen address.
+pub const DEFAULT_API: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7070);
+
+/// The settings of `coronafs serve`, from a file or from flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSettings {
+    /// Directory holding meta.redb and the layer files (created if missing). Required.
+    pub data_dir: Option<PathBuf>,
+    /// NBD listen address, `IP:PORT` [default: 127.0.0.1:10809].
+    pub nbd: Option<SocketAddr>,
+    /// Control API and /metrics listen address, `IP:PORT` [default: 127.0.0.1:7070].
+    pub api: Option<SocketAddr>,
+    /// Data path engine, `threads` or `uring` [default: threads].
+    #[serde(default, deserialize_with = "engine")]
+    pub io_engine: Option<IoEngine>,
+    /// Export every volume read-only [default: false].
+    pub read_only: Option<bool>,
+}
+
+fn engine<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<IoEngine>, D::Error> {
+    let s = String::deserialize(d)?;
+    <IoEngine as clap::ValueEnum>::from_str(&s, false)
+        .map(Some)
+        .map_err(|_| serde::de::Error::custom(format!("unknown io_engine {s:?}: expected \"threads\" or \"uring\"")))
+}
+
+impl ServeSettings {
+    /// Parses a settings file (unknown fields are an error).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| CoronaError::Config(e.to_string()))
+    }
+
+    /// Reads a settings file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CoronaError::Config(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| CoronaError::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// `self` with every field `over` sets replaced (flags over the file).
+    pub fn overridden_by(self, over: ServeSettings) -> ServeSettings {
+        ServeSettings {
+            data_dir: over.data_dir.or(self.data_dir),
+            nbd: over.nbd.or(self.nbd),
+            api: over.api.or(self.api),
+            io_engine: over.io_engine.or(self.io_engine),
+            read_only: over.read_only.or(self.read_only),
+        }
+    }
+
+    /// The server configuration, defaults filled in; `data_dir` is required
+    /// and the two listen addresses must differ.
+    pub fn into_server_config(self) -> Result<ServerConfig> {
+        let data_dir = self.data_dir.ok_or_else(|| {
+            CoronaError::Config("no data directory: give --data-dir or data_dir in the --config file".into())
+        })?;
+        let cfg = ServerConfig {
+            data_dir,
+            nbd: self.nbd.unwrap_or(DEFAULT_NBD),
+            api: self.api.unwrap_or(DEFAULT_API),
+            engine: self.io_engine.unwrap_or(IoEngine::Threads),
+            read_only: self.read_only.unwrap_or(false),
+        };
+        if cfg.nbd == cfg.api && cfg.nbd.port() != 0 {
+            return Err(CoronaError::Config(format!("nbd and api both listen on {}", cfg.nbd)));
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file_gives_every_setting() {
+        let s = ServeSettings::from_toml(
+            "data_dir = \"/srv/c\"\nnbd = \"10.0.0.1:10809\"\napi = \"10.0.0.1:7070\"\nio_engine = \"uring\"\nread_only = true\n",
+        )
+        .expect("parse");
+        let c = s.into_server_config().expect("valid");
+        assert_eq!(c.data_dir, PathBuf::from("/srv/c"));
+        assert_eq!(c.nbd, "10.0.0.1:10809".parse().expect("addr"));
+        assert_eq!(c.api.port(), 7070);
+        assert_eq!(c.engine, IoEngine::Uring);
+        assert!(c.read_only);
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_defaults_fill_the_rest() {
+        let file = ServeSettings::from_toml("data_dir = \"/a\"\nnbd = \"10.0.0.1:1\"\n").expect("parse");
+        let flags = ServeSettings { nbd: Some("10.0.0.2:2".parse().expect("addr")), ..Default::default() };
+        let c = file.overridden_by(flags).into_server_config().expect("valid");
+        assert_eq!(c.data_dir, PathBuf::from("/a"));
+        assert_eq!(c.nbd.port(), 2);
+        assert_eq!(c.api, DEFAULT_API);
+        assert_eq!(c.engine, IoEngine::Threads);
+        assert!(!c.read_only);
+    }
+
+    #[test]
+    fn unknown_fields_bad_values_and_missing_data_dir_are_refused() {
+        let e = ServeSettings::from_toml("data_dir = \"/a\"\ndata-dir = \"/b\"\n").unwrap_err();
+        assert!(e.to_string().contains("data-dir"), "{e}");
+        let e = ServeSettings::from_toml("io_engine = \"aio\"\n").unwrap_err();
+        assert!(e.to_string().contains("aio"), "{e}");
+        assert!(ServeSettings::from_toml("nbd = \"somehost\"\n").is_err());
+        let e = ServeSettings::default().into_server_config().unwrap_err();
+        assert!(e.to_string().contains("data_dir"), "{e}");
+        let same = ServeSettings {
+            data_dir: Some("/a".into()),
+            nbd: Some(DEFAULT_API),
+            api: Some(DEFAULT_API),
+            ..Default::default()
+        };
+        assert!(same.into_server_config().is_err());
+    }
+}

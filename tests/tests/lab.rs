@@ -1,0 +1,479 @@
+//! The 5-node lab of `deploy/docker` on this machine's Docker engine: the
+//! image is built from our release binaries (no registry), Compose brings up
+//! node01 (CoronaFS + PlasmaVMC), node02..node05 (LightningStor, RF=3) and a
+//! client on a private network, and the tests drive it across containers:
+//! the bench over the container network, a link shaped with tc tbf, a node
+//! killed during uploads, a node partitioned away and healed, a cross-worker
+//! read between two worker containers.
+//!
+//! Docker, docker-compose, nsenter and tc are required: a missing one fails
+//! the test with a message, it never skips. Every Docker resource carries a
+//! per-run prefix (`phlab<pid>x<time>`) and is removed when the test ends,
+//! pass or fail; resources left by an earlier, killed run are removed first.
+//! Only one lab runs at a time (the network has a fixed subnet).
+
+use aws_sdk_s3::primitives::ByteStream;
+use stack_tests::{bin, pattern, require, wait_for_port};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Prefix of every Docker resource these tests create.
+const PREFIX: &str = "phlab";
+/// The lab's addresses (deploy/docker/compose.yaml).
+const NODE01: &str = "10.89.0.11";
+const S3_NODES: [(&str, &str); 4] =
+    [("node02", "10.89.0.12"), ("node03", "10.89.0.13"), ("node04", "10.89.0.14"), ("node05", "10.89.0.15")];
+const KEYS: (&str, &str) = ("lab-access-key", "lab-secret-key-change-me");
+/// The cluster file as the client container sees it.
+const CLUSTER_FILE: &str = "/etc/lightningstor-cluster.toml";
+
+/// One lab at a time: the tests of this file take turns.
+static ONE_LAB: Mutex<()> = Mutex::new(());
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// Runs a command; its output, or None with the reason printed when it failed.
+fn try_run(cmd: &mut Command) -> Result<Output, String> {
+    let out = cmd.output().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(format!(
+            "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn must(cmd: &mut Command) -> String {
+    match try_run(cmd) {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn docker(args: &[&str]) -> Command {
+    let mut c = Command::new("docker");
+    c.args(args);
+    c
+}
+
+/// Names (or ids) Docker lists for `args`, one per line.
+fn listed(args: &[&str]) -> Vec<String> {
+    try_run(&mut docker(args))
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(str::to_owned).filter(|l| !l.is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// Removes every container, network, volume and image whose name starts
+/// with `prefix`: what a killed run left, or this run's own at the end.
+fn remove_prefixed(prefix: &str) {
+    let containers: Vec<String> =
+        listed(&["ps", "-a", "--format", "{{.Names}}", "--filter", &format!("name={prefix}")])
+            .into_iter()
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+    if !containers.is_empty() {
+        let mut args = vec!["rm", "-f", "-v"];
+        args.extend(containers.iter().map(String::as_str));
+        let _ = try_run(&mut docker(&args));
+    }
+    for n in listed(&["network", "ls", "--format", "{{.Name}}", "--filter", &format!("name={prefix}")]) {
+        if n.starts_with(prefix) {
+            let _ = try_run(&mut docker(&["network", "rm", &n]));
+        }
+    }
+    for v in listed(&["volume", "ls", "--format", "{{.Name}}", "--filter", &format!("name={prefix}")]) {
+        if v.starts_with(prefix) {
+            let _ = try_run(&mut docker(&["volume", "rm", "-f", &v]));
+        }
+    }
+    for i in listed(&["images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", &format!("reference={prefix}*")]) {
+        if i.starts_with(prefix) {
+            let _ = try_run(&mut docker(&["rmi", "-f", &i]));
+        }
+    }
+}
+
+/// Fails (never skips) when a tool the lab needs is missing or the engine is down.
+fn require_docker() {
+    for tool in ["docker", "docker-compose", "nsenter", "tc"] {
+        require(tool);
+    }
+    if let Err(e) = try_run(&mut docker(&["info", "--format", "{{.ServerVersion}}"])) {
+        panic!("the lab tests need a running Docker engine (and the right to use it): {e}");
+    }
+}
+
+/// A running lab; torn down (containers, network, volumes, image) on drop.
+struct Lab {
+    project: String,
+    image: String,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Lab {
+    /// Builds the image and brings the five nodes and the client up.
+    fn up() -> Lab {
+        let turn = ONE_LAB.lock().unwrap_or_else(|e| e.into_inner());
+        require_docker();
+        remove_prefixed(PREFIX);
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let project = format!("{PREFIX}{}x{stamp}", std::process::id());
+        let image = format!("{project}:lab");
+        let lab = Lab { project, image, _turn: turn };
+        let t = Instant::now();
+        // Build (or find fresh) every binary the image carries.
+        let bins: Vec<PathBuf> =
+            ["coronafs", "lightningstor", "plasmavmc", "bench"].iter().map(|b| bin(b, b)).collect();
+        let bin_dir = bins[0].parent().expect("target dir").to_path_buf();
+        let script = repo().join("deploy/docker/build-image.sh");
+        must(
+            Command::new("bash")
+                .arg(&script)
+                .arg("--no-build")
+                .arg("--bin-dir")
+                .arg(&bin_dir)
+                .args(["--tag", &lab.image]),
+        );
+        eprintln!("lab: image {} built in {:.1} s", lab.image, t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        must(&mut lab.compose(&["up", "-d", "--no-build"]));
+        for (_, ip) in S3_NODES {
+            wait_for_port(format!("{ip}:9000").parse().expect("addr"), Duration::from_secs(60));
+        }
+        wait_for_port(format!("{NODE01}:10809").parse().expect("addr"), Duration::from_secs(60));
+        wait_for_port(format!("{NODE01}:7070").parse().expect("addr"), Duration::from_secs(60));
+        wait_for_port(format!("{NODE01}:8080").parse().expect("addr"), Duration::from_secs(90));
+        eprintln!("lab: {} up in {:.1} s", lab.project, t.elapsed().as_secs_f64());
+        lab
+    }
+
+    fn compose(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("docker-compose");
+        c.arg("-f").arg(repo().join("deploy/docker/compose.yaml")).args(["-p", &self.project]).args(args);
+        c.env("LAB_IMAGE", &self.image);
+        c
+    }
+
+    /// The container of a Compose service.
+    fn container(&self, service: &str) -> String {
+        format!("{}_{service}_1", self.project)
+    }
+
+    /// `docker exec` in a service's container; the output, or the failure.
+    fn exec(&self, service: &str, args: &[&str]) -> Result<Output, String> {
+        let c = self.container(service);
+        let mut all = vec!["exec", c.as_str()];
+        all.extend_from_slice(args);
+        try_run(&mut docker(&all))
+    }
+
+    /// The host pid of a service's main process (to enter its network namespace).
+    fn pid(&self, service: &str) -> String {
+        must(&mut docker(&["inspect", "-f", "{{.State.Pid}}", &self.container(service)])).trim().to_owned()
+    }
+
+    /// Copies a host file into a container.
+    fn copy_in(&self, service: &str, from: &Path, to: &str) {
+        let dest = format!("{}:{to}", self.container(service));
+        must(docker(&["cp"]).arg(from).arg(&dest));
+    }
+
+    /// Copies a container file out and reads it.
+    fn read_out(&self, service: &str, path: &str) -> String {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = dir.path().join("out");
+        must(docker(&["cp", &format!("{}:{path}", self.container(service))]).arg(&local));
+        std::fs::read_to_string(&local).expect("copied file")
+    }
+
+    /// `lightningstor cluster status` from the client: (nodes up, repair backlog).
+    fn cluster_status(&self) -> (usize, Option<u64>, String) {
+        match self.exec("client", &["lightningstor", "cluster", "status", "--config", CLUSTER_FILE]) {
+            Ok(o) => {
+                let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                let up = text.lines().filter(|l| l.split_whitespace().nth(4) == Some("up")).count();
+                let backlog = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("repair backlog: "))
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|n| n.parse().ok());
+                (up, backlog, text)
+            }
+            Err(e) => (0, None, e),
+        }
+    }
+
+    /// Waits (bounded) until all four nodes answer and no repair is queued.
+    fn wait_converged(&self, secs: u64) -> Duration {
+        let t = Instant::now();
+        loop {
+            let (up, backlog, text) = self.cluster_status();
+            if up == S3_NODES.len() && backlog == Some(0) {
+                return t.elapsed();
+            }
+            assert!(t.elapsed() < Duration::from_secs(secs), "cluster not converged after {secs} s:\n{text}");
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(o) = try_run(&mut self.compose(&["logs", "--no-color", "--tail", "40"])) {
+                eprintln!("lab logs (last lines per service):\n{}", String::from_utf8_lossy(&o.stdout));
+            }
+        }
+        let _ = try_run(&mut self.compose(&["down", "-v", "--remove-orphans", "-t", "5"]));
+        remove_prefixed(&self.project);
+    }
+}
+
+fn s3(ip: &str) -> aws_sdk_s3::Client {
+    bench::target::s3_client(&format!("http://{ip}:9000"), "us-east-1", KEYS.0, KEYS.1)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+async fn get(c: &aws_sdk_s3::Client, bucket: &str, key: &str) -> anyhow::Result<Vec<u8>> {
+    let out = c.get_object().bucket(bucket).key(key).send().await?;
+    Ok(out.body.collect().await?.into_bytes().to_vec())
+}
+
+/// Every acknowledged object reads back byte for byte through `ip`.
+async fn check_all(ip: &str, bucket: &str, acked: &BTreeMap<String, u64>, size: usize) {
+    let c = s3(ip);
+    for (key, seed) in acked {
+        let body =
+            get(&c, bucket, key).await.unwrap_or_else(|e| panic!("acknowledged {key} unreadable via {ip}: {e:#}"));
+        assert!(body == pattern(size, *seed), "acknowledged {key} read back different bytes via {ip}");
+    }
+}
+
+/// 8 writers PUT objects round-robin over the `coordinators` (S3 node
+/// addresses) until `count` attempts or `limit`; `during` runs once a third
+/// of them are in. The acknowledged keys (with their pattern seed) and the
+/// number of failed PUTs.
+async fn uploads_with(
+    coordinators: Vec<&'static str>,
+    bucket: &str,
+    count: u64,
+    size: usize,
+    limit: Duration,
+    during: impl FnOnce() + Send + 'static,
+) -> (BTreeMap<String, u64>, u64) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + limit;
+    let mut tasks = Vec::new();
+    for w in 0..8usize {
+        let next = next.clone();
+        let bucket = bucket.to_owned();
+        let coordinators = coordinators.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut acked, mut failed) = (BTreeMap::new(), 0u64);
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= count || Instant::now() > deadline {
+                    break;
+                }
+                let ip = coordinators[(i as usize + w) % coordinators.len()];
+                let key = format!("obj-{i:05}");
+                let put = s3(ip).put_object().bucket(&bucket).key(&key).body(ByteStream::from(pattern(size, i))).send();
+                match tokio::time::timeout(Duration::from_secs(40), put).await {
+                    Ok(Ok(_)) => {
+                        acked.insert(key, i);
+                    }
+                    _ => failed += 1,
+                }
+            }
+            (acked, failed)
+        }));
+    }
+    let watch = next.clone();
+    let trigger = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        while watch.load(Ordering::SeqCst) < count / 3 && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        during();
+    });
+    let (mut acked, mut failed) = (BTreeMap::new(), 0);
+    for t in tasks {
+        let (a, f) = t.await.expect("writer");
+        acked.extend(a);
+        failed += f;
+    }
+    trigger.await.expect("fault");
+    (acked, failed)
+}
+
+/// The CI smoke: image, five nodes, `bench fresh-bench-storage --quick
+/// --cluster` from the client container, then a LightningStor node killed
+/// during parallel uploads: everything acknowledged reads back, and after
+/// a restart the cluster converges (all nodes up, no repair queued).
+#[test]
+fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads() {
+    let started = Instant::now();
+    let lab = Lab::up();
+
+    let t = Instant::now();
+    let out = lab
+        .exec(
+            "client",
+            &[
+                "bench",
+                "fresh-bench-storage",
+                "--quick",
+                "--cluster",
+                "/etc/photoncloud/lab.toml",
+                "--out-dir",
+                "/work/bench-out",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("fresh-bench-storage in the client container: {e}"));
+    drop(out);
+    let results: serde_json::Value =
+        serde_json::from_str(&lab.read_out("client", "/work/bench-out/results.json")).expect("results.json");
+    let report = lab.read_out("client", "/work/bench-out/storage-benchmarks.md");
+    eprintln!("lab: fresh-bench-storage --quick --cluster took {:.1} s", t.elapsed().as_secs_f64());
+    assert!(report.contains("lab.toml"), "the report does not name the lab's cluster file:\n{report}");
+    assert!(results["cluster"].as_str().is_some_and(|c| c.contains("lab.toml")), "cluster: {}", results["cluster"]);
+    for section in ["network", "coronafs", "cross_worker", "s3_large_object", "s3_small_batch", "s3_parallel_batch"] {
+        assert_eq!(results[section]["status"], "measured", "section {section} of results.json: {}", results[section]);
+    }
+    assert_eq!(results["cross_worker"]["verified"], true, "cross-worker read not verified");
+    assert_eq!(results["s3_parallel_batch"]["nodes"], 4, "the S3 sections should spread over the four nodes");
+
+    let rt = runtime();
+    rt.block_on(async {
+        s3(S3_NODES[1].1).create_bucket().bucket("smoke").send().await.expect("create bucket");
+    });
+    let victim = lab.container("node02");
+    let coordinators = vec![S3_NODES[1].1, S3_NODES[2].1, S3_NODES[3].1];
+    let (acked, failed) =
+        rt.block_on(uploads_with(coordinators, "smoke", 240, 256 << 10, Duration::from_secs(120), move || {
+            must(&mut docker(&["kill", &victim]));
+        }));
+    eprintln!("lab: node02 killed during uploads: {} acknowledged, {failed} failed", acked.len());
+    assert!(acked.len() >= 100, "too few uploads acknowledged with one node of four down ({})", acked.len());
+    rt.block_on(check_all(S3_NODES[1].1, "smoke", &acked, 256 << 10));
+
+    must(&mut docker(&["start", &lab.container("node02")]));
+    wait_for_port(format!("{}:9000", S3_NODES[0].1).parse::<SocketAddr>().expect("addr"), Duration::from_secs(60));
+    let took = lab.wait_converged(180);
+    eprintln!("lab: converged {:.1} s after node02 restarted", took.as_secs_f64());
+    rt.block_on(check_all(S3_NODES[0].1, "smoke", &acked, 256 << 10));
+    drop(lab);
+    eprintln!("lab: smoke test wall time {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// A job file for `bench run`, copied into a container.
+/// With a `runtime` the job is time-based; without, it ends after `size` bytes.
+fn job_file(dir: &Path, name: &str, rw: &str, size: &str, runtime: Option<&str>) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let runtime = runtime.map(|r| format!("runtime = \"{r}\"\n")).unwrap_or_default();
+    let text = format!(
+        "description = \"lab {name}\"\niterations = 1\n[global]\nsize = \"{size}\"\n{runtime}\
+         direct = false\n[[job]]\nname = \"{name}\"\nrw = \"{rw}\"\nbs = \"1M\"\niodepth = 8\n{}",
+        if rw == "write" { "fsync = 16\n" } else { "" }
+    );
+    std::fs::write(&path, text).expect("job file");
+    path
+}
+
+/// `bench run` in a container; the median bandwidth of its one job in MiB/s.
+fn bench_run(lab: &Lab, service: &str, job: &Path, target: &str, side: &str) -> f64 {
+    let name = job.file_name().and_then(|n| n.to_str()).expect("name").to_owned();
+    lab.copy_in(service, job, &format!("/tmp/{name}"));
+    let json = format!("/tmp/{name}.json");
+    lab.exec(service, &["bench", "run", "--profile", &format!("/tmp/{name}"), "--target", target, "--json", &json])
+        .unwrap_or_else(|e| panic!("bench run in {service}: {e}"));
+    let v: serde_json::Value = serde_json::from_str(&lab.read_out(service, &json)).expect("run json");
+    let bw = v["jobs"][0][side]["bw_bytes"]["median"].as_f64().unwrap_or_else(|| panic!("no {side} bandwidth in {v}"));
+    bw / 1048576.0
+}
+
+fn create_volume(lab: &Lab, name: &str, size: &str) {
+    lab.exec(
+        "client",
+        &["coronafs", "volume", "create", name, "--size", size, "--api", &format!("http://{NODE01}:7070")],
+    )
+    .unwrap_or_else(|e| panic!("creating volume {name}: {e}"));
+}
+
+/// Links and partitions: node01's link shaped with tc tbf to 20 MiB/s
+/// (measured from the client), the cross-worker read between node02 and
+/// node03, and node03 cut off from the network while writes go on, then
+/// reconnected: every acknowledged object reads back and the cluster
+/// converges.
+#[test]
+fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
+    let lab = Lab::up();
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // Cross-worker read: node02 writes the whole volume and flushes, node03
+    // reads it (written data, not holes, crosses the network).
+    create_volume(&lab, "xworker", "128M");
+    let target = format!("nbd://{NODE01}:10809/xworker");
+    let w = bench_run(&lab, "node02", &job_file(dir.path(), "xw-write", "write", "128M", None), &target, "write");
+    let r = bench_run(&lab, "node03", &job_file(dir.path(), "xw-read", "read", "128M", Some("4s")), &target, "read");
+    eprintln!("lab: cross-worker over NBD: node02 writes {w:.0} MiB/s, node03 reads {r:.0} MiB/s");
+    assert!(w > 0.0 && r > 0.0);
+
+    // Shaping: node01's egress through tbf at 20 MiB/s, read from the client.
+    create_volume(&lab, "shaped", "64M");
+    let target = format!("nbd://{NODE01}:10809/shaped");
+    bench_run(&lab, "client", &job_file(dir.path(), "shaped-fill", "write", "64M", None), &target, "write");
+    let read = job_file(dir.path(), "shaped-read", "read", "64M", Some("4s"));
+    let before = bench_run(&lab, "client", &read, &target, "read");
+    let pid = lab.pid("node01");
+    must(
+        Command::new("nsenter")
+            .args(["-t", &pid, "-n", "tc", "qdisc", "add", "dev", "eth0", "root", "tbf"])
+            .args(["rate", "20mibps", "burst", "256kb", "latency", "100ms"]),
+    );
+    let shaped = bench_run(&lab, "client", &read, &target, "read");
+    must(Command::new("nsenter").args(["-t", &pid, "-n", "tc", "qdisc", "del", "dev", "eth0", "root"]));
+    eprintln!("lab: NBD read from node01: {before:.0} MiB/s unshaped, {shaped:.1} MiB/s behind tbf 20 MiB/s");
+    assert!((14.0..=22.0).contains(&shaped), "shaped read {shaped:.1} MiB/s is not near 20 MiB/s");
+    assert!(before > shaped * 1.5, "the unshaped link ({before:.0} MiB/s) should beat the shaped one");
+
+    // Partition node03 away during writes, then heal.
+    let rt = runtime();
+    rt.block_on(async {
+        s3(S3_NODES[0].1).create_bucket().bucket("partition").send().await.expect("create bucket");
+    });
+    let net = format!("{}_lab", lab.project);
+    let victim = lab.container("node03");
+    let coordinators = vec![S3_NODES[0].1, S3_NODES[2].1, S3_NODES[3].1];
+    let (acked, failed) =
+        rt.block_on(uploads_with(coordinators, "partition", 200, 64 << 10, Duration::from_secs(120), {
+            let (net, victim) = (net.clone(), victim.clone());
+            move || {
+                must(&mut docker(&["network", "disconnect", &net, &victim]));
+            }
+        }));
+    eprintln!("lab: node03 partitioned during uploads: {} acknowledged, {failed} failed", acked.len());
+    assert!(acked.len() >= 100, "too few uploads acknowledged with one node cut off ({})", acked.len());
+    rt.block_on(check_all(S3_NODES[3].1, "partition", &acked, 64 << 10));
+    let (up, _, text) = lab.cluster_status();
+    assert_eq!(up, 3, "the partitioned node should show as down:\n{text}");
+    must(&mut docker(&["network", "connect", "--ip", "10.89.0.13", &net, &victim]));
+    let took = lab.wait_converged(180);
+    eprintln!("lab: converged {:.1} s after the partition healed", took.as_secs_f64());
+    rt.block_on(check_all(S3_NODES[1].1, "partition", &acked, 64 << 10));
+}
