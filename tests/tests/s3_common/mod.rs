@@ -2,7 +2,7 @@
 //! straight into aws-sdk-s3, and the real `lightningstor` binary spawned on a
 //! loopback port.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use aws_credential_types::Credentials;
 use aws_sdk_s3::Client;
@@ -12,7 +12,7 @@ use lightningstor::{Config, Store};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const AK: &str = "test-access-key";
