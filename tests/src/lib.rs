@@ -67,6 +67,19 @@ pub fn bin(package: &str, name: &str) -> PathBuf {
             built.extend(["coronafs", "lightningstor", "plasmavmc", "bench"].map(String::from));
             built.push(name.to_owned());
         }
+        // `cargo test` gives the test process the variables it gives build
+        // scripts (CARGO_MANIFEST_DIR, CARGO_PKG_*, ...). Passed on, they
+        // change the fingerprint of build scripts that watch them (ring's
+        // watches CARGO_MANIFEST_DIR), and ring, rustls and aws-sdk-s3 get
+        // rebuilt: minutes of CI for nothing. The nested cargo gets the
+        // environment a user's shell would have.
+        for (k, _) in std::env::vars_os() {
+            if let Some(k) = k.to_str()
+                && is_cargo_set(k)
+            {
+                cmd.env_remove(k);
+            }
+        }
         // The target dir the tests were built in, whatever CARGO_TARGET_DIR says.
         if let Some(dir) = target_dir().parent() {
             cmd.arg("--target-dir").arg(dir);
@@ -77,6 +90,21 @@ pub fn bin(package: &str, name: &str) -> PathBuf {
         run(&mut cmd);
     }
     path
+}
+
+/// Variables cargo sets for a test process (and build scripts), as opposed
+/// to ones a user sets to configure cargo (CARGO_HOME, CARGO_TARGET_DIR, ...).
+fn is_cargo_set(k: &str) -> bool {
+    ["CARGO_PKG_", "CARGO_CRATE_", "CARGO_BIN_"].iter().any(|p| k.starts_with(p))
+        || [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+            "OUT_DIR",
+        ]
+        .contains(&k)
 }
 
 /// A free loopback port (bound then released; fine for tests).
@@ -162,6 +190,11 @@ impl CoronaProc {
     pub fn spawn(data_dir: &std::path::Path, engine: IoEngine) -> Self {
         let nbd: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let api: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        Self::spawn_at(data_dir, engine, nbd, api)
+    }
+
+    /// A server on given addresses (to restart one where it was).
+    pub fn spawn_at(data_dir: &std::path::Path, engine: IoEngine, nbd: SocketAddr, api: SocketAddr) -> Self {
         let child = Command::new(bin("coronafs", "coronafs"))
             .args(["serve", "--data-dir"])
             .arg(data_dir)

@@ -452,39 +452,6 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
 }
 
 #[test]
-#[ignore = "written in session 3 and not yet run to completion on the loaded build machine; un-ignore once verified (see the session note)"]
-fn the_criterion_benches_build_and_run_once() {
-    // `cargo test --workspace` builds no benches, so this test does: criterion
-    // run by `cargo test` (no --bench flag) executes every benchmark once
-    // without timing it, which catches a bench that no longer compiles or
-    // panics.
-    let release = stack_tests::target_dir().file_name().is_some_and(|n| n == "release");
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    // --workspace, as in the test command, so cargo resolves the same
-    // features and compiles only the bench target itself.
-    cmd.args(["test", "--workspace", "--bench", "hot_paths"]);
-    if let Some(dir) = stack_tests::target_dir().parent() {
-        cmd.arg("--target-dir").arg(dir);
-    }
-    if release {
-        cmd.arg("--release");
-    }
-    let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for group in [
-        "nbd_codec/request_decode",
-        "nbd_round_trip/read_4k",
-        "lightningstor_block_hash/",
-        "lightningstor_placement/",
-        "qcow2_mapping_walk/",
-        "s3_in_process/put_256k",
-    ] {
-        assert!(text.contains(group), "no {group} in the bench run:\n{text}");
-    }
-}
-
-#[test]
 fn the_bench_qcow2_writer_makes_images_qemu_img_accepts() {
     require("qemu-img");
     let d = tempfile::tempdir().unwrap();

@@ -1,10 +1,12 @@
 //! The 5-node lab of `deploy/docker` on this machine's Docker engine: the
 //! image is built from our release binaries (no registry), Compose brings up
-//! node01 (CoronaFS + PlasmaVMC), node02..node05 (LightningStor, RF=3) and a
-//! client on a private network, and the tests drive it across containers:
-//! the bench over the container network, a link shaped with tc tbf, a node
-//! killed during uploads, a node partitioned away and healed, a cross-worker
-//! read between two worker containers.
+//! node01 (CoronaFS + PlasmaVMC), node02..node05 (LightningStor, RF=3, and a
+//! `plasmavmc agent` each) and a client on a private network, and the tests
+//! drive it across containers: the bench over the container network, a link
+//! shaped with tc tbf, a LightningStor node killed during uploads, a node
+//! partitioned away and healed, a cross-worker read between two worker
+//! containers, a VM migrated between workers, CoronaFS restarted under a
+//! running VM, and a worker's agent killed during a migration.
 //!
 //! Docker, docker-compose, nsenter and tc are required: a missing one fails
 //! the test with a message, it never skips. Every Docker resource carries a
@@ -12,7 +14,13 @@
 //! pass or fail; resources left by an earlier, killed run are removed first.
 //! Only one lab runs at a time (the network has a fixed subnet).
 
+mod plasmavmc_common;
+
 use aws_sdk_s3::primitives::ByteStream;
+use coronafs::client::NbdClient;
+use plasmavmc::vms::{BLOCK, WriteLog, written_seq};
+use plasmavmc_common::{Http, make_raw};
+use serde_json::json;
 use stack_tests::{bin, pattern, require, wait_for_port};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -153,6 +161,9 @@ impl Lab {
         wait_for_port(format!("{NODE01}:10809").parse().expect("addr"), Duration::from_secs(60));
         wait_for_port(format!("{NODE01}:7070").parse().expect("addr"), Duration::from_secs(60));
         wait_for_port(format!("{NODE01}:8080").parse().expect("addr"), Duration::from_secs(90));
+        for (_, ip) in S3_NODES {
+            wait_for_port(format!("{ip}:8090").parse().expect("addr"), Duration::from_secs(30));
+        }
         eprintln!("lab: {} up in {:.1} s", lab.project, t.elapsed().as_secs_f64());
         lab
     }
@@ -326,7 +337,6 @@ async fn uploads_with(
 /// during parallel uploads: everything acknowledged reads back, and after
 /// a restart the cluster converges (all nodes up, no repair queued).
 #[test]
-#[ignore = "needs one verified run here first: written in session 3, never reached Docker on the loaded build machine (see the issue 8 note)"]
 fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads() {
     let started = Instant::now();
     let lab = Lab::up();
@@ -363,17 +373,17 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
     rt.block_on(async {
         s3(S3_NODES[1].1).create_bucket().bucket("smoke").send().await.expect("create bucket");
     });
-    let victim = lab.container("node02");
+    let victim = lab.container("node02-lightningstor");
     let coordinators = vec![S3_NODES[1].1, S3_NODES[2].1, S3_NODES[3].1];
     let (acked, failed) =
         rt.block_on(uploads_with(coordinators, "smoke", 240, 256 << 10, Duration::from_secs(120), move || {
             must(&mut docker(&["kill", &victim]));
         }));
-    eprintln!("lab: node02 killed during uploads: {} acknowledged, {failed} failed", acked.len());
+    eprintln!("lab: node02's LightningStor killed during uploads: {} acknowledged, {failed} failed", acked.len());
     assert!(acked.len() >= 100, "too few uploads acknowledged with one node of four down ({})", acked.len());
     rt.block_on(check_all(S3_NODES[1].1, "smoke", &acked, 256 << 10));
 
-    must(&mut docker(&["start", &lab.container("node02")]));
+    must(&mut docker(&["start", &lab.container("node02-lightningstor")]));
     wait_for_port(format!("{}:9000", S3_NODES[0].1).parse::<SocketAddr>().expect("addr"), Duration::from_secs(60));
     let took = lab.wait_converged(180);
     eprintln!("lab: converged {:.1} s after node02 restarted", took.as_secs_f64());
@@ -422,7 +432,6 @@ fn create_volume(lab: &Lab, name: &str, size: &str) {
 /// reconnected: every acknowledged object reads back and the cluster
 /// converges.
 #[test]
-#[ignore = "needs one verified run here first: written in session 3, never reached Docker on the loaded build machine (see the issue 8 note)"]
 fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
     let lab = Lab::up();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -478,4 +487,174 @@ fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
     let took = lab.wait_converged(180);
     eprintln!("lab: converged {:.1} s after the partition healed", took.as_secs_f64());
     rt.block_on(check_all(S3_NODES[1].1, "partition", &acked, 64 << 10));
+}
+
+/// The running VM's guest I/O on the lab: the attachment as its agent reports it.
+fn attachment(http: &Http, worker_ip: &str, vm: &str) -> (u16, serde_json::Value) {
+    http.call("GET", &format!("http://{worker_ip}:8090/v1/attachments/{vm}"), None)
+}
+
+/// Waits (bounded) until the attachment of `vm` on `worker_ip` acknowledged
+/// more than `n` writes; its report.
+fn wait_writes(http: &Http, worker_ip: &str, vm: &str, n: u64, what: &str) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let (c, r) = attachment(http, worker_ip, vm);
+        if c == 200 && r["writes_acked"].as_u64().unwrap_or(0) > n {
+            return r;
+        }
+        assert!(c != 200 || r["stopped_by"].is_null(), "{what}: the guest stopped: {r}");
+        assert!(t0.elapsed() < Duration::from_secs(90), "{what}: no progress on {worker_ip}: {c} {r}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every logged block of `vm` holds its logged write or a later one, read
+/// over NBD from the host on a fresh, epoch-less (read-only) connection.
+fn check_vm_log(http: &Http, vm: &str, volume: &str, log: &WriteLog) {
+    assert!(!log.is_empty(), "an empty log checks nothing");
+    http.rt.block_on(async {
+        let c = NbdClient::connect(format!("{NODE01}:10809"), volume).await.expect("connect to the volume");
+        for (&block, &seq) in log {
+            let data = c.read(block * BLOCK, BLOCK as usize).await.expect("read");
+            let got = written_seq(vm, block, &data);
+            assert!(got.is_some_and(|s| s >= seq), "block {block}: acknowledged write {seq} lost (holds {got:?})");
+        }
+    });
+}
+
+fn log_of(report: &serde_json::Value) -> WriteLog {
+    serde_json::from_value(report["log"].clone()).expect("log")
+}
+
+/// VMs across worker containers: an image uploaded to PlasmaVMC (stored in
+/// the LightningStor cluster), a volume from it in CoronaFS on node01, a VM
+/// on node02's agent migrated to node03's while its guest writes; CoronaFS
+/// killed and restarted under the running VM (the guest reconnects, nothing
+/// it flushed is lost); then the VM migrated back while node03's agent is
+/// killed: it ends on one worker or in a clear error, and nothing
+/// acknowledged and flushed is lost.
+#[test]
+fn lab_vm_migrates_between_workers_survives_a_coronafs_restart_and_a_killed_worker() {
+    let lab = Lab::up();
+    let http = Http::new();
+    let api = format!("http://{NODE01}:8080");
+    let (w2, w3) = (S3_NODES[0].1, S3_NODES[1].1);
+
+    // Image and volume through the control plane.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let raw = make_raw(dir.path(), "lab.raw", 41);
+    let vol = http.image_volume(&api, "lab-image", std::fs::read(&raw).expect("read raw"));
+    let vol_id = vol["id"].as_str().expect("volume id").to_owned();
+    let volume = vol["coronafs_volume"].as_str().expect("coronafs volume").to_owned();
+
+    // A VM on node02, migrated to node03 while it writes.
+    let (c, vm) = http.call(
+        "POST",
+        &format!("{api}/v1/vms"),
+        Some(json!({ "volume_id": vol_id, "worker": "node02", "io_ops": 100000 })),
+    );
+    assert_eq!(c, 201, "{vm}");
+    let id = vm["id"].as_str().expect("vm id").to_owned();
+    wait_writes(&http, w2, &id, 100, "on node02");
+    let t = Instant::now();
+    let (c, moved) = http.call("POST", &format!("{api}/v1/vms/{id}/migrate"), Some(json!({ "worker": "node03" })));
+    assert_eq!(c, 200, "{moved}");
+    eprintln!("lab: VM migrated node02 -> node03 in {:.2} s: {moved}", t.elapsed().as_secs_f64());
+    assert_eq!((moved["worker"].as_str(), moved["epoch"].as_u64()), (Some("node03"), Some(2)), "{moved}");
+    assert!(moved["verified_blocks"].as_u64().unwrap_or(0) > 0, "{moved}");
+    assert_eq!(attachment(&http, w2, &id).0, 404, "node02 still holds the VM");
+
+    // CoronaFS killed and restarted under the VM, now on node03 (which ran
+    // the few writes a migration hands over; more are started once it is done).
+    let t0 = Instant::now();
+    while attachment(&http, w3, &id).1["running"] == true {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the migrated guest's first writes never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let io = format!("http://{w3}:8090/v1/attachments/{id}/io");
+    let (c, r) = http.call("POST", &io, Some(json!({ "ops": 100000 })));
+    assert_eq!(c, 204, "{r}");
+    let base = wait_writes(&http, w3, &id, 100, "on node03")["writes_acked"].as_u64().unwrap_or(0);
+    let flush = format!("http://{w3}:8090/v1/attachments/{id}/flush");
+    let (c, flushed) = http.call("POST", &flush, Some(json!({})));
+    assert_eq!(c, 200, "{flushed}");
+    let corona = lab.container("node01-coronafs");
+    must(&mut docker(&["kill", &corona]));
+    std::thread::sleep(Duration::from_millis(500));
+    must(&mut docker(&["start", &corona]));
+    let t = Instant::now();
+    let after = loop {
+        let r = wait_writes(&http, w3, &id, base, "across the CoronaFS restart");
+        if r["reconnects"].as_u64().unwrap_or(0) >= 1
+            && r["writes_acked"].as_u64().unwrap_or(0) > flushed["writes_acked"].as_u64().unwrap_or(0) + 100
+        {
+            break r;
+        }
+        assert!(t.elapsed() < Duration::from_secs(90), "the guest did not resume after the restart: {r}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "lab: CoronaFS restarted under the VM; guest resumed after {:.1} s ({} reconnects)",
+        t.elapsed().as_secs_f64(),
+        after["reconnects"]
+    );
+    // CoronaFS frozen for 2 s (`docker pause`): the guest's requests wait,
+    // its connection stays, and it goes on once CoronaFS thaws.
+    let before_pause = attachment(&http, w3, &id).1["writes_acked"].as_u64().unwrap_or(0);
+    must(&mut docker(&["pause", &corona]));
+    std::thread::sleep(Duration::from_secs(2));
+    let frozen = attachment(&http, w3, &id).1["writes_acked"].as_u64().unwrap_or(0);
+    must(&mut docker(&["unpause", &corona]));
+    let thawed = wait_writes(&http, w3, &id, frozen + 100, "after CoronaFS was unpaused");
+    eprintln!(
+        "lab: CoronaFS paused 2 s: {} writes acknowledged while frozen, then {} more; reconnects {}",
+        frozen.saturating_sub(before_pause),
+        thawed["writes_acked"].as_u64().unwrap_or(0) - frozen,
+        thawed["reconnects"]
+    );
+    // Paused while reading back (a block read during its rewrite could be torn).
+    // What was flushed before the kill is there, and so is the guest's final
+    // log (on reconnecting it dropped what it had not flushed: NBD promises
+    // only what a FLUSH covered, and CoronaFS drops copy-ups its map never
+    // recorded).
+    let (c, paused) = http.call("POST", &flush, Some(json!({ "pause": true })));
+    assert_eq!(c, 200, "{paused}");
+    check_vm_log(&http, &id, &volume, &log_of(&flushed));
+    check_vm_log(&http, &id, &volume, &log_of(&paused));
+    let (c, r) = http.call("POST", &io, Some(json!({ "ops": 100000 })));
+    assert_eq!(c, 204, "{r}");
+    wait_writes(&http, w3, &id, paused["writes_acked"].as_u64().unwrap_or(0) + 100, "after the checks");
+
+    // Migrating back to node02 while node03's agent is killed.
+    let (c, flushed) = http.call("POST", &format!("http://{w3}:8090/v1/attachments/{id}/flush"), Some(json!({})));
+    assert_eq!(c, 200, "{flushed}");
+    let acked = log_of(&flushed);
+    let migrating = {
+        let (api, id) = (api.clone(), id.clone());
+        std::thread::spawn(move || {
+            Http::new().call("POST", &format!("{api}/v1/vms/{id}/migrate"), Some(json!({ "worker": "node02" })))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(5));
+    must(&mut docker(&["kill", &lab.container("node03-agent")]));
+    let (c, answer) = migrating.join().expect("migrate thread");
+    let (_, now) = http.call("GET", &format!("{api}/v1/vms/{id}"), None);
+    eprintln!("lab: migration with node03's agent killed answered {c}: {answer}; VM now {now}");
+    if c == 200 {
+        assert_eq!((now["worker"].as_str(), now["status"].as_str()), (Some("node02"), Some("running")), "{now}");
+        assert_eq!(now["epoch"], 3, "{now}");
+        // Paused before reading back (the migrated guest runs a few writes).
+        let (c, r) =
+            http.call("POST", &format!("http://{w2}:8090/v1/attachments/{id}/flush"), Some(json!({ "pause": true })));
+        assert_eq!(c, 200, "node02 does not hold the migrated VM: {r}");
+    } else {
+        assert!(answer["error"].as_str().is_some_and(|e| !e.is_empty()), "{c}: {answer}");
+        assert!(
+            now["status"] == "error" && now["error_reason"].as_str().is_some()
+                || now["status"] == "running" && now["worker"] == "node03",
+            "{now}"
+        );
+    }
+    check_vm_log(&http, &id, &volume, &acked);
 }

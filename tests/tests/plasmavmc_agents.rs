@@ -11,7 +11,7 @@ mod plasmavmc_common;
 use coronafs::backend::IoEngine;
 use coronafs::client::NbdClient;
 use plasmavmc::vms::{BLOCK, WriteLog, written_seq};
-use plasmavmc_common::{AK, SK, make_raw, qemu_img};
+use plasmavmc_common::{AK, Http, SK, make_raw, qemu_img};
 use serde_json::{Value, json};
 use stack_tests::{CoronaProc, bin, free_port, wait_for_port};
 use std::net::SocketAddr;
@@ -74,41 +74,6 @@ fn spawn_agent(name: &str, listen: SocketAddr, nbd: SocketAddr) -> Proc {
     ]));
     wait_for_port(listen, Duration::from_secs(20));
     p
-}
-
-/// JSON over HTTP from a test thread.
-struct Http {
-    rt: tokio::runtime::Runtime,
-    c: reqwest::Client,
-}
-
-impl Http {
-    fn new() -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
-        Http { rt, c: reqwest::Client::new() }
-    }
-
-    fn call(&self, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
-        self.rt.block_on(async {
-            let mut req = self.c.request(reqwest::Method::from_bytes(method.as_bytes()).expect("method"), url);
-            if let Some(b) = body {
-                req = req.json(&b);
-            }
-            let resp = req.send().await.expect("send");
-            let status = resp.status().as_u16();
-            let text = resp.text().await.expect("body");
-            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-        })
-    }
-
-    fn put(&self, url: &str, bytes: Vec<u8>) -> (u16, Value) {
-        self.rt.block_on(async {
-            let resp = self.c.put(url).body(bytes).send().await.expect("send");
-            let status = resp.status().as_u16();
-            let text = resp.text().await.expect("body");
-            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-        })
-    }
 }
 
 /// The whole stack as processes.
@@ -187,22 +152,7 @@ impl Lab {
         let raw = make_raw(&work, &format!("d{seed}.raw"), seed);
         let q = work.join(format!("d{seed}.qcow2"));
         qemu_img(&["convert", "-f", "raw", "-O", "qcow2", &raw.display().to_string(), &q.display().to_string()]);
-        let (c, img) = self.call("POST", "/v1/images", Some(json!({ "name": format!("img{seed}") })));
-        assert_eq!(c, 201, "{img}");
-        let id = img["id"].as_str().expect("id");
-        let (c, img) = self.http.put(&format!("{}/v1/images/{id}/file", self.api), std::fs::read(&q).expect("read"));
-        assert_eq!((c, img["status"].as_str()), (200, Some("active")), "{img}");
-        let (c, mut v) = self.call("POST", "/v1/volumes", Some(json!({ "image_id": id })));
-        assert_eq!(c, 202, "{v}");
-        let vid = v["id"].as_str().expect("id").to_owned();
-        let t0 = Instant::now();
-        while matches!(v["status"].as_str(), Some("creating" | "downloading")) {
-            assert!(t0.elapsed() < Duration::from_secs(120), "volume stuck: {v}");
-            std::thread::sleep(Duration::from_millis(50));
-            v = self.call("GET", &format!("/v1/volumes/{vid}"), None).1;
-        }
-        assert_eq!(v["status"], "available", "{v}");
-        v
+        self.http.image_volume(&self.api, &format!("img{seed}"), std::fs::read(&q).expect("read"))
     }
 
     fn wait_acked(&self, vm: &str, n: u64) {
@@ -238,7 +188,6 @@ fn log_of(report: &Value) -> WriteLog {
 }
 
 #[test]
-#[ignore = "written in session 3 and not yet run to completion on the loaded build machine; un-ignore once verified (see the session note)"]
 fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_acknowledged() {
     let mut lab = Lab::start();
     let vol = lab.volume(21);
@@ -320,7 +269,6 @@ fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_ackno
 }
 
 #[test]
-#[ignore = "written in session 3 and not yet run to completion on the loaded build machine; un-ignore once verified (see the session note)"]
 fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
     let exe = plasmavmc();
     for args in [&["serve", "--help"][..], &["agent", "--help"][..]] {
@@ -356,4 +304,71 @@ fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
     agent.signal(libc::SIGTERM);
     let st = agent.wait_exit(Duration::from_secs(20)).expect("agent did not stop on SIGTERM");
     assert!(st.success(), "{st}");
+}
+
+/// CoronaFS killed (SIGKILL) and restarted on the same addresses under a
+/// running VM: the agent's guest reconnects to the same export and epoch and
+/// goes on writing; everything it had flushed before the kill, and after a
+/// final flush everything it acknowledged, reads back.
+#[test]
+fn a_vm_reconnects_when_coronafs_restarts_under_it_and_loses_nothing_flushed() {
+    let mut lab = Lab::start();
+    let vol = lab.volume(31);
+    let name = vol["coronafs_volume"].as_str().expect("name").to_owned();
+    let (c, vm) = lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "a", "io_ops": 100000 })));
+    assert_eq!(c, 201, "{vm}");
+    let id = vm["id"].as_str().expect("id").to_owned();
+    lab.wait_acked(&id, 100);
+    let (c, flushed) = lab.agent(0, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({})));
+    assert_eq!(c, 200, "{flushed}");
+    let before = flushed["writes_acked"].as_u64().expect("writes_acked");
+
+    let (nbd, api) = (lab.corona.nbd, lab.corona.api);
+    let _ = lab.corona.child.kill(); // SIGKILL
+    let _ = lab.corona.child.wait();
+    std::thread::sleep(Duration::from_millis(500));
+    lab.corona = CoronaProc::spawn_at(&lab.dir.path().join("corona"), IoEngine::Threads, nbd, api);
+
+    // The guest goes on: more writes acknowledged after the restart, on a
+    // connection it opened again.
+    let t0 = Instant::now();
+    let report = loop {
+        let (c, r) = lab.agent(0, "GET", &format!("/v1/attachments/{id}"), None);
+        assert_eq!(c, 200, "{r}");
+        if r["reconnects"].as_u64().unwrap_or(0) >= 1 && r["writes_acked"].as_u64().unwrap_or(0) > before + 200 {
+            break r;
+        }
+        assert!(r["stopped_by"].is_null(), "the guest stopped instead of reconnecting: {r}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the guest did not resume after the restart: {r}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(report["epoch"], 1, "{report}");
+    // Paused before reading back: a block read while the guest rewrites it
+    // could come back torn. The final log holds: on reconnecting the guest
+    // dropped what it had not flushed (NBD promises only what a FLUSH
+    // covered; CoronaFS drops copy-ups its map never recorded), and its
+    // entries from before the kill are a subset of the flushed log's.
+    let (c, last) = lab.agent(0, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({ "pause": true })));
+    assert_eq!(c, 200, "{last}");
+    lab.check_log(&id, &name, &log_of(&flushed));
+    let last = log_of(&last);
+    lab.check_log(&id, &name, &last);
+    // Writes newer than every entry of the flushed log came after that
+    // FLUSH (the guest writes one at a time). (The report's next_seq is
+    // read before the log is taken, so it can be older than the log.)
+    let flushed = log_of(&flushed);
+    let before = flushed.values().max().map_or(0, |s| s + 1);
+    for (block, seq) in &last {
+        assert!(
+            *seq >= before || flushed.get(block) == Some(seq),
+            "block {block}: write {seq} from before the kill was never flushed but is still in the log"
+        );
+    }
+    // The reconnect cut the log back to what a FLUSH covered, so an entry
+    // newer than the flushed log was written after the reconnect (more than
+    // 200 were) or covered by the guest's own FLUSH before the kill. (Not
+    // "newer than the report": the guest may write nothing between the
+    // report and the pause, e.g. while a FLUSH is in flight; a CI run failed
+    // that way.)
+    assert!(last.values().any(|&s| s >= before), "no write after the reconnect in the log");
 }

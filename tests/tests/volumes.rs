@@ -379,7 +379,6 @@ print("read %s" % h2.pread(4096, 0)[:1].hex(), flush=True)
 "#;
 
 #[test]
-#[ignore = "written in session 3 and not yet run to completion on the loaded build machine; un-ignore once verified (see the session note)"]
 fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
     use std::io::{BufRead, Write};
     require("nbdsh");
@@ -441,7 +440,8 @@ fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
     writeln!(sh.stdin.as_mut().expect("stdin")).expect("go");
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(sh.wait().expect("nbdsh").success(), "{rest:?}");
-    assert!(rest[0].starts_with("refused errno=1"), "{rest:?}");
+    // libnbd names the errno (EPERM) in some versions, numbers it (1) in others.
+    assert!(rest[0].starts_with("refused errno=EPERM") || rest[0].starts_with("refused errno=1"), "{rest:?}");
     assert_eq!(rest[1], "read 11", "{rest:?}");
     let metrics = c.rt.block_on(reqwest::get(format!("{base}/metrics"))).expect("metrics");
     let text = c.rt.block_on(metrics.text()).expect("text");
@@ -450,7 +450,6 @@ fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
 }
 
 #[test]
-#[ignore = "written in session 3 and not yet run to completion on the loaded build machine; un-ignore once verified (see the session note)"]
 fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tmp");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");

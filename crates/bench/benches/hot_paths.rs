@@ -5,8 +5,9 @@
 //! mapping of a sparse image into pieces), and an in-process S3 PUT/GET
 //! (aws-sdk-s3 plugged straight into the s3s service, no sockets).
 //!
-//! `cargo bench -p bench --bench hot_paths` measures; `cargo test -p bench
-//! --bench hot_paths` runs each once (the `stack-tests` bench test does that).
+//! `cargo bench --workspace --bench hot_paths` measures (figures in
+//! docs/bench.md); the test command (`cargo test --workspace`) runs each
+//! benchmark once, untimed (`test = true` in Cargo.toml).
 
 use coronafs::proto::reply::{self, ReplyHeader};
 use coronafs::proto::request::{Command, Request};
@@ -151,9 +152,9 @@ fn s3_put_get(c: &mut Criterion) {
         .http_client(s3s_aws::Client::from(service))
         .build();
     let client = aws_sdk_s3::Client::from_conf(conf);
-    rt.block_on(client.create_bucket().bucket("b").send()).expect("bucket");
+    rt.block_on(client.create_bucket().bucket("hot-paths").send()).expect("bucket");
     let body = bytes::Bytes::from(vec![0x33u8; 256 << 10]);
-    rt.block_on(client.put_object().bucket("b").key("get").body(body.clone().into()).send()).expect("put");
+    rt.block_on(client.put_object().bucket("hot-paths").key("get").body(body.clone().into()).send()).expect("put");
     let mut g = c.benchmark_group("s3_in_process");
     g.throughput(Throughput::Bytes(body.len() as u64));
     let mut i = 0u64;
@@ -163,14 +164,17 @@ fn s3_put_get(c: &mut Criterion) {
                 i += 1;
                 format!("k{}", i % 64)
             },
-            |k| rt.block_on(client.put_object().bucket("b").key(k).body(body.clone().into()).send()).expect("put"),
+            |k| {
+                rt.block_on(client.put_object().bucket("hot-paths").key(k).body(body.clone().into()).send())
+                    .expect("put")
+            },
             BatchSize::SmallInput,
         )
     });
     g.bench_function("get_256k", |b| {
         b.iter(|| {
             rt.block_on(async {
-                let r = client.get_object().bucket("b").key("get").send().await.expect("get");
+                let r = client.get_object().bucket("hot-paths").key("get").send().await.expect("get");
                 r.body.collect().await.expect("body").into_bytes().len()
             })
         })

@@ -11,6 +11,14 @@
 //!
 //! Both in-process workers and `plasmavmc agent` run guests through this type;
 //! the fence that stops a stale guest is CoronaFS's (its writes answer EPERM).
+//!
+//! Like a hypervisor's NBD client, an attachment survives a CoronaFS restart:
+//! when its connection breaks it reconnects to the same export and epoch
+//! (retrying for up to [`RECONNECT_FOR`]) and resends the request that was
+//! in flight. NBD writes are idempotent, and only what a FLUSH covered is
+//! promised durable, so resending is safe; on a reconnect the write log
+//! goes back to what the last FLUSH covered, as a guest may assume nothing
+//! about writes it never flushed.
 
 use crate::error::{PlasmaError, Result};
 use coronafs::client::NbdClient;
@@ -28,6 +36,10 @@ pub const WORKING_SET: u64 = 64 << 20;
 pub const MAX_IO_OPS: u64 = 100_000;
 /// A FLUSH after every this many writes.
 const FLUSH_EVERY: u64 = 16;
+/// How long an attachment keeps trying to reconnect after its connection broke.
+pub const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+/// Pause between reconnect attempts.
+const RECONNECT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What the guest has written and had acknowledged: block -> last seq.
 pub type WriteLog = BTreeMap<u64, u64>;
@@ -48,6 +60,12 @@ pub fn pattern(vm_id: &str, block: u64, seq: u64) -> Vec<u8> {
         out.extend_from_slice(&x.to_le_bytes());
     }
     out
+}
+
+/// An error that means the connection (or the server) went away, as
+/// opposed to an answer from the server.
+fn connection_lost(e: &coronafs::CoronaError) -> bool {
+    matches!(e, coronafs::CoronaError::Disconnected | coronafs::CoronaError::Io(_))
 }
 
 /// Which guest write `data` (the contents of `block`) holds, if any. Pure.
@@ -77,9 +95,14 @@ pub struct Report {
     /// The next write's sequence number.
     pub next_seq: u64,
     /// Acknowledged writes: block -> seq. After a flush report, all flushed.
+    /// After a reconnect, writes acknowledged since the last FLUSH before it
+    /// are dropped (the server may have lost them).
     pub log: WriteLog,
     /// Why the guest stopped early (fenced, I/O error), if it did.
     pub stopped_by: Option<String>,
+    /// Times the NBD connection broke and was opened again.
+    #[serde(default)]
+    pub reconnects: u64,
 }
 
 /// Result of reading back a log on an attachment.
@@ -100,8 +123,13 @@ pub struct Attachment {
     pub volume: String,
     pub epoch: u64,
     size: u64,
-    nbd: NbdClient,
+    nbd_addr: String,
+    export: String,
+    nbd: tokio::sync::RwLock<Arc<NbdClient>>,
+    reconnects: AtomicU64,
     log: Mutex<WriteLog>,
+    /// The log as of the last FLUSH that succeeded: what is durable.
+    flushed: Mutex<WriteLog>,
     next_seq: AtomicU64,
     acked: AtomicU64,
     stop: AtomicBool,
@@ -133,8 +161,12 @@ impl Attachment {
             volume: volume.to_owned(),
             epoch,
             size: nbd.size(),
-            nbd,
+            nbd_addr: nbd_addr.to_owned(),
+            export,
+            nbd: tokio::sync::RwLock::new(Arc::new(nbd)),
+            reconnects: AtomicU64::new(0),
             log: Mutex::default(),
+            flushed: Mutex::default(),
             next_seq: AtomicU64::new(0),
             acked: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -147,7 +179,7 @@ impl Attachment {
     /// One guest write. A write CoronaFS refuses for a stale epoch is
     /// [`PlasmaError::Fenced`].
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        match self.nbd.write(offset, data, false).await {
+        match self.on_connection(|c| async move { c.write(offset, data, false).await }).await {
             Ok(()) => Ok(()),
             Err(coronafs::CoronaError::Nbd { errno: NbdErrno::Perm, message }) => {
                 self.fenced.fetch_add(1, Ordering::Relaxed);
@@ -158,11 +190,95 @@ impl Attachment {
     }
 
     pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        Ok(self.nbd.read(offset, len).await?)
+        Ok(self.on_connection(|c| async move { c.read(offset, len).await }).await?)
     }
 
     pub async fn flush(&self) -> Result<()> {
-        Ok(self.nbd.flush().await?)
+        self.flush_covering().await.map(drop)
+    }
+
+    /// FLUSHes; the log the FLUSH covered (every write acknowledged before it
+    /// was sent), now durable. After a reconnect the FLUSH is sent again and
+    /// covers the log as it is then.
+    async fn flush_covering(&self) -> Result<WriteLog> {
+        let started = std::time::Instant::now();
+        loop {
+            let c = self.nbd.read().await.clone();
+            let covered = self.log();
+            match c.flush().await {
+                Ok(()) => {
+                    // Merged, not replaced: an API flush and the guest's own
+                    // may finish in either order, and each made its snapshot
+                    // durable, so the flushed log only moves forward.
+                    let mut flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
+                    for (&block, &seq) in &covered {
+                        let e = flushed.entry(block).or_insert(seq);
+                        *e = (*e).max(seq);
+                    }
+                    return Ok(covered);
+                }
+                Err(e) if connection_lost(&e) => self.reconnect(&c, started).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Runs `op` on the current connection; when the connection is lost,
+    /// reconnects (for up to [`RECONNECT_FOR`]) and runs it again.
+    async fn on_connection<T, F, Fut>(&self, op: F) -> coronafs::Result<T>
+    where
+        F: Fn(Arc<NbdClient>) -> Fut,
+        Fut: std::future::Future<Output = coronafs::Result<T>>,
+    {
+        let started = std::time::Instant::now();
+        loop {
+            let c = self.nbd.read().await.clone();
+            match op(c.clone()).await {
+                Err(e) if connection_lost(&e) => {
+                    tracing::warn!(vm = %self.vm_id, export = %self.export, error = %e, "NBD connection lost; reconnecting");
+                    self.reconnect(&c, started).await?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Replaces the broken connection `old` (unless another request already
+    /// did). Gives up after [`RECONNECT_FOR`] since `started`, or at once
+    /// when CoronaFS answers but refuses the export (fenced, deleted).
+    async fn reconnect(&self, old: &Arc<NbdClient>, started: std::time::Instant) -> coronafs::Result<()> {
+        let mut cur = self.nbd.write().await;
+        if !Arc::ptr_eq(&cur, old) {
+            return Ok(());
+        }
+        loop {
+            match NbdClient::connect(self.nbd_addr.as_str(), &self.export).await {
+                Ok(c) if c.size() == self.size && !c.info().read_only() => {
+                    *cur = Arc::new(c);
+                    // The server may have restarted: only what a FLUSH covered
+                    // is promised to be there. Writes acknowledged since then
+                    // leave the log (a later write puts its block back).
+                    let flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    *self.log.lock().unwrap_or_else(|e| e.into_inner()) = flushed;
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(vm = %self.vm_id, export = %self.export, "NBD connection re-established");
+                    return Ok(());
+                }
+                Ok(c) => {
+                    return Err(coronafs::CoronaError::Negotiation(format!(
+                        "{} reopened with size {} (was {}){}",
+                        self.export,
+                        c.size(),
+                        self.size,
+                        if c.info().read_only() { ", read-only" } else { "" }
+                    )));
+                }
+                Err(e) if connection_lost(&e) && started.elapsed() < RECONNECT_FOR => {
+                    tokio::time::sleep(RECONNECT_EVERY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// A copy of the write log.
@@ -183,6 +299,7 @@ impl Attachment {
             next_seq: self.next_seq.load(Ordering::Relaxed),
             log: self.log(),
             stopped_by: self.stopped_by.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            reconnects: self.reconnects.load(Ordering::Relaxed),
         }
     }
 
@@ -250,8 +367,8 @@ impl Attachment {
         if pause {
             self.pause().await;
         }
-        let report = self.report().await;
-        self.flush().await?;
+        let mut report = self.report().await;
+        report.log = self.flush_covering().await?;
         Ok(report)
     }
 

@@ -223,6 +223,7 @@ fn empty_report(id: &str, vm: &Vm, vol: &Volume) -> Report {
         next_seq: 0,
         log: WriteLog::new(),
         stopped_by: None,
+        reconnects: 0,
     }
 }
 

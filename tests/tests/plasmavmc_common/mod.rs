@@ -342,3 +342,59 @@ pub fn validate(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<
     }
     Ok(())
 }
+
+/// JSON over HTTP from a test thread.
+pub struct Http {
+    pub rt: tokio::runtime::Runtime,
+    pub c: reqwest::Client,
+}
+
+impl Http {
+    pub fn new() -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+        Http { rt, c: reqwest::Client::new() }
+    }
+
+    pub fn call(&self, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+        self.rt.block_on(async {
+            let mut req = self.c.request(reqwest::Method::from_bytes(method.as_bytes()).expect("method"), url);
+            if let Some(b) = body {
+                req = req.json(&b);
+            }
+            let resp = req.send().await.expect("send");
+            let status = resp.status().as_u16();
+            let text = resp.text().await.expect("body");
+            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        })
+    }
+
+    /// Through the PlasmaVMC API at `api`: an image `name` holding `bytes`
+    /// (active), then a volume from it, polled until it is available.
+    pub fn image_volume(&self, api: &str, name: &str, bytes: Vec<u8>) -> Value {
+        let (c, img) = self.call("POST", &format!("{api}/v1/images"), Some(serde_json::json!({ "name": name })));
+        assert_eq!(c, 201, "{img}");
+        let id = img["id"].as_str().expect("image id").to_owned();
+        let (c, img) = self.put(&format!("{api}/v1/images/{id}/file"), bytes);
+        assert_eq!((c, img["status"].as_str()), (200, Some("active")), "{img}");
+        let (c, mut v) = self.call("POST", &format!("{api}/v1/volumes"), Some(serde_json::json!({ "image_id": id })));
+        assert_eq!(c, 202, "{v}");
+        let vid = v["id"].as_str().expect("volume id").to_owned();
+        let t0 = Instant::now();
+        while matches!(v["status"].as_str(), Some("creating" | "downloading")) {
+            assert!(t0.elapsed() < Duration::from_secs(120), "volume stuck: {v}");
+            std::thread::sleep(Duration::from_millis(50));
+            v = self.call("GET", &format!("{api}/v1/volumes/{vid}"), None).1;
+        }
+        assert_eq!(v["status"], "available", "{v}");
+        v
+    }
+
+    pub fn put(&self, url: &str, bytes: Vec<u8>) -> (u16, Value) {
+        self.rt.block_on(async {
+            let resp = self.c.put(url).body(bytes).send().await.expect("send");
+            let status = resp.status().as_u16();
+            let text = resp.text().await.expect("body");
+            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        })
+    }
+}

@@ -282,9 +282,15 @@ pub struct SpawnedCluster {
     pub spares: Vec<lightningstor::cluster::config::NodeConfig>,
 }
 
+/// A base port with `n` free ports at `base..` and `base + 100..`, below
+/// the kernel's ephemeral range (32768..) so that no outgoing connection
+/// takes one while a node is down. Each call (and each attempt) tries a new
+/// range: clusters started by concurrent tests of one process never share one.
 fn free_base_port(n: usize) -> u16 {
-    for attempt in 0..200u32 {
-        let base = 20_000 + ((std::process::id() * 7 + attempt * 211) % 30_000) as u16;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    for _ in 0..200u32 {
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let base = 20_000 + ((std::process::id() * 7 + k * 211) % 12_000) as u16;
         let all_free = (0..n as u16).all(|i| {
             std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()
                 && std::net::TcpListener::bind(("127.0.0.1", base + 100 + i)).is_ok()

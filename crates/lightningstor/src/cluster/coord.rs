@@ -6,8 +6,11 @@
 //! verified the row is committed on every replica that has all blocks
 //! (`Commit`). The write is acknowledged once every write set (one set
 //! normally, the old and the new replica set during a layout change) has
-//! W commits; replicas that missed it go to the resync queue *before* the
-//! acknowledgement. Reads ask every replica for its row, keep the highest
+//! W commits; replicas known to have missed it go to the resync queue
+//! *before* the acknowledgement, one still answering finishes after it.
+//! Past the quorum, slower replicas get a bounded grace (a hung node never
+//! holds a write or read up for long); one that misses it is queued for
+//! resync. Reads ask every replica for its row, keep the highest
 //! version, stream blocks from any replica holding that version (verified
 //! by hash here), and push the winning row to replicas that answered with
 //! an older one (read repair).
@@ -22,16 +25,46 @@ use crate::checksum::{BodyHasher, Checksum, ChecksumAlgo};
 use crate::error::{LightningError, Result};
 use crate::meta::types::{BlockRef, ObjectData, ObjectMeta, Row};
 use bytes::Bytes;
-use futures::stream::{self, BoxStream, FuturesOrdered};
+use futures::future::FusedFuture as _;
+use futures::stream::{self, BoxStream, FuturesOrdered, FuturesUnordered};
 use futures::{Stream, StreamExt};
 use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Blocks one upload keeps in flight to its replicas.
 const BLOCKS_IN_FLIGHT: usize = 4;
 /// Blocks a download prefetches.
 const READS_AHEAD: usize = 3;
+/// How long the replicas beyond the write quorum may lag behind it (on a
+/// block or a commit) before the coordinator stops waiting for them: one
+/// that has not answered by then has missed the write.
+const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
+/// How long a row read waits for the replicas beyond its read quorum.
+const READ_GRACE: Duration = Duration::from_millis(200);
+
+/// What the block sends of one upload share.
+struct Fanout {
+    session: u64,
+    /// Write sets of the key (two during a layout change).
+    sets: Vec<Vec<NodeId>>,
+    /// Their union: every replica a block goes to.
+    targets: Vec<NodeId>,
+    /// Replicas that missed a block (an error, or no answer in the grace).
+    failed: Mutex<HashSet<NodeId>>,
+    /// Sends still running past their block's quorum.
+    stragglers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Fanout {
+    fn missed(&self, n: NodeId, why: &str) {
+        tracing::debug!(node = n, error = why, "replica missed a block");
+        if let Ok(mut f) = self.failed.lock() {
+            f.insert(n);
+        }
+    }
+}
 
 /// A body sent to the replicas, not yet committed.
 #[derive(Debug)]
@@ -115,6 +148,12 @@ impl Node {
 
     /// Streams a body to the replicas of (bucket, key), computing MD5 and
     /// `algo` on the way. Small bodies (when `inline`) stay in the row.
+    ///
+    /// Each block is done once every write set has W copies; the other
+    /// replicas get [`STRAGGLER_GRACE`] more (awaited before this returns).
+    /// One that errs or lags longer has missed the block: it gets no more
+    /// blocks of this upload and is left out of `complete`, so a hung node
+    /// costs an upload seconds, not the transport's timeout.
     pub async fn stage<S, E>(
         self: &Arc<Self>,
         bucket: &str,
@@ -128,9 +167,13 @@ impl Node {
         E: std::fmt::Display,
     {
         let sets = self.write_sets(bucket, key);
-        let targets = Arc::new(union(&sets));
-        let failed: Arc<Mutex<HashSet<NodeId>>> = Arc::default();
-        let session = session_id();
+        let fan = Arc::new(Fanout {
+            session: session_id(),
+            targets: union(&sets),
+            sets,
+            failed: Mutex::default(),
+            stragglers: Mutex::default(),
+        });
         let bs = self.store.config.block_size;
         let inline_max = self.store.config.inline_threshold;
         let mut hasher = BodyHasher::new(algo);
@@ -150,14 +193,14 @@ impl Node {
                 parts.push(chunk.split_to(take));
                 filled += take;
                 if filled == bs {
-                    writes.push_back(self.send_block(std::mem::take(&mut parts), session, &targets, &failed));
+                    writes.push_back(self.send_block(std::mem::take(&mut parts), &fan));
                     sent_any = true;
                     filled = 0;
                     while writes.len() >= BLOCKS_IN_FLIGHT {
                         if let Some(r) = writes.next().await {
                             refs.push(r?);
                         }
-                        self.check_alive(&sets, &failed)?;
+                        self.check_alive(&fan)?;
                     }
                 }
             }
@@ -166,24 +209,28 @@ impl Node {
             ObjectData::Inline(parts.concat())
         } else {
             if filled > 0 {
-                writes.push_back(self.send_block(parts, session, &targets, &failed));
+                writes.push_back(self.send_block(parts, &fan));
             }
             while let Some(r) = writes.next().await {
                 refs.push(r?);
             }
             ObjectData::Blocks(refs)
         };
-        self.check_alive(&sets, &failed)?;
-        let failed = failed.lock().map(|f| f.clone()).unwrap_or_default();
-        let complete = targets.iter().copied().filter(|n| !failed.contains(n)).collect();
+        let stragglers = fan.stragglers.lock().map(|mut s| std::mem::take(&mut *s)).unwrap_or_default();
+        for s in stragglers {
+            let _ = s.await;
+        }
+        self.check_alive(&fan)?;
+        let failed = fan.failed.lock().map(|f| f.clone()).unwrap_or_default();
+        let complete = fan.targets.iter().copied().filter(|n| !failed.contains(n)).collect();
         let (md5, checksum) = hasher.finalize();
         self.store.metrics.add(&self.store.metrics.bytes_in, received);
-        Ok(Staged { size: received, md5, checksum, data, session, complete })
+        Ok(Staged { size: received, md5, checksum, data, session: fan.session, complete })
     }
 
-    fn check_alive(&self, sets: &[Vec<NodeId>], failed: &Mutex<HashSet<NodeId>>) -> Result<()> {
-        let failed = failed.lock().map(|f| f.clone()).unwrap_or_default();
-        for s in sets {
+    fn check_alive(&self, fan: &Fanout) -> Result<()> {
+        let failed = fan.failed.lock().map(|f| f.clone()).unwrap_or_default();
+        for s in &fan.sets {
             let alive = s.iter().filter(|n| !failed.contains(n)).count();
             if alive < self.need_w(s.len()) {
                 return Err(self.quorum_failed(&format!(
@@ -196,16 +243,14 @@ impl Node {
         Ok(())
     }
 
-    fn send_block(
-        self: &Arc<Self>,
-        parts: Vec<Bytes>,
-        session: u64,
-        targets: &Arc<Vec<NodeId>>,
-        failed: &Arc<Mutex<HashSet<NodeId>>>,
-    ) -> BoxFuture {
+    /// Whether every write set in `sets` has W of `ok`.
+    fn has_quorum(&self, sets: &[Vec<NodeId>], ok: &HashSet<NodeId>) -> bool {
+        sets.iter().all(|s| s.iter().filter(|n| ok.contains(n)).count() >= self.need_w(s.len()))
+    }
+
+    fn send_block(self: &Arc<Self>, parts: Vec<Bytes>, fan: &Arc<Fanout>) -> BoxFuture {
         let node = self.clone();
-        let targets = targets.clone();
-        let failed = failed.clone();
+        let fan = fan.clone();
         tokio::spawn(async move {
             let permit =
                 node.budget.clone().acquire_owned().await.map_err(|e| LightningError::Io(std::io::Error::other(e)))?;
@@ -221,32 +266,71 @@ impl Node {
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?;
             let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
             let live: Vec<NodeId> = {
-                let f = failed.lock().map(|f| f.clone()).unwrap_or_default();
-                targets.iter().copied().filter(|n| !f.contains(n)).collect()
+                let f = fan.failed.lock().map(|f| f.clone()).unwrap_or_default();
+                fan.targets.iter().copied().filter(|n| !f.contains(n)).collect()
             };
-            let calls = live.iter().map(|&n| {
-                let node = node.clone();
-                let data = data.clone();
-                async move { (n, node.call(n, Msg::with_data(Req::PutBlock { session, hash }, data)).await) }
-            });
-            for (n, r) in futures::future::join_all(calls).await {
-                if let Err(e) = r {
-                    tracing::debug!(node = n, error = %e, "replica missed a block");
-                    if let Ok(mut f) = failed.lock() {
-                        f.insert(n);
+            let session = fan.session;
+            let mut pending: FuturesUnordered<_> = live
+                .iter()
+                .map(|&n| {
+                    let node = node.clone();
+                    let data = data.clone();
+                    async move { (n, node.call(n, Msg::with_data(Req::PutBlock { session, hash }, data)).await) }
+                })
+                .collect();
+            let mut ok = HashSet::new();
+            while !node.has_quorum(&fan.sets, &ok) {
+                match pending.next().await {
+                    Some((n, Ok(_))) => {
+                        ok.insert(n);
                     }
+                    Some((n, Err(e))) => fan.missed(n, &e.to_string()),
+                    None => break,
                 }
             }
-            drop(permit);
             node.store.metrics.inc(&node.store.metrics.blocks_written);
+            if !pending.is_empty() {
+                // The other replicas finish in the background, still holding
+                // this block's share of the memory budget, for a bounded time.
+                let f = fan.clone();
+                let late = tokio::spawn(async move {
+                    let deadline = tokio::time::sleep(STRAGGLER_GRACE);
+                    tokio::pin!(deadline);
+                    loop {
+                        tokio::select! {
+                            r = pending.next() => match r {
+                                Some((n, Ok(_))) => {
+                                    ok.insert(n);
+                                }
+                                Some((n, Err(e))) => f.missed(n, &e.to_string()),
+                                None => break,
+                            },
+                            () = &mut deadline => {
+                                for n in live.iter().filter(|n| !ok.contains(n)) {
+                                    f.missed(*n, "no answer within the straggler grace");
+                                }
+                                break;
+                            }
+                        }
+                    }
+                    drop(permit);
+                });
+                if let Ok(mut s) = fan.stragglers.lock() {
+                    s.push(late);
+                }
+            }
             Ok(BlockRef { hash, len })
         })
         .map_join()
     }
 
     /// Commits `row` on the replicas in `complete` (those that hold its
-    /// blocks) and acknowledges once every write set has its quorum; the
-    /// replicas that missed it are queued for resync first.
+    /// blocks) and acknowledges as soon as every write set has its quorum.
+    /// Replicas already known to have missed it (no blocks, an error) are
+    /// queued for resync before the acknowledgement; a replica still
+    /// answering then finishes in the background and is queued if it fails.
+    /// (Should this node die in between, that replica lacks a row W others
+    /// hold: reads still see it, R + W > N, and anti-entropy copies it.)
     pub async fn commit_row(
         self: &Arc<Self>,
         bucket: &str,
@@ -257,18 +341,27 @@ impl Node {
     ) -> Result<()> {
         let sets = self.write_sets(bucket, key);
         let targets = union(&sets);
-        let calls = complete.iter().filter(|n| targets.contains(n)).map(|&n| {
-            let node = self.clone();
-            let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
-            async move { (n, node.call(n, Msg::new(req)).await) }
-        });
+        let mut pending: FuturesUnordered<_> = complete
+            .iter()
+            .filter(|n| targets.contains(n))
+            .map(|&n| {
+                let node = self.clone();
+                let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
+                async move { (n, node.call(n, Msg::new(req)).await) }
+            })
+            .collect();
         let mut ok = HashSet::new();
-        for (n, r) in futures::future::join_all(calls).await {
-            match r {
-                Ok(_) => {
+        let mut missed: Vec<NodeId> = targets.iter().copied().filter(|n| !complete.contains(n)).collect();
+        while !self.has_quorum(&sets, &ok) {
+            match pending.next().await {
+                Some((n, Ok(_))) => {
                     ok.insert(n);
                 }
-                Err(e) => tracing::debug!(node = n, error = %e, "replica missed a commit"),
+                Some((n, Err(e))) => {
+                    tracing::debug!(node = n, error = %e, "replica missed a commit");
+                    missed.push(n);
+                }
+                None => break,
             }
         }
         for s in &sets {
@@ -281,16 +374,60 @@ impl Node {
                 )));
             }
         }
-        let missed: Vec<(NodeId, String, Vec<u8>, bool)> =
-            targets.iter().filter(|n| !ok.contains(n)).map(|&n| (n, bucket.to_owned(), key.to_vec(), false)).collect();
         if !missed.is_empty() {
-            ClusterMetrics::inc(&self.metrics.degraded_writes);
-            let node = self.clone();
-            tokio::task::spawn_blocking(move || node.resync.add(&missed))
-                .await
-                .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+            self.queue_missed(bucket, key, &missed).await?;
+        }
+        if !pending.is_empty() {
+            let (node, bucket, key) = (self.clone(), bucket.to_owned(), key.to_vec());
+            let mut waiting: HashSet<NodeId> = complete
+                .iter()
+                .copied()
+                .filter(|n| targets.contains(n) && !ok.contains(n) && !missed.contains(n))
+                .collect();
+            tokio::spawn(async move {
+                // A replica that errs, or has not answered within the grace
+                // (a hung node), is queued; resync is idempotent.
+                let mut late = Vec::new();
+                let deadline = tokio::time::sleep(STRAGGLER_GRACE);
+                tokio::pin!(deadline);
+                loop {
+                    tokio::select! {
+                        r = pending.next() => match r {
+                            Some((n, r)) => {
+                                waiting.remove(&n);
+                                if let Err(e) = r {
+                                    tracing::debug!(node = n, error = %e, "replica missed a commit after the acknowledgement");
+                                    late.push(n);
+                                }
+                            }
+                            None => break,
+                        },
+                        () = &mut deadline => {
+                            tracing::debug!(nodes = ?waiting, "replicas gave no answer to a commit within the grace");
+                            late.extend(waiting.drain());
+                            break;
+                        }
+                    }
+                }
+                if !late.is_empty()
+                    && let Err(e) = node.queue_missed(&bucket, &key, &late).await
+                {
+                    tracing::warn!(error = %e, "could not queue a resync; anti-entropy will repair it");
+                }
+            });
         }
         Ok(())
+    }
+
+    /// Queues (bucket, key) for resync to `nodes` (persisted before it returns).
+    async fn queue_missed(self: &Arc<Self>, bucket: &str, key: &[u8], nodes: &[NodeId]) -> Result<()> {
+        ClusterMetrics::inc(&self.metrics.degraded_writes);
+        let missed: Vec<(NodeId, String, Vec<u8>, bool)> =
+            nodes.iter().map(|&n| (n, bucket.to_owned(), key.to_vec(), false)).collect();
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
     }
 
     /// Writes a row whose blocks are already on the replicas (tombstones,
@@ -307,18 +444,37 @@ impl Node {
         // During a layout change the old set holds every acknowledged row.
         let quorum_set = sets.last().cloned().unwrap_or_default();
         let ask = union(&sets);
-        let calls = ask.iter().map(|&n| {
-            let node = self.clone();
-            let req = Req::GetRow { bucket: bucket.to_owned(), key: key.to_vec() };
-            async move { (n, node.call(n, Msg::new(req)).await) }
-        });
+        let mut calls: FuturesUnordered<_> = ask
+            .iter()
+            .map(|&n| {
+                let node = self.clone();
+                let req = Req::GetRow { bucket: bucket.to_owned(), key: key.to_vec() };
+                async move { (n, node.call(n, Msg::new(req)).await) }
+            })
+            .collect();
         let mut replies: Vec<(NodeId, Option<Row>)> = Vec::new();
-        for (n, r) in futures::future::join_all(calls).await {
-            if let Ok(Msg { head: Resp::Row(row), .. }) = r {
-                replies.push((n, row));
+        let answered = |replies: &[(NodeId, Option<Row>)]| {
+            quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count()
+        };
+        // Every answer until the quorum; past it, those that come within a
+        // short grace (for read repair and more holders), so a hung replica
+        // does not hold the read up.
+        let mut grace = std::pin::pin!(futures::future::Fuse::terminated());
+        loop {
+            if grace.is_terminated() && answered(&replies) >= self.need_r(quorum_set.len()) {
+                grace.set(futures::FutureExt::fuse(tokio::time::sleep(READ_GRACE)));
+            }
+            let next = tokio::select! {
+                r = calls.next() => r,
+                () = &mut grace => None,
+            };
+            match next {
+                Some((n, Ok(Msg { head: Resp::Row(row), .. }))) => replies.push((n, row)),
+                Some(_) => {}
+                None => break,
             }
         }
-        let answered = quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count();
+        let answered = answered(&replies);
         if answered < self.need_r(quorum_set.len()) {
             return Err(self.quorum_failed(&format!(
                 "only {answered} of {} replicas answered (read quorum {})",

@@ -24,15 +24,13 @@ use super::rpc::{Msg, Req, Resp, UploadState};
 use crate::checksum::{ChecksumAlgo, ChecksumPlan};
 use crate::conditions::Mode;
 use crate::error::{LightningError, Result};
-use crate::listing::common_prefix;
 use crate::meta::now_ms;
 use crate::meta::ops::{self, CompletedPart as Wanted};
 use crate::meta::types::{PartMeta, Row, UploadMeta};
-use crate::s3::bucket::owner;
 use crate::s3::convert::{
     check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp, trailer_value,
 };
-use crate::s3::multipart::{limit, part_number, wanted_checksum};
+use crate::s3::multipart::{limit, list_parts_output, list_uploads_output, part_number, wanted_checksum};
 use crate::s3::object::copy_source;
 use bytes::Bytes;
 use s3s::S3Request;
@@ -492,41 +490,8 @@ pub(super) async fn list_parts(node: &Arc<Node>, req: S3Request<ListPartsInput>)
         }
     }
     let marker = u32::try_from(i.part_number_marker.unwrap_or(0)).unwrap_or(0);
-    let mut rows: Vec<(u32, PartMeta)> = merged.into_iter().filter(|(n, _)| *n > marker).take(max + 1).collect();
-    let truncated = rows.len() > max;
-    rows.truncate(max);
-    let next = rows.last().map(|(n, _)| *n);
-    let parts = rows
-        .into_iter()
-        .map(|(n, p)| {
-            let c = checksum_fields(p.checksum.as_ref());
-            Part {
-                part_number: i32::try_from(n).ok(),
-                size: i64::try_from(p.size).ok(),
-                e_tag: Some(etag(&p.etag())),
-                last_modified: Some(timestamp(p.last_modified_ms)),
-                checksum_crc32: c.crc32,
-                checksum_crc32c: c.crc32c,
-                checksum_crc64nvme: c.crc64nvme,
-                checksum_sha1: c.sha1,
-                checksum_sha256: c.sha256,
-            }
-        })
-        .collect();
-    Ok(ListPartsOutput {
-        bucket: Some(i.bucket),
-        key: Some(i.key),
-        upload_id: Some(i.upload_id),
-        parts: Some(parts),
-        is_truncated: Some(truncated),
-        max_parts: i32::try_from(max).ok(),
-        part_number_marker: i.part_number_marker,
-        next_part_number_marker: if truncated { next.and_then(|n| i32::try_from(n).ok()) } else { None },
-        checksum_algorithm: upload.checksum_algo.map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
-        owner: Some(owner()),
-        initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
-        ..Default::default()
-    })
+    let rows: Vec<(u32, PartMeta)> = merged.into_iter().filter(|(n, _)| *n > marker).take(max + 1).collect();
+    Ok(list_parts_output(i, &upload, rows, max))
 }
 
 pub(super) async fn list_multipart_uploads(
@@ -555,65 +520,14 @@ pub(super) async fn list_multipart_uploads(
         }
     }
     node.check_coverage(&answered, "list-multipart-uploads")?;
-    let q = crate::listing::ListQuery {
-        prefix: prefix.as_bytes().to_vec(),
-        delimiter: i.delimiter.as_ref().map(|d| d.as_bytes().to_vec()),
-        start_after: None,
-        max_keys: max,
-    };
     let (km, um) = (i.key_marker.clone(), i.upload_id_marker.clone());
-    let mut uploads = Vec::new();
-    let mut prefixes: Vec<String> = Vec::new();
-    let mut truncated = false;
-    let mut last: Option<(String, String)> = None;
-    for ((key, id), u) in live {
-        if gone.contains(&id) {
-            continue;
-        }
-        if let Some(m) = &km {
-            let after = match &um {
-                Some(um) => (key.as_str(), id.as_str()) > (m.as_str(), um.as_str()),
-                None => key.as_str() > m.as_str(),
-            };
-            if !after {
-                continue;
+    let rows = live.into_iter().filter(|((key, id), _)| {
+        !gone.contains(id)
+            && match (&km, &um) {
+                (Some(m), Some(um)) => (key.as_str(), id.as_str()) > (m.as_str(), um.as_str()),
+                (Some(m), None) => key.as_str() > m.as_str(),
+                (None, _) => true,
             }
-        }
-        if uploads.len() + prefixes.len() >= max {
-            truncated = true;
-            break;
-        }
-        if let Some(cp) = common_prefix(&q, key.as_bytes()) {
-            let cp = String::from_utf8_lossy(cp).into_owned();
-            if !prefixes.contains(&cp) {
-                prefixes.push(cp);
-            }
-            continue;
-        }
-        last = Some((key.clone(), id.clone()));
-        uploads.push(MultipartUpload {
-            key: Some(key),
-            upload_id: Some(id),
-            initiated: Some(timestamp(u.initiated_ms)),
-            checksum_algorithm: u.checksum_algo.map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
-            owner: Some(owner()),
-            initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
-            ..Default::default()
-        });
-    }
-    Ok(ListMultipartUploadsOutput {
-        bucket: Some(i.bucket),
-        prefix: i.prefix,
-        delimiter: i.delimiter,
-        key_marker: i.key_marker,
-        upload_id_marker: i.upload_id_marker,
-        max_uploads: i32::try_from(max).ok(),
-        is_truncated: Some(truncated),
-        next_key_marker: truncated.then(|| last.as_ref().map(|l| l.0.clone())).flatten(),
-        next_upload_id_marker: truncated.then(|| last.as_ref().map(|l| l.1.clone())).flatten(),
-        uploads: Some(uploads),
-        common_prefixes: (!prefixes.is_empty())
-            .then(|| prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
-        ..Default::default()
-    })
+    });
+    Ok(list_uploads_output(i, max, rows.map(|((key, id), u)| (key, id, u))))
 }

@@ -423,8 +423,13 @@ impl Node {
             Row::Tombstone(_) => Vec::new(),
         };
         // Every block must be here (and stay) before a row may reference it.
+        // (Inline rows and tombstones have none: no trip to the blocking pool.)
         let store = self.store.clone();
-        let held = self.blocking(move |_| store.pin_existing(&blocks)).await?;
+        let held = if blocks.is_empty() {
+            store.pin_existing(&[])?
+        } else {
+            self.blocking(move |_| store.pin_existing(&blocks)).await?
+        };
         let (applied, freed) = self.store.meta.write(move |t| ops::apply_row(t, &bucket, &key, &row)).await?;
         held.release();
         if let Some(p) = pins {

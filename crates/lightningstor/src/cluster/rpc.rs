@@ -35,9 +35,19 @@ pub enum Req {
     /// Which of these blocks are absent here.
     MissingBlocks { hashes: Vec<BlockHash> },
     /// Merge a row (object or tombstone); releases `session`'s pins.
-    Commit { session: u64, bucket: String, key: Vec<u8>, row: Row },
+    Commit {
+        session: u64,
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        row: Row,
+    },
     /// The replica's row for a key.
-    GetRow { bucket: String, key: Vec<u8> },
+    GetRow {
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+    },
     /// Create a bucket row if missing.
     CreateBucket { name: String, created_ms: i64 },
     /// Whether a bucket row exists.

@@ -95,6 +95,8 @@ pub struct Faults {
     delay_ms: std::sync::atomic::AtomicU64,
     /// Percentage of messages dropped at random.
     drop_percent: std::sync::atomic::AtomicU64,
+    /// Paused nodes: messages to them wait until they resume.
+    paused: Mutex<HashSet<NodeId>>,
 }
 
 impl Faults {
@@ -130,6 +132,25 @@ impl Faults {
     /// Delays every message by `ms`.
     pub fn set_delay_ms(&self, ms: u64) {
         self.delay_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Pauses node `n` (as `docker pause` or SIGSTOP would): it takes
+    /// messages but answers none until [`Faults::resume`].
+    pub fn pause(&self, n: NodeId) {
+        if let Ok(mut p) = self.paused.lock() {
+            p.insert(n);
+        }
+    }
+
+    /// Lets a paused node answer again (what waited goes on).
+    pub fn resume(&self, n: NodeId) {
+        if let Ok(mut p) = self.paused.lock() {
+            p.remove(&n);
+        }
+    }
+
+    fn is_paused(&self, n: NodeId) -> bool {
+        self.paused.lock().map(|p| p.contains(&n)).unwrap_or(false)
     }
 
     /// Drops `p` percent of messages.
@@ -172,6 +193,9 @@ impl<T: Transport> Transport for Faulty<T> {
         let p = self.faults.drop_percent.load(Relaxed);
         if p > 0 && u64::from(rand_byte()) * 100 / 256 < p {
             return Err(unreachable(to, "message dropped (test fault)"));
+        }
+        while self.faults.is_paused(to) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let r = self.inner.call(to, req).await;
         // A reply can be lost too: the request ran, the caller sees an error.

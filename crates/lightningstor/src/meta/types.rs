@@ -26,8 +26,9 @@ pub struct BlockRef {
 /// Where an object's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ObjectData {
-    /// Small objects: the bytes themselves.
-    Inline(Vec<u8>),
+    /// Small objects: the bytes themselves (as one byte string: postcard
+    /// encodes it exactly as it did a `Vec<u8>`, without a call per byte).
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Larger objects: blocks in order.
     Blocks(Vec<BlockRef>),
 }

@@ -269,7 +269,18 @@ pub(super) async fn list_parts(store: &Arc<Store>, req: S3Request<ListPartsInput
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
     let max = limit(i.max_parts, "max-parts")?;
     let marker = u32::try_from(i.part_number_marker.unwrap_or(0)).unwrap_or(0);
-    let mut rows = store.meta.list_parts(&i.upload_id, marker, max + 1)?;
+    let rows = store.meta.list_parts(&i.upload_id, marker, max + 1)?;
+    Ok(list_parts_output(i, &upload, rows, max))
+}
+
+/// The ListParts answer for `rows` (part number order, up to `max + 1` of
+/// them, the last only telling that the list goes on). Shared with the cluster.
+pub(crate) fn list_parts_output(
+    i: ListPartsInput,
+    upload: &UploadMeta,
+    mut rows: Vec<(u32, PartMeta)>,
+    max: usize,
+) -> ListPartsOutput {
     let truncated = rows.len() > max;
     rows.truncate(max);
     let next = rows.last().map(|(n, _)| *n);
@@ -290,7 +301,7 @@ pub(super) async fn list_parts(store: &Arc<Store>, req: S3Request<ListPartsInput
             }
         })
         .collect();
-    Ok(ListPartsOutput {
+    ListPartsOutput {
         bucket: Some(i.bucket),
         key: Some(i.key),
         upload_id: Some(i.upload_id),
@@ -303,7 +314,7 @@ pub(super) async fn list_parts(store: &Arc<Store>, req: S3Request<ListPartsInput
         owner: Some(owner()),
         initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
         ..Default::default()
-    })
+    }
 }
 
 pub(super) async fn list_multipart_uploads(
@@ -316,12 +327,6 @@ pub(super) async fn list_multipart_uploads(
     }
     let max = limit(i.max_uploads, "max-uploads")?;
     let prefix = i.prefix.clone().unwrap_or_default();
-    let q = crate::listing::ListQuery {
-        prefix: prefix.as_bytes().to_vec(),
-        delimiter: i.delimiter.as_ref().map(|d| d.as_bytes().to_vec()),
-        start_after: None,
-        max_keys: max,
-    };
     let store2 = store.clone();
     let (bucket, km, um) = (i.bucket.clone(), i.key_marker.clone(), i.upload_id_marker.clone());
     let rows = tokio::task::spawn_blocking(move || {
@@ -329,6 +334,23 @@ pub(super) async fn list_multipart_uploads(
     })
     .await
     .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+    Ok(list_uploads_output(i, max, rows))
+}
+
+/// The ListMultipartUploads answer for `rows` ((key, upload id, upload) in
+/// key then id order, already past the markers): at most `max` uploads and
+/// common prefixes. Shared with the cluster.
+pub(crate) fn list_uploads_output(
+    i: ListMultipartUploadsInput,
+    max: usize,
+    rows: impl IntoIterator<Item = (String, String, UploadMeta)>,
+) -> ListMultipartUploadsOutput {
+    let q = crate::listing::ListQuery {
+        prefix: i.prefix.clone().unwrap_or_default().into_bytes(),
+        delimiter: i.delimiter.as_ref().map(|d| d.as_bytes().to_vec()),
+        start_after: None,
+        max_keys: max,
+    };
     let mut uploads = Vec::new();
     let mut prefixes: Vec<String> = Vec::new();
     let mut truncated = false;
@@ -356,7 +378,7 @@ pub(super) async fn list_multipart_uploads(
             ..Default::default()
         });
     }
-    Ok(ListMultipartUploadsOutput {
+    ListMultipartUploadsOutput {
         bucket: Some(i.bucket),
         prefix: i.prefix,
         delimiter: i.delimiter,
@@ -370,5 +392,5 @@ pub(super) async fn list_multipart_uploads(
         common_prefixes: (!prefixes.is_empty())
             .then(|| prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
         ..Default::default()
-    })
+    }
 }
