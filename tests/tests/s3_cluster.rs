@@ -42,6 +42,14 @@ async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     panic!("timed out after {secs} s waiting for: {what}");
 }
 
+/// The row a replica holds once its commit has landed. A write is
+/// acknowledged at the write quorum, so the last replica (the coordinator's
+/// own copy included) may commit a moment after the client hears back.
+async fn landed_row(s: &InCluster, id: NodeId, b: &str, k: &str) -> Row {
+    eventually(10, &format!("node {id} commits {b}/{k}"), || local_row(s, id, b, k).is_some()).await;
+    local_row(s, id, b, k).expect("row just seen")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
     let s = InCluster::new(5);
@@ -57,11 +65,10 @@ async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
         assert_eq!(replicas.len(), 3);
         let mut versions = Vec::new();
         for id in s.cluster.ids() {
-            let row = local_row(&s, id, "bkt", &k);
             if replicas.contains(&id) {
-                versions.push(row.expect("replica holds the row").version());
+                versions.push(landed_row(&s, id, "bkt", &k).await.version());
             } else {
-                assert!(row.is_none(), "node {id} is not a replica of {k} but holds it");
+                assert!(local_row(&s, id, "bkt", &k).is_none(), "node {id} is not a replica of {k} but holds it");
             }
         }
         versions.dedup();
@@ -113,17 +120,48 @@ async fn a_partitioned_node_misses_writes_then_catches_up_after_healing() -> R {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_later_write_wins_even_through_a_coordinator_whose_clock_trails() -> R {
+    use lightningstor::cluster::hlc;
+    let s = InCluster::new(5);
+    s.client_of(1).create_bucket().bucket("bkt").send().await?;
+    // Node 5's clock runs 3 s ahead of node 1's, which is not a replica of
+    // the keys below, so it never sees node 5's versions on its own.
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("k{i}"))
+        .filter(|k| !s.cluster.node(1).replicas("bkt", k.as_bytes()).contains(&1))
+        .take(2)
+        .collect();
+    let wall = hlc::version_ms(s.cluster.node(5).hlc.now());
+    s.cluster.node(5).hlc.observe(hlc::first_version_at(wall + 3000));
+    let (ahead, behind) = (s.client_of(5), s.client_of(1));
+    put(&ahead, "bkt", &keys[0], b"first").await?;
+    behind.delete_object().bucket("bkt").key(&keys[0]).send().await?;
+    // Node 1 has now seen node 5's clock; move node 5 ahead again.
+    s.cluster.node(5).hlc.observe(hlc::first_version_at(wall + 6000));
+    put(&ahead, "bkt", &keys[1], b"first").await?;
+    put(&behind, "bkt", &keys[1], b"second").await?;
+    for id in 1..=5u8 {
+        let e = get(&s.client_of(id), "bkt", &keys[0]).await.expect_err("the acknowledged delete stands");
+        assert!(format!("{e:?}").contains("NoSuchKey"), "{e:?}");
+        assert_eq!(get(&s.client_of(id), "bkt", &keys[1]).await?, b"second");
+    }
+    assert_eq!(s.cluster.node(1).metrics.recommits.load(std::sync::atomic::Ordering::Relaxed), 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_repair_a_stale_replica() -> R {
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
     put(&c, "bkt", "k", b"v1").await?;
+    let v1 = landed_row(&s, 3, "bkt", "k").await.version();
     // Node 3 misses v2, and node 1 forgets to resync it (queue drained by hand).
     s.cluster.faults.cut(1, 3);
     put(&c, "bkt", "k", b"v2").await?;
     s.cluster.node(1).resync.clear()?;
     s.cluster.faults.heal();
-    let v1 = local_row(&s, 3, "bkt", "k").expect("row").version();
+    assert_eq!(local_row(&s, 3, "bkt", "k").map(|r| r.version()), Some(v1), "node 3 missed v2");
     // The read sees node 3 stale and pushes the new row to it.
     assert_eq!(get(&s.client_of(2), "bkt", "k").await?, b"v2");
     eventually(20, "node 3 repaired", || local_row(&s, 3, "bkt", "k").is_some_and(|r| r.version() > v1)).await;
@@ -143,7 +181,7 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
     c.create_bucket().bucket("bkt").send().await?;
     let data = pseudo_random(3 * 1024 * 1024 + 5, 9);
     put(&c, "bkt", "big", &data).await?;
-    let Some(Row::Object(meta)) = local_row(&s, 1, "bkt", "big") else { panic!("no row") };
+    let Row::Object(meta) = landed_row(&s, 1, "bkt", "big").await else { panic!("not an object row") };
     let blocks = meta.data.blocks().to_vec();
     assert_eq!(blocks.len(), 4);
     // Flip a byte of block 0 on node 1 (read first: the coordinator reads locally).
@@ -168,6 +206,59 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
     assert_eq!(lightningstor::block::BlockHash::of(&fixed), blocks[2].hash, "scrub rewrote the block");
     assert!(node2.metrics.bad_copies_found.load(std::sync::atomic::Ordering::Relaxed) >= 1);
     assert_eq!(get(&s.client_of(2), "bkt", "big").await?, data);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn background_scrub_repairs_a_flipped_byte_and_slows_down_under_traffic() -> R {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rate = 20;
+    let s = InCluster::with(3, |c| c.scrub_blocks_per_sec = rate);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    for i in 0..6 {
+        put(&c, "bkt", &format!("o{i}"), &pseudo_random(3 * 1024 * 1024 + 5, 40 + i)).await?;
+    }
+    // No scrub_some call: the node's own background task finds the bad copy.
+    let Row::Object(meta) = landed_row(&s, 2, "bkt", "o3").await else { panic!("not an object row") };
+    let hash = meta.data.blocks()[1].hash;
+    let f = block_file(&s, 2, &hash);
+    let mut bytes = std::fs::read(&f)?;
+    bytes[4321] ^= 0x08;
+    std::fs::write(&f, &bytes)?;
+    eventually(60, "background scrub rewrites the block", || {
+        std::fs::read(&f).is_ok_and(|b| lightningstor::block::BlockHash::of(&b) == hash)
+    })
+    .await;
+    assert!(s.cluster.node(2).metrics.bad_copies_found.load(Relaxed) >= 1);
+    // Node 1 holds 24 blocks. While it serves requests, scrub there takes
+    // a tenth of its rate; once idle, the full rate.
+    let n1 = s.cluster.node(1);
+    let scrubbed = || n1.metrics.scrubbed_blocks.load(Relaxed);
+    let traffic = |secs: u64| {
+        let c = c.clone();
+        async move {
+            let until = Instant::now() + Duration::from_secs(secs);
+            for _ in 0..100_000 {
+                if Instant::now() >= until {
+                    break;
+                }
+                c.head_object().bucket("bkt").key("o1").send().await?;
+            }
+            anyhow::Ok(())
+        }
+    };
+    traffic(2).await?; // the tick already under way ends
+    let before = scrubbed();
+    traffic(4).await?;
+    let busy = scrubbed() - before;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = scrubbed();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let idle = scrubbed() - before;
+    let tenth = u64::from(rate / 10);
+    assert!(busy <= tenth * 6, "{busy} blocks scrubbed in 4 busy seconds at {tenth} per second");
+    assert!(idle >= u64::from(rate), "{idle} blocks scrubbed in 4 idle seconds at {rate} per second");
     Ok(())
 }
 
@@ -214,6 +305,9 @@ async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
     c.create_bucket().bucket("bkt").send().await?;
     for i in 0..20u64 {
         put(&c, "bkt", &format!("k{i}"), &pseudo_random(500, i)).await?;
+    }
+    for i in 0..20u64 {
+        landed_row(&s, 3, "bkt", &format!("k{i}")).await;
     }
     // Node 3 misses ten writes; the resync queue is lost (as if node 1's disk died).
     s.cluster.faults.isolate(3);
@@ -310,6 +404,8 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
 struct KeyModel {
     acked: Option<Vec<u8>>,
     uncertain: Vec<Option<Vec<u8>>>,
+    /// What happened to the key, for the failure message.
+    log: Vec<String>,
 }
 
 impl KeyModel {
@@ -332,25 +428,35 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
         rng % n
     };
     let (mut acked_writes, mut reads_checked, mut faults) = (0, 0, 0);
+    let mut events = Vec::new();
     for step in 0..160u64 {
         let key = format!("k{}", next(12));
         let via = next(5) as usize;
         match next(20) {
             0..=1 => {
                 faults += 1;
-                s.cluster.faults.isolate(next(5) as u8 + 1);
+                let n = next(5) as u8 + 1;
+                s.cluster.faults.isolate(n);
+                events.push(format!("step {step}: isolate {n}"));
             }
             2 => {
                 faults += 1;
                 let (a, b) = (next(5) as u8 + 1, next(5) as u8 + 1);
                 s.cluster.faults.cut(a, b);
+                events.push(format!("step {step}: cut {a}-{b}"));
             }
-            3..=4 => s.cluster.faults.heal(),
+            3..=4 => {
+                s.cluster.faults.heal();
+                events.push(format!("step {step}: heal"));
+            }
             5..=10 => {
                 let len = if next(8) == 0 { 1_100_000 } else { 100 + next(3000) as usize };
                 let value = pseudo_random(len, step);
                 let m = model.entry(key.clone()).or_default();
-                match put(&clients[via], "bkt", &key, &value).await {
+                let r = put(&clients[via], "bkt", &key, &value).await;
+                m.log.push(format!("step {step}: put {len} bytes via node {}: {}", via + 1, r.is_ok()));
+                events.push(format!("step {step}: put {key} {len} bytes via node {}: {}", via + 1, r.is_ok()));
+                match r {
                     Ok(()) => {
                         acked_writes += 1;
                         m.acked = Some(value);
@@ -360,7 +466,10 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
             }
             11..=12 => {
                 let m = model.entry(key.clone()).or_default();
-                match clients[via].delete_object().bucket("bkt").key(&key).send().await {
+                let r = clients[via].delete_object().bucket("bkt").key(&key).send().await;
+                m.log.push(format!("step {step}: delete via node {}: {}", via + 1, r.is_ok()));
+                events.push(format!("step {step}: delete {key} via node {}: {}", via + 1, r.is_ok()));
+                match r {
                     Ok(_) => m.acked = None,
                     Err(_) => m.uncertain.push(None),
                 }
@@ -374,10 +483,27 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
                 if let Some(got) = got {
                     reads_checked += 1;
                     let m = model.entry(key.clone()).or_default();
+                    let rows: Vec<String> = s
+                        .cluster
+                        .ids()
+                        .into_iter()
+                        .filter_map(|id| {
+                            local_row(&s, id, "bkt", &key).map(|r| match r {
+                                Row::Object(o) => format!("node {id}: {} bytes at {}", o.size, o.version),
+                                Row::Tombstone(v) => format!("node {id}: tombstone at {v}"),
+                            })
+                        })
+                        .collect();
                     assert!(
                         m.allows(&got),
-                        "step {step}: read of {key} returned a value never written or a lost write"
+                        "step {step}: read of {key} via node {} returned {:?} bytes, a value never written or a lost \
+                         write; the key's history: {:#?}; replicas {:?} hold {rows:?}; events: {events:?}",
+                        via + 1,
+                        got.as_ref().map(Vec::len),
+                        m.log,
+                        s.cluster.node(1).replicas("bkt", key.as_bytes()),
                     );
+                    events.push(format!("step {step}: read {key} via node {}: {:?}", via + 1, got.map(|g| g.len())));
                 }
             }
         }
@@ -395,7 +521,12 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
                 Err(e) if code(&e) == "NoSuchKey" => None,
                 Err(e) => panic!("read of {key} failed after healing: {e:?}"),
             };
-            assert!(m.allows(&got), "{key} after healing: {:?} not allowed", got.map(|g| g.len()));
+            assert!(
+                m.allows(&got),
+                "{key} after healing: {:?} bytes not allowed; history {:#?}",
+                got.map(|g| g.len()),
+                m.log
+            );
         }
     }
     assert!(acked_writes > 25 && reads_checked > 25 && faults > 5, "{acked_writes} {reads_checked} {faults}");

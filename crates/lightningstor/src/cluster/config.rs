@@ -123,7 +123,8 @@ pub struct ClusterConfig {
     /// Seconds a delete's tombstone is kept before it is collected.
     #[serde(default = "default_tombstone_secs")]
     pub tombstone_secs: u64,
-    /// Blocks scrub re-hashes per second on each node (0 turns scrub off).
+    /// Blocks scrub re-hashes per second on each node when it is idle, a
+    /// tenth of that while it serves traffic (0 turns scrub off).
     #[serde(default = "default_scrub_rate")]
     pub scrub_blocks_per_sec: u32,
     /// Seconds between anti-entropy passes on each node (0 turns it off).

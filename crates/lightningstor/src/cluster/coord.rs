@@ -331,6 +331,15 @@ impl Node {
     /// answering then finishes in the background and is queued if it fails.
     /// (Should this node die in between, that replica lacks a row W others
     /// hold: reads still see it, R + W > N, and anti-entropy copies it.)
+    ///
+    /// A fresh row's version comes from this node's clock, which may trail
+    /// another coordinator's by a little (two writes in one millisecond, a
+    /// clock not yet advanced by the other's rows). When a replica of the
+    /// quorum answers that it holds a newer row, that row may be a write
+    /// acknowledged before this one began, which this one must replace: the
+    /// row is committed once more at a version above it. (A newer row from a
+    /// write that overlaps this one in time may be replaced too; either
+    /// order is correct for overlapping writes.)
     pub async fn commit_row(
         self: &Arc<Self>,
         bucket: &str,
@@ -339,6 +348,26 @@ impl Node {
         session: u64,
         complete: &[NodeId],
     ) -> Result<()> {
+        let newest = self.commit_attempt(bucket, key, &row, session, complete).await?;
+        if newest > row.version() {
+            ClusterMetrics::inc(&self.metrics.recommits);
+            self.hlc.observe(newest);
+            let row = row.with_version(self.hlc.now());
+            self.commit_attempt(bucket, key, &row, session, complete).await?;
+        }
+        Ok(())
+    }
+
+    /// One round of [`Node::commit_row`]; returns the newest version the
+    /// acknowledging replicas hold for the key.
+    async fn commit_attempt(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &[u8],
+        row: &Row,
+        session: u64,
+        complete: &[NodeId],
+    ) -> Result<u64> {
         let sets = self.write_sets(bucket, key);
         let targets = union(&sets);
         let mut pending: FuturesUnordered<_> = complete
@@ -351,10 +380,14 @@ impl Node {
             })
             .collect();
         let mut ok = HashSet::new();
+        let mut newest = 0;
         let mut missed: Vec<NodeId> = targets.iter().copied().filter(|n| !complete.contains(n)).collect();
         while !self.has_quorum(&sets, &ok) {
             match pending.next().await {
-                Some((n, Ok(_))) => {
+                Some((n, Ok(reply))) => {
+                    if let Resp::Committed { current, .. } = reply.head {
+                        newest = newest.max(current);
+                    }
                     ok.insert(n);
                 }
                 Some((n, Err(e))) => {
@@ -416,7 +449,7 @@ impl Node {
                 }
             });
         }
-        Ok(())
+        Ok(newest)
     }
 
     /// Queues (bucket, key) for resync to `nodes` (persisted before it returns).
@@ -484,6 +517,8 @@ impl Node {
         }
         let best = replies.iter().filter_map(|(_, r)| r.clone()).max_by_key(Row::version);
         let v = best.as_ref().map_or(0, Row::version);
+        // A write that follows this read gets a version above what it saw.
+        self.hlc.observe(v);
         let holders =
             replies.iter().filter(|(_, r)| r.as_ref().map_or(0, Row::version) == v).map(|(n, _)| *n).collect();
         if let Some(row) = &best {
@@ -594,8 +629,9 @@ impl Node {
     }
 
     /// Brings replica `to` up to `row`: sends the blocks it lacks (read
-    /// from any other replica), then commits the row there.
-    pub async fn push_row(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8], row: &Row) -> Result<()> {
+    /// from any other replica), then commits the row there. Returns the
+    /// version `to` holds afterwards (above the row's if it had a newer one).
+    pub async fn push_row(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8], row: &Row) -> Result<u64> {
         let session = session_id();
         if let Row::Object(m) = row
             && !m.data.blocks().is_empty()
@@ -612,10 +648,15 @@ impl Node {
             }
         }
         let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
-        if let Resp::Flag(true) = self.call(to, Msg::new(req)).await?.head {
-            ClusterMetrics::inc(&self.metrics.repairs);
+        match self.call(to, Msg::new(req)).await?.head {
+            Resp::Committed { applied, current } => {
+                if applied {
+                    ClusterMetrics::inc(&self.metrics.repairs);
+                }
+                Ok(current)
+            }
+            other => Err(LightningError::Unavailable(format!("unexpected answer to Commit: {other:?}"))),
         }
-        Ok(())
     }
 }
 

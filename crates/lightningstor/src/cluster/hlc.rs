@@ -27,6 +27,11 @@ pub fn version_ms(v: u64) -> u64 {
     v >> LOW_BITS
 }
 
+/// The lowest version made at wall-clock millisecond `ms`.
+pub fn first_version_at(ms: u64) -> u64 {
+    ms << LOW_BITS
+}
+
 fn wall_ms() -> u64 {
     let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     u64::try_from(d.as_millis()).unwrap_or(0)

@@ -59,6 +59,7 @@ pub fn render_metrics(node: &Node) -> String {
     let m = &node.metrics;
     let counters = [
         ("degraded_writes_total", "writes acknowledged without every replica", &m.degraded_writes),
+        ("recommits_total", "writes committed again above a newer row a replica held", &m.recommits),
         ("repairs_total", "rows and blocks pushed to replicas that missed them", &m.repairs),
         ("read_repairs_total", "read repairs started", &m.read_repairs),
         ("resync_done_total", "resync queue entries completed", &m.resync_done),

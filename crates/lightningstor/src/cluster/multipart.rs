@@ -159,8 +159,23 @@ impl Node {
 
     /// Commits `row` on every replica of (bucket, key), first sending each
     /// the blocks it lacks; acknowledged once every write set has W, with
-    /// the replicas that missed it queued for resync first.
+    /// the replicas that missed it queued for resync first. Like
+    /// [`Node::commit_row`], once more at a newer version if a replica of
+    /// the quorum holds a newer row.
     pub async fn commit_row_filling(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row) -> Result<()> {
+        let newest = self.fill_attempt(bucket, key, row).await?;
+        if newest > row.version() {
+            ClusterMetrics::inc(&self.metrics.recommits);
+            self.hlc.observe(newest);
+            let row = row.clone().with_version(self.hlc.now());
+            self.fill_attempt(bucket, key, &row).await?;
+        }
+        Ok(())
+    }
+
+    /// One round of [`Node::commit_row_filling`]; returns the newest version
+    /// the acknowledging replicas hold.
+    async fn fill_attempt(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row) -> Result<u64> {
         let sets = self.write_sets(bucket, key);
         let targets = union(&sets);
         let calls = targets.iter().map(|&n| {
@@ -168,9 +183,11 @@ impl Node {
             async move { (n, node.push_row(n, bucket, key, row).await) }
         });
         let mut ok = HashSet::new();
+        let mut newest = 0;
         for (n, r) in futures::future::join_all(calls).await {
             match r {
-                Ok(()) => {
+                Ok(current) => {
+                    newest = newest.max(current);
                     ok.insert(n);
                 }
                 Err(e) => tracing::debug!(node = n, error = %e, "replica missed a completed upload"),
@@ -195,7 +212,7 @@ impl Node {
                 .await
                 .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
         }
-        Ok(())
+        Ok(newest)
     }
 
     /// Drops this node's uploads that another replica knows are gone (a

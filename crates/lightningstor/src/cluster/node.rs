@@ -27,6 +27,8 @@ const SESSION_TTL: Duration = Duration::from_secs(600);
 pub struct ClusterMetrics {
     /// Writes acknowledged with fewer than all replicas.
     pub degraded_writes: AtomicU64,
+    /// Writes committed a second time, above a newer row a replica held.
+    pub recommits: AtomicU64,
     /// Rows or blocks pushed to a replica that missed them (resync, read repair, anti-entropy).
     pub repairs: AtomicU64,
     /// Read repairs started.
@@ -282,8 +284,8 @@ impl Node {
             }
             Req::Commit { session, bucket, key, row } => {
                 self.hlc.observe(row.version());
-                let applied = self.commit(session, bucket, key, row).await?;
-                Msg::new(Resp::Flag(applied))
+                let (applied, current) = self.commit(session, bucket, key, row).await?;
+                Msg::new(Resp::Committed { applied, current })
             }
             Req::GetRow { bucket, key } => {
                 let row = self.blocking(move |s| s.meta.get_row(&bucket, &key)).await?;
@@ -416,7 +418,11 @@ impl Node {
         .await
     }
 
-    async fn commit(&self, session: u64, bucket: String, key: Vec<u8>, row: Row) -> Result<bool> {
+    /// Applies `row` unless the key holds a version at least as new;
+    /// returns whether it did and the version the key holds afterwards.
+    async fn commit(&self, session: u64, bucket: String, key: Vec<u8>, row: Row) -> Result<(bool, u64)> {
+        let version = row.version();
+        let (b, k) = (bucket.clone(), key.clone());
         let pins = self.sessions.lock().ok().and_then(|mut s| s.remove(&session)).map(|(p, _)| p);
         let blocks = match &row {
             Row::Object(m) => m.data.blocks().to_vec(),
@@ -436,7 +442,11 @@ impl Node {
             p.release();
         }
         self.store.spawn_delete(freed);
-        Ok(applied)
+        if applied {
+            return Ok((true, version));
+        }
+        let current = self.blocking(move |s| s.meta.get_row(&b, &k)).await?.map_or(0, |r| r.version());
+        Ok((false, current))
     }
 
     async fn put_part(&self, session: u64, id: String, upload: UploadMeta, number: u32, part: PartMeta) -> Result<()> {

@@ -66,7 +66,7 @@ impl Node {
         }
         let found = self.read_row(&e.bucket, &e.key).await?;
         match found.row {
-            Some(row) => self.push_row(e.node, &e.bucket, &e.key, &row).await,
+            Some(row) => self.push_row(e.node, &e.bucket, &e.key, &row).await.map(drop),
             None => Ok(()),
         }
     }
@@ -74,12 +74,25 @@ impl Node {
     /// Re-hashes up to `max` local blocks starting after `after`; corrupt
     /// ones are replaced from another node. Returns the last block checked.
     pub async fn scrub_some(self: &Arc<Self>, after: Option<BlockHash>, max: usize) -> Result<Option<BlockHash>> {
-        let store = self.store.clone();
-        let mut list = tokio::task::spawn_blocking(move || store.blocks.list()).await.map_err(join_err)??;
-        list.sort();
+        let list = self.block_list().await?;
         let start = after.map_or(0, |a| list.partition_point(|h| *h <= a));
         let batch: Vec<BlockHash> = list.into_iter().skip(start).take(max).collect();
         let last = batch.last().copied();
+        self.scrub_blocks(batch).await?;
+        Ok(last)
+    }
+
+    /// Every local block, sorted.
+    async fn block_list(&self) -> Result<Vec<BlockHash>> {
+        let store = self.store.clone();
+        let mut list = tokio::task::spawn_blocking(move || store.blocks.list()).await.map_err(join_err)??;
+        list.sort();
+        Ok(list)
+    }
+
+    /// Re-hashes `batch`; a corrupt block is replaced from another node. A
+    /// block deleted since it was listed is skipped.
+    async fn scrub_blocks(self: &Arc<Self>, batch: Vec<BlockHash>) -> Result<()> {
         for hash in batch {
             let store = self.store.clone();
             let r = tokio::task::spawn_blocking(move || store.blocks.get(&hash)).await.map_err(join_err)?;
@@ -97,7 +110,14 @@ impl Node {
                 }
             }
         }
-        Ok(last)
+        Ok(())
+    }
+
+    /// A counter that moves whenever this node serves foreground traffic
+    /// (S3 requests, blocks written or read for a client or a peer).
+    fn foreground_ops(&self) -> u64 {
+        let m = &self.store.metrics;
+        [&m.requests, &m.blocks_written, &m.blocks_read].iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
     /// Digests of the (bucket, key, version) rows this node holds in each
@@ -259,10 +279,30 @@ impl Node {
         if rate > 0 {
             let node = self.clone();
             tasks.push(tokio::spawn(async move {
-                let mut after = None;
+                // One listing per pass over the store, `rate` blocks a
+                // second; while clients or peers keep the node busy, a
+                // tenth of that (at least one block), so scrub neither
+                // stops under steady load nor competes with it.
+                let rate = rate as usize;
+                let mut pass: std::collections::VecDeque<BlockHash> = Default::default();
+                let mut seen = node.foreground_ops();
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    after = node.scrub_some(after, rate as usize).await.unwrap_or(None);
+                    let busy = node.foreground_ops() != seen;
+                    let share = if busy { (rate / 10).max(1) } else { rate };
+                    if pass.is_empty() {
+                        match node.block_list().await {
+                            Ok(list) => pass = list.into(),
+                            Err(e) => tracing::debug!(error = %e, "scrub could not list blocks"),
+                        }
+                    }
+                    let batch: Vec<BlockHash> = pass.drain(..share.min(pass.len())).collect();
+                    if let Err(e) = node.scrub_blocks(batch).await {
+                        tracing::debug!(error = %e, "scrub round failed");
+                    }
+                    // Counted after the batch, so a repair write of scrub's
+                    // own does not look like a client.
+                    seen = node.foreground_ops();
                 }
             }));
         }

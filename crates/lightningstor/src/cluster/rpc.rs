@@ -125,6 +125,10 @@ pub enum Resp {
     Config(String),
     /// A count (rows pushed by a rebalance round).
     Count(u64),
+    /// Answer to a commit: whether the row was applied, and the version
+    /// the replica holds for the key afterwards (above the row's when a
+    /// newer write got there first).
+    Committed { applied: bool, current: u64 },
 }
 
 /// What a replica knows of a multipart upload.

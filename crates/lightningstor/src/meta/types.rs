@@ -121,6 +121,15 @@ impl Row {
             Row::Tombstone(v) => *v,
         }
     }
+
+    /// The same row at another version.
+    #[must_use]
+    pub fn with_version(self, version: u64) -> Row {
+        match self {
+            Row::Object(m) => Row::Object(ObjectMeta { version, ..m }),
+            Row::Tombstone(_) => Row::Tombstone(version),
+        }
+    }
 }
 
 /// One raw listing entry of a replica: an object's summary or a tombstone.
