@@ -150,6 +150,34 @@ async fn a_later_write_wins_even_through_a_coordinator_whose_clock_trails() -> R
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_get_under_way_returns_the_old_bytes_while_the_key_is_overwritten() -> R {
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    let old = pseudo_random(8 << 20, 61);
+    put(&c, "bkt", "k", &old).await?;
+    for id in 1..=3 {
+        landed_row(&s, id, "bkt", "k").await;
+    }
+    // The GET has its row and its first blocks; the rest it fetches later.
+    let mut body = c.get_object().bucket("bkt").key("k").send().await?.body;
+    let mut got = body.try_next().await?.expect("a first chunk").to_vec();
+    let new = pseudo_random(8 << 20, 62);
+    put(&s.client_of(2), "bkt", "k", &new).await?;
+    eventually(10, "every replica holds the new row", || {
+        (1..=3).all(|id| matches!(local_row(&s, id, "bkt", "k"), Some(Row::Object(m)) if m.data.blocks()[0].hash == lightningstor::block::BlockHash::of(&new[..1 << 20])))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Some(chunk) = body.try_next().await? {
+        got.extend_from_slice(&chunk);
+    }
+    assert!(got == old, "the GET under way returned {} bytes, not the old object", got.len());
+    assert_eq!(get(&c, "bkt", "k").await?, new);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_repair_a_stale_replica() -> R {
     let s = InCluster::new(3);
     let c = s.client_of(1);

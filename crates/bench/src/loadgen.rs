@@ -357,10 +357,17 @@ async fn join_all(mut tasks: tokio::task::JoinSet<anyhow::Result<Recorder>>) -> 
     let mut total = Recorder::default();
     let mut first_err = None;
     while let Some(r) = tasks.join_next().await {
-        match r? {
-            Ok(rec) => total.merge(&rec),
-            Err(e) => {
+        match r {
+            Ok(Ok(rec)) => total.merge(&rec),
+            // The tasks aborted after the first error end as cancelled:
+            // report that error, not their cancellation.
+            Err(e) if e.is_cancelled() && first_err.is_some() => {}
+            Ok(Err(e)) => {
                 first_err.get_or_insert(e);
+                tasks.abort_all();
+            }
+            Err(e) => {
+                first_err.get_or_insert(e.into());
                 tasks.abort_all();
             }
         }

@@ -22,6 +22,12 @@ use std::time::{Duration, Instant};
 /// Uncommitted upload sessions older than this are dropped (their blocks freed).
 const SESSION_TTL: Duration = Duration::from_secs(600);
 
+/// How long blocks freed by an overwrite or a delete stay on disk: a GET
+/// that read the old row on some coordinator may still be fetching them
+/// (nodes do not pin blocks for each other's reads). A node that stops
+/// before then leaves them to the garbage collection at its next start.
+const FREED_BLOCK_GRACE: Duration = Duration::from_secs(60);
+
 /// Replication counters of one node (exported at /metrics).
 #[derive(Debug, Default)]
 pub struct ClusterMetrics {
@@ -441,7 +447,13 @@ impl Node {
         if let Some(p) = pins {
             p.release();
         }
-        self.store.spawn_delete(freed);
+        if !freed.is_empty() {
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(FREED_BLOCK_GRACE).await;
+                store.spawn_delete(freed);
+            });
+        }
         if applied {
             return Ok((true, version));
         }
