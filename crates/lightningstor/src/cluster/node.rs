@@ -448,10 +448,14 @@ impl Node {
             p.release();
         }
         if !freed.is_empty() {
-            let store = self.store.clone();
+            // Weak: a node stopped meanwhile closes its store now and leaves
+            // these to the garbage collection at its next start.
+            let store = Arc::downgrade(&self.store);
             tokio::spawn(async move {
                 tokio::time::sleep(FREED_BLOCK_GRACE).await;
-                store.spawn_delete(freed);
+                if let Some(store) = store.upgrade() {
+                    store.spawn_delete(freed);
+                }
             });
         }
         if applied {
