@@ -7,8 +7,9 @@
 //! without the page cache's allocation, writeback and reclaim, which on a
 //! virtual disk cost several times the copy (a replicated cluster writes
 //! every block three times). Elsewhere the write is buffered and its
-//! writeback is started at once (`sync_file_range`). The next [`BlockStore::flush`] — which the metadata layer calls
-//! before it commits any row — `fdatasync`s every unsynced block and then the
+//! writeback is started at once (`sync_file_range`). The next
+//! [`BlockStore::flush`] — which the metadata layer calls before it commits
+//! any row — `fdatasync`s every unsynced block and then the
 //! shard directories. Data therefore reaches the disk in the background while
 //! the upload goes on, and the one journal commit at flush covers every
 //! rename of the batch instead of one commit per block.
@@ -167,20 +168,20 @@ impl BlockStore for FileBlockStore {
         }
         let (tmp, mut f) = self.temp_file()?;
         let res = (|| {
-            if self.writes_direct() {
-                if let Err(e) = write_direct(&mut f, parts) {
-                    if e.raw_os_error() != Some(libc::EINVAL) {
-                        return Err(e);
-                    }
-                    // Refused after all (a file moved to another mount?):
-                    // buffered from now on.
+            let written = match self.writes_direct().then(|| write_direct(&mut f, parts)) {
+                Some(Ok(())) => true,
+                // Refused after all (a file moved to another mount?):
+                // buffered from now on.
+                Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
                     tracing::warn!(error = %e, "O_DIRECT block write refused; writing through the page cache");
                     self.direct.store(false, Ordering::Relaxed);
                     f = OpenOptions::new().write(true).truncate(true).open(&tmp)?;
-                    write_all_parts(&mut f, parts)?;
-                    start_writeback(&f);
+                    false
                 }
-            } else {
+                Some(Err(e)) => return Err(e),
+                None => false,
+            };
+            if !written {
                 write_all_parts(&mut f, parts)?;
                 if self.fsync {
                     start_writeback(&f);

@@ -349,13 +349,21 @@ impl Node {
         complete: &[NodeId],
     ) -> Result<()> {
         let newest = self.commit_attempt(bucket, key, &row, session, complete).await?;
-        if newest > row.version() {
-            ClusterMetrics::inc(&self.metrics.recommits);
-            self.hlc.observe(newest);
-            let row = row.with_version(self.hlc.now());
+        if let Some(row) = self.above(newest, &row) {
             self.commit_attempt(bucket, key, &row, session, complete).await?;
         }
         Ok(())
+    }
+
+    /// `row` at a fresh version above `newest`, if a replica answered that
+    /// it holds a newer one (see [`Node::commit_row`]).
+    pub(crate) fn above(&self, newest: u64, row: &Row) -> Option<Row> {
+        if newest <= row.version() {
+            return None;
+        }
+        ClusterMetrics::inc(&self.metrics.recommits);
+        self.hlc.observe(newest);
+        Some(row.clone().with_version(self.hlc.now()))
     }
 
     /// One round of [`Node::commit_row`]; returns the newest version the

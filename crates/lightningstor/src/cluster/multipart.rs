@@ -164,10 +164,7 @@ impl Node {
     /// the quorum holds a newer row.
     pub async fn commit_row_filling(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row) -> Result<()> {
         let newest = self.fill_attempt(bucket, key, row).await?;
-        if newest > row.version() {
-            ClusterMetrics::inc(&self.metrics.recommits);
-            self.hlc.observe(newest);
-            let row = row.clone().with_version(self.hlc.now());
+        if let Some(row) = self.above(newest, row) {
             self.fill_attempt(bucket, key, &row).await?;
         }
         Ok(())

@@ -427,8 +427,6 @@ impl Node {
     /// Applies `row` unless the key holds a version at least as new;
     /// returns whether it did and the version the key holds afterwards.
     async fn commit(&self, session: u64, bucket: String, key: Vec<u8>, row: Row) -> Result<(bool, u64)> {
-        let version = row.version();
-        let (b, k) = (bucket.clone(), key.clone());
         let pins = self.sessions.lock().ok().and_then(|mut s| s.remove(&session)).map(|(p, _)| p);
         let blocks = match &row {
             Row::Object(m) => m.data.blocks().to_vec(),
@@ -442,7 +440,7 @@ impl Node {
         } else {
             self.blocking(move |_| store.pin_existing(&blocks)).await?
         };
-        let (applied, freed) = self.store.meta.write(move |t| ops::apply_row(t, &bucket, &key, &row)).await?;
+        let (applied, current, freed) = self.store.meta.write(move |t| ops::apply_row(t, &bucket, &key, &row)).await?;
         held.release();
         if let Some(p) = pins {
             p.release();
@@ -458,11 +456,7 @@ impl Node {
                 }
             });
         }
-        if applied {
-            return Ok((true, version));
-        }
-        let current = self.blocking(move |s| s.meta.get_row(&b, &k)).await?.map_or(0, |r| r.version());
-        Ok((false, current))
+        Ok((applied, current))
     }
 
     async fn put_part(&self, session: u64, id: String, upload: UploadMeta, number: u32, part: PartMeta) -> Result<()> {

@@ -97,7 +97,7 @@ pub enum Req {
 pub enum Resp {
     /// Done.
     Ok,
-    /// Yes or no (row applied, bucket created or present).
+    /// Yes or no (bucket created or present, lease granted).
     Flag(bool),
     /// A block; the bytes are the data part.
     Block,

@@ -334,8 +334,9 @@ pub fn complete_upload(
 /// Merges a replicated row: it replaces the stored row (object or tombstone)
 /// only when its version is higher, so replicas that receive the same rows
 /// in any order end up equal. Creates the bucket row if this replica missed
-/// it. Returns whether the row was applied and the blocks freed.
-pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) -> Result<(bool, Vec<BlockHash>)> {
+/// it. Returns whether the row was applied, the version the key holds
+/// afterwards, and the blocks freed.
+pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) -> Result<(bool, u64, Vec<BlockHash>)> {
     let mut objects = txn.open_table(OBJECTS)?;
     let mut tombs = txn.open_table(TOMBSTONES)?;
     let old: Option<ObjectMeta> = match objects.get((bucket, key))? {
@@ -345,7 +346,7 @@ pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) ->
     let tomb = tombs.get((bucket, key))?.map(|v| v.value());
     let current = old.as_ref().map(|o| o.version).max(tomb).unwrap_or(0);
     if row.version() <= current {
-        return Ok((false, Vec::new()));
+        return Ok((false, current, Vec::new()));
     }
     {
         let mut buckets = txn.open_table(BUCKETS)?;
@@ -374,7 +375,7 @@ pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) ->
     if let Some(o) = old {
         decref(txn, o.data.blocks(), &mut freed)?;
     }
-    Ok((true, freed))
+    Ok((true, row.version(), freed))
 }
 
 /// Removes a tombstone if it still has `version` (collection after the delay).
