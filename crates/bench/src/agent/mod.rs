@@ -74,6 +74,9 @@ pub enum BlockTarget {
     /// A file of this name in the agent's scratch directory (created and
     /// laid out with data as needed, removed by `POST /v1/cleanup`).
     Scratch { file: String },
+    /// Any `bench run` target, opened on the agent: `nbd://`, a path on the
+    /// agent's host, or `s3://bucket?endpoint=...` with these keys.
+    Uri { uri: String, access_key: Option<String>, secret_key: Option<String> },
 }
 
 /// S3 endpoints (one or more nodes of one cluster) and their keys.

@@ -107,6 +107,28 @@ pub async fn job(links: &Links, scratch: &Path, r: JobRequest, stop: Arc<AtomicB
                 let t = Opened::Nbd { addr: a.to_string(), export: export.clone() };
                 Ok(JobReply { run: t.run(&r.job, limits, stop).await?, direct_used: None })
             }
+            super::BlockTarget::Uri { uri, access_key, secret_key } => {
+                let spec = match crate::target::TargetSpec::parse(uri)? {
+                    crate::target::TargetSpec::Nbd { addr, export } => {
+                        let a = links.via(r.link, crate::cluster::host_port(&addr)?, &mut route).await?;
+                        crate::target::TargetSpec::Nbd { addr: a.to_string(), export }
+                    }
+                    crate::target::TargetSpec::S3 { bucket, prefix, endpoint, region } => {
+                        let endpoint = links.via_urls(r.link, &[endpoint], &mut route).await?.remove(0);
+                        crate::target::TargetSpec::S3 { bucket, prefix, endpoint, region }
+                    }
+                    p @ crate::target::TargetSpec::Path(_) => p,
+                };
+                let keys = crate::target::S3Keys { access_key: access_key.clone(), secret_key: secret_key.clone() };
+                let t = Opened::open(&spec, &keys).await?;
+                let run = t.run(&r.job, limits, stop).await;
+                let direct_used = match &t {
+                    Opened::Files(f) if r.job.direct => Some(!f.direct_refused()),
+                    _ => None,
+                };
+                t.cleanup();
+                Ok(JobReply { run: run?, direct_used })
+            }
             super::BlockTarget::Scratch { file } => {
                 let path = scratch_path(scratch, file)?;
                 let f = crate::files::FileTarget::open(&path)?;
