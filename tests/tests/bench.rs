@@ -614,3 +614,38 @@ fn the_bench_qcow2_writer_makes_images_qemu_img_accepts() {
         assert!(got.iter().all(|b| *b == 0), "the hole after {e} is not zero");
     }
 }
+
+/// One emulated link per agent: eight parallel S3 clients of one agent share
+/// its interface, so together they stay at the link's rate (they reached
+/// 57 MiB/s "on a 20 MiB/s link" when every endpoint had a proxy of its own).
+#[test]
+fn eight_parallel_s3_jobs_of_one_agent_share_its_emulated_link() {
+    bin("bench", "bench");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::embedded(LinkSpec::default()).await.unwrap();
+        let e = c.endpoints.lightningstor.clone().unwrap();
+        bench::storage::measure::ensure_bucket(&e, "link").await.unwrap();
+        let agent = c.agent("worker-b").unwrap();
+        let rate = 16u64 << 20;
+        let link = LinkSpec { rate: Some(rate), delay: Duration::from_millis(1) };
+        let count = 24;
+        let r = bench::storage::measure::objects(agent, &e, "link", "p/", count, 1 << 20, 8, link).await.unwrap();
+        let up = count as f64 / r.upload_s;
+        let down = count as f64 / r.download_s;
+        let limit = rate as f64 / 1048576.0;
+        eprintln!("8 jobs through one {limit} MiB/s link: up {up:.1} MiB/s, down {down:.1} MiB/s");
+        assert!(up <= limit * 1.15 && down <= limit * 1.15, "up {up:.1} / down {down:.1} MiB/s exceed {limit} MiB/s");
+        assert!(up >= limit * 0.5 && down >= limit * 0.5, "up {up:.1} / down {down:.1} MiB/s: the link is not used");
+        // Unshaped, the same agent is much faster: the limit was the link.
+        let free = bench::storage::measure::objects(agent, &e, "link", "q/", count, 1 << 20, 8, LinkSpec::default())
+            .await
+            .unwrap();
+        assert!(
+            count as f64 / free.download_s > 2.0 * limit,
+            "unshaped download {:.1} MiB/s",
+            count as f64 / free.download_s
+        );
+        c.shutdown().await;
+    });
+}
