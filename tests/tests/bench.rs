@@ -367,6 +367,15 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
         (v["cross_worker"]["writer"].as_str(), v["cross_worker"]["reader"].as_str()),
         (Some("worker-a"), Some("worker-b"))
     );
+    // The range was dropped from the server's page cache before the read.
+    let ev = &v["cross_worker"]["eviction"][0]["Ok"];
+    let (before, after) =
+        (ev["resident_before"].as_u64().unwrap_or(0), ev["resident_after"].as_u64().unwrap_or(u64::MAX));
+    assert!(before > 0 && after < before / 4, "eviction: {}", v["cross_worker"]["eviction"]);
+    // CoronaFS and LightningStor describe themselves.
+    assert!(v["conditions"]["coronafs"]["engine"].is_string(), "{}", v["conditions"]["coronafs"]);
+    let n1 = &v["conditions"]["lightningstor"]["Ok"]["nodes"][0]["status"];
+    assert!(n1["o_direct"].is_boolean() && n1["data_dir_fs"]["fs_type"].is_string(), "{n1}");
     for s in ["s3_large_object", "s3_small_batch", "s3_parallel_batch"] {
         for f in ["upload_mib_s", "download_mib_s", "put_per_s", "get_per_s"] {
             pos(s, f);

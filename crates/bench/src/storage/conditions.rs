@@ -64,19 +64,14 @@ pub struct Conditions {
     pub fault_driver: Option<String>,
 }
 
-/// CoronaFS's self-description.
+/// CoronaFS's self-description (`GET /v1/info`).
 async fn coronafs_info(api: &str) -> serde_json::Value {
-    let r = async {
-        let resp = reqwest::Client::new().get(format!("{api}/v1/info")).timeout(Duration::from_secs(10)).send().await?;
-        let status = resp.status();
-        let text = resp.text().await?;
-        if !status.is_success() {
-            anyhow::bail!("GET {api}/v1/info answered {status}: {text}");
-        }
-        Ok(serde_json::from_str::<serde_json::Value>(&text)?)
+    let r = tokio::time::timeout(Duration::from_secs(10), coronafs::api_client::ApiClient::new(api).info()).await;
+    match r {
+        Ok(Ok(i)) => serde_json::to_value(i).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() })),
+        Ok(Err(e)) => serde_json::json!({ "error": format!("GET {api}/v1/info: {e}") }),
+        Err(_) => serde_json::json!({ "error": format!("GET {api}/v1/info: no answer within 10 s") }),
     }
-    .await;
-    r.unwrap_or_else(|e: anyhow::Error| serde_json::json!({ "error": format!("{e:#}") }))
 }
 
 /// LightningStor's running configuration and node status.

@@ -114,20 +114,14 @@ pub async fn prefill(c: &CoronaEndpoint, export: &str, size: u64) -> anyhow::Res
     Ok(())
 }
 
-/// What the CoronaFS server said about evicting a volume from its page cache.
+/// What the CoronaFS server said about evicting a volume from its page cache
+/// (`POST /v1/volumes/{name}/evict`).
 pub async fn evict(api: &str, volume: &str) -> anyhow::Result<serde_json::Value> {
-    let resp = reqwest::Client::new()
-        .post(format!("{api}/v1/volumes/{volume}/evict"))
-        .timeout(Duration::from_secs(60))
-        .send()
+    let r = coronafs::api_client::ApiClient::new(api)
+        .evict(volume)
         .await
-        .with_context(|| format!("POST {api}/v1/volumes/{volume}/evict"))?;
-    let status = resp.status();
-    let body = resp.text().await.unwrap_or_default();
-    if !status.is_success() {
-        bail!("evicting {volume} from the CoronaFS server's page cache: {status} {body}");
-    }
-    serde_json::from_str(&body).context("the evict answer is not JSON")
+        .with_context(|| format!("evicting {volume} from the CoronaFS server's page cache"))?;
+    Ok(serde_json::to_value(r)?)
 }
 
 /// One cross-worker iteration's figures.
