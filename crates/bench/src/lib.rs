@@ -10,6 +10,8 @@
 //! - [`accuracy`]: our load generator against fio on the same target;
 //! - [`shaper`], [`netprobe`]: link emulation and the TCP baseline;
 //! - [`cluster`]: the embedded (or deployed) cluster the storage bench measures;
+//! - [`fault`]: faults applied during a run (kill, pause, partition) and their
+//!   drivers (the Docker lab's containers through the engine's socket);
 //! - [`storage`], [`charts`], [`progress`]: `fresh-bench-storage`;
 //! - [`fio`]: runs fio jobs and parses its JSON output;
 //! - [`qcow2`]: a small qcow2 writer for the VM image test images;
@@ -20,6 +22,7 @@ pub mod accuracy;
 pub mod charts;
 pub mod cluster;
 pub mod compare;
+pub mod fault;
 pub mod files;
 pub mod fio;
 pub mod hist;
