@@ -47,11 +47,13 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         assert_eq!(nbd.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
         let s3e = c.endpoints.lightningstor.clone().unwrap();
         assert_eq!(s3e.endpoints.len(), 3, "three LightningStor nodes");
-        let s3 = bench::storage::measure::s3(&s3e, 0);
-        bench::storage::measure::ensure_bucket(&s3, "cycle-bucket").await.unwrap();
+        let client =
+            |i: usize| bench::target::s3_client(&s3e.endpoints[i], &s3e.region, &s3e.access_key, &s3e.secret_key);
+        let s3 = client(0);
+        bench::storage::measure::ensure_bucket(&s3e, "cycle-bucket").await.unwrap();
         s3.put_object().bucket("cycle-bucket").key("k").body(vec![1u8; 100].into()).send().await.unwrap();
         // Written through node 1, read through node 3: the nodes form one cluster.
-        let other = bench::storage::measure::s3(&s3e, 2);
+        let other = client(2);
         let got = other.get_object().bucket("cycle-bucket").key("k").send().await.unwrap();
         assert_eq!(got.body.collect().await.unwrap().into_bytes().as_ref(), &[1u8; 100][..]);
         // PlasmaVMC answers and reaches LightningStor (its bucket exists).
@@ -59,7 +61,12 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         let images = reqwest::get(format!("{}/v1/images", p.url)).await.unwrap();
         assert!(images.status().is_success());
         s3.head_bucket().bucket(bench::cluster::EMBEDDED_IMAGE_BUCKET).send().await.unwrap();
-        let addrs = c.listen_addrs();
+        // The agents answer, the workers as processes of their own.
+        for name in ["worker-a", "worker-b", "services"] {
+            let info = c.agent(name).unwrap().info().await.unwrap();
+            assert_eq!(info.name, name);
+        }
+        let addrs = c.listen_addrs().await;
         drop(nbd);
         c.shutdown().await;
         (dir, addrs)
@@ -70,6 +77,9 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
 
 #[test]
 fn the_embedded_cluster_starts_and_stops_cleanly_many_times() {
+    // The embedded cluster runs its LightningStor nodes and agents as child
+    // processes of the bench binary.
+    bin("bench", "bench");
     // The first cycle warms process-wide pools; later ones must not grow.
     cycle(LinkSpec::default());
     let (t0, f0) = (threads(), fds());
@@ -81,8 +91,8 @@ fn the_embedded_cluster_starts_and_stops_cleanly_many_times() {
         };
         let (dir, addrs) = cycle(link);
         assert!(!dir.exists(), "cycle {i}: {} left behind", dir.display());
-        // CoronaFS NBD + API, 3 x (S3 + RPC), PlasmaVMC, and the proxies.
-        assert!(addrs.len() >= 9, "cycle {i}: {addrs:?}");
+        // CoronaFS NBD + API, 3 x (S3 + RPC), PlasmaVMC, 3 agents + a sink, and the proxies.
+        assert!(addrs.len() >= 13, "cycle {i}: {addrs:?}");
         for a in addrs {
             assert!(
                 TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_err(),

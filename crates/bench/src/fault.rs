@@ -74,7 +74,7 @@ pub struct Fault {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FaultParseError {
     /// No `KIND:` in front.
-    #[error("{spec:?}: a fault is KIND:SERVICE@NODE or partition:NODE (kill:lightningstor@node02, pause:lightningstor@node02, partition:node02)")]
+    #[error("{spec:?}: a fault is KIND:SERVICE@NODE or partition:NODE (kill:lightningstor@node02, partition:node02)")]
     Shape { spec: String },
     /// The kind is not one of kill, pause, partition.
     #[error("{spec:?}: unknown fault kind {kind:?} (kill, pause or partition)")]

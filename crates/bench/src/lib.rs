@@ -2,6 +2,9 @@
 //! with a peer measured in the same run, with several iterations and the
 //! median and spread of each figure.
 //!
+//! - [`agent`]: `bench agent`, the load generator as a service on every node;
+//! - [`fault`]: faults applied during a run (`--fault kill:lightningstor@node02`)
+//!   and the Docker lab's driver (containers through the engine's socket);
 //! - [`job`]: job files and profiles (fio's vocabulary in TOML), pure;
 //! - [`target`]: `--target` URIs (NBD, path, S3);
 //! - [`loadgen`], [`files`], [`hist`]: our own load generator;
@@ -10,8 +13,6 @@
 //! - [`accuracy`]: our load generator against fio on the same target;
 //! - [`shaper`], [`netprobe`]: link emulation and the TCP baseline;
 //! - [`cluster`]: the embedded (or deployed) cluster the storage bench measures;
-//! - [`fault`]: faults applied during a run (kill, pause, partition) and their
-//!   drivers (the Docker lab's containers through the engine's socket);
 //! - [`storage`], [`charts`], [`progress`]: `fresh-bench-storage`;
 //! - [`fio`]: runs fio jobs and parses its JSON output;
 //! - [`qcow2`]: a small qcow2 writer for the VM image test images;
@@ -19,6 +20,7 @@
 //! - [`peers`], [`nbd_compare`]: CoronaFS against nbdkit and qemu-nbd.
 
 pub mod accuracy;
+pub mod agent;
 pub mod charts;
 pub mod cluster;
 pub mod compare;

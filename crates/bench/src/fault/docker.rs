@@ -192,7 +192,8 @@ impl DockerDriver {
         if bytes.is_empty() {
             return Ok(Value::Null);
         }
-        serde_json::from_slice(&bytes).with_context(|| format!("Docker engine: {method} {path}: the answer is not JSON"))
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("Docker engine: {method} {path}: the answer is not JSON"))
     }
 
     /// Containers (id, first name) with the given labels (`key=value` or `key`), oneoff runs left out.
@@ -304,11 +305,16 @@ impl DockerDriver {
                     config["IPAMConfig"] = json!({ "IPv4Address": ip });
                 }
                 let body = json!({ "Container": id, "EndpointConfig": config });
-                self.call(Method::POST, &format!("/networks/{}/connect", ep.network_id), Some(&body), &[StatusCode::OK])
-                    .await
-                    .with_context(|| {
-                        format!("{f}: reconnecting to network {} as {}", ep.network_name, ep.ipv4.as_deref().unwrap_or("?"))
-                    })?;
+                self.call(
+                    Method::POST,
+                    &format!("/networks/{}/connect", ep.network_id),
+                    Some(&body),
+                    &[StatusCode::OK],
+                )
+                .await
+                .with_context(|| {
+                    format!("{f}: reconnecting to network {} as {}", ep.network_name, ep.ipv4.as_deref().unwrap_or("?"))
+                })?;
             }
             let mut detached = self.detached.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(list) = detached.get_mut(id) {
