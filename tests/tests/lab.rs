@@ -335,9 +335,12 @@ async fn uploads_with(
 }
 
 /// The CI smoke: image, five nodes, `bench fresh-bench-storage --quick
-/// --cluster` from the client container, then a LightningStor node killed
-/// during parallel uploads: everything acknowledged reads back, and after
-/// a restart the cluster converges (all nodes up, no repair queued).
+/// --cluster --fault partition:node03` from the client container (the
+/// agents do the load; the fault goes through the Docker socket mounted
+/// into the client, and node03 is back on its address afterwards), then a
+/// LightningStor node killed during parallel uploads: everything
+/// acknowledged reads back, and after a restart the cluster converges (all
+/// nodes up, no repair queued).
 #[test]
 fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads() {
     let started = Instant::now();
@@ -353,6 +356,8 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
                 "--quick",
                 "--cluster",
                 "/etc/photoncloud/lab.toml",
+                "--fault",
+                "partition:node03",
                 "--out-dir",
                 "/work/bench-out",
             ],
@@ -370,6 +375,17 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
     }
     assert_eq!(results["cross_worker"]["verified"], true, "cross-worker read not verified");
     assert_eq!(results["s3_parallel_batch"]["nodes"], 4, "the S3 sections should spread over the four nodes");
+    // The degraded-cluster section: node03 cut off by the client through the
+    // engine's API (Compose labels of this project), then reconnected.
+    let d = &results["s3_degraded"];
+    assert_eq!(d["status"], "measured", "s3_degraded: {d}");
+    assert_eq!((d["fault"].as_str(), d["already_down"].as_bool()), (Some("partition:node03"), Some(false)), "{d}");
+    assert!(d["driver"].as_str().is_some_and(|s| s.contains(&lab.project)), "not the lab's Docker driver: {d}");
+    assert_eq!(d["driver_errors"].as_array().map(Vec::len), Some(0), "{d}");
+    assert!(d["acked"].as_u64().unwrap_or(0) > 0 && d["acked"] == d["verified"], "acknowledged objects lost: {d}");
+    assert!(d["time_to_full_redundancy_s"].as_f64().is_some(), "no time back to full redundancy: {d}");
+    let ip = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
+    assert_eq!(must(&mut docker(&["inspect", "-f", ip, &lab.container("node03")])).trim(), S3_NODES[1].1);
 
     let rt = runtime();
     rt.block_on(async {
