@@ -89,7 +89,8 @@ impl Options {
                 batch_count: 32,
                 batch_object: 1 << 20,
                 parallel_jobs: 8,
-                net_time: Duration::from_secs(1),
+                // Long enough for iperf3 and our probe to agree on a real link.
+                net_time: Duration::from_secs(2),
                 peers: false,
                 vm_artifact: 32 << 20,
                 vm_side_artifact: 8 << 20,
