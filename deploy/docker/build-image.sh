@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the lab's container image from our release binaries, with no registry:
 # the binaries, the shared libraries `ldd` lists for them, the dynamic loader,
-# `sleep` (the client container's idle command) and an empty /tmp, imported as
-# a single-layer image with `docker import`.
+# `sleep` (the client container's idle command), `iperf3` with its libraries
+# when the host has it (Debian's iperf3; .ci/run installs it: the bench agents
+# run it to cross-check the network baseline, and say so when it is missing)
+# and an empty /tmp, imported as a single-layer image with `docker import`.
 #
 #   deploy/docker/build-image.sh [--bin-dir DIR] [--tag TAG] [--no-build]
 #
@@ -21,7 +23,7 @@ while [ $# -gt 0 ]; do
     --bin-dir) bin_dir="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "build-image: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +49,12 @@ done
 sleep_bin="$(command -v sleep)"
 cp "$sleep_bin" "$root/bin/sleep"
 files+=("$sleep_bin")
+if iperf3_bin="$(command -v iperf3)"; then
+  cp "$iperf3_bin" "$root/bin/iperf3"
+  files+=("$iperf3_bin")
+else
+  echo "build-image: iperf3 is not installed here; the image has none (the agents' baseline goes without its iperf3 cross-check)" >&2
+fi
 # Every library (and the loader) the binaries link, at the same path as here.
 for f in "${files[@]}"; do
   ldd "$f" | awk '/=> \//{print $3} /^\t\//{print $1}'

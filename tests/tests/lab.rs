@@ -172,6 +172,8 @@ impl Lab {
         let mut c = Command::new("docker-compose");
         c.arg("-f").arg(repo().join("deploy/docker/compose.yaml")).args(["-p", &self.project]).args(args);
         c.env("LAB_IMAGE", &self.image);
+        // The client's fault driver finds the containers by this project name.
+        c.env("LAB_PROJECT", &self.project);
         c
     }
 
@@ -333,9 +335,12 @@ async fn uploads_with(
 }
 
 /// The CI smoke: image, five nodes, `bench fresh-bench-storage --quick
-/// --cluster` from the client container, then a LightningStor node killed
-/// during parallel uploads: everything acknowledged reads back, and after
-/// a restart the cluster converges (all nodes up, no repair queued).
+/// --cluster --fault partition:node03` from the client container (the
+/// agents do the load; the fault goes through the Docker socket mounted
+/// into the client, and node03 is back on its address afterwards), then a
+/// LightningStor node killed during parallel uploads: everything
+/// acknowledged reads back, and after a restart the cluster converges (all
+/// nodes up, no repair queued).
 #[test]
 fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads() {
     let started = Instant::now();
@@ -351,6 +356,8 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
                 "--quick",
                 "--cluster",
                 "/etc/photoncloud/lab.toml",
+                "--fault",
+                "partition:node03",
                 "--out-dir",
                 "/work/bench-out",
             ],
@@ -368,6 +375,17 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
     }
     assert_eq!(results["cross_worker"]["verified"], true, "cross-worker read not verified");
     assert_eq!(results["s3_parallel_batch"]["nodes"], 4, "the S3 sections should spread over the four nodes");
+    // The degraded-cluster section: node03 cut off by the client through the
+    // engine's API (Compose labels of this project), then reconnected.
+    let d = &results["s3_degraded"];
+    assert_eq!(d["status"], "measured", "s3_degraded: {d}");
+    assert_eq!((d["fault"].as_str(), d["already_down"].as_bool()), (Some("partition:node03"), Some(false)), "{d}");
+    assert!(d["driver"].as_str().is_some_and(|s| s.contains(&lab.project)), "not the lab's Docker driver: {d}");
+    assert_eq!(d["driver_errors"].as_array().map(Vec::len), Some(0), "{d}");
+    assert!(d["acked"].as_u64().unwrap_or(0) > 0 && d["acked"] == d["verified"], "acknowledged objects lost: {d}");
+    assert!(d["time_to_full_redundancy_s"].as_f64().is_some(), "no time back to full redundancy: {d}");
+    let ip = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
+    assert_eq!(must(&mut docker(&["inspect", "-f", ip, &lab.container("node03")])).trim(), S3_NODES[1].1);
 
     let rt = runtime();
     rt.block_on(async {
@@ -657,4 +675,168 @@ fn lab_vm_migrates_between_workers_survives_a_coronafs_restart_and_a_killed_work
         );
     }
     check_vm_log(&http, &id, &volume, &acked);
+}
+
+/// Prefix of the Docker resources of the fault driver's test (apart from the
+/// lab's, so neither test's clean-up removes the other's).
+const FAULT_PREFIX: &str = "phfault";
+/// The fault test's network: fixed, away from the lab's 10.89.0.0/24.
+const FAULT_SUBNET: &str = "10.89.42.0/24";
+const FAULT_NODE_IP: &str = "10.89.42.12";
+
+/// Removes the fault test's resources when it ends, pass or fail.
+struct FaultCleanup(String);
+
+impl Drop for FaultCleanup {
+    fn drop(&mut self) {
+        remove_prefixed(&self.0);
+    }
+}
+
+/// A throwaway image holding only `/bin/sleep` and the libraries `ldd` lists
+/// for it (as deploy/docker/build-image.sh does for the lab's image).
+fn sleep_image(tag: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    let sleep = Path::new("/bin/sleep");
+    let mut files = vec![sleep.to_path_buf()];
+    let ldd = must(Command::new("ldd").arg(sleep));
+    for line in ldd.lines() {
+        let lib = match line.split_once("=> ") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        files.extend(lib.filter(|l| l.starts_with('/')).map(PathBuf::from));
+    }
+    for f in &files {
+        let dest = root.join(f.strip_prefix("/").expect("absolute"));
+        std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
+        // The libraries are often symlinks: copy what they point at.
+        std::fs::copy(f, &dest).unwrap_or_else(|e| panic!("copying {}: {e}", f.display()));
+    }
+    let tar = dir.path().join("image.tar");
+    must(Command::new("tar").arg("-C").arg(&root).arg("-cf").arg(&tar).arg("."));
+    must(docker(&["import"]).arg(&tar).arg(tag));
+}
+
+fn inspect(container: &str, format: &str) -> String {
+    must(&mut docker(&["inspect", "-f", format, container])).trim().to_owned()
+}
+
+/// `DockerDriver` against this machine's engine, on containers labelled the
+/// way Compose labels the lab's: a node holding a network namespace and an
+/// address (`node02`) and a service in that namespace
+/// (`node02-lightningstor`). Kill and start, pause and unpause, disconnect
+/// and reconnect with the same address each show in `docker inspect`, and
+/// `is_down` agrees at every step; unknown targets and engine refusals give
+/// errors that say what exists and what the engine said.
+#[test]
+fn docker_driver_kills_pauses_and_partitions_containers_found_by_compose_labels() {
+    use bench::fault::{DockerDriver, Fault, FaultDriver};
+    require("docker");
+    require("tar");
+    require("ldd");
+    if let Err(e) = try_run(&mut docker(&["info", "--format", "{{.ServerVersion}}"])) {
+        panic!("the fault driver's test needs a running Docker engine (and the right to use it): {e}");
+    }
+    remove_prefixed(FAULT_PREFIX);
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let project = format!("{FAULT_PREFIX}{}x{stamp}", std::process::id());
+    let _cleanup = FaultCleanup(project.clone());
+    let image = format!("{project}:sleep");
+    sleep_image(&image);
+    let net = format!("{project}_lab");
+    must(&mut docker(&["network", "create", "--driver", "bridge", "--subnet", FAULT_SUBNET, &net]));
+    let labels = |service: &str, oneoff: &str| {
+        vec![
+            "--label".to_owned(),
+            format!("com.docker.compose.project={project}"),
+            "--label".to_owned(),
+            format!("com.docker.compose.service={service}"),
+            "--label".to_owned(),
+            format!("com.docker.compose.oneoff={oneoff}"),
+        ]
+    };
+    let node = format!("{project}_node02_1");
+    let service = format!("{project}_node02-lightningstor_1");
+    must(
+        docker(&["run", "-d", "--name", &node, "--network", &net, "--ip", FAULT_NODE_IP, "--network-alias", "node02"])
+            .args(labels("node02", "False"))
+            .args([image.as_str(), "sleep", "infinity"]),
+    );
+    must(
+        docker(&["run", "-d", "--name", &service, "--network", &format!("container:{node}")])
+            .args(labels("node02-lightningstor", "False"))
+            .args([image.as_str(), "sleep", "infinity"]),
+    );
+    // A one-off `run` of the same service (never started) must not be picked.
+    must(
+        docker(&["create", "--name", &format!("{project}_node02-lightningstor_run_1"), "--network", "none"])
+            .args(labels("node02-lightningstor", "True"))
+            .args([image.as_str(), "sleep", "infinity"]),
+    );
+
+    let driver = DockerDriver::new("/var/run/docker.sock", project.clone());
+    assert_eq!(driver.describe(), format!("Docker engine at /var/run/docker.sock, Compose project {project}"));
+    let kill: Fault = "kill:lightningstor@node02".parse().expect("kill");
+    let pause: Fault = "pause:lightningstor@node02".parse().expect("pause");
+    let partition: Fault = "partition:node02".parse().expect("partition");
+    let rt = runtime();
+    let down = |f: &Fault| rt.block_on(driver.is_down(f)).unwrap_or_else(|e| panic!("is_down({f}): {e:#}"));
+    let apply = |f: &Fault, heal: bool| {
+        let r = if heal { rt.block_on(driver.heal(f)) } else { rt.block_on(driver.inject(f)) };
+        r.unwrap_or_else(|e| panic!("{} {f}: {e:#}", if heal { "heal" } else { "inject" }));
+    };
+    for f in [&kill, &pause, &partition] {
+        assert!(!down(f), "{f}: down before any fault");
+    }
+
+    // kill: SIGKILL (exit 137), then started again.
+    apply(&kill, false);
+    assert_eq!(inspect(&service, "{{.State.Running}} {{.State.ExitCode}}"), "false 137");
+    assert!(down(&kill) && down(&pause), "a killed service is down");
+    assert!(!down(&partition), "killing a service leaves its node up");
+    let again = rt.block_on(driver.inject(&kill)).expect_err("killing a stopped container");
+    assert!(format!("{again:#}").contains("is not running"), "the engine's reason is missing: {again:#}");
+    apply(&kill, true);
+    assert_eq!(inspect(&service, "{{.State.Running}}"), "true");
+    assert!(!down(&kill));
+    apply(&kill, true); // healing what runs is a no-op
+
+    // pause: frozen, then thawed.
+    apply(&pause, false);
+    assert_eq!(inspect(&service, "{{.State.Running}} {{.State.Paused}}"), "true true");
+    assert!(down(&pause) && down(&kill), "a paused service is down");
+    apply(&pause, true);
+    assert_eq!(inspect(&service, "{{.State.Paused}}"), "false");
+    assert!(!down(&pause));
+    apply(&pause, true);
+
+    // partition: the node off its network, then back with the same address.
+    let ip = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}";
+    apply(&partition, false);
+    assert_eq!(inspect(&node, "{{len .NetworkSettings.Networks}}"), "0", "the node is still on a network");
+    assert!(down(&partition), "a partitioned node is down");
+    assert!(down(&kill), "a service on a partitioned node is down");
+    assert_eq!(inspect(&service, "{{.State.Running}}"), "true", "the partition must not stop the service");
+    let twice = rt.block_on(driver.inject(&partition)).expect_err("partitioning twice");
+    assert!(format!("{twice:#}").contains("on no network"), "{twice:#}");
+    apply(&partition, true);
+    assert_eq!(inspect(&node, ip), FAULT_NODE_IP, "reconnected with another address");
+    let nets = inspect(&node, "{{json .NetworkSettings.Networks}}");
+    assert!(nets.contains(&net) && nets.contains("\"node02\""), "network or alias lost: {nets}");
+    assert!(!down(&partition) && !down(&kill));
+    apply(&partition, true);
+
+    // Errors: what exists is named; a missing engine is said so.
+    let e = rt.block_on(driver.inject(&"kill:lightningstor@node09".parse().expect("parses"))).expect_err("node09");
+    let msg = format!("{e:#}");
+    assert!(msg.contains("node09-lightningstor") && msg.contains("node02-lightningstor"), "{msg}");
+    let other = DockerDriver::new("/var/run/docker.sock", format!("{project}-nosuch"));
+    let msg = format!("{:#}", rt.block_on(other.is_down(&kill)).expect_err("no such project"));
+    assert!(msg.contains(&project), "the projects present are not listed: {msg}");
+    let nowhere = DockerDriver::new("/nonexistent/docker.sock", project.clone());
+    let msg = format!("{:#}", rt.block_on(nowhere.is_down(&kill)).expect_err("no engine"));
+    assert!(msg.contains("cannot reach the Docker engine at /nonexistent/docker.sock"), "{msg}");
+    eprintln!("fault: kill, pause and partition applied and healed through the engine's API ({project})");
 }

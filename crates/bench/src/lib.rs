@@ -3,7 +3,8 @@
 //! median and spread of each figure.
 //!
 //! - [`agent`]: `bench agent`, the load generator as a service on every node;
-//! - [`fault`]: faults applied during a run (`--fault kill:lightningstor@node02`);
+//! - [`fault`]: faults applied during a run (`--fault kill:lightningstor@node02`)
+//!   and the Docker lab's driver (containers through the engine's socket);
 //! - [`job`]: job files and profiles (fio's vocabulary in TOML), pure;
 //! - [`target`]: `--target` URIs (NBD, path, S3);
 //! - [`loadgen`], [`files`], [`hist`]: our own load generator;

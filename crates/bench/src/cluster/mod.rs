@@ -516,15 +516,12 @@ impl Cluster {
             ),
             None => None,
         };
-        let faults: Option<Arc<dyn FaultDriver>> = match endpoints.faults.as_ref().and_then(|f| f.docker_socket.clone())
-        {
-            Some(sock) => {
-                // MERGE: the Docker driver lands with the fault branch.
-                let _ = sock;
-                None
-            }
-            None => None,
-        };
+        // The Docker lab: containers found by Compose labels of $BENCH_COMPOSE_PROJECT (else `lab`).
+        let faults: Option<Arc<dyn FaultDriver>> = endpoints
+            .faults
+            .as_ref()
+            .and_then(|f| f.docker_socket.clone())
+            .map(|sock| Arc::new(crate::fault::DockerDriver::from_env(sock)) as Arc<dyn FaultDriver>);
         let (agents, roles, agents_origin, local_agents) = match (&endpoints.agents, &endpoints.roles) {
             (Some(a), Some(r)) => {
                 let mut m = BTreeMap::new();
@@ -717,5 +714,34 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    /// The Docker lab's client file parses, and its agents agree with
+    /// compose.yaml: the same token, an agent named after each node on
+    /// that node's address, the fault socket mounted.
+    #[test]
+    fn the_lab_file_parses_and_matches_the_compose_file() {
+        let lab = include_str!("../../../../deploy/docker/config/client/lab.toml");
+        let compose = include_str!("../../../../deploy/docker/compose.yaml");
+        let e = Endpoints::from_toml(lab).expect("deploy/docker/config/client/lab.toml");
+        let agents = e.agents.expect("[agents]");
+        assert!(
+            compose.contains(&format!("BENCH_AGENT_TOKEN: \"{}\"", agents.token)),
+            "token differs from compose.yaml"
+        );
+        assert_eq!(agents.nodes.len(), 6);
+        for (name, addr) in &agents.nodes {
+            let (ip, port) = addr.rsplit_once(':').expect("host:port");
+            assert_eq!(port, "7900", "{name}");
+            assert!(compose.contains(&format!("ipv4_address: {ip}")), "{name}: no container has {ip}");
+            assert!(compose.contains(&format!("\"--name\", \"{name}\"]")), "{name}: no bench agent");
+            assert!(compose.contains(&format!("network_mode: \"service:{name}\"")), "{name}: no namespace");
+        }
+        assert_eq!(e.roles.expect("[roles]").of("node04"), "block, cross_write");
+        let sock = e.faults.and_then(|f| f.docker_socket).expect("[faults] docker_socket");
+        assert!(compose.contains(&format!("- {0}:{0}", sock.display())), "the socket is not mounted");
+        let ls = e.lightningstor.expect("[lightningstor]");
+        let file = ls.cluster_file.expect("cluster_file");
+        assert!(compose.contains(&format!(":{}:ro", file.display())), "the cluster file is not mounted");
     }
 }
