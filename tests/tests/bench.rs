@@ -47,11 +47,13 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         assert_eq!(nbd.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
         let s3e = c.endpoints.lightningstor.clone().unwrap();
         assert_eq!(s3e.endpoints.len(), 3, "three LightningStor nodes");
-        let s3 = bench::storage::measure::s3(&s3e, 0);
-        bench::storage::measure::ensure_bucket(&s3, "cycle-bucket").await.unwrap();
+        let client =
+            |i: usize| bench::target::s3_client(&s3e.endpoints[i], &s3e.region, &s3e.access_key, &s3e.secret_key);
+        let s3 = client(0);
+        bench::storage::measure::ensure_bucket(&s3e, "cycle-bucket").await.unwrap();
         s3.put_object().bucket("cycle-bucket").key("k").body(vec![1u8; 100].into()).send().await.unwrap();
         // Written through node 1, read through node 3: the nodes form one cluster.
-        let other = bench::storage::measure::s3(&s3e, 2);
+        let other = client(2);
         let got = other.get_object().bucket("cycle-bucket").key("k").send().await.unwrap();
         assert_eq!(got.body.collect().await.unwrap().into_bytes().as_ref(), &[1u8; 100][..]);
         // PlasmaVMC answers and reaches LightningStor (its bucket exists).
@@ -59,7 +61,12 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         let images = reqwest::get(format!("{}/v1/images", p.url)).await.unwrap();
         assert!(images.status().is_success());
         s3.head_bucket().bucket(bench::cluster::EMBEDDED_IMAGE_BUCKET).send().await.unwrap();
-        let addrs = c.listen_addrs();
+        // The agents answer, the workers as processes of their own.
+        for name in ["worker-a", "worker-b", "services"] {
+            let info = c.agent(name).unwrap().info().await.unwrap();
+            assert_eq!(info.name, name);
+        }
+        let addrs = c.listen_addrs().await;
         drop(nbd);
         c.shutdown().await;
         (dir, addrs)
@@ -70,6 +77,9 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
 
 #[test]
 fn the_embedded_cluster_starts_and_stops_cleanly_many_times() {
+    // The embedded cluster runs its LightningStor nodes and agents as child
+    // processes of the bench binary.
+    bin("bench", "bench");
     // The first cycle warms process-wide pools; later ones must not grow.
     cycle(LinkSpec::default());
     let (t0, f0) = (threads(), fds());
@@ -81,8 +91,8 @@ fn the_embedded_cluster_starts_and_stops_cleanly_many_times() {
         };
         let (dir, addrs) = cycle(link);
         assert!(!dir.exists(), "cycle {i}: {} left behind", dir.display());
-        // CoronaFS NBD + API, 3 x (S3 + RPC), PlasmaVMC, and the proxies.
-        assert!(addrs.len() >= 9, "cycle {i}: {addrs:?}");
+        // CoronaFS NBD + API, 3 x (S3 + RPC), PlasmaVMC, 3 agents + a sink, and the proxies.
+        assert!(addrs.len() >= 13, "cycle {i}: {addrs:?}");
         for a in addrs {
             assert!(
                 TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_err(),
@@ -352,10 +362,39 @@ fn our_load_generator_agrees_with_fio_on_the_same_export() {
     assert_eq!(table.matches("| yes |").count(), 7, "every figure compared: {table}");
 }
 
+/// The conditions of a results.json: ISO-8601 times, the commit, the hosts
+/// of the coordinator and of every agent, their file systems.
+fn check_conditions(v: &Value) {
+    let c = &v["conditions"];
+    let t = c["started_at"].as_str().unwrap_or("");
+    assert!(t.len() == 20 && t.ends_with('Z') && &t[10..11] == "T", "started_at {t:?}");
+    assert!(v["generated_at"].as_str().unwrap_or("").ends_with('Z'), "{}", v["generated_at"]);
+    assert!(c["commit"].as_str().is_some_and(|x| !x.is_empty()), "{c}");
+    assert!(c["coordinator"]["kernel"].as_str().unwrap_or("").starts_with("Linux"), "{c}");
+    assert!(c["coordinator"]["cpus"].as_u64().unwrap_or(0) >= 1);
+    for a in c["agents"].as_array().unwrap() {
+        assert!(a["info"].is_object(), "agent did not answer: {a}");
+        assert_ne!(a["info"]["scratch"]["fs_type"], "unknown", "{a}");
+        assert!(a["info"]["host"]["cpu_model"].is_string());
+    }
+    let ls = &c["lightningstor"]["Ok"];
+    assert_eq!(
+        (ls["replication_factor"].as_u64(), ls["write_quorum"].as_u64(), ls["read_quorum"].as_u64()),
+        (Some(3), Some(2), Some(2)),
+        "{c}"
+    );
+}
+
 #[test]
 fn fresh_bench_storage_quick_reports_every_available_section() {
     let d = tempfile::tempdir().unwrap();
-    let out = bench().args(["fresh-bench-storage", "--quick", "--out-dir"]).arg(d.path()).output().unwrap();
+    // A node of the embedded LightningStor cluster (a child process) is
+    // killed a third into the degraded-cluster load and restarted at two thirds.
+    let out = bench()
+        .args(["fresh-bench-storage", "--quick", "--fault", "kill:lightningstor@n2", "--out-dir"])
+        .arg(d.path())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v = json(&d.path().join("results.json"));
     let measured = |s: &str| {
@@ -367,22 +406,55 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
         assert!(x > 0.0 && x.is_finite(), "{s}.{f} = {x}");
         x
     };
+    check_conditions(&v);
+    // Loopback between two processes, measured by our probe and by iperf3.
     let tcp = pos("network", "tcp_mib_s");
     assert!(tcp > 50.0, "loopback TCP at {tcp} MiB/s is implausible");
-    for s in ["local_disk", "coronafs"] {
+    assert_eq!((v["network"]["from"].as_str(), v["network"]["to"].as_str()), (Some("worker-a"), Some("services")));
+    assert!(v["network"]["iperf3_mib_s"]["median"].as_f64().unwrap_or(0.0) > 50.0, "iperf3: {}", v["network"]);
+    pos("s3_network", "tcp_mib_s");
+    for s in ["local_disk", "local_disk_buffered", "coronafs"] {
         for f in ["seq_write_mib_s", "seq_read_mib_s", "rand_read_4k_iops", "depth32_write_mib_s", "depth32_read_mib_s"]
         {
             pos(s, f);
         }
+        let lat = v[s]["latency"].as_array().unwrap();
+        assert!(
+            lat.iter()
+                .any(|l| l["job"] == "rand-read-4k" && l["p99_us"].as_f64().unwrap() >= l["p50_us"].as_f64().unwrap()),
+            "{s}: {lat:?}"
+        );
+        assert!(v[s]["measured_by"].as_str().unwrap().contains("worker-a"), "{}", v[s]["measured_by"]);
     }
+    // The scratch dir is on ext4 here, which takes O_DIRECT: the report says it was used.
+    assert_eq!(v["local_disk"]["o_direct"], true);
+    // One iteration: no spread.
+    assert!(v["coronafs"]["seq_read_mib_s"]["stddev"].is_null());
     pos("cross_worker", "read_mib_s");
     assert_eq!(v["cross_worker"]["verified"], true);
+    assert_eq!(
+        (v["cross_worker"]["writer"].as_str(), v["cross_worker"]["reader"].as_str()),
+        (Some("worker-a"), Some("worker-b"))
+    );
     for s in ["s3_large_object", "s3_small_batch", "s3_parallel_batch"] {
         for f in ["upload_mib_s", "download_mib_s", "put_per_s", "get_per_s"] {
             pos(s, f);
         }
+        assert!(v[s]["put_p99_ms"].as_f64().unwrap() >= v[s]["put_p50_ms"].as_f64().unwrap());
+        assert_eq!(v[s]["measured_by"], "worker-b");
     }
     assert_eq!(v["s3_parallel_batch"]["jobs"], 8);
+    // The degraded cluster: load went on through the kill, nothing acknowledged was lost.
+    let g = measured("s3_degraded");
+    assert_eq!(g["fault"], "kill:lightningstor@n2");
+    assert_eq!(g["already_down"], false);
+    assert!(g["acked"].as_u64().unwrap() > 0 && g["acked"] == g["verified"], "{g}");
+    assert_eq!(g["lost"].as_array().unwrap().len(), 0, "{g}");
+    for p in ["before", "during", "after"] {
+        assert!(g[p]["ops_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{p}: {g}");
+    }
+    let back = g["time_to_full_redundancy_s"].as_f64().unwrap_or(-1.0);
+    assert!((0.0..180.0).contains(&back), "time back to full redundancy: {g}");
     check_vm_section(&v);
     let keys: Vec<&str> = v["assessment"].as_array().unwrap().iter().filter_map(|a| a["key"].as_str()).collect();
     for k in [
@@ -400,15 +472,49 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
     }
     assert_eq!(v["s3_large_object"]["nodes"], 3);
     let md = std::fs::read_to_string(d.path().join("storage-benchmarks.md")).unwrap();
-    for h in ["## CoronaFS", "## LightningStor", "### Large-object path", "## VM Image Path", "## Assessment"] {
+    for h in [
+        "## Conditions",
+        "## CoronaFS",
+        "## LightningStor",
+        "### Large-object path",
+        "### Degraded cluster",
+        "## VM Image Path",
+        "## Assessment",
+    ] {
         assert!(md.contains(h), "report lacks {h}");
     }
+    assert!(!md.contains("unix time") && md.contains("spread n/a, n=1"), "one iteration must say its spread is n/a");
+    assert!(md.contains("replication factor 3, read quorum 2, write quorum 2"), "quorums not from the cluster");
     assert!(md.contains("`CreateImage` latency") && md.contains("Warm `CreateVolume`"), "VM table missing");
     assert!(md.contains("page cache") && md.contains("O_DIRECT"), "the page-cache caveat is missing");
     for svg in ["throughput.svg", "coronafs.svg", "lightningstor.svg"] {
         assert!(md.contains(svg), "report does not embed {svg}");
         assert!(std::fs::read_to_string(d.path().join(svg)).unwrap().contains("<svg"));
     }
+}
+
+/// Starts `bench agent` processes on loopback; (name, addr, child).
+fn agents(names: &[&str], dir: &Path, token: &str) -> Vec<(String, String, std::process::Child)> {
+    use std::io::BufRead;
+    names
+        .iter()
+        .map(|name| {
+            let mut child = bench()
+                .args(["agent", "--name", name, "--listen", "127.0.0.1:0", "--sink", "127.0.0.1:0", "--scratch"])
+                .arg(dir.join(name))
+                .env("BENCH_AGENT_TOKEN", token)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            let addr = line
+                .strip_prefix("listening on ")
+                .and_then(|l| l.split_whitespace().next())
+                .unwrap_or_else(|| panic!("agent said {line:?}"));
+            (name.to_string(), addr.to_owned(), child)
+        })
+        .collect()
 }
 
 /// The VM image section of a results.json: every figure measured and
@@ -464,20 +570,30 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
         .spawn()
         .unwrap();
     wait_for_port(plasma_addr.parse().unwrap(), Duration::from_secs(30));
+    // Three agents: one beside the services (the baselines' sink), two workers.
+    let token = "test-agent-token-0123456789";
+    let mut agents = agents(&["host", "wa", "wb"], d.path(), token);
     let lab = d.path().join("lab.toml");
     let quoted: Vec<String> = s3_urls.iter().map(|u| format!("{u:?}")).collect();
+    let nodes: Vec<String> = agents.iter().map(|(n, a, _)| format!("{n} = \"{a}\"")).collect();
     std::fs::write(
         &lab,
         format!(
-            "[coronafs]\nnbd = \"{}\"\napi = \"http://{}\"\n\n[lightningstor]\nendpoints = [{}]\naccess_key = \"{}\"\nsecret_key = \"{}\"\n\n[plasmavmc]\nurl = \"http://{plasma_addr}\"\n",
+            "[coronafs]\nnbd = \"{}\"\napi = \"http://{}\"\n\n[lightningstor]\nendpoints = [{}]\naccess_key = \"{}\"\nsecret_key = \"{}\"\ncluster_file = \"{}\"\n\n[plasmavmc]\nurl = \"http://{plasma_addr}\"\n\n[agents]\ntoken = \"{token}\"\n[agents.nodes]\n{}\n\n[roles]\nblock = \"wa\"\ncoronafs_host = \"host\"\ncross_write = \"wa\"\ncross_read = \"wb\"\ns3 = \"wb\"\ns3_host = \"host\"\n",
             corona.nbd,
             corona.api,
             quoted.join(", "),
             s3_common::AK,
-            s3_common::SK
+            s3_common::SK,
+            s3.config_path.display(),
+            nodes.join("\n")
         ),
     )
     .unwrap();
+    // One LightningStor node is dead before the run: the bench leaves it
+    // out, says so, and measures the rest (RF=3, W=2 still writes).
+    let mut s3 = s3;
+    s3.kill(2);
     let out_dir = d.path().join("out");
     let out = bench()
         .args(["fresh-bench-storage", "--quick", "--cluster"])
@@ -486,6 +602,10 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
         .arg(&out_dir)
         .output()
         .unwrap();
+    for (_, _, c) in &mut agents {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     if !out.status.success() {
         let _ = plasma.kill();
         let _ = plasma.wait();
@@ -493,6 +613,13 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
     }
     let v = json(&out_dir.join("results.json"));
     assert_eq!(v["cluster"], lab.display().to_string());
+    check_conditions(&v);
+    assert_eq!((v["network"]["from"].as_str(), v["network"]["to"].as_str()), (Some("wa"), Some("host")));
+    assert_eq!((v["cross_worker"]["writer"].as_str(), v["cross_worker"]["reader"].as_str()), (Some("wa"), Some("wb")));
+    let events = v["events"].to_string();
+    assert!(events.contains(&s3_urls[2]), "the dead endpoint is not reported: {events}");
+    let nodes = v["conditions"]["lightningstor"]["Ok"]["nodes"].as_array().unwrap();
+    assert!(nodes[2]["down"].is_string() && nodes[0]["status"].is_object(), "{nodes:?}");
     for s in
         ["network", "local_disk", "coronafs", "cross_worker", "s3_large_object", "s3_small_batch", "s3_parallel_batch"]
     {
@@ -508,7 +635,7 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
         let x = v[s][f]["median"].as_f64().unwrap_or(0.0);
         assert!(x > 0.0 && x.is_finite(), "{s}.{f} = {x}");
     }
-    assert_eq!(v["s3_large_object"]["nodes"], 3);
+    assert_eq!(v["s3_large_object"]["nodes"], 2, "the dead node is left out");
     check_vm_section(&v);
     // The deployed cluster keeps running; the bench left no volumes or images behind.
     let images = s3_common::http_get(&plasma_addr, "/v1/images");
@@ -555,4 +682,39 @@ fn the_bench_qcow2_writer_makes_images_qemu_img_accepts() {
         f.read_exact_at(&mut got, e + bench::qcow2::EXTENT).unwrap();
         assert!(got.iter().all(|b| *b == 0), "the hole after {e} is not zero");
     }
+}
+
+/// One emulated link per agent: eight parallel S3 clients of one agent share
+/// its interface, so together they stay at the link's rate (they reached
+/// 57 MiB/s "on a 20 MiB/s link" when every endpoint had a proxy of its own).
+#[test]
+fn eight_parallel_s3_jobs_of_one_agent_share_its_emulated_link() {
+    bin("bench", "bench");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::embedded(LinkSpec::default()).await.unwrap();
+        let e = c.endpoints.lightningstor.clone().unwrap();
+        bench::storage::measure::ensure_bucket(&e, "link").await.unwrap();
+        let agent = c.agent("worker-b").unwrap();
+        let rate = 16u64 << 20;
+        let link = LinkSpec { rate: Some(rate), delay: Duration::from_millis(1) };
+        let count = 24;
+        let r = bench::storage::measure::objects(agent, &e, "link", "p/", count, 1 << 20, 8, link).await.unwrap();
+        let up = count as f64 / r.upload_s;
+        let down = count as f64 / r.download_s;
+        let limit = rate as f64 / 1048576.0;
+        eprintln!("8 jobs through one {limit} MiB/s link: up {up:.1} MiB/s, down {down:.1} MiB/s");
+        assert!(up <= limit * 1.15 && down <= limit * 1.15, "up {up:.1} / down {down:.1} MiB/s exceed {limit} MiB/s");
+        assert!(up >= limit * 0.5 && down >= limit * 0.5, "up {up:.1} / down {down:.1} MiB/s: the link is not used");
+        // Unshaped, the same agent is much faster: the limit was the link.
+        let free = bench::storage::measure::objects(agent, &e, "link", "q/", count, 1 << 20, 8, LinkSpec::default())
+            .await
+            .unwrap();
+        assert!(
+            count as f64 / free.download_s > 2.0 * limit,
+            "unshaped download {:.1} MiB/s",
+            count as f64 / free.download_s
+        );
+        c.shutdown().await;
+    });
 }

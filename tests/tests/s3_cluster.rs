@@ -929,6 +929,10 @@ fn cluster_status_and_layout_apply_add_and_remove_nodes_of_running_processes() {
         "{out}"
     );
     assert!(out.contains("repair backlog: 0 resync entries"), "{out}");
+    // Below the table, each node's data dir: file system, device, how blocks are written.
+    let facts: Vec<&str> = out.lines().filter(|l| l.contains("; block writes ")).collect();
+    assert_eq!(facts.len(), 3, "{out}");
+    assert!(facts.iter().all(|l| !l.contains(": unknown on ")), "{out}");
 
     let size = |i: u64| if i % 8 == 0 { 1_300_000 } else { 2000 + i as usize };
     let mut want: BTreeMap<String, Vec<u8>> = BTreeMap::new();

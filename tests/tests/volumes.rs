@@ -111,6 +111,88 @@ fn the_api_follows_the_contract_and_answers_every_error_case() {
     c.srv().shared.exports.verify().expect("files match metadata");
 }
 
+#[test]
+fn info_names_the_engine_and_file_system_and_evict_empties_the_page_cache_of_a_clone_and_its_parents() {
+    let c = Corona::start(IoEngine::Threads);
+    let base = c.srv().api_url();
+    let client = coronafs::api_client::ApiClient::new(&base);
+    let fs_type = c.rt.block_on(async {
+        let (s, v) = api(&base, "GET", "/v1/info", None).await;
+        assert_eq!(s, 200, "{v}");
+        for key in ["version", "engine", "data_dir", "fs", "o_direct", "note", "host"] {
+            assert!(v.get(key).is_some(), "info lacks {key}: {v}");
+        }
+        let info = client.info().await.expect("typed info");
+        assert_eq!(info.engine, IoEngine::Threads);
+        assert_eq!(v["engine"], "threads");
+        assert_ne!(info.fs.fs_type, "unknown", "{v}");
+        assert!(c.dir.path().starts_with(&info.fs.mount_point), "{v}");
+        assert!(!info.o_direct && info.note.contains("buffered"), "{v}");
+        assert!(info.host.cpus >= 1 && info.host.kernel.starts_with("Linux"), "{v}");
+        info.fs.fs_type
+    });
+    // tmpfs pages are the files themselves: there is nothing to drop.
+    let droppable = fs_type != "tmpfs";
+    let little = 256 << 10;
+    c.create("img", 32 * MIB);
+    let img_file = c.path("img");
+    c.rt.block_on(async {
+        let n = NbdClient::connect(c.addr(), "img").await.expect("connect");
+        n.write(0, &pattern(8 * MIB as usize, 5), false).await.expect("write");
+        n.flush().await.expect("flush");
+        let r = client.evict("img").await.expect("evict img");
+        assert_eq!((r.volume.as_str(), r.files.len(), r.bytes), ("img", 1, 32 * MIB), "{r:?}");
+        assert!(r.resident_before >= 8 * MIB, "written and flushed data is cached: {r:?}");
+        if droppable {
+            assert!(r.resident_after <= little, "{fs_type}: {r:?}");
+        }
+        // Dirty pages too: written, not flushed, then evicted.
+        n.write(8 * MIB, &pattern(4 * MIB as usize, 6), false).await.expect("write");
+        let r = client.evict("img").await.expect("evict dirty");
+        assert!(r.resident_before >= 4 * MIB, "{r:?}");
+        if droppable {
+            assert!(r.resident_after <= little, "dirty pages are synced, then dropped ({fs_type}): {r:?}");
+        }
+        assert_eq!(
+            n.read(0, 12 * MIB as usize).await.expect("read back"),
+            [pattern(8 * MIB as usize, 5), pattern(4 * MIB as usize, 6)].concat()
+        );
+        n.disconnect().await.expect("disconnect");
+
+        let e = &c.srv().shared.exports;
+        e.snapshot("img", "gold").await.expect("snapshot");
+        e.clone_from("vm", "img@gold", None).await.expect("clone");
+        let vm = NbdClient::connect(c.addr(), "vm").await.expect("connect vm");
+        vm.write(0, &pattern(MIB as usize, 7), false).await.expect("write vm");
+        // Reading the rest through the clone caches its parent's pages.
+        assert_eq!(
+            vm.read(MIB, 7 * MIB as usize).await.expect("read vm")[..],
+            pattern(8 * MIB as usize, 5)[MIB as usize..]
+        );
+        vm.flush().await.expect("flush vm");
+        let r = client.evict("vm").await.expect("evict vm");
+        assert_eq!(r.files.len(), 3, "the clone's data and map, and its parent's data: {r:?}");
+        assert!(r.files.contains(&img_file.display().to_string()), "the snapshot's layer is evicted too: {r:?}");
+        assert!(r.files.iter().any(|f| f.ends_with(".map")), "{r:?}");
+        assert!(r.resident_before >= 8 * MIB, "{r:?}");
+        if droppable {
+            assert!(r.resident_after <= little, "{fs_type}: {r:?}");
+        }
+        assert_eq!(vm.read(0, MIB as usize).await.expect("read after evict"), pattern(MIB as usize, 7));
+
+        let (s, v) = api(&base, "POST", "/v1/volumes/nope/evict", None).await;
+        assert!(s == 404 && v["error"].as_str().unwrap_or_default().contains("not found"), "{s} {v}");
+        let (s, v) = api(&base, "POST", "/v1/volumes/img@gold/evict", None).await;
+        assert!(s == 400 && v["error"].as_str().unwrap_or_default().contains("invalid volume name"), "{s} {v}");
+        match client.evict("nope").await {
+            Err(coronafs::CoronaError::Api { status: Some(404), message, .. }) => {
+                assert!(message.contains("not found"))
+            }
+            other => panic!("evict of an unknown volume: {other:?}"),
+        }
+    });
+}
+
 fn clone_setup(c: &Corona) {
     c.create("img", 32 * MIB);
     c.rt.block_on(async {
@@ -352,6 +434,8 @@ fn the_cli_drives_snapshots_clones_resize_flatten_and_delete() {
     fails(&["volume", "delete", "img"], "has clones (vm)");
     fails(&["volume", "resize", "vm", "--size", "1M"], "allow_shrink");
     ok(&["volume", "resize", "vm", "--size", "128M"], "134217728 bytes");
+    ok(&["volume", "evict", "vm"], "evicted vm: 3 files");
+    fails(&["volume", "evict", "nope"], "not found");
     ok(&["volume", "flatten", "vm"], "no parent");
     ok(&["volume", "show", "vm"], "\"parent\": null");
     ok(&["snapshot", "delete", "img@gold"], "deleted img@gold");

@@ -166,6 +166,12 @@ impl FileTarget {
         }
     }
 
+    /// Whether a file of this target refused `O_DIRECT`, so a job asked to
+    /// bypass the page cache ran buffered.
+    pub fn direct_refused(&self) -> bool {
+        self.warned.lock().map(|w| !w.is_empty()).unwrap_or(false)
+    }
+
     /// Removes the job files this run created in a directory target.
     pub fn cleanup(&self) {
         if let Ok(mut v) = self.created.lock() {

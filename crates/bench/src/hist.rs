@@ -7,8 +7,10 @@ const SUB: u64 = 64;
 /// Buckets needed to cover every `u64`.
 const BUCKETS: usize = (SUB as usize) * 59;
 
-/// Counts of latencies in nanoseconds.
-#[derive(Clone)]
+/// Counts of latencies in nanoseconds. Serialised sparsely (only non-empty
+/// buckets), so an agent can send its raw counts for the coordinator to merge.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "Sparse", try_from = "Sparse")]
 pub struct Histogram {
     counts: Box<[u64]>,
     count: u64,
@@ -45,6 +47,36 @@ fn value(i: usize) -> u64 {
     let shift = i / SUB - 1;
     let low = (i - SUB * shift) << shift;
     low + (1u64 << shift) / 2
+}
+
+/// The wire form: `[bucket, count]` pairs of the non-empty buckets.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+struct Sparse {
+    buckets: Vec<(u32, u64)>,
+    sum_ns: u64,
+    max_ns: u64,
+}
+
+impl From<Histogram> for Sparse {
+    fn from(h: Histogram) -> Sparse {
+        let buckets = h.counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(i, c)| (i as u32, *c)).collect();
+        Sparse { buckets, sum_ns: u64::try_from(h.sum).unwrap_or(u64::MAX), max_ns: h.max }
+    }
+}
+
+impl TryFrom<Sparse> for Histogram {
+    type Error = String;
+    fn try_from(s: Sparse) -> Result<Histogram, String> {
+        let mut h = Histogram::default();
+        for (i, c) in s.buckets {
+            let slot = h.counts.get_mut(i as usize).ok_or_else(|| format!("histogram bucket {i} out of range"))?;
+            *slot = slot.checked_add(c).ok_or("histogram count overflows")?;
+            h.count = h.count.checked_add(c).ok_or("histogram count overflows")?;
+        }
+        h.sum = u128::from(s.sum_ns);
+        h.max = s.max_ns;
+        Ok(h)
+    }
 }
 
 impl Histogram {
@@ -117,6 +149,20 @@ mod tests {
         assert_eq!(a.count(), 2);
         assert_eq!(a.percentile(100.0), 1_000_000);
         assert_eq!(a.percentile(50.0), 100);
+    }
+
+    #[test]
+    fn a_histogram_survives_json_and_refuses_bad_buckets() {
+        let mut h = Histogram::default();
+        for v in [5u64, 5, 900, 1_000_000, 7_000_000_000] {
+            h.record(v);
+        }
+        let text = serde_json::to_string(&h).unwrap();
+        let back: Histogram = serde_json::from_str(&text).unwrap();
+        assert!(back == h);
+        assert_eq!(back.percentile(99.0), h.percentile(99.0));
+        let bad = r#"{"buckets":[[999999,1]],"sum_ns":1,"max_ns":1}"#;
+        assert!(serde_json::from_str::<Histogram>(bad).is_err());
     }
 
     proptest! {

@@ -208,7 +208,7 @@ pub struct ProfileFile {
 }
 
 /// A job with every field settled and checked.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub name: String,
     pub rw: Rw,

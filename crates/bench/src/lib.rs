@@ -2,6 +2,8 @@
 //! with a peer measured in the same run, with several iterations and the
 //! median and spread of each figure.
 //!
+//! - [`agent`]: `bench agent`, the load generator as a service on every node;
+//! - [`fault`]: faults applied during a run (`--fault kill:lightningstor@node02`);
 //! - [`job`]: job files and profiles (fio's vocabulary in TOML), pure;
 //! - [`target`]: `--target` URIs (NBD, path, S3);
 //! - [`loadgen`], [`files`], [`hist`]: our own load generator;
@@ -17,9 +19,11 @@
 //! - [`peers`], [`nbd_compare`]: CoronaFS against nbdkit and qemu-nbd.
 
 pub mod accuracy;
+pub mod agent;
 pub mod charts;
 pub mod cluster;
 pub mod compare;
+pub mod fault;
 pub mod files;
 pub mod fio;
 pub mod hist;

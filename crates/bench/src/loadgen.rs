@@ -19,13 +19,13 @@ use crate::job::{Job, Rw};
 use crate::target::{S3_MAX_KEYS, TargetSpec};
 use anyhow::{Context, bail};
 use coronafs::client::NbdClient;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Figures for one direction of one job run.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct Side {
     pub ops: u64,
     pub bytes: u64,
@@ -38,7 +38,7 @@ pub struct Side {
 }
 
 /// One run of one job.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobRun {
     pub name: String,
     /// Measured seconds (after ramp-up).
@@ -47,6 +47,13 @@ pub struct JobRun {
     pub write: Side,
     /// Flushes issued (fsync = N).
     pub flushes: u64,
+    /// Every measured read's latency: runs are combined by merging these,
+    /// never by averaging percentiles.
+    #[serde(default)]
+    pub read_hist: Histogram,
+    /// Every measured write's latency.
+    #[serde(default)]
+    pub write_hist: Histogram,
 }
 
 /// Limits a run never exceeds.
@@ -129,7 +136,8 @@ struct Plan {
     abort: Option<Arc<AtomicBool>>,
 }
 
-fn xorshift(s: &mut u64) -> u64 {
+/// The generator's pseudo-random step (xorshift64).
+pub fn xorshift(s: &mut u64) -> u64 {
     *s ^= *s << 13;
     *s ^= *s >> 7;
     *s ^= *s << 17;
@@ -228,6 +236,8 @@ fn finish(name: &str, plan_ramp_end: Instant, total: &Recorder) -> JobRun {
         read: side(&total.read, total.read_bytes, secs),
         write: side(&total.write, total.write_bytes, secs),
         flushes: total.flushes,
+        read_hist: total.read.clone(),
+        write_hist: total.write.clone(),
     }
 }
 

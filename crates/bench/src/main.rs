@@ -82,9 +82,54 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Run a load agent: a long-running service (one per node) that runs
+    /// the load the coordinator (`fresh-bench-storage --cluster FILE`) sends
+    /// it, against NBD exports, its own scratch disk and S3 endpoints, and
+    /// returns raw figures and latency histograms. Also a TCP sink for the
+    /// network baseline, and iperf3 (when installed) to check that baseline.
+    ///
+    /// Every request needs the token (BENCH_AGENT_TOKEN or --token-file):
+    /// an agent writes to whatever volume or bucket it is pointed at.
+    /// Prints `listening on ADDR` once it serves. See docs/bench.md, "Agents".
+    Agent(AgentArgs),
     /// Internal: run a CoronaFS server for the comparison.
     #[command(name = "__serve-coronafs", hide = true)]
     ServeCoronafs { dir: PathBuf, addr: SocketAddr, engine: IoEngine },
+    /// Internal: run one LightningStor cluster node (the embedded cluster's
+    /// nodes are child processes, so faults can kill or freeze them).
+    #[command(name = "__serve-lightningstor", hide = true)]
+    ServeLightningstor {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        node: String,
+        /// Exit when standard input closes (the parent went away).
+        #[arg(long)]
+        exit_with_stdin: bool,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct AgentArgs {
+    /// HTTP address the coordinator calls.
+    #[arg(long, default_value = "0.0.0.0:7900")]
+    listen: SocketAddr,
+    /// Address of the TCP sink other agents measure the network baseline to.
+    #[arg(long, default_value = "0.0.0.0:7901")]
+    sink: SocketAddr,
+    /// Directory for the local-disk baseline's files (put it on the disk you
+    /// want measured, not on tmpfs or an overlay) [default: $TMPDIR/bench-agent].
+    #[arg(long)]
+    scratch: Option<PathBuf>,
+    /// Name reported to the coordinator [default: the host name].
+    #[arg(long)]
+    name: Option<String>,
+    /// File holding the token (else the BENCH_AGENT_TOKEN variable).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Exit when standard input closes (for agents started by a parent process).
+    #[arg(long, hide = true)]
+    exit_with_stdin: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -121,6 +166,16 @@ struct StorageArgs {
     /// Skip the nbdkit / qemu-nbd comparison of a full run.
     #[arg(long)]
     no_peers: bool,
+    /// A fault applied part-way through a steady LightningStor load, and
+    /// healed later: `kill:lightningstor@NODE` (SIGKILL, then a restart),
+    /// `pause:lightningstor@NODE` (frozen, then thawed), or in the Docker lab
+    /// `partition:NODE` (cut off the network, then reconnected). The report
+    /// gains a "degraded cluster" section: throughput before, during and
+    /// after, failed requests, acknowledged objects read back, and the time
+    /// until the cluster is back at full redundancy. Embedded nodes are n1,
+    /// n2, n3; the lab's are node02..node05.
+    #[arg(long)]
+    fault: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -308,6 +363,7 @@ fn cmd_storage(a: StorageArgs) -> anyhow::Result<i32> {
     if a.no_peers {
         opts.peers = false;
     }
+    opts.fault = a.fault.as_deref().map(str::parse::<bench::fault::Fault>).transpose()?;
     let endpoints = a.cluster.as_deref().map(bench::cluster::Endpoints::from_file).transpose()?;
     std::fs::create_dir_all(&a.out_dir).with_context(|| a.out_dir.display().to_string())?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
@@ -354,6 +410,75 @@ fn cmd_storage(a: StorageArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Exits the process when standard input reaches EOF (the parent is gone).
+fn exit_with_stdin() {
+    std::thread::spawn(|| {
+        let mut buf = [0u8; 64];
+        loop {
+            match std::io::Read::read(&mut std::io::stdin(), &mut buf) {
+                Ok(0) | Err(_) => std::process::exit(0),
+                Ok(_) => {}
+            }
+        }
+    });
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+fn cmd_agent(a: AgentArgs) -> anyhow::Result<()> {
+    use bench::agent::server::{AgentConfig, start};
+    let token = match &a.token_file {
+        Some(f) => {
+            std::fs::read_to_string(f).with_context(|| format!("--token-file {}", f.display()))?.trim().to_owned()
+        }
+        None => std::env::var(bench::agent::TOKEN_ENV).map_err(|_| {
+            anyhow::anyhow!(
+                "the agent needs a token: set {} or pass --token-file (the coordinator sends the same token)",
+                bench::agent::TOKEN_ENV
+            )
+        })?,
+    };
+    if a.exit_with_stdin {
+        exit_with_stdin();
+    }
+    let name = a.name.unwrap_or_else(|| hostinfo::host().hostname);
+    let scratch = a.scratch.unwrap_or_else(|| std::env::temp_dir().join("bench-agent"));
+    runtime()?.block_on(async {
+        let cfg = AgentConfig { name: name.clone(), listen: a.listen, sink: a.sink, scratch, token };
+        let running = start(cfg).await?;
+        println!("listening on {} (agent {name}, sink {})", running.addr, running.sink);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        wait_for_signal().await?;
+        running.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
+fn cmd_serve_lightningstor(config: PathBuf, node: String, exit_with: bool) -> anyhow::Result<()> {
+    if exit_with {
+        exit_with_stdin();
+    }
+    let c = lightningstor::cluster::ClusterConfig::from_file(&config)
+        .with_context(|| format!("cluster file {}", config.display()))?;
+    runtime()?.block_on(async {
+        let running = lightningstor::cluster::start(c, &node).await.with_context(|| format!("starting node {node}"))?;
+        println!("listening on {}", running.s3.addr);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        wait_for_signal().await?;
+        running.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
@@ -383,6 +508,10 @@ fn main() -> anyhow::Result<()> {
             let report = runtime()?.block_on(bench::accuracy::run(&opts))?;
             print!("{}", bench::accuracy::table(&report, opts.tolerance_pct));
             if report.failures(opts.tolerance_pct) > 0 { 1 } else { 0 }
+        }
+        Cmd::Agent(a) => cmd_agent(a).map(|()| 0)?,
+        Cmd::ServeLightningstor { config, node, exit_with_stdin } => {
+            cmd_serve_lightningstor(config, node, exit_with_stdin).map(|()| 0)?
         }
         Cmd::ServeCoronafs { dir, addr, engine } => peers::serve_coronafs(&dir, addr, engine).map(|()| 0)?,
         Cmd::NbdCompare { size, iterations, runtime, engines, json } => {

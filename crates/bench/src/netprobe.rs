@@ -14,9 +14,16 @@ pub struct Probe {
     pub retransmits: u32,
 }
 
-/// A sink that reads and discards, replying with the byte count at EOF.
+/// A sink on a free loopback port (see [`sink_on`]).
 pub async fn sink() -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
-    let l = TcpListener::bind(("127.0.0.1", 0)).await?;
+    sink_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await
+}
+
+/// A sink that reads and discards, replying with the byte count at EOF.
+pub async fn sink_on(
+    addr: std::net::SocketAddr,
+) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let l = TcpListener::bind(addr).await?;
     let addr = l.local_addr()?;
     let task = tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {

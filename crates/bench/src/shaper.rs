@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 /// How the emulated link behaves. `rate` is bytes per second per
 /// direction; `None` is unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LinkSpec {
     pub rate: Option<u64>,
     pub delay: Duration,

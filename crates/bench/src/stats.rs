@@ -2,8 +2,11 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Median and spread of one figure over several iterations.
+/// Median and spread of one figure over several iterations. In JSON the
+/// standard deviation is `null` when there is only one iteration (no
+/// spread is known).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(into = "Wire", from = "Wire")]
 pub struct Summary {
     pub median: f64,
     pub min: f64,
@@ -11,6 +14,29 @@ pub struct Summary {
     pub mean: f64,
     pub stddev: f64,
     pub n: usize,
+}
+
+/// The JSON form of a [`Summary`].
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct Wire {
+    median: f64,
+    min: f64,
+    max: f64,
+    mean: f64,
+    stddev: Option<f64>,
+    n: usize,
+}
+
+impl From<Summary> for Wire {
+    fn from(s: Summary) -> Wire {
+        Wire { median: s.median, min: s.min, max: s.max, mean: s.mean, stddev: (s.n > 1).then_some(s.stddev), n: s.n }
+    }
+}
+
+impl From<Wire> for Summary {
+    fn from(w: Wire) -> Summary {
+        Summary { median: w.median, min: w.min, max: w.max, mean: w.mean, stddev: w.stddev.unwrap_or(0.0), n: w.n }
+    }
 }
 
 impl Summary {
@@ -45,5 +71,16 @@ mod tests {
         assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).median, 2.5);
         assert!((Summary::of(&[90.0, 100.0, 110.0]).spread_pct() - 20.0).abs() < 1e-9);
         assert_eq!(Summary::of(&[]).n, 0);
+    }
+
+    #[test]
+    fn one_iteration_has_no_spread_in_json() {
+        let one = serde_json::to_value(Summary::of(&[5.0])).unwrap();
+        assert!(one["stddev"].is_null(), "{one}");
+        assert_eq!(one["n"], 1);
+        let three = serde_json::to_value(Summary::of(&[1.0, 2.0, 3.0])).unwrap();
+        assert_eq!(three["stddev"], 1.0);
+        let back: Summary = serde_json::from_value(three).unwrap();
+        assert_eq!(back, Summary::of(&[1.0, 2.0, 3.0]));
     }
 }

@@ -5,16 +5,19 @@
 //! | GET | `/healthz` | liveness |
 //! | GET | `/metrics` | Prometheus text |
 //! | GET | `/openapi.json` | OpenAPI 3 description of this table |
+//! | GET | `/v1/info` | version, engine in use, data dir and its file system, host |
 //! | GET, POST | `/v1/volumes` | list; create `{name, size?, from_snapshot?}` |
 //! | GET, DELETE | `/v1/volumes/{name}` | show; delete (`?force=true`) |
 //! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
 //! | POST | `/v1/volumes/{name}/flatten` | copy parent data in, detach |
 //! | POST | `/v1/volumes/{name}/fence` | `{epoch}`: raise the write epoch, drain older writes |
+//! | POST | `/v1/volumes/{name}/evict` | drop the volume's files from the page cache |
 //! | GET, POST | `/v1/volumes/{name}/snapshots` | list; create `{name}` |
 //! | DELETE | `/v1/volumes/{name}/snapshots/{snap}` | delete (`?force=true`) |
 //!
 //! Every error is `{"error": "..."}` with 400, 403, 404, 409, 500, 503 or 507.
 
+use crate::backend::IoEngine;
 use crate::error::CoronaError;
 use crate::server::Shared;
 use axum::extract::rejection::JsonRejection;
@@ -76,6 +79,31 @@ pub struct Force {
     pub force: bool,
 }
 
+/// Answer of `GET /v1/info`: what a report needs to say about the server
+/// its figures came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// The server's version (`CARGO_PKG_VERSION`).
+    pub version: String,
+    /// The data path engine in use, after any fallback from `uring`.
+    pub engine: IoEngine,
+    /// The data dir, as given to the server.
+    pub data_dir: String,
+    /// The file system and device under the data dir.
+    pub fs: hostinfo::FsInfo,
+    /// Whether volume files are opened with `O_DIRECT`. They are not: both
+    /// engines do buffered I/O through the page cache (see `note`).
+    pub o_direct: bool,
+    /// How volume data reaches the disk, in words.
+    pub note: String,
+    /// The machine the server runs on.
+    pub host: hostinfo::Host,
+}
+
+/// [`ServerInfo::note`]: the data path as the code has it.
+pub const BUFFERED_NOTE: &str = "buffered: volume files are opened without O_DIRECT, so reads and writes go \
+     through the server's page cache; FLUSH and FUA make writes durable with fdatasync and RWF_DSYNC";
+
 /// The JSON error body every failing call returns.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiError {
@@ -94,11 +122,13 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
+        .route("/v1/info", get(info))
         .route("/v1/volumes", get(list).post(create))
         .route("/v1/volumes/{name}", get(show).delete(remove))
         .route("/v1/volumes/{name}/resize", post(resize))
         .route("/v1/volumes/{name}/flatten", post(flatten))
         .route("/v1/volumes/{name}/fence", post(fence))
+        .route("/v1/volumes/{name}/evict", post(evict))
         .route("/v1/volumes/{name}/snapshots", get(snapshots).post(snapshot))
         .route("/v1/volumes/{name}/snapshots/{snap}", delete(remove_snapshot))
         .with_state(shared)
@@ -117,6 +147,24 @@ fn query(q: Result<Query<Force>, axum::extract::rejection::QueryRejection>) -> R
 
 async fn metrics(State(s): S) -> impl IntoResponse {
     ([("content-type", "text/plain; version=0.0.4")], s.metrics.render())
+}
+
+async fn info(State(s): S) -> Result<impl IntoResponse, CoronaError> {
+    let dir = s.exports.dir().to_owned();
+    let engine = s.exports.opener().engine();
+    // Reads /proc and the mount table: small, but off the async threads.
+    let (fs, host) = tokio::task::spawn_blocking(move || (hostinfo::fs_of(&dir), hostinfo::host()))
+        .await
+        .map_err(|e| CoronaError::Io(std::io::Error::other(e)))?;
+    Ok(Json(ServerInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        engine,
+        data_dir: s.exports.dir().display().to_string(),
+        fs,
+        o_direct: false,
+        note: BUFFERED_NOTE.to_owned(),
+        host,
+    }))
 }
 
 async fn list(State(s): S) -> Result<impl IntoResponse, CoronaError> {
@@ -166,6 +214,10 @@ async fn fence(
 ) -> Result<impl IntoResponse, CoronaError> {
     let req = body(b)?;
     Ok(Json(s.exports.fence(&name, req.epoch).await?))
+}
+
+async fn evict(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
+    Ok(Json(s.exports.evict(&name).await?))
 }
 
 async fn snapshots(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {

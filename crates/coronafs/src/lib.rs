@@ -8,10 +8,12 @@
 //!   their metadata in redb;
 //! - [`server`]: the async NBD server and the export table;
 //! - [`api`]: the HTTP control API and `/metrics`;
+//! - [`api_client`]: a typed client of its server-level calls (info, evict);
 //! - [`config`]: the settings of `coronafs serve` (TOML file and flags);
 //! - [`client`]: an async, pipelined NBD client (used by the bench and PlasmaVMC).
 
 pub mod api;
+pub mod api_client;
 pub mod backend;
 pub mod client;
 pub mod config;

@@ -125,6 +125,10 @@ enum VolumeCmd {
         #[arg(long)]
         epoch: u64,
     },
+    /// Drop the volume's files (its layer and every parent's) from the
+    /// server's page cache, syncing them first, so the next reads come
+    /// from the disk. Prints how much was cached before and after.
+    Evict { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -238,6 +242,17 @@ async fn volume(cmd: VolumeCmd, api: &str) -> anyhow::Result<()> {
             if let Some(v) = v {
                 println!("{} is at epoch {}; no older write is in flight", v.name, v.epoch);
             }
+        }
+        VolumeCmd::Evict { name } => {
+            let r = coronafs::api_client::ApiClient::new(api).evict(&name).await?;
+            println!(
+                "evicted {}: {} files, {} bytes; {} bytes cached before, {} after",
+                r.volume,
+                r.files.len(),
+                r.bytes,
+                r.resident_before,
+                r.resident_after
+            );
         }
         VolumeCmd::Flatten { name } => {
             let v: Option<VolumeInfo> = call(http.post(url(&format!("/{name}/flatten"))), api).await?;

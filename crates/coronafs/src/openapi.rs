@@ -40,6 +40,8 @@ pub fn document() -> Value {
             "/healthz": {"get": {"summary": "liveness", "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
             "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI 3"}}}},
+            "/v1/info": {"get": {"summary": "the server's conditions: version, engine in use, data dir and its file system, O_DIRECT, host",
+                                 "responses": {"200": ok("the server", "ServerInfo")}}},
             "/v1/volumes": {
                 "get": {"summary": "list volumes, sorted by name", "responses": {"200": list_of("volumes", "VolumeInfo")}},
                 "post": {"summary": "create a volume, or clone one from a snapshot (O(1))",
@@ -75,6 +77,12 @@ pub fn document() -> Value {
                                        "404": err("not found"), "409": err("the epoch is below the current one"),
                                        "503": err("the epoch is raised, but older writes did not finish within 30 s")}}
             },
+            "/v1/volumes/{name}/evict": {
+                "parameters": [vol],
+                "post": {"summary": "drop the volume's files from the server's page cache",
+                         "description": "Every file of the volume's layer chain (its own layer and each parent's: data files, then maps) is synced (fdatasync: dirty pages cannot be dropped) and then dropped with posix_fadvise(POSIX_FADV_DONTNEED), so the next reads come from the disk. Residency is measured before and after with cachestat(2), or mincore(2) where cachestat is missing. NBD traffic goes on meanwhile and may read pages back in.",
+                         "responses": {"200": ok("evicted", "EvictReport"), "400": err("invalid name"), "404": err("not found")}}
+            },
             "/v1/volumes/{name}/snapshots": {
                 "parameters": [vol],
                 "get": {"summary": "list a volume's snapshots", "responses": {"200": list_of("snapshots", "SnapshotInfo"), "404": err("volume not found")}},
@@ -90,6 +98,31 @@ pub fn document() -> Value {
         },
         "components": {"schemas": {
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+            "ServerInfo": {"type": "object", "required": ["version", "engine", "data_dir", "fs", "o_direct", "note", "host"], "properties": {
+                "version": {"type": "string"},
+                "engine": {"type": "string", "enum": ["uring", "threads"], "description": "the engine in use, after any fallback from uring"},
+                "data_dir": {"type": "string"},
+                "fs": {"$ref": "#/components/schemas/FsInfo"},
+                "o_direct": {"type": "boolean", "description": "whether volume files are opened with O_DIRECT (false: buffered I/O through the page cache)"},
+                "note": {"type": "string", "description": "how volume data reaches the disk, in words"},
+                "host": {"$ref": "#/components/schemas/Host"}}},
+            "FsInfo": {"type": "object", "required": ["path", "mount_point", "fs_type", "device"], "properties": {
+                "path": {"type": "string", "description": "the directory asked about"},
+                "mount_point": {"type": "string"},
+                "fs_type": {"type": "string", "description": "ext4, xfs, tmpfs, overlay, ...; \"unknown\" if not found"},
+                "device": {"type": "string", "description": "what is mounted: a device such as /dev/vda, or a pseudo source"}}},
+            "Host": {"type": "object", "required": ["hostname", "kernel", "cpu_model", "cpus", "memory_bytes"], "properties": {
+                "hostname": {"type": "string"},
+                "kernel": {"type": "string", "description": "uname -srm"},
+                "cpu_model": {"type": "string"},
+                "cpus": {"type": "integer", "description": "CPUs this process may run on"},
+                "memory_bytes": {"type": "integer", "format": "int64"}}},
+            "EvictReport": {"type": "object", "required": ["volume", "files", "bytes", "resident_before", "resident_after"], "properties": {
+                "volume": {"type": "string"},
+                "files": {"type": "array", "items": {"type": "string"}, "description": "paths of the layer chain's files, head first"},
+                "bytes": {"type": "integer", "format": "int64", "description": "their total length (sparse files at full length)"},
+                "resident_before": {"type": "integer", "format": "int64", "description": "bytes of them in the page cache before"},
+                "resident_after": {"type": "integer", "format": "int64", "description": "bytes still there after"}}},
             "CreateVolume": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
                 "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"},
                 "size": {"type": "integer", "format": "int64", "minimum": 1, "description": "bytes; required unless from_snapshot"},
@@ -132,6 +165,6 @@ mod tests {
             let path = line.split('"').nth(1).expect("route path");
             assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
         }
-        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(10));
+        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(12));
     }
 }

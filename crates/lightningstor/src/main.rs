@@ -290,5 +290,20 @@ async fn status(c: lightningstor::cluster::ClusterConfig) -> anyhow::Result<()> 
     if !moving.is_empty() {
         println!("layout change in progress on: {}", moving.join(", "));
     }
+    // Conditions, one line per node that answered, below the table (the
+    // table's columns are parsed by scripts and tests).
+    println!("data dirs:");
+    for (n, s) in nodes.iter().filter_map(|(n, r)| r.as_ref().ok().map(|s| (n, s))) {
+        let writes = match (s.o_direct, s.o_direct_fell_back) {
+            (true, _) => "O_DIRECT",
+            (false, true) => "buffered (O_DIRECT refused by a write, fell back)",
+            (false, false) => "buffered",
+        };
+        let fs = &s.data_dir_fs;
+        println!(
+            "  {}: {} on {} (mounted at {}), {}; block writes {writes}; host {}, {}, {} CPUs",
+            n.name, fs.fs_type, fs.device, fs.mount_point, fs.path, s.host.hostname, s.host.kernel, s.host.cpus
+        );
+    }
     Ok(())
 }

@@ -1,16 +1,17 @@
 //! `storage-benchmarks.md`: the report in the seed's shape, with the charts
-//! embedded. Figures are medians; the ± is the standard deviation over the
-//! iterations.
+//! embedded. Figures are medians with `[min..max, n=N]` over the
+//! iterations; with one iteration the spread is `n/a`.
 
-use super::{Block, Objects, Report, Section, VmImage};
+use super::{Block, Network, Objects, Report, Section, VmImage};
 use crate::stats::Summary;
 use std::fmt::Write;
 
 fn fig(s: &Summary, unit: &str, prec: usize) -> String {
+    let unit = if unit.is_empty() { String::new() } else { format!(" {unit}") };
     if s.n > 1 {
-        format!("{:.prec$} {unit} ± {:.prec$}", s.median, s.stddev)
+        format!("{:.prec$}{unit} [{:.prec$}..{:.prec$}, n={}]", s.median, s.min, s.max, s.n)
     } else {
-        format!("{:.prec$} {unit}", s.median)
+        format!("{:.prec$}{unit} [spread n/a, n={}]", s.median, s.n)
     }
 }
 
@@ -21,20 +22,249 @@ fn na<T>(s: &Section<T>) -> String {
     }
 }
 
-fn block_row(
-    out: &mut String,
-    name: &str,
-    l: Option<&Block>,
-    c: Option<&Block>,
-    f: fn(&Block) -> (&Summary, &str, usize),
-) {
-    let cell = |b: Option<&Block>| {
+fn block_row(out: &mut String, name: &str, cols: &[Option<&Block>], f: fn(&Block) -> (&Summary, &str, usize)) {
+    let cell = |b: &Option<&Block>| {
         b.map_or("n/a".to_owned(), |b| {
             let (s, u, p) = f(b);
             fig(s, u, p)
         })
     };
-    let _ = writeln!(out, "| {name} | {} | {} |", cell(l), cell(c));
+    let cells: Vec<String> = cols.iter().map(cell).collect();
+    let _ = writeln!(out, "| {name} | {} |", cells.join(" | "));
+}
+
+fn latency_table(out: &mut String, cols: &[(&str, Option<&Block>)]) {
+    let _ =
+        writeln!(out, "Completion latency, p50 / p99 over every operation of every iteration (histograms merged):\n");
+    let _ = writeln!(
+        out,
+        "| Job | {} |\n|---|{}",
+        cols.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" | "),
+        "---:|".repeat(cols.len())
+    );
+    let mut rows: Vec<(String, String)> = Vec::new();
+    for (_, b) in cols {
+        for l in b.map_or(&[][..], |b| &b.latency[..]) {
+            let k = (l.job.clone(), l.side.clone());
+            if !rows.contains(&k) {
+                rows.push(k);
+            }
+        }
+    }
+    for (job, side) in rows {
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|(_, b)| {
+                b.and_then(|b| b.latency.iter().find(|l| l.job == job && l.side == side))
+                    .map_or("n/a".into(), |l| format!("{:.0} / {:.0} µs", l.p50_us, l.p99_us))
+            })
+            .collect();
+        let _ = writeln!(out, "| {job} ({side}) | {} |", cells.join(" | "));
+    }
+    out.push('\n');
+}
+
+fn network_table(s: &mut String, n: &Network) {
+    let _ = writeln!(s, "Measured from agent `{}` to agent `{}`:\n", n.from, n.to);
+    let _ = writeln!(s, "| Metric | Result |\n|---|---:|");
+    let _ = writeln!(s, "| TCP throughput (bench probe) | {} |", fig(&n.tcp_mib_s, "MiB/s", 2));
+    let _ = writeln!(s, "| TCP retransmits (bench probe) | {} |", fig(&n.tcp_retransmits, "", 0));
+    if let (Some(i), Some(r)) = (&n.iperf3_mib_s, &n.iperf3_retransmits) {
+        let _ = writeln!(s, "| TCP throughput (iperf3) | {} |", fig(i, "MiB/s", 2));
+        let _ = writeln!(s, "| TCP retransmits (iperf3) | {} |", fig(r, "", 0));
+    }
+    if let Some(x) = n.probe_vs_iperf3 {
+        let _ = writeln!(s, "| Probe / iperf3 | {x:.3} |");
+    }
+    let _ = writeln!(s, "\nMethod: {}.\n", n.method);
+}
+
+fn conditions(s: &mut String, r: &Report) {
+    let c = &r.conditions;
+    let _ = writeln!(s, "## Conditions\n");
+    let _ = writeln!(s, "| Condition | Value |\n|---|---|");
+    let _ = writeln!(s, "| Started / finished | {} / {} |", c.started_at, r.generated_at);
+    let _ = writeln!(s, "| Bench commit | `{}` |", c.commit);
+    let h = &c.coordinator;
+    let _ = writeln!(
+        s,
+        "| Coordinator | {} — {}, {} × {}, {:.1} GiB; scratch {} on {} ({}) |",
+        h.hostname,
+        h.kernel,
+        h.cpus,
+        h.cpu_model,
+        h.memory_bytes as f64 / (1u64 << 30) as f64,
+        c.coordinator_scratch.path,
+        c.coordinator_scratch.device,
+        c.coordinator_scratch.fs_type
+    );
+    let _ = writeln!(s, "| Link | {} |", c.link);
+    let _ = writeln!(s, "| Agents | {} |", c.agents_origin);
+    match &c.coronafs {
+        Some(v) if v.get("error").is_none() => {
+            let get =
+                |k: &str| v.pointer(k).map_or("?".to_owned(), |x| x.as_str().map_or(x.to_string(), str::to_owned));
+            let _ = writeln!(
+                s,
+                "| CoronaFS | engine {}, data dir {} on {} ({}), O_DIRECT {} |",
+                get("/engine"),
+                get("/data_dir"),
+                get("/fs/device"),
+                get("/fs/fs_type"),
+                get("/o_direct")
+            );
+        }
+        Some(v) => {
+            let _ = writeln!(s, "| CoronaFS | unknown: {} |", v["error"].as_str().unwrap_or("?"));
+        }
+        None => {}
+    }
+    match &c.lightningstor {
+        Some(Ok(l)) => {
+            let _ = writeln!(
+                s,
+                "| LightningStor | {} nodes, replication factor {}, read quorum {}, write quorum {}, {} (read from the running cluster) |",
+                l.nodes.len(),
+                l.replication_factor,
+                l.read_quorum,
+                l.write_quorum,
+                l.consistency
+            );
+            for n in &l.nodes {
+                let st = match (&n.status, &n.down) {
+                    (Some(v), _) => {
+                        let fs = v.get("data_dir_fs").or_else(|| v.get("fs"));
+                        let fs = fs.map_or("file system not reported".to_owned(), |f| {
+                            format!(
+                                "data on {} ({})",
+                                f.get("device").and_then(|x| x.as_str()).unwrap_or("?"),
+                                f.get("fs_type").and_then(|x| x.as_str()).unwrap_or("?")
+                            )
+                        });
+                        let od =
+                            v.get("o_direct").map_or("O_DIRECT not reported".to_owned(), |x| format!("O_DIRECT {x}"));
+                        format!("up, {fs}, {od}")
+                    }
+                    (None, Some(why)) => format!("DOWN at the start: {why}"),
+                    _ => "?".into(),
+                };
+                let _ = writeln!(s, "| LightningStor {} ({}) | {st} |", n.name, n.s3);
+            }
+        }
+        Some(Err(why)) => {
+            let _ = writeln!(s, "| LightningStor | replication and quorums unknown: {why} |");
+        }
+        None => {}
+    }
+    if let Some(d) = &c.fault_driver {
+        let _ = writeln!(s, "| Faults applied by | {d} |");
+    }
+    let _ = writeln!(s, "| Reference peers | {} |", c.peers);
+    let _ =
+        writeln!(s, "\n| Agent | Roles | Host | Kernel | CPU | Scratch (local disk) | O_DIRECT | iperf3 | Commit |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    for a in &c.agents {
+        match &a.info {
+            Some(i) => {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} ({}) | {} | {} × {} | {} on {} ({}) | {} | {} | `{}` |",
+                    a.name,
+                    if a.roles.is_empty() { "-" } else { &a.roles },
+                    i.host.hostname,
+                    a.addr,
+                    i.host.kernel,
+                    i.host.cpus,
+                    i.host.cpu_model,
+                    i.scratch.path,
+                    i.scratch.device,
+                    i.scratch.fs_type,
+                    if i.o_direct { "yes" } else { "refused" },
+                    i.iperf3.as_deref().unwrap_or("not installed"),
+                    i.commit
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | did not answer: {} | | | | | |",
+                    a.name,
+                    a.roles,
+                    a.addr,
+                    a.error.as_deref().unwrap_or("?")
+                );
+            }
+        }
+    }
+    s.push('\n');
+    if !r.events.is_empty() {
+        let _ = writeln!(s, "Events during the run:\n");
+        for e in &r.events {
+            let _ = writeln!(s, "- {e}");
+        }
+        s.push('\n');
+    }
+}
+
+fn degraded(s: &mut String, d: &super::degraded::Degraded) {
+    let _ = writeln!(
+        s,
+        "A steady load from agent `{}` ({} clients, each PUTting a new {} KiB object and GETting an acknowledged one, checked) for {:.0} s. Fault `{}`, applied by: {}.\n",
+        d.measured_by,
+        d.jobs,
+        d.object_bytes >> 10,
+        d.duration_s,
+        d.fault,
+        d.driver
+    );
+    if d.already_down {
+        let _ = writeln!(
+            s,
+            "The target was already down when the run started: the fault was not applied and the whole load ran degraded.\n"
+        );
+    }
+    let _ =
+        writeln!(s, "| Phase | Window | Ops/s | MiB/s | Failed requests | Failovers |\n|---|---|---:|---:|---:|---:|");
+    let row = |s: &mut String, name: &str, p: &super::degraded::Phase| {
+        let _ = writeln!(
+            s,
+            "| {name} | {:.1}..{:.1} s | {:.1} | {:.2} | {} | {} |",
+            p.from_s, p.to_s, p.ops_per_s, p.mib_s, p.errors, p.failovers
+        );
+    };
+    if let Some(b) = &d.before {
+        row(s, "before", b);
+    }
+    row(s, if d.already_down { "degraded (whole load)" } else { "during" }, &d.during);
+    if let Some(a) = &d.after {
+        row(s, "after", a);
+    }
+    let _ = writeln!(
+        s,
+        "\nPUT p50/p99 {:.1} / {:.1} ms, GET p50/p99 {:.1} / {:.1} ms over the whole load. Acknowledged objects: {}; read back intact at the end: {}{}.\n",
+        d.put_p50_ms,
+        d.put_p99_ms,
+        d.get_p50_ms,
+        d.get_p99_ms,
+        d.acked,
+        d.verified,
+        if d.lost.is_empty() { String::new() } else { format!("; **lost: {}**", d.lost.join("; ")) }
+    );
+    match d.time_to_full_redundancy_s {
+        Some(t) => {
+            let _ = writeln!(s, "Back at full redundancy {t:.1} s after the heal ({}).\n", d.redundancy);
+        }
+        None => {
+            let _ = writeln!(s, "Time back to full redundancy: {}.\n", d.redundancy);
+        }
+    }
+    for e in &d.driver_errors {
+        let _ = writeln!(s, "- fault driver: {e}");
+    }
+    for e in &d.events {
+        let _ = writeln!(s, "- at {:.1} s: {}", e.t_s, e.what);
+    }
+    s.push('\n');
 }
 
 fn objects_table(out: &mut String, o: &Objects, prefix: &str) {
@@ -45,11 +275,13 @@ fn objects_table(out: &mut String, o: &Objects, prefix: &str) {
         let _ = writeln!(out, "| {prefix}PUT rate | {} |", fig(&o.put_per_s, "objects/s", 2));
         let _ = writeln!(out, "| {prefix}GET rate | {} |", fig(&o.get_per_s, "objects/s", 2));
     }
+    let _ = writeln!(out, "| PUT latency p50 / p99 | {:.1} / {:.1} ms |", o.put_p50_ms, o.put_p99_ms);
+    let _ = writeln!(out, "| GET latency p50 / p99 | {:.1} / {:.1} ms |", o.get_p50_ms, o.get_p99_ms);
     out.push('\n');
 }
 
 /// Why CoronaFS reads can beat the local disk in this report.
-pub const PAGE_CACHE_NOTE: &str = "Reads are not like for like: the local-disk baseline uses `O_DIRECT`, so every read goes to the device, while CoronaFS serves reads of recently written data from the server's page cache. A CoronaFS read figure above the local disk's measures the network and NBD path plus memory, not a faster disk.";
+pub const PAGE_CACHE_NOTE: &str = "Compare like with like: the `O_DIRECT` column reads the device, while CoronaFS serves reads of recently written data from its server's page cache, so CoronaFS's reads compare with the buffered column. A CoronaFS read figure above the `O_DIRECT` one measures the network and NBD path plus memory, not a faster disk.";
 
 fn vm_section(s: &mut String, v: &VmImage) {
     let _ = writeln!(
@@ -111,76 +343,113 @@ fn vm_section(s: &mut String, v: &VmImage) {
 pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Storage Benchmarks\n");
-    let _ = writeln!(s, "Generated at unix time {} with:\n\n```bash\n{}\n```\n", r.generated_unix, r.command);
+    let _ = writeln!(s, "Generated at {} with:\n\n```bash\n{}\n```\n", r.generated_at, r.command);
     let _ = writeln!(
         s,
-        "Cluster: {} ({}). {} iteration(s) per figure, interleaved; medians, ± is the standard deviation.{}\n",
+        "Cluster: {}. {} per figure, interleaved; figures are medians with [min..max, n] over the iterations.{}\n",
         r.cluster,
-        r.link,
-        r.iterations,
+        if r.iterations == 1 { "1 iteration".to_owned() } else { format!("{} iterations", r.iterations) },
         if r.quick { " Quick run: small sizes, short runs." } else { "" }
     );
     for (file, alt) in charts {
         let _ = writeln!(s, "![{alt}]({file})\n");
     }
 
+    conditions(&mut s, r);
+
     let _ = writeln!(s, "## CoronaFS\n");
-    let _ = writeln!(
-        s,
-        "Cluster network baseline, measured from the bench client to the services' side of the link before the storage tests:\n"
-    );
+    let _ = writeln!(s, "Cluster network baseline to CoronaFS's node, before the storage tests:\n");
     s.push_str(&na(&r.network));
     if let Some(n) = r.network.get() {
-        let _ = writeln!(s, "| Metric | Result |\n|---|---:|");
-        let _ = writeln!(s, "| TCP throughput | {} |", fig(&n.tcp_mib_s, "MiB/s", 2));
-        let _ = writeln!(s, "| TCP retransmits | {} |\n", fig(&n.tcp_retransmits, "", 0));
-        let _ = writeln!(s, "Method: {}.\n", n.method);
+        network_table(&mut s, n);
     }
-    let (l, c) = (r.local_disk.get(), r.coronafs.get());
+    let (l, lb, c) = (r.local_disk.get(), r.local_disk_buffered.get(), r.coronafs.get());
     let size = l.or(c).map_or(0, |b| b.size_bytes >> 20);
     let _ = writeln!(
         s,
-        "Local disk (a file in the bench's temporary directory, `O_DIRECT`) is the baseline. CoronaFS is the shared block volume path, measured over NBD with the bench's own load generator (profile `seed-000`, {size} MiB volume).\n"
+        "Local worker disk is the baseline: {}, with `O_DIRECT`{} and through the page cache. CoronaFS is the shared block volume path: {}, with the bench's own load generator (profile `seed-000`, {size} MiB).\n",
+        l.map_or("not measured".to_owned(), |b| b.measured_by.clone()),
+        match l.and_then(|b| b.o_direct) {
+            Some(false) => " asked but **refused by the file system, so that column ran buffered too**",
+            _ => "",
+        },
+        c.map_or("not measured".to_owned(), |b| b.measured_by.clone())
     );
     s.push_str(&na(&r.coronafs));
-    let _ = writeln!(s, "| Metric | Local Disk | CoronaFS |\n|---|---:|---:|");
-    block_row(&mut s, "Sequential write", l, c, |b| (&b.seq_write_mib_s, "MiB/s", 2));
-    block_row(&mut s, "Sequential read", l, c, |b| (&b.seq_read_mib_s, "MiB/s", 2));
-    block_row(&mut s, "4k random read", l, c, |b| (&b.rand_read_4k_iops, "IOPS", 0));
-    let _ = writeln!(s, "\nQueue-depth profile (`iodepth=32`, 1 MiB) from the same client:\n");
-    let _ = writeln!(s, "| Metric | Local Disk | CoronaFS |\n|---|---:|---:|");
-    block_row(&mut s, "Depth-32 write", l, c, |b| (&b.depth32_write_mib_s, "MiB/s", 2));
-    block_row(&mut s, "Depth-32 read", l, c, |b| (&b.depth32_read_mib_s, "MiB/s", 2));
-    if l.is_some() && c.is_some() {
-        let _ = writeln!(s, "\n{PAGE_CACHE_NOTE}");
+    let _ = writeln!(s, "| Metric | Local Disk (O_DIRECT) | Local Disk (buffered) | CoronaFS |\n|---|---:|---:|---:|");
+    let cols = [l, lb, c];
+    block_row(&mut s, "Sequential write", &cols, |b| (&b.seq_write_mib_s, "MiB/s", 2));
+    block_row(&mut s, "Sequential read", &cols, |b| (&b.seq_read_mib_s, "MiB/s", 2));
+    block_row(&mut s, "4k random read", &cols, |b| (&b.rand_read_4k_iops, "IOPS", 0));
+    let _ = writeln!(s, "\nQueue-depth profile (`iodepth=32`, 1 MiB) from the same worker:\n");
+    let _ = writeln!(s, "| Metric | Local Disk (O_DIRECT) | Local Disk (buffered) | CoronaFS |\n|---|---:|---:|---:|");
+    block_row(&mut s, "Depth-32 write", &cols, |b| (&b.depth32_write_mib_s, "MiB/s", 2));
+    block_row(&mut s, "Depth-32 read", &cols, |b| (&b.depth32_read_mib_s, "MiB/s", 2));
+    s.push('\n');
+    if l.is_some() || c.is_some() {
+        latency_table(&mut s, &[("Local (O_DIRECT)", l), ("Local (buffered)", lb), ("CoronaFS", c)]);
     }
-    let _ = writeln!(
-        s,
-        "\nCross-worker shared-volume visibility: worker A writes and flushes on one NBD connection, worker B reads the same bytes back on another and checks them:\n"
-    );
+    if l.is_some() && c.is_some() {
+        let _ = writeln!(s, "{PAGE_CACHE_NOTE}");
+    }
+    let _ = writeln!(s, "\nCross-worker shared-volume visibility:\n");
     s.push_str(&na(&r.cross_worker));
     if let Some(x) = r.cross_worker.get() {
-        let _ = writeln!(s, "| Metric | Result |\n|---|---:|");
+        let evicted: Vec<String> = x
+            .eviction
+            .iter()
+            .map(|e| match e {
+                Ok(v) => format!(
+                    "{} of {} bytes of the volume's files were in the server's page cache before, {} after",
+                    v["resident_before"], v["bytes"], v["resident_after"]
+                ),
+                Err(why) => format!("not evicted ({why}), so the read may come from the server's page cache"),
+            })
+            .collect();
         let _ = writeln!(
             s,
-            "| Cross-worker sequential read ({} MiB, verified) | {} |\n",
+            "Agent `{}` writes {} MiB and flushes; the CoronaFS server drops the volume's files from its page cache (POSIX_FADV_DONTNEED); agent `{}`, on another node, reads them back and checks every byte. Eviction: {}.\n",
+            x.writer,
+            x.size_bytes >> 20,
+            x.reader,
+            evicted.join("; ")
+        );
+        let _ = writeln!(s, "| Metric | Result |\n|---|---:|");
+        let _ = writeln!(s, "| Cross-worker write + flush ({}) | {} |", x.writer, fig(&x.write_mib_s, "MiB/s", 2));
+        let _ = writeln!(
+            s,
+            "| Cross-worker sequential read ({}, {} MiB, verified) | {} |\n",
+            x.reader,
             x.size_bytes >> 20,
             fig(&x.read_mib_s, "MiB/s", 2)
         );
     }
 
     let _ = writeln!(s, "## LightningStor\n");
-    let nodes = r.s3_large_object.get().map_or(0, |o| o.nodes);
-    if nodes > 0 {
+    if let Some(o) = r.s3_large_object.get() {
+        let repl = match &r.conditions.lightningstor {
+            Some(Ok(l)) => format!(
+                ", replication factor {}, write quorum {}, read quorum {}",
+                l.replication_factor, l.write_quorum, l.read_quorum
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "Measured with aws-sdk-s3 against {nodes} LightningStor node(s){}.\n",
-            if r.cluster == "embedded" && nodes > 1 {
-                " (a cluster keeping every object on every node, write quorum 2; clients spread over the nodes)"
-            } else {
-                ""
-            }
+            "Measured from agent `{}` with aws-sdk-s3 against {} LightningStor node(s){repl}; clients spread over the nodes and move to another node when one fails ({} failovers in these sections).\n",
+            o.measured_by,
+            o.nodes,
+            [&r.s3_large_object, &r.s3_small_batch, &r.s3_parallel_batch]
+                .iter()
+                .filter_map(|x| x.get())
+                .map(|x| x.failovers)
+                .sum::<u64>()
         );
+    }
+    let _ = writeln!(s, "Cluster network baseline for this client, to an S3 node:\n");
+    s.push_str(&na(&r.s3_network));
+    if let Some(n) = r.s3_network.get() {
+        network_table(&mut s, n);
     }
     let _ = writeln!(s, "### Large-object path\n");
     s.push_str(&na(&r.s3_large_object));
@@ -213,7 +482,16 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
         objects_table(&mut s, o, "Parallel batch ");
     }
 
-    let _ = writeln!(s, "## VM Image Path\n");
+    if let Section::Measured(d) = &r.s3_degraded {
+        let _ = writeln!(s, "### Degraded cluster\n");
+        degraded(&mut s, d);
+    } else if let Section::NotAvailable { reason } = &r.s3_degraded {
+        if reason != "no --fault given" {
+            let _ = writeln!(s, "### Degraded cluster\n\n_Not available: {reason}._\n");
+        }
+    }
+
+    let _ = writeln!(s, "## VM Image Path\n\nMeasured from the coordinator.\n");
     s.push_str(&na(&r.vm_image));
     if let Some(v) = r.vm_image.get() {
         vm_section(&mut s, v);
@@ -221,7 +499,7 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
 
     if let Some(p) = r.nbd_peers.get() {
         s.push_str(&crate::nbd_compare::markdown(p).replacen("## ", "## Reference peers: ", 1));
-        s.push('\n');
+        let _ = writeln!(s, "\nConditions: {} (no emulated link).\n", r.conditions.peers);
     } else {
         let _ = writeln!(s, "## Reference peers\n");
         s.push_str(&na(&r.nbd_peers));
@@ -272,6 +550,8 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
 fn objects_table_body(o: &Objects) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "| Upload throughput | {} |", fig(&o.upload_mib_s, "MiB/s", 2));
-    let _ = writeln!(t, "| Download throughput | {} |\n", fig(&o.download_mib_s, "MiB/s", 2));
+    let _ = writeln!(t, "| Download throughput | {} |", fig(&o.download_mib_s, "MiB/s", 2));
+    let _ = writeln!(t, "| PUT latency | {:.1} ms |", o.put_p50_ms);
+    let _ = writeln!(t, "| GET latency | {:.1} ms |\n", o.get_p50_ms);
     t
 }

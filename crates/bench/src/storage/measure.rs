@@ -1,15 +1,23 @@
 //! The measurements behind each section of the storage report. Each takes
-//! endpoints and sizes and returns one iteration's raw figures; the caller
-//! interleaves iterations and summarises.
+//! an agent (who measures), endpoints and sizes and returns one iteration's
+//! raw figures; the caller interleaves iterations and summarises. The
+//! coordinator itself only sets up (creates and fills volumes, buckets).
 
+use crate::agent::client::AgentClient;
+use crate::agent::{
+    BlockTarget, Iperf3ClientRequest, JobRequest, ObjectsReply, ObjectsRequest, PatternRequest, ProbeRequest, S3Spec,
+};
 use crate::cluster::{CoronaEndpoint, S3Endpoint};
+use crate::hist::Histogram;
 use crate::job::Job;
-use crate::loadgen::{JobRun, Limits, Opened, fill};
+use crate::loadgen::fill;
+use crate::shaper::LinkSpec;
 use anyhow::{Context, bail};
 use coronafs::client::NbdClient;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The five block figures of the seed's CoronaFS table, one iteration.
 #[derive(Debug, Clone, Copy, Default)]
@@ -19,6 +27,20 @@ pub struct BlockRun {
     pub rand_read_4k_iops: f64,
     pub depth32_write_mib_s: f64,
     pub depth32_read_mib_s: f64,
+}
+
+/// Latency histograms per job name, merged over iterations.
+#[derive(Debug, Default)]
+pub struct Latencies {
+    pub read: BTreeMap<String, Histogram>,
+    pub write: BTreeMap<String, Histogram>,
+}
+
+impl Latencies {
+    pub fn add(&mut self, job: &str, r: &crate::loadgen::JobRun) {
+        self.read.entry(job.to_owned()).or_default().merge(&r.read_hist);
+        self.write.entry(job.to_owned()).or_default().merge(&r.write_hist);
+    }
 }
 
 /// The seed-000 jobs, resized to `size` bytes and `runtime` each.
@@ -34,11 +56,25 @@ pub fn block_jobs(size: u64, runtime: Duration) -> anyhow::Result<Vec<Job>> {
         .collect())
 }
 
-/// Runs the seed-000 jobs on `target` once.
-pub async fn block(target: &Opened, jobs: &[Job], stop: &Arc<AtomicBool>) -> anyhow::Result<BlockRun> {
+/// Runs the seed-000 jobs once on `agent` against `target`. Returns the
+/// figures and, for a scratch file asked to use `O_DIRECT`, whether it did.
+pub async fn block(
+    agent: &AgentClient,
+    target: &BlockTarget,
+    jobs: &[Job],
+    link: LinkSpec,
+    lat: &mut Latencies,
+) -> anyhow::Result<(BlockRun, Option<bool>)> {
     let mut r = BlockRun::default();
+    let mut direct_used = None;
     for job in jobs {
-        let run: JobRun = target.run(job, Limits::default(), stop.clone()).await?;
+        let req = JobRequest { target: target.clone(), job: job.clone(), max_job_time: Duration::from_secs(300), link };
+        let reply = agent.job(&req).await.with_context(|| format!("job {} on agent {}", job.name, agent.name))?;
+        let run = reply.run;
+        if reply.direct_used == Some(false) || direct_used.is_none() {
+            direct_used = reply.direct_used.or(direct_used);
+        }
+        lat.add(&job.name, &run);
         let mib = |b: f64| b / 1048576.0;
         match job.name.as_str() {
             "seq-write" => r.seq_write_mib_s = mib(run.write.bw_bytes),
@@ -49,7 +85,7 @@ pub async fn block(target: &Opened, jobs: &[Job], stop: &Arc<AtomicBool>) -> any
             other => bail!("seed-000 has an unexpected job {other}"),
         }
     }
-    Ok(r)
+    Ok((r, direct_used))
 }
 
 /// Fills a volume with data (untimed set-up) so reads are not of holes.
@@ -78,137 +114,170 @@ pub async fn prefill(c: &CoronaEndpoint, export: &str, size: u64) -> anyhow::Res
     Ok(())
 }
 
-/// Cross-worker read: worker A writes `size` bytes and flushes on its own
-/// connection; worker B, on another connection, reads them back
-/// sequentially (1 MiB, depth 1) and checks every byte. Returns B's MiB/s.
-pub async fn cross_worker(c: &CoronaEndpoint, export: &str, size: u64, seed: u64) -> anyhow::Result<f64> {
-    let a = NbdClient::connect(c.nbd.as_str(), export).await.context("worker A")?;
-    let b = NbdClient::connect(c.nbd.as_str(), export).await.context("worker B")?;
-    let size = size.min(a.size()) / (1 << 20) * (1 << 20);
+/// What the CoronaFS server said about evicting a volume from its page cache.
+pub async fn evict(api: &str, volume: &str) -> anyhow::Result<serde_json::Value> {
+    let resp = reqwest::Client::new()
+        .post(format!("{api}/v1/volumes/{volume}/evict"))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .with_context(|| format!("POST {api}/v1/volumes/{volume}/evict"))?;
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    if !status.is_success() {
+        bail!("evicting {volume} from the CoronaFS server's page cache: {status} {body}");
+    }
+    serde_json::from_str(&body).context("the evict answer is not JSON")
+}
+
+/// One cross-worker iteration's figures.
+#[derive(Debug, Clone)]
+pub struct Cross {
+    pub write_mib_s: f64,
+    pub read_mib_s: f64,
+    /// The server's answer to the eviction, or why it could not evict.
+    pub evicted: Result<serde_json::Value, String>,
+}
+
+/// Cross-worker read: `writer` writes `size` bytes and flushes, the
+/// CoronaFS server drops the volume from its page cache, then `reader` (on
+/// another node) reads them back sequentially (1 MiB, depth 1) and checks
+/// every byte.
+#[allow(clippy::too_many_arguments)]
+pub async fn cross_worker(
+    writer: &AgentClient,
+    reader: &AgentClient,
+    c: &CoronaEndpoint,
+    export: &str,
+    size: u64,
+    seed: u64,
+    link: LinkSpec,
+) -> anyhow::Result<Cross> {
+    let size = size / (1 << 20) * (1 << 20);
     if size == 0 {
         bail!("volume too small for the cross-worker read");
     }
-    let mut chunk = vec![0u8; 1 << 20];
-    for i in 0..size >> 20 {
-        fill(&mut chunk, seed ^ i);
-        a.write(i << 20, &chunk, false).await?;
+    let req = |write| PatternRequest { addr: c.nbd.clone(), export: export.into(), offset: 0, size, seed, write, link };
+    let w = writer.pattern(&req(true)).await.with_context(|| format!("worker {} writing", writer.name))?;
+    let evicted = evict(&c.api, export).await.map_err(|e| format!("{e:#}"));
+    let r = reader.pattern(&req(false)).await.with_context(|| format!("worker {} reading back", reader.name))?;
+    let mib = |b: u64, s: f64| b as f64 / 1048576.0 / s.max(1e-9);
+    Ok(Cross { write_mib_s: mib(w.bytes, w.secs), read_mib_s: mib(r.bytes, r.secs), evicted })
+}
+
+/// The S3 spec an agent gets: every live endpoint, keys, bucket.
+pub fn s3_spec(e: &S3Endpoint, bucket: &str) -> S3Spec {
+    S3Spec {
+        endpoints: e.endpoints.clone(),
+        bucket: bucket.into(),
+        region: e.region.clone(),
+        access_key: e.access_key.clone(),
+        secret_key: e.secret_key.clone(),
     }
-    a.flush().await?;
-    let t = Instant::now();
-    let mut buf = vec![0u8; 1 << 20];
-    for i in 0..size >> 20 {
-        buf = b.read_into(buf, i << 20).await?;
-        fill(&mut chunk, seed ^ i);
-        if buf != chunk {
-            bail!("worker B read different data at MiB {i} than worker A wrote");
+}
+
+/// Creates `bucket` unless it exists, through the first endpoint that answers.
+pub async fn ensure_bucket(e: &S3Endpoint, bucket: &str) -> anyhow::Result<()> {
+    let mut last = None;
+    for url in &e.endpoints {
+        let c = crate::target::s3_client_failfast(url, &e.region, &e.access_key, &e.secret_key);
+        if c.head_bucket().bucket(bucket).send().await.is_ok() {
+            return Ok(());
+        }
+        match c.create_bucket().bucket(bucket).send().await {
+            Ok(_) => return Ok(()),
+            Err(err) => last = Some(anyhow::Error::new(err).context(format!("creating bucket {bucket} via {url}"))),
         }
     }
-    let secs = t.elapsed().as_secs_f64();
-    let _ = a.disconnect().await;
-    let _ = b.disconnect().await;
-    Ok(size as f64 / 1048576.0 / secs)
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no S3 endpoints")))
 }
 
-/// An S3 client for node `i` of the endpoint set.
-pub fn s3(e: &S3Endpoint, i: usize) -> aws_sdk_s3::Client {
-    let url = &e.endpoints[i % e.endpoints.len()];
-    crate::target::s3_client(url, &e.region, &e.access_key, &e.secret_key)
-}
-
-/// Creates `bucket` unless it exists.
-pub async fn ensure_bucket(c: &aws_sdk_s3::Client, bucket: &str) -> anyhow::Result<()> {
-    if c.head_bucket().bucket(bucket).send().await.is_err() {
-        c.create_bucket().bucket(bucket).send().await.with_context(|| format!("creating bucket {bucket}"))?;
-    }
-    Ok(())
-}
-
-/// Upload and download throughput of one object, in MiB/s.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Transfer {
-    pub up_mib_s: f64,
-    pub down_mib_s: f64,
-    pub put_per_s: f64,
-    pub get_per_s: f64,
-}
-
-async fn put(c: &aws_sdk_s3::Client, bucket: &str, key: &str, body: bytes::Bytes) -> anyhow::Result<()> {
-    c.put_object().bucket(bucket).key(key).body(body.into()).send().await.with_context(|| format!("PUT {key}"))?;
-    Ok(())
-}
-
-async fn get(c: &aws_sdk_s3::Client, bucket: &str, key: &str) -> anyhow::Result<bytes::Bytes> {
-    let r = c.get_object().bucket(bucket).key(key).send().await.with_context(|| format!("GET {key}"))?;
-    Ok(r.body.collect().await.with_context(|| format!("GET {key} body"))?.into_bytes())
-}
-
-/// `count` objects of `size` bytes, uploaded then downloaded by `jobs`
-/// concurrent clients; every download is checked against its upload.
+/// An object batch on `agent`.
+#[allow(clippy::too_many_arguments)]
 pub async fn objects(
+    agent: &AgentClient,
     e: &S3Endpoint,
     bucket: &str,
     prefix: &str,
     count: usize,
     size: usize,
     jobs: usize,
-) -> anyhow::Result<Transfer> {
-    let bodies: Vec<bytes::Bytes> = (0..count)
-        .map(|i| {
-            let mut v = vec![0u8; size];
-            fill(&mut v, 0xB0D1 ^ i as u64);
-            bytes::Bytes::from(v)
-        })
-        .collect();
-    let bodies = Arc::new(bodies);
-    let total_mib = (count * size) as f64 / 1048576.0;
-    let phase = |upload: bool| {
-        let bodies = bodies.clone();
-        async move {
-            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let mut tasks = tokio::task::JoinSet::new();
-            let t = Instant::now();
-            for j in 0..jobs.max(1) {
-                let (c, b, p, next, bodies) =
-                    (s3(e, j), bucket.to_owned(), prefix.to_owned(), next.clone(), bodies.clone());
-                tasks.spawn(async move {
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= bodies.len() {
-                            return anyhow::Ok(());
-                        }
-                        let key = format!("{p}{i:04}");
-                        if upload {
-                            put(&c, &b, &key, bodies[i].clone()).await?;
-                        } else if get(&c, &b, &key).await? != bodies[i] {
-                            bail!("GET {key} returned different bytes than were PUT");
-                        }
-                    }
-                });
-            }
-            while let Some(r) = tasks.join_next().await {
-                r??;
-            }
-            anyhow::Ok(t.elapsed().as_secs_f64())
-        }
-    };
-    let up = phase(true).await?;
-    let down = phase(false).await?;
-    Ok(Transfer {
-        up_mib_s: total_mib / up,
-        down_mib_s: total_mib / down,
-        put_per_s: count as f64 / up,
-        get_per_s: count as f64 / down,
-    })
+    link: LinkSpec,
+) -> anyhow::Result<ObjectsReply> {
+    let req = ObjectsRequest { s3: s3_spec(e, bucket), prefix: prefix.into(), count, size, jobs, link };
+    agent.objects(&req).await.with_context(|| format!("S3 batch {prefix} on agent {}", agent.name))
 }
 
 /// Deletes the objects under `prefix` (best effort; keeps the store small
 /// between iterations).
-pub async fn delete_prefix(c: &aws_sdk_s3::Client, bucket: &str, prefix: &str) {
-    if let Ok(list) = c.list_objects_v2().bucket(bucket).prefix(prefix).send().await {
+pub async fn delete_prefix(e: &S3Endpoint, bucket: &str, prefix: &str) {
+    for url in &e.endpoints {
+        let c = crate::target::s3_client_failfast(url, &e.region, &e.access_key, &e.secret_key);
+        let Ok(list) = c.list_objects_v2().bucket(bucket).prefix(prefix).send().await else { continue };
         for o in list.contents() {
             if let Some(k) = o.key() {
                 let _ = c.delete_object().bucket(bucket).key(k).send().await;
             }
         }
+        return;
     }
+}
+
+/// One network-baseline iteration: our bulk TCP probe from `from` to
+/// `to`'s sink, and iperf3 between the same two agents when both have it.
+pub struct NetRun {
+    pub probe_mib_s: f64,
+    pub probe_retransmits: f64,
+    /// iperf3's MiB/s and retransmits, or why it could not run.
+    pub iperf3: Option<Result<(f64, f64), String>>,
+}
+
+pub async fn network(
+    from: &AgentClient,
+    sink: SocketAddr,
+    to: &AgentClient,
+    iperf3: bool,
+    duration: Duration,
+    link: LinkSpec,
+) -> anyhow::Result<NetRun> {
+    let p = from
+        .probe(&ProbeRequest { to: sink, duration, link })
+        .await
+        .with_context(|| format!("TCP probe {} -> {}", from.name, to.name))?;
+    let iperf3 = if iperf3 {
+        let r = async {
+            let port = to.iperf3_server().await.with_context(|| format!("iperf3 -s on {}", to.name))?;
+            let r = from
+                .iperf3_client(&Iperf3ClientRequest { to: SocketAddr::new(to.addr.ip(), port), duration, link })
+                .await
+                .with_context(|| format!("iperf3 {} -> {}", from.name, to.name))?;
+            anyhow::Ok((r.bytes_per_s / 1048576.0, r.retransmits as f64))
+        }
+        .await;
+        Some(r.map_err(|e| format!("{e:#}")))
+    } else {
+        None
+    };
+    Ok(NetRun { probe_mib_s: p.bytes_per_s / 1048576.0, probe_retransmits: f64::from(p.retransmits), iperf3 })
+}
+
+/// Which S3 endpoints accept a TCP connection within 2 s, and why the others do not.
+pub async fn live_endpoints(e: &S3Endpoint) -> (Vec<String>, Vec<String>) {
+    let mut live = Vec::new();
+    let mut dead = Vec::new();
+    for u in &e.endpoints {
+        let ok = match crate::cluster::url_addr(u) {
+            Ok(a) => match tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(a)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(err)) => Err(err.to_string()),
+                Err(_) => Err("no answer within 2 s".into()),
+            },
+            Err(err) => Err(format!("{err:#}")),
+        };
+        match ok {
+            Ok(()) => live.push(u.clone()),
+            Err(why) => dead.push(format!("{u}: {why}")),
+        }
+    }
+    (live, dead)
 }

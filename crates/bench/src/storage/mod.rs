@@ -8,12 +8,15 @@
 //! reason, never a made-up number.
 
 pub mod assess;
+pub mod conditions;
+pub mod degraded;
 pub mod markdown;
 pub mod measure;
 pub mod vm;
 
+use crate::agent::{BlockTarget, Event};
 use crate::cluster::Cluster;
-use crate::loadgen::Opened;
+use crate::hist::Histogram;
 use crate::progress::Progress;
 use crate::stats::Summary;
 use anyhow::Context;
@@ -67,6 +70,10 @@ pub struct Options {
     pub vm_warm_count: usize,
     /// Link rate (bytes/s) when emulated.
     pub link_rate: Option<u64>,
+    /// Applied during a steady LightningStor load (the degraded section).
+    pub fault: Option<crate::fault::Fault>,
+    /// Length of that load.
+    pub degraded_time: Duration,
 }
 
 impl Options {
@@ -82,12 +89,15 @@ impl Options {
                 batch_count: 32,
                 batch_object: 1 << 20,
                 parallel_jobs: 8,
-                net_time: Duration::from_secs(1),
+                // Long enough for iperf3 and our probe to agree on a real link.
+                net_time: Duration::from_secs(2),
                 peers: false,
                 vm_artifact: 32 << 20,
                 vm_side_artifact: 8 << 20,
                 vm_warm_count: 10,
                 link_rate: None,
+                fault: None,
+                degraded_time: Duration::from_secs(15),
             }
         } else {
             Options {
@@ -106,6 +116,8 @@ impl Options {
                 vm_side_artifact: 32 << 20,
                 vm_warm_count: 21,
                 link_rate: None,
+                fault: None,
+                degraded_time: Duration::from_secs(30),
             }
         }
     }
@@ -127,11 +139,32 @@ impl Options {
     }
 }
 
+/// A TCP baseline between two agents.
 #[derive(Debug, Clone, Serialize)]
 pub struct Network {
+    /// The sending agent.
+    pub from: String,
+    /// The agent whose sink received (on the services' node).
+    pub to: String,
+    /// Our bulk TCP probe (bytes the sink confirmed).
     pub tcp_mib_s: Summary,
     pub tcp_retransmits: Summary,
+    /// iperf3 between the same two agents, when both have it.
+    pub iperf3_mib_s: Option<Summary>,
+    pub iperf3_retransmits: Option<Summary>,
+    /// Median probe / median iperf3.
+    pub probe_vs_iperf3: Option<f64>,
     pub method: String,
+}
+
+/// p50 and p99 completion latency of one job, over all its iterations.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobLatency {
+    pub job: String,
+    pub side: String,
+    pub ops: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -143,13 +176,25 @@ pub struct Block {
     pub depth32_read_mib_s: Summary,
     pub size_bytes: u64,
     pub runtime_s: f64,
+    /// The agent that ran the jobs, and against what.
+    pub measured_by: String,
+    /// For a local file asked to bypass the page cache: whether `O_DIRECT`
+    /// was really used (None: not asked, or not a file).
+    pub o_direct: Option<bool>,
+    pub latency: Vec<JobLatency>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct CrossWorker {
+    pub writer: String,
+    pub reader: String,
+    pub write_mib_s: Summary,
     pub read_mib_s: Summary,
     pub size_bytes: u64,
     pub verified: bool,
+    /// What was dropped from the CoronaFS server's page cache before each
+    /// read (the server's answers), or why it could not be.
+    pub eviction: Vec<Result<serde_json::Value, String>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -162,6 +207,13 @@ pub struct Objects {
     pub put_per_s: Summary,
     pub get_per_s: Summary,
     pub nodes: usize,
+    pub measured_by: String,
+    pub put_p50_ms: f64,
+    pub put_p99_ms: f64,
+    pub get_p50_ms: f64,
+    pub get_p99_ms: f64,
+    /// Requests moved to another node after one failed.
+    pub failovers: u64,
 }
 
 /// The VM image path (see [`vm`]).
@@ -226,19 +278,31 @@ pub struct Ratio {
 /// Everything `results.json` holds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub generated_unix: u64,
+    /// When the run finished (RFC 3339, UTC).
+    pub generated_at: String,
     pub command: String,
     pub cluster: String,
     pub link: String,
     pub quick: bool,
     pub iterations: usize,
+    pub conditions: conditions::Conditions,
+    /// Things that happened (dead endpoints left out, failovers).
+    pub events: Vec<String>,
+    /// From the block agent to the agent on CoronaFS's node.
     pub network: Section<Network>,
+    /// From the S3 agent to the agent on an S3 node.
+    pub s3_network: Section<Network>,
+    /// The block agent's disk with `O_DIRECT`.
     pub local_disk: Section<Block>,
+    /// The same file through the page cache (like for like with CoronaFS,
+    /// whose server reads recent data from its page cache).
+    pub local_disk_buffered: Section<Block>,
     pub coronafs: Section<Block>,
     pub cross_worker: Section<CrossWorker>,
     pub s3_large_object: Section<Objects>,
     pub s3_small_batch: Section<Objects>,
     pub s3_parallel_batch: Section<Objects>,
+    pub s3_degraded: Section<degraded::Degraded>,
     pub vm_image: Section<VmImage>,
     pub nbd_peers: Section<crate::nbd_compare::Report>,
     pub assessment: Vec<Ratio>,
@@ -251,38 +315,185 @@ fn col<T>(runs: &[T], f: impl Fn(&T) -> f64) -> Summary {
     Summary::of(&runs.iter().map(f).collect::<Vec<_>>())
 }
 
-fn block_summary(runs: &[measure::BlockRun], size: u64, runtime: Duration) -> Block {
-    Block {
-        seq_write_mib_s: col(runs, |r| r.seq_write_mib_s),
-        seq_read_mib_s: col(runs, |r| r.seq_read_mib_s),
-        rand_read_4k_iops: col(runs, |r| r.rand_read_4k_iops),
-        depth32_write_mib_s: col(runs, |r| r.depth32_write_mib_s),
-        depth32_read_mib_s: col(runs, |r| r.depth32_read_mib_s),
-        size_bytes: size,
-        runtime_s: runtime.as_secs_f64(),
+fn latencies(l: &measure::Latencies) -> Vec<JobLatency> {
+    let mut v = Vec::new();
+    for (side, map) in [("read", &l.read), ("write", &l.write)] {
+        for (job, h) in map {
+            if h.count() > 0 {
+                v.push(JobLatency {
+                    job: job.clone(),
+                    side: side.into(),
+                    ops: h.count(),
+                    p50_us: h.percentile(50.0) as f64 / 1000.0,
+                    p99_us: h.percentile(99.0) as f64 / 1000.0,
+                });
+            }
+        }
+    }
+    v
+}
+
+/// One block section from its iterations.
+struct BlockRuns {
+    runs: Vec<measure::BlockRun>,
+    lat: measure::Latencies,
+    o_direct: Option<bool>,
+}
+
+impl BlockRuns {
+    fn new() -> Self {
+        BlockRuns { runs: Vec::new(), lat: measure::Latencies::default(), o_direct: None }
+    }
+
+    fn push(&mut self, (run, direct): (measure::BlockRun, Option<bool>)) {
+        self.runs.push(run);
+        // Once refused, the section says so.
+        self.o_direct = match (self.o_direct, direct) {
+            (Some(false), _) | (_, Some(false)) => Some(false),
+            (a, b) => b.or(a),
+        };
+    }
+
+    fn summary(&self, size: u64, runtime: Duration, measured_by: String) -> Block {
+        let runs = &self.runs;
+        Block {
+            seq_write_mib_s: col(runs, |r| r.seq_write_mib_s),
+            seq_read_mib_s: col(runs, |r| r.seq_read_mib_s),
+            rand_read_4k_iops: col(runs, |r| r.rand_read_4k_iops),
+            depth32_write_mib_s: col(runs, |r| r.depth32_write_mib_s),
+            depth32_read_mib_s: col(runs, |r| r.depth32_read_mib_s),
+            size_bytes: size,
+            runtime_s: runtime.as_secs_f64(),
+            measured_by,
+            o_direct: self.o_direct,
+            latency: latencies(&self.lat),
+        }
     }
 }
 
-fn objects_summary(runs: &[measure::Transfer], count: usize, size: usize, jobs: usize, nodes: usize) -> Objects {
-    Objects {
-        count,
-        object_bytes: size,
-        jobs,
-        upload_mib_s: col(runs, |r| r.up_mib_s),
-        download_mib_s: col(runs, |r| r.down_mib_s),
-        put_per_s: col(runs, |r| r.put_per_s),
-        get_per_s: col(runs, |r| r.get_per_s),
-        nodes,
+/// One S3 batch section from its iterations.
+#[derive(Default)]
+struct ObjectRuns {
+    up: Vec<f64>,
+    down: Vec<f64>,
+    put: Histogram,
+    get: Histogram,
+    failovers: u64,
+    events: Vec<Event>,
+}
+
+impl ObjectRuns {
+    fn push(&mut self, r: crate::agent::ObjectsReply) {
+        self.up.push(r.upload_s);
+        self.down.push(r.download_s);
+        self.put.merge(&r.put_hist);
+        self.get.merge(&r.get_hist);
+        self.failovers += r.failovers;
+        self.events.extend(r.events);
+    }
+
+    fn summary(&self, count: usize, size: usize, jobs: usize, nodes: usize, by: &str) -> Objects {
+        let mib = (count * size) as f64 / 1048576.0;
+        let per = |v: &[f64], f: &dyn Fn(f64) -> f64| Summary::of(&v.iter().map(|s| f(*s)).collect::<Vec<_>>());
+        let ms = |h: &Histogram, p: f64| h.percentile(p) as f64 / 1e6;
+        Objects {
+            count,
+            object_bytes: size,
+            jobs,
+            upload_mib_s: per(&self.up, &|s| mib / s.max(1e-9)),
+            download_mib_s: per(&self.down, &|s| mib / s.max(1e-9)),
+            put_per_s: per(&self.up, &|s| count as f64 / s.max(1e-9)),
+            get_per_s: per(&self.down, &|s| count as f64 / s.max(1e-9)),
+            nodes,
+            measured_by: by.into(),
+            put_p50_ms: ms(&self.put, 50.0),
+            put_p99_ms: ms(&self.put, 99.0),
+            get_p50_ms: ms(&self.get, 50.0),
+            get_p99_ms: ms(&self.get, 99.0),
+            failovers: self.failovers,
+        }
     }
 }
 
 /// Steps the progress bar counts.
 pub fn steps(opts: &Options) -> u64 {
-    2 + 6 * opts.iterations as u64 + u64::from(opts.peers) + 2 + opts.iterations as u64
+    3 + 7 * opts.iterations as u64
+        + u64::from(opts.peers)
+        + 2
+        + opts.iterations as u64
+        + u64::from(opts.fault.is_some())
 }
 
-/// Runs every section against `cluster`. `scratch` holds the local-disk
-/// baseline file.
+/// A named agent of the cluster, or an error naming the role.
+fn role<'a>(cluster: &'a Cluster, role: &str, name: &str) -> Option<&'a crate::agent::client::AgentClient> {
+    if name.is_empty() {
+        return None;
+    }
+    let a = cluster.agent(name);
+    if a.is_none() {
+        tracing::warn!(role, agent = name, "no such agent");
+    }
+    a
+}
+
+/// The TCP baseline between two agents (probe and, where both have it,
+/// iperf3), iterations interleaved.
+async fn network_section(
+    cluster: &Cluster,
+    from: &str,
+    to: &str,
+    what: &str,
+    opts: &Options,
+    infos: &conditions::Conditions,
+) -> Section<Network> {
+    let (Some(f), Some(t)) = (role(cluster, "from", from), role(cluster, "to", to)) else {
+        return Section::na(format!(
+            "no agent runs on the {what} node (add [agents] and [roles] with `{}` to the cluster file)",
+            if what == "CoronaFS" { "coronafs_host" } else { "s3_host" }
+        ));
+    };
+    let info = |n: &str| infos.agents.iter().find(|a| a.name == n).and_then(|a| a.info.clone());
+    let (Some(fi), Some(ti)) = (info(from), info(to)) else {
+        return Section::na(format!("agent {from} or {to} did not answer"));
+    };
+    let iperf3 = fi.iperf3.is_some() && ti.iperf3.is_some();
+    let sink = t.sink(&ti);
+    let mut runs = Vec::new();
+    for _ in 0..opts.iterations {
+        match measure::network(f, sink, t, iperf3, opts.net_time, cluster.link).await {
+            Ok(r) => runs.push(r),
+            Err(e) => return Section::na(format!("the baseline failed: {e:#}")),
+        }
+    }
+    let tcp = col(&runs, |r| r.probe_mib_s);
+    let ip: Vec<(f64, f64)> = runs.iter().filter_map(|r| r.iperf3.clone()?.ok()).collect();
+    let iperf3_error = runs.iter().find_map(|r| r.iperf3.clone()?.err());
+    let iperf3_mib_s = (!ip.is_empty()).then(|| Summary::of(&ip.iter().map(|x| x.0).collect::<Vec<_>>()));
+    let iperf3_retransmits = (!ip.is_empty()).then(|| Summary::of(&ip.iter().map(|x| x.1).collect::<Vec<_>>()));
+    Section::Measured(Network {
+        from: from.into(),
+        to: to.into(),
+        probe_vs_iperf3: iperf3_mib_s.map(|i| tcp.median / i.median.max(1e-9)),
+        tcp_mib_s: tcp,
+        tcp_retransmits: col(&runs, |r| r.probe_retransmits),
+        iperf3_mib_s,
+        iperf3_retransmits,
+        method: format!(
+            "bench TCP probe (one connection, bulk send for {:.0} s, bytes the sink confirmed, retransmits from \
+             TCP_INFO) from agent {from} to the sink of agent {to}{}; {}",
+            opts.net_time.as_secs_f64(),
+            match (iperf3, &iperf3_error) {
+                (true, None) => ", and iperf3 -c/-s between the same two agents, interleaved".to_owned(),
+                (true, Some(e)) => format!("; iperf3 failed ({e})"),
+                (false, _) => "; iperf3 is not installed on both, so no cross-check".to_owned(),
+            },
+            cluster.link.describe()
+        ),
+    })
+}
+
+/// Runs every section against `cluster`. `scratch` holds the coordinator's
+/// own files (VM test images).
 pub async fn run(
     cluster: &Cluster,
     opts: &Options,
@@ -291,34 +502,34 @@ pub async fn run(
     progress: &Progress,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<Report> {
+    let started_at = hostinfo::now_iso8601();
     let ep = &cluster.endpoints;
+    let roles = &cluster.roles;
     let it = opts.iterations;
+    let link = cluster.link;
     let jobs = measure::block_jobs(opts.volume_size, opts.block_runtime)?;
+    let mut events = Vec::new();
 
-    // Network baseline: through the same (emulated) link as the services.
-    progress.step("network baseline (TCP throughput, retransmits)");
-    let (sink, sink_task) = crate::netprobe::sink().await?;
-    let shaper =
-        if cluster.link.is_loopback() { None } else { Some(crate::shaper::Shaper::start(sink, cluster.link).await?) };
-    let probe_addr = shaper.as_ref().map_or(sink, |s| s.addr);
-    let mut probes = Vec::new();
-    for _ in 0..it {
-        probes.push(crate::netprobe::run(probe_addr, opts.net_time, u64::MAX).await?);
+    progress.step("conditions: agents, hosts, file systems, services");
+    let conds = conditions::read(cluster, started_at, scratch).await;
+    for a in &conds.agents {
+        if let Some(e) = &a.error {
+            events.push(format!("agent {} ({}) did not answer: {e}", a.name, a.addr));
+        }
     }
-    if let Some(s) = shaper {
-        s.shutdown().await;
-    }
-    sink_task.abort();
-    let network = Section::Measured(Network {
-        tcp_mib_s: col(&probes, |p| p.bytes_per_s / 1048576.0),
-        tcp_retransmits: col(&probes, |p| f64::from(p.retransmits)),
-        method: format!("bench TCP probe (bulk send, TCP_INFO retransmits), {}", cluster.link.describe()),
-    });
+    let alive = |name: &str| conds.agents.iter().any(|a| a.name == name && a.info.is_some());
 
-    // Set-up: the local file and the volume, filled with data.
-    progress.step("set-up: local baseline file and CoronaFS volume");
-    let local_file = scratch.join("local-disk");
-    let local = Opened::Files(crate::files::FileTarget::open(&local_file)?);
+    progress.step("network baselines (TCP probe and iperf3 between agents)");
+    let network = network_section(cluster, &roles.block, &roles.coronafs_host, "CoronaFS", opts, &conds).await;
+    let s3_network = if ep.lightningstor.is_some() {
+        network_section(cluster, &roles.s3, &roles.s3_host, "LightningStor", opts, &conds).await
+    } else {
+        Section::na("LightningStor is not in the cluster file")
+    };
+
+    // Set-up: the volume, filled with data; the live S3 endpoints; the bucket.
+    progress.step("set-up: CoronaFS volume, S3 endpoints and bucket");
+    let block_agent = role(cluster, "block", &roles.block).filter(|a| alive(&a.name));
     let corona = match (&ep.coronafs, &cluster.setup.coronafs) {
         (Some(c), Some(setup)) => {
             crate::cluster::create_volume(&setup.api, VOLUME, opts.volume_size).await.or_else(|e| {
@@ -326,105 +537,223 @@ pub async fn run(
                 if format!("{e:#}").contains("exists") { Ok(()) } else { Err(e) }
             })?;
             measure::prefill(setup, VOLUME, opts.volume_size).await.context("filling the CoronaFS volume")?;
-            Some((c.clone(), Opened::Nbd { addr: c.nbd.clone(), export: VOLUME.into() }))
+            Some(c.clone())
         }
         _ => None,
     };
-    let s3 = ep.lightningstor.clone();
-    if let Some(e) = &s3 {
-        measure::ensure_bucket(&measure::s3(e, 0), BUCKET).await?;
-    }
+    let s3 = match &ep.lightningstor {
+        Some(e) => {
+            let (live, dead) = measure::live_endpoints(e).await;
+            for d in &dead {
+                events.push(format!("S3 endpoint left out, it did not answer at the start: {d}"));
+            }
+            if live.is_empty() {
+                events.push("no S3 endpoint answered: the LightningStor sections are not measured".into());
+                None
+            } else {
+                let e = crate::cluster::S3Endpoint { endpoints: live, ..e.clone() };
+                measure::ensure_bucket(&e, BUCKET).await?;
+                Some(e)
+            }
+        }
+        None => None,
+    };
+    let s3_agent = role(cluster, "s3", &roles.s3).filter(|a| alive(&a.name));
+    let (writer, reader) = (
+        role(cluster, "cross_write", &roles.cross_write).filter(|a| alive(&a.name)),
+        role(cluster, "cross_read", &roles.cross_read).filter(|a| alive(&a.name)),
+    );
 
-    let mut local_runs = Vec::new();
-    let mut corona_runs = Vec::new();
-    let mut cross = Vec::new();
-    let (mut large, mut batch, mut par) = (Vec::new(), Vec::new(), Vec::new());
+    let mut local = BlockRuns::new();
+    let mut local_buf = BlockRuns::new();
+    let mut cor = BlockRuns::new();
+    let (mut cross, mut cross_w, mut evictions) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut large, mut batch, mut par) = (ObjectRuns::default(), ObjectRuns::default(), ObjectRuns::default());
+    let buffered: Vec<crate::job::Job> = jobs
+        .iter()
+        .cloned()
+        .map(|mut j| {
+            j.direct = false;
+            j
+        })
+        .collect();
+    let local_target = BlockTarget::Scratch { file: "local-disk".into() };
     for i in 0..it {
         let n = format!("iteration {}/{it}", i + 1);
-        progress.step(&format!("{n}: local disk (seed-000 jobs, O_DIRECT)"));
-        local_runs.push(measure::block(&local, &jobs, &stop).await.context("local disk")?);
-        if let Some((c, target)) = &corona {
-            progress.step(&format!("{n}: CoronaFS over NBD (seed-000 jobs)"));
-            corona_runs.push(measure::block(target, &jobs, &stop).await.context("CoronaFS")?);
-            progress.step(&format!("{n}: cross-worker read"));
-            cross.push(measure::cross_worker(c, VOLUME, opts.cross_worker_size, i as u64).await?);
+        if let Some(a) = block_agent {
+            progress.step(&format!("{n}: local disk on {} (seed-000 jobs, O_DIRECT)", a.name));
+            let r = measure::block(a, &local_target, &jobs, link, &mut local.lat).await.context("local disk")?;
+            local.push(r);
+            progress.step(&format!("{n}: local disk on {} (buffered)", a.name));
+            let r = measure::block(a, &local_target, &buffered, link, &mut local_buf.lat)
+                .await
+                .context("local disk, buffered")?;
+            local_buf.push(r);
         } else {
-            progress.step(&format!("{n}: CoronaFS not in the cluster"));
+            progress.step("no block agent");
             progress.step("");
         }
-        if let Some(e) = &s3 {
-            progress.step(&format!("{n}: LightningStor large object ({} MiB)", opts.large_object >> 20));
-            large.push(measure::objects(e, BUCKET, "large/", 1, opts.large_object, 1).await?);
+        if let (Some(c), Some(a)) = (&corona, block_agent) {
+            progress.step(&format!("{n}: CoronaFS over NBD from {} (seed-000 jobs)", a.name));
+            let target = BlockTarget::Nbd { addr: c.nbd.clone(), export: VOLUME.into() };
+            let r = measure::block(a, &target, &jobs, link, &mut cor.lat).await.context("CoronaFS")?;
+            cor.push(r);
+        } else {
+            progress.step("CoronaFS not measured");
+        }
+        if let (Some(c), Some(w), Some(r)) = (&corona, writer, reader) {
+            progress.step(&format!("{n}: cross-worker: {} writes, {} reads", w.name, r.name));
+            let x = measure::cross_worker(w, r, c, VOLUME, opts.cross_worker_size, i as u64, link).await?;
+            cross.push(x.read_mib_s);
+            cross_w.push(x.write_mib_s);
+            evictions.push(x.evicted);
+        } else {
+            progress.step("cross-worker read not measured");
+        }
+        if let (Some(e), Some(a)) = (&s3, s3_agent) {
+            progress.step(&format!(
+                "{n}: LightningStor large object ({} MiB) from {}",
+                opts.large_object >> 20,
+                a.name
+            ));
+            large.push(measure::objects(a, e, BUCKET, "large/", 1, opts.large_object, 1, link).await?);
             progress.step(&format!(
                 "{n}: LightningStor batch ({} x {} KiB)",
                 opts.batch_count,
                 opts.batch_object >> 10
             ));
-            batch.push(measure::objects(e, BUCKET, "batch/", opts.batch_count, opts.batch_object, 1).await?);
+            batch.push(measure::objects(a, e, BUCKET, "batch/", opts.batch_count, opts.batch_object, 1, link).await?);
             progress.step(&format!("{n}: LightningStor parallel batch ({} jobs)", opts.parallel_jobs));
             par.push(
-                measure::objects(e, BUCKET, "parallel/", opts.batch_count, opts.batch_object, opts.parallel_jobs)
-                    .await?,
+                measure::objects(
+                    a,
+                    e,
+                    BUCKET,
+                    "parallel/",
+                    opts.batch_count,
+                    opts.batch_object,
+                    opts.parallel_jobs,
+                    link,
+                )
+                .await?,
             );
-            let c = measure::s3(e, 0);
             for p in ["large/", "batch/", "parallel/"] {
-                measure::delete_prefix(&c, BUCKET, p).await;
+                measure::delete_prefix(e, BUCKET, p).await;
             }
         } else {
             for _ in 0..3 {
-                progress.step("LightningStor not in the cluster");
+                progress.step("LightningStor not measured");
             }
         }
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
             anyhow::bail!("interrupted");
         }
     }
-    local.cleanup();
-    let _ = std::fs::remove_file(&local_file);
+    for a in cluster.agents.values() {
+        if alive(&a.name) {
+            let _ = a.cleanup().await;
+        }
+    }
 
     let nodes = s3.as_ref().map_or(0, |e| e.endpoints.len());
-    let no_corona = "CoronaFS is not in the cluster file";
-    let no_s3 = "LightningStor is not in the cluster file";
+    let why_block = |what: &str| match (&corona, block_agent) {
+        (_, None) => format!("no live agent plays the block role ({})", roles.block),
+        (None, _) => format!("CoronaFS is not in the cluster file ({what})"),
+        _ => String::new(),
+    };
+    let block_by = |target: &str| format!("agent {} ({target})", roles.block);
+    let local_fs = conds
+        .agents
+        .iter()
+        .find(|a| a.name == roles.block)
+        .and_then(|a| a.info.as_ref())
+        .map_or("?".to_owned(), |i| format!("{} on {} ({})", i.scratch.path, i.scratch.device, i.scratch.fs_type));
+    let s3_by = s3_agent.map_or(String::new(), |a| a.name.clone());
+    let no_s3 = if ep.lightningstor.is_none() {
+        "LightningStor is not in the cluster file".to_owned()
+    } else if s3.is_none() {
+        "no S3 endpoint answered".to_owned()
+    } else {
+        format!("no live agent plays the s3 role ({})", roles.s3)
+    };
+    for o in [&large, &batch, &par] {
+        events.extend(o.events.iter().map(|e| format!("S3 agent {s3_by} at {:.1} s: {}", e.t_s, e.what)));
+    }
+    let measured_s3 = s3.is_some() && s3_agent.is_some();
     let mut report = Report {
-        generated_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        generated_at: String::new(),
         command,
         cluster: cluster.origin.clone(),
-        link: cluster.link.describe(),
+        link: link.describe(),
         quick: opts.quick,
         iterations: it,
+        conditions: conds.clone(),
+        events: Vec::new(),
         network,
-        local_disk: Section::Measured(block_summary(&local_runs, opts.volume_size, opts.block_runtime)),
-        coronafs: if corona.is_some() {
-            Section::Measured(block_summary(&corona_runs, opts.volume_size, opts.block_runtime))
+        s3_network,
+        local_disk: if block_agent.is_some() {
+            Section::Measured(local.summary(
+                opts.volume_size,
+                opts.block_runtime,
+                block_by(&format!("file local-disk in {local_fs}, O_DIRECT asked")),
+            ))
         } else {
-            Section::na(no_corona)
+            Section::na(why_block("local disk"))
         },
-        cross_worker: if corona.is_some() {
+        local_disk_buffered: if block_agent.is_some() {
+            Section::Measured(local_buf.summary(
+                opts.volume_size,
+                opts.block_runtime,
+                block_by(&format!("the same file, buffered (page cache)")),
+            ))
+        } else {
+            Section::na(why_block("local disk"))
+        },
+        coronafs: if corona.is_some() && block_agent.is_some() {
+            Section::Measured(cor.summary(
+                opts.volume_size,
+                opts.block_runtime,
+                block_by(&format!("NBD to {}", ep.coronafs.as_ref().map_or("", |c| c.nbd.as_str()))),
+            ))
+        } else {
+            Section::na(why_block("CoronaFS"))
+        },
+        cross_worker: if !cross.is_empty() {
             Section::Measured(CrossWorker {
+                writer: roles.cross_write.clone(),
+                reader: roles.cross_read.clone(),
+                write_mib_s: Summary::of(&cross_w),
                 read_mib_s: Summary::of(&cross),
                 size_bytes: opts.cross_worker_size,
                 verified: true,
+                eviction: evictions,
             })
+        } else if corona.is_none() {
+            Section::na("CoronaFS is not in the cluster file")
         } else {
-            Section::na(no_corona)
+            Section::na(format!(
+                "the writer ({}) or the reader ({}) agent is not live",
+                roles.cross_write, roles.cross_read
+            ))
         },
-        s3_large_object: if s3.is_some() {
-            Section::Measured(objects_summary(&large, 1, opts.large_object, 1, nodes))
+        s3_large_object: if measured_s3 {
+            Section::Measured(large.summary(1, opts.large_object, 1, nodes, &s3_by))
         } else {
-            Section::na(no_s3)
+            Section::na(no_s3.clone())
         },
-        s3_small_batch: if s3.is_some() {
-            Section::Measured(objects_summary(&batch, opts.batch_count, opts.batch_object, 1, nodes))
+        s3_small_batch: if measured_s3 {
+            Section::Measured(batch.summary(opts.batch_count, opts.batch_object, 1, nodes, &s3_by))
         } else {
-            Section::na(no_s3)
+            Section::na(no_s3.clone())
         },
-        s3_parallel_batch: if s3.is_some() {
-            Section::Measured(objects_summary(&par, opts.batch_count, opts.batch_object, opts.parallel_jobs, nodes))
+        s3_parallel_batch: if measured_s3 {
+            Section::Measured(par.summary(opts.batch_count, opts.batch_object, opts.parallel_jobs, nodes, &s3_by))
         } else {
-            Section::na(no_s3)
+            Section::na(no_s3.clone())
         },
+        s3_degraded: Section::na("no --fault given"),
         vm_image: Section::na("PlasmaVMC is not in the cluster file"),
-        nbd_peers: Section::na("skipped (--quick, or --no-peers); run `bench nbd-compare`"),
+        nbd_peers: Section::na("skipped (--quick, or --no-peers, or a deployed cluster); run `bench nbd-compare`"),
         assessment: Vec::new(),
     };
     if let Some(p) = &ep.plasmavmc {
@@ -451,10 +780,33 @@ pub async fn run(
             progress.step("PlasmaVMC not in the cluster");
         }
     }
+    if let Some(fault) = &opts.fault {
+        progress.step(&format!("degraded cluster: steady S3 load with {fault}"));
+        report.s3_degraded = match (&cluster.faults, &s3, s3_agent) {
+            (None, _, _) => {
+                Section::na(format!("{fault}: nothing here can apply faults (the cluster file has no [faults])"))
+            }
+            (_, None, _) | (_, _, None) => Section::na(no_s3.clone()),
+            (Some(d), Some(e), Some(a)) => {
+                match degraded::measure(cluster, a, d.clone(), fault, e, BUCKET, opts.degraded_time, link).await {
+                    Ok(x) => {
+                        events.extend(x.events.iter().map(|e| format!("degraded load at {:.1} s: {}", e.t_s, e.what)));
+                        Section::Measured(x)
+                    }
+                    Err(err) => Section::na(format!("the degraded-cluster load failed: {err:#}")),
+                }
+            }
+        };
+        if let Some(e) = &s3 {
+            measure::delete_prefix(e, BUCKET, "degraded/").await;
+        }
+    }
     if opts.peers && cluster.data_dir().is_some() {
-        progress.step("NBD peers: CoronaFS vs nbdkit vs qemu-nbd (fio)");
+        progress.step("NBD peers: CoronaFS vs nbdkit vs qemu-nbd (fio, on the coordinator's host, unshaped)");
         report.nbd_peers = peers_section(scratch).await;
     }
+    report.events = events;
+    report.generated_at = hostinfo::now_iso8601();
     report.assessment = assess::ratios(&report);
     Ok(report)
 }

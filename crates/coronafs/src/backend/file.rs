@@ -188,36 +188,11 @@ fn lseek(file: &File, pos: u64, whence: i32) -> io::Result<Option<u64>> {
 /// with `cachestat(2)` (Linux 6.5+). Kernels without it answer `false` from
 /// then on, so callers fall back to copying reads.
 pub(crate) fn range_cached(file: &File, offset: u64, len: u64) -> bool {
-    static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
-    const SYS_CACHESTAT: libc::c_long = 451;
     const PAGE: u64 = 4096;
-    if len == 0 || UNSUPPORTED.load(Ordering::Relaxed) {
+    if len == 0 {
         return false;
     }
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
-    }
-    let range = Range { off: offset, len };
-    let mut st = Stat::default();
-    // SAFETY: both structs match the kernel ABI and outlive the call.
-    let r = unsafe { libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range as *const Range, &mut st as *mut Stat, 0) };
-    if r < 0 {
-        if matches!(io::Error::last_os_error().raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) {
-            UNSUPPORTED.store(true, Ordering::Relaxed);
-        }
-        return false;
-    }
+    let Some(st) = super::pagecache::cachestat(file, offset, len) else { return false };
     let pages = (offset + len).div_ceil(PAGE) - offset / PAGE;
     st.nr_cache >= pages
 }

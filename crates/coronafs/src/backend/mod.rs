@@ -22,6 +22,7 @@ pub mod fault;
 pub mod file;
 pub mod layered;
 pub mod memory;
+pub mod pagecache;
 pub mod uring;
 
 /// A range of the device and its `base:allocation` state.
@@ -153,7 +154,7 @@ impl BlockBackend for AnyBackend {
 }
 
 /// Which engine serves file-backed volumes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IoEngine {
     /// io_uring through tokio-uring; falls back to `threads` when the kernel

@@ -19,7 +19,7 @@ pub mod files;
 pub mod meta;
 
 use crate::backend::layered::{Layer, Layered, MAX_DEPTH, map};
-use crate::backend::{AnyBackend, Opener};
+use crate::backend::{AnyBackend, Opener, pagecache};
 use crate::error::{CoronaError, Result};
 use crate::server::exports::Volume;
 use crate::util::validate_name;
@@ -65,6 +65,22 @@ pub struct SnapshotInfo {
     pub allocated_bytes: u64,
     pub clones: Vec<String>,
     pub nbd_export: String,
+}
+
+/// What evicting a volume from the page cache did (`POST /v1/volumes/{name}/evict`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EvictReport {
+    pub volume: String,
+    /// Every file of the volume's layer chain (its head, then each parent):
+    /// data files and, for layers with a parent, their maps.
+    pub files: Vec<String>,
+    /// Their total length in bytes (sparse files count at their full length).
+    pub bytes: u64,
+    /// Bytes of those files in the server's page cache before the eviction.
+    pub resident_before: u64,
+    /// Bytes still there after it (pages someone has mapped or locked, or
+    /// read back in meanwhile by a client).
+    pub resident_after: u64,
 }
 
 /// The volume manager of one data dir.
@@ -622,6 +638,53 @@ impl Volumes {
             return Err(format!("files {on_disk:?} but the catalog names {want:?}"));
         }
         Ok(())
+    }
+
+    /// Drops every file of `name`'s layer chain from the page cache, so the
+    /// next reads come from the disk (the bench's cross-worker read must
+    /// not be served from this server's memory). Each file is synced first,
+    /// since dirty pages cannot be dropped; data files go before maps, the
+    /// order a flush keeps. Holds the control lock, so no delete or flatten
+    /// removes a file meanwhile; NBD traffic goes on.
+    pub async fn evict(&self, name: &str) -> Result<EvictReport> {
+        validate_name(name)?;
+        let _g = self.control.lock().await;
+        let cat = self.catalog()?;
+        let rec = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+        let (mut data, mut maps) = (Vec::new(), Vec::new());
+        for id in cat.chain(rec.head) {
+            let l = cat.layers.get(&id).ok_or_else(|| CoronaError::Meta(format!("layer {id} is missing")))?;
+            data.push(self.dir.join(&l.file));
+            if l.parent.is_some() {
+                maps.push(files::map_path(&self.dir, id));
+            }
+        }
+        data.append(&mut maps);
+        let paths = data;
+        let (bytes, before, after) = tokio::task::spawn_blocking({
+            let paths = paths.clone();
+            move || -> Result<(u64, u64, u64)> {
+                let mut sums = (0, 0, 0);
+                for p in &paths {
+                    let f = std::fs::File::open(p)?;
+                    sums.0 += f.metadata()?.len();
+                    sums.1 += pagecache::resident_bytes(&f)?;
+                    pagecache::evict(&f)?;
+                    sums.2 += pagecache::resident_bytes(&f)?;
+                }
+                Ok(sums)
+            }
+        })
+        .await
+        .map_err(|e| CoronaError::Io(std::io::Error::other(format!("eviction worker failed: {e}"))))??;
+        tracing::info!(volume = name, files = paths.len(), bytes, before, after, "evicted from the page cache");
+        Ok(EvictReport {
+            volume: name.to_owned(),
+            files: paths.iter().map(|p| p.display().to_string()).collect(),
+            bytes,
+            resident_before: before,
+            resident_after: after,
+        })
     }
 
     /// Path of the data file a volume's writes go to (tests, tools).

@@ -47,6 +47,9 @@ pub struct FileBlockStore {
     seq: AtomicU64,
     /// Block files are written with `O_DIRECT`.
     direct: AtomicBool,
+    /// A direct write was refused after the probe said yes (then `direct`
+    /// went false).
+    fell_back: AtomicBool,
 }
 
 /// Emptied block files kept for reuse.
@@ -101,6 +104,7 @@ impl FileBlockStore {
             free: Mutex::new(Vec::new()),
             seq: AtomicU64::new(0),
             direct: AtomicBool::new(direct),
+            fell_back: AtomicBool::new(false),
         })
     }
 
@@ -161,6 +165,10 @@ impl FileBlockStore {
 }
 
 impl BlockStore for FileBlockStore {
+    fn direct_io(&self) -> super::DirectIo {
+        super::DirectIo { o_direct: self.writes_direct(), o_direct_fell_back: self.fell_back.load(Ordering::Relaxed) }
+    }
+
     fn put_parts(&self, hash: &BlockHash, parts: &[Bytes]) -> Result<()> {
         let path = self.path(hash);
         if path.exists() {
@@ -175,6 +183,7 @@ impl BlockStore for FileBlockStore {
                 Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
                     tracing::warn!(error = %e, "O_DIRECT block write refused; writing through the page cache");
                     self.direct.store(false, Ordering::Relaxed);
+                    self.fell_back.store(true, Ordering::Relaxed);
                     f = OpenOptions::new().write(true).truncate(true).open(&tmp)?;
                     false
                 }
@@ -394,6 +403,8 @@ mod tests {
             );
             assert_eq!(store.get(&h).expect("get").as_ref(), parts.concat().as_slice());
         }
+        let mode = store.direct_io();
+        assert!(mode.o_direct && !mode.o_direct_fell_back, "{mode:?}");
     }
 
     #[test]

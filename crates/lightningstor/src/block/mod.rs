@@ -64,6 +64,17 @@ pub fn verify(hash: &BlockHash, data: &[u8]) -> Result<()> {
     if BlockHash::of(data) == *hash { Ok(()) } else { Err(LightningError::CorruptBlock { hash: hash.to_hex() }) }
 }
 
+/// How a store writes block data: what `cluster status` reports, so a
+/// measurement says whether writes went through the page cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirectIo {
+    /// Block files are written with `O_DIRECT` now.
+    pub o_direct: bool,
+    /// The store chose `O_DIRECT` when it opened, but a write was refused
+    /// with EINVAL, so it writes through the page cache since.
+    pub o_direct_fell_back: bool,
+}
+
 /// A store of immutable blocks keyed by their content hash.
 ///
 /// Implementations must be safe to call from many threads at once. A block
@@ -86,6 +97,11 @@ pub trait BlockStore: Send + Sync + 'static {
     /// Makes every earlier `put` durable (deletes need not be: a block that
     /// reappears after a crash is garbage the next collection removes).
     fn flush(&self) -> Result<()>;
+
+    /// How block data is written (stores without files: neither).
+    fn direct_io(&self) -> DirectIo {
+        DirectIo::default()
+    }
 
     /// Stores `data` under `hash`.
     fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<()> {

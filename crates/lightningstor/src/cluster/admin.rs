@@ -134,3 +134,47 @@ pub async fn apply_layout(new: ClusterConfig, timeout: Duration, progress: impl 
         "rows still moving after {MAX_ROUNDS} rounds; run apply again (the change stays in progress, which is safe)"
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_reports_each_node_s_file_system_and_writes_and_the_running_file_comes_past_a_down_node() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cluster = crate::cluster::start_local(3, dir.path(), |c| {
+            c.write_quorum = Some(3);
+            c.read_quorum = Some(1);
+        })
+        .await
+        .expect("start a cluster");
+        let file = cluster.config.clone();
+        let timeout = Duration::from_secs(5);
+        let nodes = status(&file, timeout).await.expect("status");
+        assert_eq!(nodes.len(), 3);
+        for ((n, r), running) in nodes.iter().zip(&cluster.nodes) {
+            let s = r.as_ref().expect("every node answers");
+            assert_ne!(s.data_dir_fs.fs_type, "unknown", "{s:?}");
+            assert_eq!(s.data_dir_fs.path, n.data_dir.display().to_string());
+            assert!(n.data_dir.starts_with(&s.data_dir_fs.mount_point), "{s:?}");
+            let mode = running.node.store.blocks.direct_io();
+            assert_eq!((s.o_direct, s.o_direct_fell_back), (mode.o_direct, mode.o_direct_fell_back), "{s:?}");
+            if matches!(s.data_dir_fs.fs_type.as_str(), "ext4" | "xfs") {
+                assert!(s.o_direct, "a durable store on {} writes with O_DIRECT", s.data_dir_fs.fs_type);
+            }
+            assert!(s.host.cpus >= 1, "{s:?}");
+        }
+        let want = (3, 1, 3);
+        let running = running_config(&file, timeout).await.expect("running file");
+        assert_eq!((running.replication_factor, running.r(), running.w()), want);
+
+        // The first node of the file is down: the next one answers.
+        cluster.nodes.remove(0).shutdown().await;
+        let running = running_config(&file, timeout).await.expect("running file with n1 down");
+        assert_eq!((running.replication_factor, running.r(), running.w()), want);
+        assert_eq!(running.nodes.len(), 3);
+        let nodes = status(&file, timeout).await.expect("status with n1 down");
+        assert!(nodes[0].1.is_err() && nodes[1].1.is_ok() && nodes[2].1.is_ok(), "{nodes:?}");
+        cluster.shutdown().await;
+    }
+}

@@ -478,9 +478,15 @@ impl Node {
         me.rebalance_round().await
     }
 
-    /// Node health for `cluster status`.
+    /// Node health and conditions for `cluster status`.
     pub async fn status(&self) -> Result<NodeStatus> {
-        let (blocks, objects) = self.blocking(|s| s.meta.counts()).await?;
+        let (blocks, objects, data_dir_fs, host) = self
+            .blocking(|s| {
+                let (blocks, objects) = s.meta.counts()?;
+                Ok((blocks, objects, hostinfo::fs_of(&s.config.data_dir), hostinfo::host()))
+            })
+            .await?;
+        let direct = self.store.blocks.direct_io();
         Ok(NodeStatus {
             layout_version: self.layout().version,
             resync_queue: self.resync.len(),
@@ -489,6 +495,10 @@ impl Node {
             repairs: self.metrics.repairs.load(Ordering::Relaxed),
             corrupt_blocks: self.metrics.bad_copies_found.load(Ordering::Relaxed),
             previous_layout: self.previous_layout().map(|l| l.version),
+            data_dir_fs,
+            o_direct: direct.o_direct,
+            o_direct_fell_back: direct.o_direct_fell_back,
+            host,
         })
     }
 }

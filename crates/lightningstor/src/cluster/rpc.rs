@@ -159,6 +159,15 @@ pub struct NodeStatus {
     pub corrupt_blocks: u64,
     /// Version of the layout being moved away from, while a change is in progress.
     pub previous_layout: Option<u64>,
+    /// The file system and device under the node's data dir.
+    pub data_dir_fs: hostinfo::FsInfo,
+    /// Block files are written with `O_DIRECT` (see [`crate::block::DirectIo`]).
+    pub o_direct: bool,
+    /// `O_DIRECT` was chosen when the store opened, but a write was refused
+    /// with EINVAL: block writes go through the page cache since.
+    pub o_direct_fell_back: bool,
+    /// The machine the node runs on.
+    pub host: hostinfo::Host,
 }
 
 /// A failure reported by a remote node.

@@ -1,0 +1,721 @@
+//! The cluster the storage bench measures, and the agents that measure it.
+//!
+//! Either started here on loopback (each service with its own data dir
+//! under one temporary directory, removed at shutdown) or already deployed
+//! and described by a TOML file. Either way the bench speaks the services'
+//! real protocols to them, and the load comes from **agents**
+//! (`bench agent`, [`crate::agent`]): separate processes, one per worker
+//! node, each playing a role of the seed report ([`Roles`]).
+//!
+//! The embedded cluster is one CoronaFS node (in this process), a
+//! LightningStor cluster of [`EMBEDDED_S3_NODES`] nodes replicating every
+//! object [`EMBEDDED_RF`] ways (child processes, so a fault can kill or
+//! freeze one), PlasmaVMC (in this process), two worker agents (child
+//! processes) and an agent on the services' host (in this process, where
+//! the services are) as the network baseline's sink.
+//!
+//! With link emulation each agent sends all of its traffic through one
+//! emulated interface; the coordinator's own client of PlasmaVMC goes
+//! through a [`Shaper`], and PlasmaVMC's host interface is explained at
+//! [`Cluster::embedded`]. Set-up traffic (creating and filling volumes) is
+//! the coordinator's and is not shaped.
+
+pub mod embedded;
+
+use crate::agent::client::AgentClient;
+use crate::fault::FaultDriver;
+use crate::shaper::{LinkSpec, Nic, Shaper};
+use anyhow::{Context, bail};
+use coronafs::backend::IoEngine;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// LightningStor nodes the embedded cluster starts (the S3 sections spread
+/// their clients over all of them).
+pub const EMBEDDED_S3_NODES: usize = 3;
+/// Copies of every object in the embedded LightningStor cluster.
+pub const EMBEDDED_RF: usize = 3;
+/// Bucket PlasmaVMC keeps image artifacts in.
+pub const EMBEDDED_IMAGE_BUCKET: &str = "images";
+/// Keys of the embedded LightningStor nodes.
+pub const EMBEDDED_KEYS: (&str, &str) = ("bench-access-key", "bench-secret-key-0123456789");
+
+/// A CoronaFS node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoronaEndpoint {
+    /// NBD `host:port`.
+    pub nbd: String,
+    /// Control API base URL, e.g. `http://10.0.0.1:7070`.
+    pub api: String,
+}
+
+/// The S3 side: one or more LightningStor nodes sharing keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Endpoint {
+    /// Endpoint URLs (`http://host:port`), one per node.
+    pub endpoints: Vec<String>,
+    /// Access key id.
+    pub access_key: String,
+    /// Secret key.
+    pub secret_key: String,
+    /// Signing region.
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// The cluster's own file (`lightningstor serve --config`), from which
+    /// the bench reads replication factor, quorums and node health
+    /// (`cluster status`) of the running cluster; without it they are
+    /// reported as unknown and the time back to full redundancy after a
+    /// fault cannot be measured.
+    #[serde(default)]
+    pub cluster_file: Option<PathBuf>,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+/// A PlasmaVMC control plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlasmaEndpoint {
+    /// API base URL.
+    pub url: String,
+}
+
+/// The load agents (`bench agent`) of a deployed cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// The token every agent was started with (`BENCH_AGENT_TOKEN`).
+    pub token: String,
+    /// Agent name -> `host:port` of its HTTP service.
+    pub nodes: BTreeMap<String, String>,
+}
+
+/// Which agent plays which part of the seed report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Roles {
+    /// Runs the local-disk and CoronaFS block jobs, and the TCP baseline
+    /// to `coronafs_host` (the seed's node04).
+    pub block: String,
+    /// The agent on CoronaFS's node: the sink of that baseline (node01).
+    pub coronafs_host: String,
+    /// Writes the cross-worker range (node04).
+    pub cross_write: String,
+    /// Reads it back on another node (node05).
+    pub cross_read: String,
+    /// Runs the S3 sections and the degraded-cluster load (node03).
+    pub s3: String,
+    /// The agent on an S3 node: the sink of the S3 client's baseline.
+    pub s3_host: String,
+}
+
+impl Roles {
+    /// Every (role, agent) pair.
+    pub fn pairs(&self) -> [(&'static str, &str); 6] {
+        [
+            ("block", &self.block),
+            ("coronafs_host", &self.coronafs_host),
+            ("cross_write", &self.cross_write),
+            ("cross_read", &self.cross_read),
+            ("s3", &self.s3),
+            ("s3_host", &self.s3_host),
+        ]
+    }
+
+    /// The roles an agent plays, comma-separated.
+    pub fn of(&self, agent: &str) -> String {
+        self.pairs().iter().filter(|(_, a)| *a == agent).map(|(r, _)| *r).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// How faults are applied to a deployed cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultsConfig {
+    /// The Docker engine's socket (the Docker lab); the Compose project is
+    /// `$BENCH_COMPOSE_PROJECT`, else `lab`.
+    pub docker_socket: Option<PathBuf>,
+}
+
+/// Where the services are: the shape of `--cluster lab.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoints {
+    /// CoronaFS (block volumes over NBD).
+    pub coronafs: Option<CoronaEndpoint>,
+    /// LightningStor (S3).
+    pub lightningstor: Option<S3Endpoint>,
+    /// PlasmaVMC (VM images and volumes).
+    pub plasmavmc: Option<PlasmaEndpoint>,
+    /// The load agents; without them the bench starts two on this host.
+    pub agents: Option<AgentsConfig>,
+    /// Which agent does what (needs `agents`).
+    pub roles: Option<Roles>,
+    /// How `--fault` is applied.
+    pub faults: Option<FaultsConfig>,
+}
+
+impl Endpoints {
+    /// Reads and checks a cluster file.
+    pub fn from_file(path: &Path) -> anyhow::Result<Endpoints> {
+        let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+        Self::from_toml(&text).with_context(|| path.display().to_string())
+    }
+
+    pub fn from_toml(text: &str) -> anyhow::Result<Endpoints> {
+        let e: Endpoints = toml::from_str(text)?;
+        if let Some(s) = &e.lightningstor {
+            if s.endpoints.is_empty() {
+                bail!("lightningstor.endpoints is empty");
+            }
+            for u in &s.endpoints {
+                url_addr(u)?;
+            }
+        }
+        if let Some(c) = &e.coronafs {
+            host_port(&c.nbd).with_context(|| format!("coronafs.nbd {:?}", c.nbd))?;
+            url_addr(&c.api).context("coronafs.api")?;
+        }
+        if let Some(p) = &e.plasmavmc {
+            url_addr(&p.url).context("plasmavmc.url")?;
+        }
+        match (&e.agents, &e.roles) {
+            (Some(a), Some(r)) => {
+                crate::agent::server::check_token(&a.token).context("agents.token")?;
+                for (name, addr) in &a.nodes {
+                    host_port(addr).with_context(|| format!("agents.nodes.{name}"))?;
+                }
+                for (role, agent) in r.pairs() {
+                    if !a.nodes.contains_key(agent) {
+                        bail!("roles.{role} = {agent:?} is not in agents.nodes");
+                    }
+                }
+                if r.cross_write == r.cross_read {
+                    bail!("roles.cross_write and roles.cross_read must be different agents (the read must cross)");
+                }
+            }
+            (None, None) => {}
+            (Some(_), None) => bail!("[agents] needs [roles] (which agent measures what)"),
+            (None, Some(_)) => bail!("[roles] needs [agents] (their addresses and token)"),
+        }
+        Ok(e)
+    }
+}
+
+/// `host:port` (an IP or a name that resolves) -> its first socket address.
+pub fn host_port(s: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    if !s.contains(':') {
+        bail!("{s:?} is not host:port");
+    }
+    s.to_socket_addrs()
+        .with_context(|| format!("cannot resolve {s:?}"))?
+        .next()
+        .with_context(|| format!("{s:?} resolves to no address"))
+}
+
+/// `http://host:port[/]` -> the socket address (names are resolved).
+pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
+    let rest = url.strip_prefix("http://").with_context(|| format!("{url}: only http:// endpoints are supported"))?;
+    host_port(rest.trim_end_matches('/')).with_context(|| format!("{url}: expected http://HOST:PORT"))
+}
+
+struct Embedded {
+    dir: tempfile::TempDir,
+    corona: coronafs::server::RunningServer,
+    /// The LightningStor nodes (child processes), shared with the fault driver.
+    s3: embedded::EmbeddedFaults,
+    plasma: plasmavmc::Server,
+    /// The worker agents (child processes).
+    agents: Vec<embedded::Proc>,
+    /// The agent on the services' host (this process).
+    services_agent: crate::agent::server::RunningAgent,
+}
+
+/// A loopback address nothing listens on right now (bound, then released).
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?)
+}
+
+/// Starts a LightningStor cluster as child processes: every node with its
+/// own data dir under `base`, S3 and node-to-node RPC on loopback TCP.
+/// Node addresses go into the shared cluster file before any node starts,
+/// so a port taken in between makes the attempt fail; it is retried.
+async fn start_s3_cluster(
+    base: &Path,
+) -> anyhow::Result<(Vec<(String, embedded::Proc)>, lightningstor::cluster::ClusterConfig)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let dir = base.join(format!("attempt-{attempt}"));
+        let mut cfg = lightningstor::cluster::ClusterConfig::init(EMBEDDED_S3_NODES, &dir, 1)?;
+        cfg.replication_factor = EMBEDDED_RF;
+        cfg.access_key = Some(EMBEDDED_KEYS.0.into());
+        cfg.secret_key = Some(EMBEDDED_KEYS.1.into());
+        cfg.anonymous = false;
+        for n in &mut cfg.nodes {
+            n.s3 = free_addr()?;
+            n.rpc = free_addr()?;
+        }
+        cfg.validate()?;
+        std::fs::create_dir_all(&dir)?;
+        let file = dir.join("cluster.toml");
+        std::fs::write(&file, cfg.to_toml())?;
+        let mut nodes = Vec::new();
+        let mut failed = None;
+        for n in &cfg.nodes {
+            match embedded::lightningstor_node(&file, &n.name).await {
+                Ok(p) => nodes.push((n.name.clone(), p)),
+                Err(e) => {
+                    failed = Some(e.context(format!("starting LightningStor node {}", n.name)));
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => return Ok((nodes, cfg)),
+            Some(e) => {
+                for (_, p) in nodes {
+                    p.stop().await;
+                }
+                tracing::warn!(error = %format!("{e:#}"), attempt, "retrying the LightningStor cluster start");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("LightningStor did not start")))
+}
+
+/// A cluster to measure, and the agents that measure it.
+pub struct Cluster {
+    /// The services (the coordinator's view; agents apply the link themselves).
+    pub endpoints: Endpoints,
+    /// The same services without link emulation, for set-up traffic.
+    pub setup: Endpoints,
+    pub link: LinkSpec,
+    /// `embedded` or the cluster file's path.
+    pub origin: String,
+    /// The agents by name.
+    pub agents: BTreeMap<String, AgentClient>,
+    /// Which agent does what.
+    pub roles: Roles,
+    /// Where the agents come from, for the report.
+    pub agents_origin: String,
+    /// The running LightningStor cluster's file (embedded, or `cluster_file`).
+    pub s3_config: Option<lightningstor::cluster::ClusterConfig>,
+    /// What applies `--fault` (None: faults cannot be applied here).
+    pub faults: Option<Arc<dyn FaultDriver>>,
+    embedded: Option<Embedded>,
+    /// Agents this bench started for a cluster file without `[agents]`.
+    local_agents: Vec<embedded::Proc>,
+    shapers: Vec<Shaper>,
+    /// The PlasmaVMC host's interface on the emulated link (embedded only).
+    nic: Option<Nic>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("endpoints", &self.endpoints).field("origin", &self.origin).finish()
+    }
+}
+
+/// The embedded cluster's agents and roles: worker-a does the block jobs
+/// and writes the cross-worker range, worker-b reads it and runs the S3
+/// load; `services` is the agent in this process, on the services' host.
+fn embedded_roles() -> Roles {
+    Roles {
+        block: "worker-a".into(),
+        coronafs_host: "services".into(),
+        cross_write: "worker-a".into(),
+        cross_read: "worker-b".into(),
+        s3: "worker-b".into(),
+        s3_host: "services".into(),
+    }
+}
+
+/// Starts worker-a and worker-b as child processes under `dir`.
+async fn start_workers(
+    dir: &Path,
+    token: &str,
+) -> anyhow::Result<(Vec<embedded::Proc>, BTreeMap<String, AgentClient>)> {
+    let mut procs = Vec::new();
+    let mut clients = BTreeMap::new();
+    for name in ["worker-a", "worker-b"] {
+        let scratch = dir.join(name);
+        match embedded::agent(name, &scratch, token).await {
+            Ok(p) => {
+                clients.insert(name.to_owned(), AgentClient::new(name, p.addr, token));
+                procs.push(p);
+            }
+            Err(e) => {
+                for p in procs {
+                    p.stop().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok((procs, clients))
+}
+
+impl Cluster {
+    /// Starts CoronaFS, a replicated LightningStor cluster, PlasmaVMC and the
+    /// agents on loopback.
+    ///
+    /// With link emulation, each worker agent sends all its traffic through
+    /// one emulated interface, and the coordinator reaches PlasmaVMC through
+    /// a shaping proxy. PlasmaVMC models the seed's `node01`, which ran
+    /// PlasmaVMC and the CoronaFS export while the LightningStor replicas sat
+    /// on other machines: it gets one emulated interface ([`Nic`], a rate per
+    /// direction) that carries both the client's uploads to it (received)
+    /// and its own S3 traffic to LightningStor (multipart parts sent, range
+    /// GETs received). Its writes into CoronaFS stay local (same host), and
+    /// LightningStor's node-to-node replication runs on its own, unemulated
+    /// network.
+    pub async fn embedded(link: LinkSpec) -> anyhow::Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("fresh-bench-storage-").tempdir()?;
+        let token = embedded::random_token()?;
+        let cfg = coronafs::server::ServerConfig::ephemeral(dir.path().join("coronafs"), IoEngine::Uring);
+        let corona = coronafs::server::start(cfg).await.context("starting CoronaFS")?;
+        let (s3, s3_config) = match start_s3_cluster(&dir.path().join("lightningstor")).await {
+            Ok(x) => x,
+            Err(e) => {
+                corona.shutdown().await;
+                return Err(e);
+            }
+        };
+        let s3_addrs: Vec<SocketAddr> = s3_config.nodes.iter().map(|n| n.s3).collect();
+        let s3 = embedded::EmbeddedFaults { nodes: Arc::new(tokio::sync::Mutex::new(s3)) };
+        let stop_s3 = |s3: embedded::EmbeddedFaults| async move {
+            let nodes = std::mem::take(&mut *s3.nodes.lock().await);
+            for (_, p) in nodes {
+                p.stop().await;
+            }
+        };
+        let nic = (!link.is_loopback()).then(|| Nic::new(link));
+        let mut shapers = Vec::new();
+        let s3_for_plasma = match &nic {
+            Some(n) => {
+                let sh = n.outbound(s3_addrs[0]).await?;
+                let a = sh.addr;
+                shapers.push(sh);
+                a
+            }
+            None => s3_addrs[0],
+        };
+        let pcfg = plasmavmc::Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.path().join("plasmavmc"),
+            s3_endpoint: format!("http://{s3_for_plasma}"),
+            s3_bucket: EMBEDDED_IMAGE_BUCKET.into(),
+            s3_access_key: EMBEDDED_KEYS.0.into(),
+            s3_secret_key: EMBEDDED_KEYS.1.into(),
+            s3_region: default_region(),
+            coronafs_api: corona.api_url(),
+            coronafs_nbd: corona.nbd_addr.to_string(),
+            ..plasmavmc::Config::default()
+        };
+        let plasma = match plasmavmc::Server::start(pcfg).await {
+            Ok(p) => p,
+            Err(e) => {
+                for sh in shapers {
+                    sh.shutdown().await;
+                }
+                stop_s3(s3).await;
+                corona.shutdown().await;
+                return Err(anyhow::anyhow!("starting PlasmaVMC: {e}"));
+            }
+        };
+        let agents_dir = dir.path().join("agents");
+        let started = async {
+            let services_agent = crate::agent::server::start(crate::agent::server::AgentConfig {
+                name: "services".into(),
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                sink: SocketAddr::from(([127, 0, 0, 1], 0)),
+                scratch: agents_dir.join("services"),
+                token: token.clone(),
+            })
+            .await?;
+            match start_workers(&agents_dir, &token).await {
+                Ok((procs, clients)) => anyhow::Ok((services_agent, procs, clients)),
+                Err(e) => {
+                    services_agent.shutdown().await;
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        let (services_agent, agent_procs, mut agents) = match started {
+            Ok(x) => x,
+            Err(e) => {
+                plasma.shutdown().await;
+                for sh in shapers {
+                    sh.shutdown().await;
+                }
+                stop_s3(s3).await;
+                corona.shutdown().await;
+                return Err(e.context("starting the agents"));
+            }
+        };
+        agents.insert("services".into(), AgentClient::new("services", services_agent.addr, &token));
+        let setup = Endpoints {
+            coronafs: Some(CoronaEndpoint { nbd: corona.nbd_addr.to_string(), api: corona.api_url() }),
+            lightningstor: Some(S3Endpoint {
+                endpoints: s3_addrs.iter().map(|a| format!("http://{a}")).collect(),
+                access_key: EMBEDDED_KEYS.0.into(),
+                secret_key: EMBEDDED_KEYS.1.into(),
+                region: default_region(),
+                cluster_file: None,
+            }),
+            plasmavmc: Some(PlasmaEndpoint { url: plasma.url() }),
+            agents: None,
+            roles: None,
+            faults: None,
+        };
+        let faults: Arc<dyn FaultDriver> = Arc::new(s3.clone());
+        let mut c = Cluster {
+            endpoints: setup.clone(),
+            setup,
+            link,
+            origin: "embedded".into(),
+            agents,
+            roles: embedded_roles(),
+            agents_origin: "worker-a and worker-b: `bench agent` child processes on this host; services: an agent \
+                            in the coordinator's process, beside the embedded services"
+                .into(),
+            s3_config: Some(s3_config),
+            faults: Some(faults),
+            embedded: Some(Embedded { dir, corona, s3, plasma, agents: agent_procs, services_agent }),
+            local_agents: Vec::new(),
+            shapers,
+            nic,
+        };
+        if let Err(e) = c.shape().await {
+            c.shutdown().await;
+            return Err(e);
+        }
+        Ok(c)
+    }
+
+    /// A deployed cluster described by `endpoints`. Without `[agents]`, two
+    /// agents are started on this host (and the report says so).
+    pub async fn external(endpoints: Endpoints, origin: &str, link: LinkSpec) -> anyhow::Result<Cluster> {
+        let s3_config = match endpoints.lightningstor.as_ref().and_then(|s| s.cluster_file.as_ref()) {
+            Some(f) => Some(
+                lightningstor::cluster::ClusterConfig::from_file(f)
+                    .with_context(|| format!("lightningstor.cluster_file {}", f.display()))?,
+            ),
+            None => None,
+        };
+        let faults: Option<Arc<dyn FaultDriver>> = match endpoints.faults.as_ref().and_then(|f| f.docker_socket.clone())
+        {
+            Some(sock) => {
+                // MERGE: the Docker driver lands with the fault branch.
+                let _ = sock;
+                None
+            }
+            None => None,
+        };
+        let (agents, roles, agents_origin, local_agents) = match (&endpoints.agents, &endpoints.roles) {
+            (Some(a), Some(r)) => {
+                let mut m = BTreeMap::new();
+                for (name, addr) in &a.nodes {
+                    m.insert(name.clone(), AgentClient::new(name, host_port(addr)?, &a.token));
+                }
+                (m, r.clone(), format!("the agents of {origin} ([agents])"), Vec::new())
+            }
+            _ => {
+                let token = embedded::random_token()?;
+                let dir = std::env::temp_dir().join(format!("bench-agents-{}", std::process::id()));
+                let (procs, clients) = start_workers(&dir, &token).await?;
+                let mut roles = embedded_roles();
+                // No agent runs on the services' hosts: no crossing baseline.
+                roles.coronafs_host = String::new();
+                roles.s3_host = String::new();
+                (
+                    clients,
+                    roles,
+                    format!(
+                        "{origin} names no agents: worker-a and worker-b were started on the coordinator's host, \
+                         and no agent runs on the services' nodes"
+                    ),
+                    procs,
+                )
+            }
+        };
+        let mut c = Cluster {
+            endpoints: endpoints.clone(),
+            setup: endpoints,
+            link,
+            origin: origin.into(),
+            agents,
+            roles,
+            agents_origin,
+            s3_config,
+            faults,
+            embedded: None,
+            local_agents,
+            shapers: Vec::new(),
+            nic: None,
+        };
+        if let Err(e) = c.shape().await {
+            c.shutdown().await;
+            return Err(e);
+        }
+        Ok(c)
+    }
+
+    /// The agent playing `role`'s part (None when nobody plays it).
+    pub fn agent(&self, name: &str) -> Option<&AgentClient> {
+        self.agents.get(name)
+    }
+
+    /// Puts the coordinator's client of PlasmaVMC behind the link: through
+    /// its host's interface when embedded, its own shaper otherwise. The
+    /// agents shape their own traffic.
+    async fn shape(&mut self) -> anyhow::Result<()> {
+        if self.link.is_loopback() {
+            return Ok(());
+        }
+        if let Some(p) = &mut self.endpoints.plasmavmc {
+            let addr = url_addr(&p.url)?;
+            let sh = match &self.nic {
+                Some(n) => n.inbound(addr).await?,
+                None => Shaper::start(addr, self.link).await?,
+            };
+            p.url = format!("http://{}", sh.addr);
+            self.shapers.push(sh);
+        }
+        Ok(())
+    }
+
+    /// Where the emulated link sits on the VM image path, for the report.
+    pub fn vm_link_placement(&self) -> String {
+        if self.link.is_loopback() {
+            return "loopback: no link emulation anywhere on the path".into();
+        }
+        if self.embedded.is_some() {
+            format!(
+                "{}, on PlasmaVMC's interface: the client's upload into PlasmaVMC and PlasmaVMC's S3 traffic \
+                 (multipart parts out, range GETs in) share one rate per direction, like the seed's node01; \
+                 PlasmaVMC's writes into CoronaFS are host-local and LightningStor's replication between its \
+                 nodes is not on the emulated link",
+                self.link.describe()
+            )
+        } else {
+            format!(
+                "{}, between the bench client and PlasmaVMC only; the deployed services reach each other over \
+                 their own network",
+                self.link.describe()
+            )
+        }
+    }
+
+    /// Directory of the embedded cluster's data (None for an external one).
+    pub fn data_dir(&self) -> Option<PathBuf> {
+        self.embedded.as_ref().map(|e| e.dir.path().to_owned())
+    }
+
+    /// Every listening address of the embedded services, agents and proxies.
+    pub async fn listen_addrs(&self) -> Vec<SocketAddr> {
+        let mut v: Vec<SocketAddr> = self.shapers.iter().map(|s| s.addr).collect();
+        v.extend(self.agents.values().map(|a| a.addr));
+        if let Some(e) = &self.embedded {
+            v.push(e.corona.nbd_addr);
+            v.push(e.corona.api_addr);
+            v.push(e.services_agent.sink);
+            v.push(e.plasma.addr);
+        }
+        if let Some(c) = &self.s3_config {
+            v.extend(c.nodes.iter().flat_map(|n| [n.s3, n.rpc]));
+        }
+        v
+    }
+
+    /// Stops proxies, agents and embedded services and removes their data.
+    pub async fn shutdown(self) {
+        for s in self.shapers {
+            s.shutdown().await;
+        }
+        for p in self.local_agents {
+            p.stop().await;
+        }
+        if let Some(e) = self.embedded {
+            for p in e.agents {
+                p.stop().await;
+            }
+            e.services_agent.shutdown().await;
+            e.plasma.shutdown().await;
+            let nodes = std::mem::take(&mut *e.s3.nodes.lock().await);
+            for (_, p) in nodes {
+                p.stop().await;
+            }
+            e.corona.shutdown().await;
+            let path = e.dir.path().to_owned();
+            if let Err(err) = e.dir.close() {
+                tracing::warn!(error = %err, path = %path.display(), "could not remove the cluster's data");
+            }
+        }
+    }
+}
+
+/// Creates a CoronaFS volume through the control API.
+pub async fn create_volume(api: &str, name: &str, size: u64) -> anyhow::Result<()> {
+    let resp = reqwest::Client::new()
+        .post(format!("{api}/v1/volumes"))
+        .json(&coronafs::api::CreateVolume { name: name.into(), size: Some(size), from_snapshot: None })
+        .send()
+        .await
+        .with_context(|| format!("POST {api}/v1/volumes"))?;
+    if !resp.status().is_success() {
+        bail!("creating volume {name}: {} {}", resp.status(), resp.text().await.unwrap_or_default());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_files_parse_and_unknown_keys_are_refused() {
+        let e = Endpoints::from_toml(
+            r#"
+            [coronafs]
+            nbd = "10.0.0.1:10809"
+            api = "http://10.0.0.1:7070"
+            [lightningstor]
+            endpoints = ["http://10.0.0.2:9000", "http://10.0.0.3:9000"]
+            access_key = "a"
+            secret_key = "s"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(e.lightningstor.unwrap().endpoints.len(), 2);
+        assert!(e.plasmavmc.is_none());
+        assert!(Endpoints::from_toml("[coronafs]\nnbd = \"x:1\"\napi = \"y\"\nfoo = 1").is_err());
+        assert!(Endpoints::from_toml("[coronafs]\nnbd = \"nohost\"\napi = \"http://127.0.0.1:1\"").is_err());
+        assert!(Endpoints::from_toml("[coronafs]\nnbd = \"localhost:1\"\napi = \"http://localhost:7070\"").is_ok());
+        let e = Endpoints::from_toml("[plasmavmc]\nurl = \"ftp://h:1\"").unwrap_err();
+        assert!(format!("{e:#}").contains("plasmavmc.url"), "{e:#}");
+        let e = Endpoints::from_toml("[plasmavmc]\nurl = \"http://127.0.0.1:8080\"\n").unwrap();
+        assert_eq!(e.plasmavmc.unwrap().url, "http://127.0.0.1:8080");
+        let e = Endpoints::from_toml("[lightningstor]\nendpoints = []\naccess_key = \"a\"\nsecret_key = \"s\"");
+        assert!(format!("{:#}", e.unwrap_err()).contains("empty"));
+        assert!(
+            Endpoints::from_toml(
+                "[lightningstor]\nendpoints = [\"https://h\"]\naccess_key = \"a\"\nsecret_key = \"s\""
+            )
+            .is_err()
+        );
+    }
+}
