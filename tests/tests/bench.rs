@@ -249,31 +249,100 @@ fn bad_job_files_are_refused_with_a_clear_message() {
     }
 }
 
+/// A job the emulated link, not the CPU, sets the pace of: 1 MiB reads at
+/// depth 4 (about 100 ms in flight at 40 MiB/s).
+const LINK_JOB: &str = r#"
+description = "1 MiB sequential reads, link-bound"
+iterations = 5
+[global]
+size = "32M"
+runtime = "1s"
+ramp_time = "200ms"
+[[job]]
+name = "seq-read-1m-qd4"
+rw = "read"
+bs = "1M"
+iodepth = 4
+"#;
+
+/// `bench run` of `jobfile` on `uri`, 5 iterations, behind `link` if any;
+/// returns the JSON file.
+fn run_json(jobfile: &Path, uri: &str, link: Option<&str>, out: std::path::PathBuf) -> std::path::PathBuf {
+    let mut cmd = bench();
+    cmd.args(["run", "--profile"]).arg(jobfile).args(["--target", uri, "--iterations", "5", "--json"]).arg(&out);
+    if let Some(rate) = link {
+        cmd.args(["--link-rate", rate]);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// `bench compare` of two files: (exit code, stdout, stderr).
+fn compare(a: &Path, b: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    let out = bench().arg("compare").arg(a).arg(b).args(extra).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 #[test]
-fn bench_compare_exits_non_zero_only_on_a_real_regression() {
+fn bench_compare_passes_the_same_link_twice_and_fails_a_quarter_slower_one() {
     let d = tempfile::tempdir().unwrap();
-    let fig = |m: f64, sd: f64| serde_json::json!({"mean": m, "stddev": sd, "median": m, "min": m, "max": m, "n": 3});
-    let doc = |iops: f64, sd: f64| serde_json::json!({"profile": "p", "jobs": [{"name": "j", "read": {"iops": fig(iops, sd), "lat_p99_us": fig(100.0, 2.0)}}]});
-    let write = |name: &str, v: Value| {
-        let p = d.path().join(name);
-        std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
-        p
-    };
-    let old = write("old.json", doc(1000.0, 10.0));
-    let same = write("same.json", doc(980.0, 12.0));
-    let worse = write("worse.json", doc(700.0, 10.0));
-    let noisy = write("noisy.json", doc(850.0, 400.0));
-    let run = |a: &Path, b: &Path, extra: &[&str]| {
-        let out = bench().arg("compare").arg(a).arg(b).args(extra).output().unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    let (code, table) = run(&old, &same, &[]);
-    assert_eq!(code, Some(0), "{table}");
-    let (code, table) = run(&old, &worse, &[]);
-    assert_eq!(code, Some(1), "{table}");
-    assert!(table.contains("REGRESSION") && table.contains("jobs.j.read.iops"), "{table}");
-    assert_eq!(run(&old, &worse, &["--max-regression", "40%"]).0, Some(0), "30 % is within a 40 % bound");
-    assert_eq!(run(&old, &noisy, &[]).0, Some(0), "15 % worse but within its own spread");
+    let jobfile = d.path().join("link.toml");
+    std::fs::write(&jobfile, LINK_JOB).unwrap();
+    let c = Corona::start(ENGINES[0]);
+    c.create("vol", 32 << 20);
+    let uri = c.uri("vol");
+    let a = run_json(&jobfile, &uri, Some("40MiB"), d.path().join("a.json"));
+    let b = run_json(&jobfile, &uri, Some("40MiB"), d.path().join("b.json"));
+    assert!(json(&a)["link"].as_str().unwrap().contains("40.0 MiB/s"), "the JSON says the link");
+    let (code, table, err) = compare(&a, &b, &[]);
+    assert_eq!(code, Some(0), "two runs on the same link:\n{table}{err}");
+    assert!(table.contains("0 regressions") && !table.contains("not judged ("), "{table}");
+
+    // A link 25 % slower: every figure of the job gets worse, with 5
+    // iterations the ranges are apart, and the bandwidth is named.
+    let slow = run_json(&jobfile, &uri, Some("30MiB"), d.path().join("slow.json"));
+    let (code, table, err) = compare(&a, &slow, &[]);
+    assert_eq!(code, Some(1), "a 25 % slower link:\n{table}{err}");
+    let bw = table.lines().find(|l| l.contains("jobs.seq-read-1m-qd4.read.bw_bytes (MiB/s)")).unwrap_or("");
+    assert!(bw.ends_with("| REGRESSION |"), "{table}");
+    assert!(table.contains("note: link differs"), "{table}");
+    assert_eq!(compare(&a, &slow, &["--max-regression", "40%"]).0, Some(0), "25 % is within a 40 % bound");
+
+    // Errors are exit 2: a missing file, a file that is not JSON, no figure
+    // in common, a bad bound, nothing with enough iterations, bad usage.
+    let (code, _, err) = compare(&a, &d.path().join("missing.json"), &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("missing.json"), "{err}");
+    let text = d.path().join("text.json");
+    std::fs::write(&text, "not json").unwrap();
+    assert_eq!(compare(&a, &text, &[]).0, Some(2));
+    let empty = d.path().join("empty.json");
+    std::fs::write(&empty, "{}").unwrap();
+    assert_eq!(compare(&a, &empty, &[]).0, Some(2));
+    assert_eq!(compare(&a, &b, &["--max-regression", "lots"]).0, Some(2));
+    let mut one = json(&a);
+    for side in one["jobs"][0]["read"].as_object_mut().unwrap().values_mut() {
+        side["n"] = 1.into();
+    }
+    let one_path = d.path().join("one.json");
+    std::fs::write(&one_path, serde_json::to_vec(&one).unwrap()).unwrap();
+    let (code, table, err) = compare(&one_path, &slow, &[]);
+    assert_eq!(code, Some(2), "one iteration judges nothing: {table}{err}");
+    assert!(table.contains("not judged (n=1/5)") && table.contains("5 recommended"), "{table}");
+    assert_eq!(bench().args(["compare", "only-one-file.json"]).output().unwrap().status.code(), Some(2));
+
+    // A path has no link to emulate.
+    let o = bench()
+        .args(["run", "--profile"])
+        .arg(&jobfile)
+        .arg("--target")
+        .arg(d.path())
+        .args(["--link-rate", "40MiB"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nbd:// or s3://"));
 }
 
 #[test]

@@ -1,29 +1,48 @@
 //! Accuracy: our load generator against fio on the same target in the same
-//! run. Each job of the block profiles runs with both, the two interleaved
-//! (alternating which goes first) so drift falls on both alike; the median
-//! of the per-iteration ours/fio IOPS ratios is judged against a tolerance.
+//! run. Each job runs with both, the two interleaved (alternating which goes
+//! first, and every job of every target once per iteration) so drift falls
+//! on both alike; the median of the per-iteration ours/fio IOPS ratios is
+//! judged against a tolerance.
+//!
+//! Two targets can take part in one run: a block target (an NBD export,
+//! by default one started in this process, or a file) for `profiles`, and a
+//! directory for `dir_profiles`, where every job gets one file per numjobs
+//! (ours: `bench.JOB.N` through its file engine; fio: the same files, libaio,
+//! via `--filename_format`).
 
+use crate::files::FileTarget;
 use crate::fio::{FioResult, FioTarget};
 use crate::job::Job;
 use crate::loadgen::{Limits, Opened};
+use crate::stats::Summary;
 use crate::target::{S3Keys, TargetSpec};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+/// The default `profiles`: the four workloads of [`crate::nbd_compare::WORKLOADS`].
+pub const DEFAULT_PROFILES: &str = "nbd-4";
+/// The default `dir_profiles`.
+pub const DEFAULT_DIR_PROFILES: &str = "seed-003";
+
 /// What to compare.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// NBD URI or file; `None` starts a CoronaFS export in this process.
+    /// NBD URI or file for `profiles`; `None` starts a CoronaFS export in
+    /// this process.
     pub target: Option<String>,
     pub profiles: Vec<String>,
+    /// Directory for `dir_profiles`; `None` makes a temporary one.
+    pub dir: Option<PathBuf>,
+    pub dir_profiles: Vec<String>,
     pub runtime: Duration,
     pub size: u64,
     pub tolerance_pct: f64,
     pub iterations: usize,
     /// Only jobs whose name contains one of these (all when empty).
     pub only: Vec<String>,
-    /// Emulated link in front of the target, so the target (not either
+    /// Emulated link in front of an NBD target, so the target (not either
     /// load generator's CPU) is what limits the figures.
     pub link: crate::shaper::LinkSpec,
 }
@@ -31,17 +50,26 @@ pub struct Options {
 /// One compared figure.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
+    /// `nbd`, `file` or `dir`.
+    pub target: &'static str,
     pub profile: String,
     pub job: String,
     pub side: &'static str,
     pub ours_iops: Vec<f64>,
     pub fio_iops: Vec<f64>,
+    /// ours/fio per iteration.
+    pub ratios: Vec<f64>,
+    /// The median of `ratios`: what is judged.
     pub ratio: f64,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Report {
-    pub target: String,
+    /// Each target taking part, described.
+    pub targets: Vec<String>,
+    pub fio_version: String,
+    pub runtime_s: f64,
+    pub iterations: usize,
     pub rows: Vec<Row>,
 }
 
@@ -53,10 +81,6 @@ impl Report {
 
 fn within(ratio: f64, tol: f64) -> bool {
     (ratio - 1.0).abs() * 100.0 <= tol
-}
-
-fn median(v: &[f64]) -> f64 {
-    crate::stats::Summary::of(v).median
 }
 
 /// A runtime that may be dropped from async code (shuts down in the background).
@@ -79,74 +103,179 @@ impl Drop for BgRuntime {
     }
 }
 
-/// Runs the comparison.
-pub async fn run(opts: &Options) -> anyhow::Result<Report> {
-    let mut own = None;
-    let spec = match &opts.target {
-        Some(t) => TargetSpec::parse(t)?,
-        None => {
-            // The export runs on its own runtime so it does not share worker
-            // threads with our load generator (fio gets its own process too).
-            let dir = tempfile::tempdir()?;
-            let srt =
-                BgRuntime(Some(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?));
-            let cfg = coronafs::server::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Uring);
-            let srv = srt.handle().spawn(coronafs::server::start(cfg)).await??;
-            srv.shared.exports.create("accuracy", opts.size).await?;
-            let ep = crate::cluster::CoronaEndpoint { nbd: srv.nbd_addr.to_string(), api: srv.api_url() };
-            crate::storage::measure::prefill(&ep, "accuracy", opts.size).await?;
-            let spec = TargetSpec::Nbd { addr: srv.nbd_addr.to_string(), export: "accuracy".into() };
-            own = Some((dir, srv, srt));
-            spec
+/// One target both generators drive.
+struct Side {
+    label: &'static str,
+    opened: Opened,
+    fio: FioTarget,
+}
+
+/// What a run started and must stop, whatever happens in between.
+#[derive(Default)]
+struct Resources {
+    export: Option<(tempfile::TempDir, coronafs::server::RunningServer, BgRuntime)>,
+    shaper: Option<crate::shaper::Shaper>,
+    sides: Vec<Side>,
+    scratch: Option<tempfile::TempDir>,
+}
+
+impl Resources {
+    async fn close(self) {
+        for s in &self.sides {
+            s.opened.cleanup();
         }
-    };
-    let mut shaper = None;
-    let spec = match spec {
-        TargetSpec::Nbd { addr, export } if !opts.link.is_loopback() => {
-            let sh = crate::shaper::Shaper::start(TargetSpec::nbd_addr(&addr)?, opts.link).await?;
-            let addr = sh.addr.to_string();
-            shaper = Some(sh);
-            TargetSpec::Nbd { addr, export }
+        if let Some(sh) = self.shaper {
+            sh.shutdown().await;
         }
-        other => other,
-    };
-    let fio_target = match &spec {
-        TargetSpec::Nbd { addr, export } => FioTarget::Nbd(format!("nbd://{addr}/{export}")),
-        TargetSpec::Path(p) if p.is_dir() => anyhow::bail!("accuracy needs a file or device, not a directory"),
-        TargetSpec::Path(p) => FioTarget::File(p.clone()),
-        TargetSpec::S3 { .. } => anyhow::bail!("fio cannot drive S3 here; accuracy compares block targets"),
-    };
-    let opened = Opened::open(&spec, &S3Keys::default()).await?;
-    let mut jobs: Vec<(String, Job)> = Vec::new();
-    for p in &opts.profiles {
-        for mut j in crate::runner::load_profile(p)?.jobs {
-            if !opts.only.is_empty() && !opts.only.iter().any(|o| j.name.contains(o.as_str())) {
-                continue;
+        if let Some((dir, srv, srt)) = self.export {
+            let _ = srt.handle().spawn(srv.shutdown()).await;
+            drop(srt);
+            drop(dir);
+        }
+        drop(self.scratch);
+    }
+}
+
+/// Starts a CoronaFS export of `size` bytes, filled with data, on a
+/// runtime of its own (so it shares no worker threads with our load
+/// generator; fio is a process of its own too).
+async fn own_export(res: &mut Resources, size: u64) -> anyhow::Result<TargetSpec> {
+    let dir = tempfile::tempdir()?;
+    let srt = BgRuntime(Some(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?));
+    let cfg = coronafs::server::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Uring);
+    let srv = srt.handle().spawn(coronafs::server::start(cfg)).await??;
+    srv.shared.exports.create("accuracy", size).await?;
+    let ep = crate::cluster::CoronaEndpoint { nbd: srv.nbd_addr.to_string(), api: srv.api_url() };
+    crate::storage::measure::prefill(&ep, "accuracy", size).await?;
+    let spec = TargetSpec::Nbd { addr: srv.nbd_addr.to_string(), export: "accuracy".into() };
+    res.export = Some((dir, srv, srt));
+    Ok(spec)
+}
+
+/// Whether files under `dir` can be opened with `O_DIRECT` (tmpfs refuses).
+fn direct_works(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join(".bench-direct-probe");
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe)
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
+}
+
+fn jobs_of(opts: &Options, profile: &str, direct: bool) -> anyhow::Result<Vec<Job>> {
+    let mut out = Vec::new();
+    for mut j in crate::runner::load_profile(profile)?.jobs {
+        if !opts.only.is_empty() && !opts.only.iter().any(|o| j.name.contains(o.as_str())) {
+            continue;
+        }
+        j.runtime = Some(opts.runtime);
+        j.size = opts.size.max(j.bs);
+        j.ramp_time = Duration::ZERO;
+        j.direct &= direct;
+        out.push(j);
+    }
+    Ok(out)
+}
+
+/// Sets up the targets; returns (side index, profile, job) for every job.
+async fn set_up(opts: &Options, res: &mut Resources) -> anyhow::Result<Vec<(usize, String, Job)>> {
+    let mut jobs = Vec::new();
+    if !opts.profiles.is_empty() {
+        let spec = match &opts.target {
+            Some(t) => TargetSpec::parse(t)?,
+            None => own_export(res, opts.size).await?,
+        };
+        let (spec, shaper) = match &spec {
+            TargetSpec::Nbd { .. } => crate::runner::through_link(&spec, opts.link).await?,
+            TargetSpec::Path(p) if p.is_dir() => {
+                anyhow::bail!("--target is for an NBD export or a file; give a directory with --dir")
             }
-            j.runtime = Some(opts.runtime);
-            j.size = opts.size.max(j.bs);
-            j.ramp_time = Duration::ZERO;
-            jobs.push((p.clone(), j));
+            TargetSpec::Path(_) if !opts.link.is_loopback() => {
+                anyhow::bail!("--link-rate/--link-delay need an NBD target, not a file")
+            }
+            TargetSpec::Path(_) => (spec.clone(), None),
+            TargetSpec::S3 { .. } => anyhow::bail!("fio cannot drive S3 here; accuracy compares block targets"),
+        };
+        res.shaper = shaper;
+        let (label, fio) = match &spec {
+            TargetSpec::Nbd { addr, export } => ("nbd", FioTarget::Nbd(format!("nbd://{addr}/{export}"))),
+            TargetSpec::Path(p) => ("file", FioTarget::File(p.clone())),
+            TargetSpec::S3 { .. } => unreachable!("refused above"),
+        };
+        let opened = Opened::open(&spec, &S3Keys::default()).await?;
+        eprintln!("bench: accuracy target {label}: {spec} ({})", opts.link.describe());
+        let side = res.sides.len();
+        res.sides.push(Side { label, opened, fio });
+        for p in &opts.profiles {
+            jobs.extend(jobs_of(opts, p, true)?.into_iter().map(|j| (side, p.clone(), j)));
         }
     }
+    if !opts.dir_profiles.is_empty() {
+        let dir = match &opts.dir {
+            Some(d) => {
+                anyhow::ensure!(d.is_dir(), "--dir {}: not a directory", d.display());
+                d.clone()
+            }
+            None => {
+                let t = tempfile::Builder::new().prefix("bench-accuracy-").tempdir()?;
+                let p = t.path().to_owned();
+                res.scratch = Some(t);
+                p
+            }
+        };
+        let direct = direct_works(&dir);
+        if !direct {
+            eprintln!("bench: {} refuses O_DIRECT; both generators run buffered there", dir.display());
+        }
+        let files = FileTarget::open(&dir)?;
+        let side = res.sides.len();
+        let mut dir_jobs = Vec::new();
+        for p in &opts.dir_profiles {
+            for j in jobs_of(opts, p, direct)? {
+                // Lay the files out once, before either generator runs, so
+                // both find the same data in the same places.
+                files.prepare(&j)?;
+                dir_jobs.push((side, p.clone(), j));
+            }
+        }
+        eprintln!("bench: accuracy target dir: {} (O_DIRECT {})", dir.display(), if direct { "on" } else { "off" });
+        res.sides.push(Side { label: "dir", opened: Opened::Files(files), fio: FioTarget::Dir(dir) });
+        jobs.extend(dir_jobs);
+    }
+    anyhow::ensure!(!jobs.is_empty(), "no job to compare (check --profiles, --dir-profiles and --only)");
+    Ok(jobs)
+}
+
+/// Runs the comparison.
+pub async fn run(opts: &Options) -> anyhow::Result<Report> {
+    let mut res = Resources::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let mut raw: Vec<(Vec<(f64, f64)>, Vec<(f64, f64)>)> = vec![(Vec::new(), Vec::new()); jobs.len()];
+    let mut raw: Vec<(Vec<(f64, f64)>, Vec<(f64, f64)>)> = Vec::new();
     let result = async {
+        let jobs = set_up(opts, &mut res).await?;
+        raw = vec![(Vec::new(), Vec::new()); jobs.len()];
         for it in 0..opts.iterations {
-            for (i, (_, job)) in jobs.iter().enumerate() {
+            for (i, (side, _, job)) in jobs.iter().enumerate() {
+                let side = &res.sides[*side];
                 let ours_first = (it + i) % 2 == 0;
                 let mut fio_r = (FioResult::default(), FioResult::default());
                 if !ours_first {
-                    fio_r = fio_job(&fio_target, job).await?;
+                    fio_r = fio_job(&side.fio, job).await?;
                 }
-                let ours = opened.run(job, Limits::default(), stop.clone()).await?;
+                let ours = side.opened.run(job, Limits::default(), stop.clone()).await?;
                 if ours_first {
-                    fio_r = fio_job(&fio_target, job).await?;
+                    fio_r = fio_job(&side.fio, job).await?;
                 }
                 eprintln!(
-                    "bench: accuracy {}/{} {:<24} read {:>9.0} vs fio {:>9.0} IOPS, write {:>9.0} vs fio {:>9.0} IOPS",
+                    "bench: accuracy {}/{} {:<4} {:<20} read {:>9.0} vs fio {:>9.0} IOPS, write {:>9.0} vs fio {:>9.0} IOPS",
                     it + 1,
                     opts.iterations,
+                    side.label,
                     job.name,
                     ours.read.iops,
                     fio_r.0.iops,
@@ -157,32 +286,35 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
                 raw[i].1.push((ours.write.iops, fio_r.1.iops));
             }
         }
-        anyhow::Ok(())
+        anyhow::Ok(jobs)
     }
     .await;
-    if let Some(sh) = shaper {
-        sh.shutdown().await;
-    }
-    if let Some((dir, srv, srt)) = own {
-        let _ = srt.handle().spawn(srv.shutdown()).await;
-        drop(srt);
-        drop(dir);
-    }
-    result?;
-    let mut report = Report { target: format!("{spec} ({})", opts.link.describe()), rows: Vec::new() };
-    for ((profile, job), (reads, writes)) in jobs.iter().zip(raw) {
-        for (side, pairs, used) in [("read", reads, job.rw.reads()), ("write", writes, job.rw.writes())] {
+    let labels: Vec<&'static str> = res.sides.iter().map(|s| s.label).collect();
+    let targets = res.sides.iter().map(|s| format!("{}: {}", s.label, s.fio)).collect();
+    res.close().await;
+    let jobs = result?;
+    let mut report = Report {
+        targets,
+        fio_version: crate::fio::version(),
+        runtime_s: opts.runtime.as_secs_f64(),
+        iterations: opts.iterations,
+        rows: Vec::new(),
+    };
+    for ((side, profile, job), (reads, writes)) in jobs.iter().zip(raw) {
+        for (dir, pairs, used) in [("read", reads, job.rw.reads()), ("write", writes, job.rw.writes())] {
             if !used {
                 continue;
             }
             let ratios: Vec<f64> = pairs.iter().map(|(o, f)| if *f > 0.0 { o / f } else { 0.0 }).collect();
             report.rows.push(Row {
+                target: labels[*side],
                 profile: profile.clone(),
                 job: job.name.clone(),
-                side,
+                side: dir,
                 ours_iops: pairs.iter().map(|p| p.0).collect(),
                 fio_iops: pairs.iter().map(|p| p.1).collect(),
-                ratio: median(&ratios),
+                ratio: Summary::of(&ratios).median,
+                ratios,
             });
         }
     }
@@ -194,21 +326,33 @@ async fn fio_job(t: &FioTarget, job: &Job) -> anyhow::Result<(FioResult, FioResu
     tokio::task::spawn_blocking(move || crate::fio::run_job(&t, &job)).await?
 }
 
-/// The comparison as a table.
+fn range(v: &[f64], prec: usize) -> String {
+    let s = Summary::of(v);
+    format!("{:.*} [{:.*}..{:.*}]", prec, s.median, prec, s.min, prec, s.max)
+}
+
+/// The comparison as a table: medians with [min..max] over the iterations.
 pub fn table(r: &Report, tol: f64) -> String {
     let mut s = format!(
-        "## Accuracy: bench vs fio on {}\n\n| Profile | Job | Dir | ours IOPS (median) | fio IOPS (median) | ours/fio | within {tol}% |\n|---|---|---|---:|---:|---:|---|\n",
-        r.target
+        "## Accuracy: bench vs fio ({}), {} iterations of {} s, interleaved\n\n",
+        r.fio_version, r.iterations, r.runtime_s
     );
+    for t in &r.targets {
+        s.push_str(&format!("- {t}\n"));
+    }
+    s.push_str(&format!(
+        "\n| Target | Profile | Job | Dir | ours IOPS median [min..max] | fio IOPS median [min..max] | ours/fio median [min..max] | within {tol}% |\n|---|---|---|---|---:|---:|---:|---|\n"
+    ));
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            row.target,
             row.profile,
             row.job,
             row.side,
-            median(&row.ours_iops),
-            median(&row.fio_iops),
-            row.ratio,
+            range(&row.ours_iops, 0),
+            range(&row.fio_iops, 0),
+            range(&row.ratios, 3),
             if within(row.ratio, tol) { "yes" } else { "NO" }
         ));
     }

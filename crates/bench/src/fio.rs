@@ -56,6 +56,30 @@ pub enum FioTarget {
     Nbd(String),
     /// libaio on a file or block device.
     File(std::path::PathBuf),
+    /// libaio on one file per job in a directory, named as our file engine
+    /// names them (`bench.JOB.N`), so both use the same files.
+    Dir(std::path::PathBuf),
+}
+
+impl std::fmt::Display for FioTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FioTarget::Nbd(uri) => write!(f, "{uri} (fio --ioengine=nbd)"),
+            FioTarget::File(p) => write!(f, "{} (fio --ioengine=libaio)", p.display()),
+            FioTarget::Dir(p) => write!(f, "files in {} (fio --ioengine=libaio)", p.display()),
+        }
+    }
+}
+
+/// `fio --version`, or `fio (version unknown)`.
+pub fn version() -> String {
+    Command::new("fio")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "fio (version unknown)".into())
 }
 
 /// Runs one of our jobs with fio, time-based; returns (read, write).
@@ -68,6 +92,12 @@ pub fn run_job(target: &FioTarget, job: &crate::job::Job) -> anyhow::Result<(Fio
         }
         FioTarget::File(p) => {
             cmd.arg("--ioengine=libaio").arg(format!("--filename={}", p.display()));
+            cmd.arg(format!("--direct={}", u8::from(job.direct)));
+        }
+        FioTarget::Dir(d) => {
+            cmd.arg("--ioengine=libaio").arg(format!("--directory={}", d.display()));
+            // fio expands $jobname and $jobnum itself (no shell here).
+            cmd.arg("--filename_format=bench.$jobname.$jobnum");
             cmd.arg(format!("--direct={}", u8::from(job.direct)));
         }
     }

@@ -3,10 +3,15 @@
 //! direction), without fio.
 //!
 //! Each of `numjobs` jobs gets its own connection (NBD), file (directory
-//! targets) or prefix (S3) and keeps `iodepth` operations in flight: async
-//! tasks sharing one pipelined connection for NBD and S3, OS threads doing
-//! `pread`/`pwrite` on an `O_DIRECT` descriptor for files. Every job stops at
-//! its runtime, or after `size` bytes, and never later than a hard time cap.
+//! targets) or prefix (S3) and keeps `iodepth` operations in flight. For NBD
+//! and S3 each job is one OS thread driving a current-thread tokio runtime:
+//! its connection, the connection's reply reader and its `iodepth` tasks all
+//! run on that thread, as fio runs each job on one thread, so a job cannot
+//! spread over more CPUs than fio's would (on a machine where the client's
+//! CPU is the limit, that is what decides the figures). Files use OS threads
+//! doing `pread`/`pwrite` on an `O_DIRECT` descriptor. The jobs start
+//! together once every one is connected. Every job stops at its runtime, or
+//! after `size` bytes, and never later than a hard time cap.
 
 use crate::files::{self, AlignedBuf, FileTarget};
 use crate::hist::Histogram;
@@ -127,6 +132,8 @@ struct Plan {
     seq: AtomicU64,
     writes: AtomicU64,
     stop: Arc<AtomicBool>,
+    /// Set when another job of the same run failed: stop early too.
+    abort: Option<Arc<AtomicBool>>,
 }
 
 /// The generator's pseudo-random step (xorshift64).
@@ -158,12 +165,22 @@ impl Plan {
             seq: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             stop,
+            abort: None,
         }
+    }
+
+    /// Also stops when `flag` is set.
+    fn aborted_by(mut self, flag: Arc<AtomicBool>) -> Plan {
+        self.abort = Some(flag);
+        self
     }
 
     /// The next operation, or `None` when the job is over.
     fn next(&self, rng: &mut u64) -> Option<(Op, u64)> {
-        if self.stop.load(Ordering::Relaxed) || Instant::now() >= self.deadline {
+        if self.stop.load(Ordering::Relaxed)
+            || self.abort.as_ref().is_some_and(|a| a.load(Ordering::Relaxed))
+            || Instant::now() >= self.deadline
+        {
             return None;
         }
         if let Some(limit) = self.ops_limit {
@@ -306,61 +323,155 @@ impl Opened {
     }
 }
 
+/// Lets the job threads of one run start together (fio also sets every job
+/// up before any starts) and stop together when one of them fails.
+#[derive(Debug, Clone)]
+struct Gate {
+    waiting: Arc<(std::sync::Mutex<u32>, std::sync::Condvar)>,
+    failed: Arc<AtomicBool>,
+}
+
+impl Gate {
+    fn new(jobs: u32) -> Gate {
+        Gate { waiting: Arc::new((std::sync::Mutex::new(jobs), std::sync::Condvar::new())), failed: Arc::default() }
+    }
+
+    /// Blocks until every job is ready; false when one failed instead.
+    fn ready(&self) -> bool {
+        let (m, cv) = &*self.waiting;
+        let Ok(mut left) = m.lock() else { return false };
+        *left = left.saturating_sub(1);
+        cv.notify_all();
+        while *left > 0 && !self.failed.load(Ordering::Acquire) {
+            left = match cv.wait(left) {
+                Ok(l) => l,
+                Err(_) => return false,
+            };
+        }
+        !self.failed.load(Ordering::Acquire)
+    }
+
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+        let (m, cv) = &*self.waiting;
+        let _guard = m.lock();
+        cv.notify_all();
+    }
+}
+
+/// What one job thread hands back: its measurements and when it started
+/// measuring, or `None` when it stood down because another job failed.
+type JobOutcome = anyhow::Result<Option<(Recorder, Instant)>>;
+
+/// Runs `body(j, gate)` for every job `j` of `job`, each on its own OS
+/// thread with a current-thread runtime, and merges what they measured.
+/// `body` connects, calls `gate.ready()` (standing down with `Ok(None)`
+/// when it says false), then runs its `iodepth` tasks.
+async fn on_job_threads<F, Fut>(job: &Job, body: F) -> anyhow::Result<JobRun>
+where
+    F: Fn(u32, Gate) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = JobOutcome>,
+{
+    let gate = Gate::new(job.numjobs);
+    let body = Arc::new(body);
+    let mut threads = Vec::new();
+    for j in 0..job.numjobs {
+        let (body, g) = (body.clone(), gate.clone());
+        let spawned = std::thread::Builder::new().name(format!("bench-job-{j}")).spawn(move || -> JobOutcome {
+            let r = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting a job's runtime")
+                .and_then(|rt| rt.block_on(body(j, g.clone())));
+            if r.is_err() {
+                g.fail();
+            }
+            r
+        });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                gate.fail();
+                threads.push(std::thread::spawn(move || Err(anyhow::Error::from(e).context("starting a job thread"))));
+            }
+        }
+    }
+    let outcomes = tokio::task::spawn_blocking(move || {
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a job thread panicked"))))
+            .collect::<Vec<JobOutcome>>()
+    })
+    .await?;
+    let mut total = Recorder::default();
+    let mut start: Option<Instant> = None;
+    for o in outcomes {
+        if let Some((rec, ramp_end)) = o? {
+            total.merge(&rec);
+            start = Some(start.map_or(ramp_end, |s| s.min(ramp_end)));
+        }
+    }
+    let start = start.context("no job ran")?;
+    Ok(finish(&job.name, start, &total))
+}
+
 async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -> anyhow::Result<JobRun> {
-    let mut conns = Vec::new();
-    for _ in 0..job.numjobs {
-        let c = NbdClient::connect(addr, export).await.with_context(|| format!("connecting to {addr}/{export}"))?;
-        if job.rw.writes() && c.info().read_only() {
-            bail!("nbd://{addr}/{export} is read-only; job {} writes", job.name);
-        }
-        conns.push(Arc::new(c));
-    }
-    let size = job.size.min(conns[0].size()) / job.bs * job.bs;
-    if size == 0 {
-        bail!("nbd://{addr}/{export} ({} bytes) is smaller than bs {}", conns[0].size(), job.bs);
-    }
-    let mut plans = Vec::new();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (j, conn) in conns.iter().enumerate() {
-        let plan = Arc::new(Plan::new(job, size, limits, stop.clone()));
-        plans.push(plan.clone());
-        for slot in 0..job.iodepth {
-            let (conn, plan) = (conn.clone(), plan.clone());
-            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
-            let bs = job.bs as usize;
-            tasks.spawn(async move {
-                let mut rec = Recorder::default();
-                let mut data = vec![0u8; bs];
-                fill(&mut data, rng);
-                let mut buf = vec![0u8; bs];
-                let mut writes = 0u64;
-                while let Some((op, off)) = plan.next(&mut rng) {
-                    if op == Op::Write {
-                        writes += 1;
-                        scramble(&mut data, off, writes);
+    let (addr, export, shared_job) = (addr.to_owned(), export.to_owned(), Arc::new(job.clone()));
+    on_job_threads(job, move |j, gate| {
+        let (addr, export, job, stop) = (addr.clone(), export.clone(), shared_job.clone(), stop.clone());
+        async move {
+            let conn =
+                NbdClient::connect(addr.as_str(), &export).await.with_context(|| format!("connecting to {addr}/{export}"))?;
+            if job.rw.writes() && conn.info().read_only() {
+                bail!("nbd://{addr}/{export} is read-only; job {} writes", job.name);
+            }
+            let size = job.size.min(conn.size()) / job.bs * job.bs;
+            if size == 0 {
+                bail!("nbd://{addr}/{export} ({} bytes) is smaller than bs {}", conn.size(), job.bs);
+            }
+            let conn = Arc::new(conn);
+            if !gate.ready() {
+                return Ok(None);
+            }
+            let plan = Arc::new(Plan::new(&job, size, limits, stop).aborted_by(gate.failed.clone()));
+            let mut tasks = tokio::task::JoinSet::new();
+            for slot in 0..job.iodepth {
+                let (conn, plan) = (conn.clone(), plan.clone());
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+                let bs = job.bs as usize;
+                tasks.spawn(async move {
+                    let mut rec = Recorder::default();
+                    let mut data = vec![0u8; bs];
+                    fill(&mut data, rng);
+                    let mut buf = vec![0u8; bs];
+                    let mut writes = 0u64;
+                    while let Some((op, off)) = plan.next(&mut rng) {
+                        if op == Op::Write {
+                            writes += 1;
+                            scramble(&mut data, off, writes);
+                        }
+                        let t = Instant::now();
+                        match op {
+                            Op::Read => buf = conn.read_into(buf, off).await?,
+                            Op::Write => conn.write(off, &data, false).await?,
+                        }
+                        rec.record(&plan, op, t, bs as u64);
+                        if op == Op::Write && plan.flush_due() {
+                            conn.flush().await?;
+                            rec.flushes += 1;
+                        }
                     }
-                    let t = Instant::now();
-                    match op {
-                        Op::Read => buf = conn.read_into(buf, off).await?,
-                        Op::Write => conn.write(off, &data, false).await?,
-                    }
-                    rec.record(&plan, op, t, bs as u64);
-                    if op == Op::Write && plan.flush_due() {
-                        conn.flush().await?;
-                        rec.flushes += 1;
-                    }
-                }
-                anyhow::Ok(rec)
-            });
+                    anyhow::Ok(rec)
+                });
+            }
+            let rec = join_all(tasks).await?;
+            if let Ok(c) = Arc::try_unwrap(conn) {
+                let _ = c.disconnect().await;
+            }
+            Ok(Some((rec, plan.ramp_end)))
         }
-    }
-    let total = join_all(tasks).await?;
-    for c in conns {
-        if let Ok(c) = Arc::try_unwrap(c) {
-            let _ = c.disconnect().await;
-        }
-    }
-    Ok(finish(&job.name, plans[0].ramp_end, &total))
+    })
+    .await
 }
 
 async fn join_all(mut tasks: tokio::task::JoinSet<anyhow::Result<Recorder>>) -> anyhow::Result<Recorder> {
@@ -451,81 +562,96 @@ async fn run_s3(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<JobRun> {
     let keys = s3_keys(job);
-    let (pfx, name, kbs) = (prefix.to_owned(), job.name.clone(), job.bs);
-    let key = move |j: u32, off: u64| format!("{pfx}bench-{name}-{j}/{:06}", off / kbs);
-    let mut data = vec![0u8; job.bs as usize];
-    fill(&mut data, 7);
-    let body = bytes::Bytes::from(data);
-    if job.rw.reads() {
-        // Objects must exist before they are read; not timed.
-        for j in 0..job.numjobs {
-            let mut puts = tokio::task::JoinSet::new();
-            for i in 0..keys {
-                let (c, b, k, body) = (client.clone(), bucket.to_owned(), key(j, i * job.bs), body.clone());
-                puts.spawn(async move { c.put_object().bucket(b).key(k).body(body.into()).send().await });
-                if puts.len() >= 16 {
-                    if let Some(r) = puts.join_next().await {
-                        r?.context("prefilling S3 objects")?;
+    let conf = client.config().clone();
+    let (bucket, prefix, shared_job) = (bucket.to_owned(), prefix.to_owned(), Arc::new(job.clone()));
+    on_job_threads(job, move |j, gate| {
+        let (conf, bucket, prefix, job, stop) =
+            (conf.clone(), bucket.clone(), prefix.clone(), shared_job.clone(), stop.clone());
+        async move {
+            // A client of its own: its connection pool lives on this job's
+            // runtime and goes with it.
+            let client = aws_sdk_s3::Client::from_conf(conf);
+            let (name, kbs) = (job.name.clone(), job.bs);
+            let key = move |off: u64| format!("{prefix}bench-{name}-{j}/{:06}", off / kbs);
+            let mut data = vec![0u8; job.bs as usize];
+            fill(&mut data, 7);
+            let body = bytes::Bytes::from(data);
+            if job.rw.reads() {
+                // Objects must exist before they are read; not timed.
+                let mut puts = tokio::task::JoinSet::new();
+                for i in 0..keys {
+                    let (c, b, k, body) = (client.clone(), bucket.clone(), key(i * job.bs), body.clone());
+                    puts.spawn(async move { c.put_object().bucket(b).key(k).body(body.into()).send().await });
+                    if puts.len() >= 16 {
+                        if let Some(r) = puts.join_next().await {
+                            r?.context("prefilling S3 objects")?;
+                        }
                     }
                 }
-            }
-            while let Some(r) = puts.join_next().await {
-                r?.context("prefilling S3 objects")?;
-            }
-        }
-    }
-    let mut plans = Vec::new();
-    let mut tasks = tokio::task::JoinSet::new();
-    for j in 0..job.numjobs {
-        let plan = Arc::new(Plan::new(job, keys * job.bs, limits, stop.clone()));
-        plans.push(plan.clone());
-        for slot in 0..job.iodepth {
-            let (c, b, plan, body) = (client.clone(), bucket.to_owned(), plan.clone(), body.clone());
-            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
-            let key = key.clone();
-            let bs = job.bs;
-            tasks.spawn(async move {
-                let mut rec = Recorder::default();
-                let mut data = body.to_vec();
-                let mut writes = 0u64;
-                while let Some((op, off)) = plan.next(&mut rng) {
-                    // A distinct body per PUT, built before the clock starts:
-                    // LightningStor stores blocks by content hash, so a
-                    // repeated body would be deduplicated, not stored.
-                    let body = if op == Op::Write {
-                        writes += 1;
-                        scramble(&mut data, off ^ (u64::from(j) << 48 | u64::from(slot) << 40), writes);
-                        bytes::Bytes::copy_from_slice(&data)
-                    } else {
-                        bytes::Bytes::new()
-                    };
-                    let t = Instant::now();
-                    let k = key(j, off);
-                    let n = match op {
-                        Op::Read => {
-                            let r =
-                                c.get_object().bucket(&b).key(&k).send().await.with_context(|| format!("GET {k}"))?;
-                            r.body.collect().await.with_context(|| format!("GET {k} body"))?.into_bytes().len() as u64
-                        }
-                        Op::Write => {
-                            c.put_object()
-                                .bucket(&b)
-                                .key(&k)
-                                .body(body.into())
-                                .send()
-                                .await
-                                .with_context(|| format!("PUT {k}"))?;
-                            bs
-                        }
-                    };
-                    rec.record(&plan, op, t, n);
+                while let Some(r) = puts.join_next().await {
+                    r?.context("prefilling S3 objects")?;
                 }
-                anyhow::Ok(rec)
-            });
+            }
+            if !gate.ready() {
+                return Ok(None);
+            }
+            let plan = Arc::new(Plan::new(&job, keys * job.bs, limits, stop).aborted_by(gate.failed.clone()));
+            let mut tasks = tokio::task::JoinSet::new();
+            for slot in 0..job.iodepth {
+                let (c, b, plan, body) = (client.clone(), bucket.clone(), plan.clone(), body.clone());
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+                let key = key.clone();
+                let bs = job.bs;
+                tasks.spawn(async move {
+                    let mut rec = Recorder::default();
+                    let mut data = body.to_vec();
+                    let mut writes = 0u64;
+                    while let Some((op, off)) = plan.next(&mut rng) {
+                        // A distinct body per PUT, built before the clock starts:
+                        // LightningStor stores blocks by content hash, so a
+                        // repeated body would be deduplicated, not stored.
+                        let body = if op == Op::Write {
+                            writes += 1;
+                            scramble(&mut data, off ^ (u64::from(j) << 48 | u64::from(slot) << 40), writes);
+                            bytes::Bytes::copy_from_slice(&data)
+                        } else {
+                            bytes::Bytes::new()
+                        };
+                        let t = Instant::now();
+                        let k = key(off);
+                        let n = match op {
+                            Op::Read => {
+                                let r = c
+                                    .get_object()
+                                    .bucket(&b)
+                                    .key(&k)
+                                    .send()
+                                    .await
+                                    .with_context(|| format!("GET {k}"))?;
+                                r.body.collect().await.with_context(|| format!("GET {k} body"))?.into_bytes().len()
+                                    as u64
+                            }
+                            Op::Write => {
+                                c.put_object()
+                                    .bucket(&b)
+                                    .key(&k)
+                                    .body(body.into())
+                                    .send()
+                                    .await
+                                    .with_context(|| format!("PUT {k}"))?;
+                                bs
+                            }
+                        };
+                        rec.record(&plan, op, t, n);
+                    }
+                    anyhow::Ok(rec)
+                });
+            }
+            let rec = join_all(tasks).await?;
+            Ok(Some((rec, plan.ramp_end)))
         }
-    }
-    let total = join_all(tasks).await?;
-    Ok(finish(&job.name, plans[0].ramp_end, &total))
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -38,18 +38,30 @@ enum Cmd {
     /// or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY).
     Run(RunArgs),
     /// Compare two result files (bench run --json, or results.json) figure by
-    /// figure; exit 1 when any figure got worse by more than --max-regression
-    /// and by more than its own standard deviation.
+    /// figure, and exit 1 on a regression.
+    ///
+    /// A figure regresses when its median got worse by more than
+    /// --max-regression AND the two runs' min..max ranges do not overlap
+    /// (the new run's best iteration is worse than the old run's worst).
+    /// Latencies, durations, retransmits, errors and CPU per operation are
+    /// better lower; bandwidth, IOPS and rates higher. A figure with fewer
+    /// than 3 iterations on either side has no range to judge: it is shown
+    /// as "not judged" with a warning (use 5 iterations for a gate: bench run
+    /// --iterations 5). Exit status: 0 no regression, 1 regression, 2 error
+    /// (unreadable or non-JSON file, no figure in common, nothing with
+    /// enough iterations to judge, bad --max-regression).
     Compare {
         old: PathBuf,
         new: PathBuf,
-        /// Allowed worsening, in percent.
+        /// How much worse a median may get before the ranges are looked at, in percent.
         #[arg(long, default_value = "10%")]
         max_regression: String,
     },
-    /// Run each block profile job with our load generator and with fio on the
-    /// same NBD export or file, interleaved, and print ours/fio ratios; exit 1
-    /// when a ratio is outside --tolerance.
+    /// Run each job with our load generator and with fio on the same target,
+    /// interleaved, and print ours/fio IOPS ratios; exit 1 when a median
+    /// ratio is outside --tolerance. By default the four nbd-compare
+    /// workloads (nbd-4) on a CoronaFS export started in this process, and
+    /// seed-003 on files in a temporary directory.
     Accuracy(AccuracyArgs),
     /// Serve one file through CoronaFS, nbdkit and qemu-nbd and run the same
     /// fio workloads (nbd engine) on each; print MiB/s, IOPS, p50/p99 and ratios.
@@ -198,17 +210,35 @@ struct RunArgs {
     /// S3 secret key (else AWS_SECRET_ACCESS_KEY).
     #[arg(long)]
     secret_key: Option<String>,
+    /// Emulated link rate per direction in front of an nbd:// or s3://
+    /// target (e.g. 40MiB): a token-bucket proxy on this host, so a run sees
+    /// a slower network. The report and the JSON say the link.
+    #[arg(long)]
+    link_rate: Option<String>,
+    /// Emulated one-way delay added by that proxy (e.g. 1ms).
+    #[arg(long)]
+    link_delay: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
 struct AccuracyArgs {
-    /// nbd://host:port/export or a file path; without it a CoronaFS export
-    /// is started in this process.
+    /// nbd://host:port/export or a file path for --profiles; without it a
+    /// CoronaFS export is started in this process.
     #[arg(long)]
     target: Option<String>,
-    /// Profiles whose jobs are compared (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "seed-002,seed-003,seed-004")]
+    /// Profiles run on --target (comma-separated; built-in nbd-4 is the four
+    /// nbd-compare workloads; empty for none).
+    #[arg(long, value_delimiter = ',', default_value = bench::accuracy::DEFAULT_PROFILES)]
     profiles: Vec<String>,
+    /// Directory for --dir-profiles (one file per job and numjobs, removed
+    /// afterwards; O_DIRECT where the filesystem allows); default: a new
+    /// temporary directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Profiles run on files in --dir, fio with libaio on the same files
+    /// (comma-separated; empty for none).
+    #[arg(long, value_delimiter = ',', default_value = bench::accuracy::DEFAULT_DIR_PROFILES)]
+    dir_profiles: Vec<String>,
     /// Seconds per run.
     #[arg(long, default_value = "5s")]
     runtime: String,
@@ -219,7 +249,7 @@ struct AccuracyArgs {
     #[arg(long, default_value = "10%")]
     tolerance: String,
     /// Iterations (the median ratio is judged).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     iterations: usize,
     /// Only jobs whose name contains one of these (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -247,9 +277,21 @@ fn stop_on_ctrl_c(stop: Arc<AtomicBool>) {
     });
 }
 
+fn link_spec(rate: Option<&str>, delay: Option<&str>) -> anyhow::Result<bench::shaper::LinkSpec> {
+    let link = bench::shaper::LinkSpec {
+        rate: rate.map(coronafs::util::parse_size).transpose()?,
+        delay: delay.map(parse_duration).transpose()?.unwrap_or_default(),
+    };
+    if link.rate == Some(0) {
+        anyhow::bail!("--link-rate must be more than 0");
+    }
+    Ok(link)
+}
+
 fn cmd_run(a: RunArgs) -> anyhow::Result<()> {
     let profile = bench::runner::load_profile(&a.profile)?;
     let target = bench::target::TargetSpec::parse(&a.target)?;
+    let link = link_spec(a.link_rate.as_deref(), a.link_delay.as_deref())?;
     let ov = bench::runner::Overrides {
         runtime: a.runtime.as_deref().map(parse_duration).transpose()?,
         size: a.size.as_deref().map(coronafs::util::parse_size).transpose()?,
@@ -261,7 +303,15 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let report = runtime()?.block_on(async {
         stop_on_ctrl_c(stop.clone());
-        bench::runner::run_profile(&profile, &target, &keys, iterations, &ov, limits, stop.clone()).await
+        let (shaped, shaper) = bench::runner::through_link(&target, link).await?;
+        let r = bench::runner::run_profile(&profile, &shaped, &keys, iterations, &ov, limits, stop.clone()).await;
+        if let Some(sh) = shaper {
+            sh.shutdown().await;
+        }
+        let mut r = r?;
+        r.target = target.to_string();
+        r.link = link.describe();
+        anyhow::Ok(r)
     })?;
     println!("{}", bench::runner::markdown(&report));
     if let Some(path) = a.json {
@@ -270,29 +320,41 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `bench compare`: 0 no regression, 1 regression; errors are the
+/// caller's exit 2.
 fn cmd_compare(old: PathBuf, new: PathBuf, bound: &str) -> anyhow::Result<i32> {
-    let bound = bench::compare::parse_pct(bound)?;
+    let bound = bench::compare::parse_pct(bound).context("--max-regression")?;
     let read = |p: &PathBuf| -> anyhow::Result<serde_json::Value> {
-        let text = std::fs::read(p).with_context(|| p.display().to_string())?;
+        let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
         serde_json::from_slice(&text).with_context(|| format!("{} is not JSON", p.display()))
     };
-    let c = bench::compare::compare(&read(&old)?, &read(&new)?, bound);
+    let (a, b) = (read(&old)?, read(&new)?);
+    let c = bench::compare::compare(&a, &b, bound);
     if c.rows.is_empty() {
         anyhow::bail!("no figure appears in both files (are they bench results?)");
     }
-    print!("{}", bench::compare::table(&c, bound));
+    print!("{}", bench::compare::table(&c));
+    if c.not_judged() > 0 {
+        eprintln!(
+            "bench compare: warning: {} of {} figures not judged (fewer than {} iterations); use --iterations {} for a gate",
+            c.not_judged(),
+            c.rows.len(),
+            bench::compare::MIN_ITERATIONS,
+            bench::compare::RECOMMENDED_ITERATIONS
+        );
+    }
+    if c.judged() == 0 {
+        // A gate that judged nothing must not pass as "no regression".
+        anyhow::bail!(
+            "nothing to judge: every figure in common has fewer than {} iterations on one side",
+            bench::compare::MIN_ITERATIONS
+        );
+    }
     Ok(if c.regressions() > 0 { 1 } else { 0 })
 }
 
 fn cmd_storage(a: StorageArgs) -> anyhow::Result<i32> {
-    use bench::shaper::LinkSpec;
-    let link = LinkSpec {
-        rate: a.link_rate.as_deref().map(coronafs::util::parse_size).transpose()?,
-        delay: a.link_delay.as_deref().map(parse_duration).transpose()?.unwrap_or_default(),
-    };
-    if link.rate == Some(0) {
-        anyhow::bail!("--link-rate must be more than 0");
-    }
+    let link = link_spec(a.link_rate.as_deref(), a.link_delay.as_deref())?;
     let mut opts = bench::storage::Options::new(a.quick);
     opts.fit_link(link.rate);
     if let Some(i) = a.iterations {
@@ -424,21 +486,24 @@ fn main() -> anyhow::Result<()> {
         .init();
     let code = match Cli::parse().cmd {
         Cmd::Run(a) => cmd_run(a).map(|()| 0)?,
-        Cmd::Compare { old, new, max_regression } => cmd_compare(old, new, &max_regression)?,
+        Cmd::Compare { old, new, max_regression } => cmd_compare(old, new, &max_regression).unwrap_or_else(|e| {
+            eprintln!("bench compare: error: {e:#}");
+            2
+        }),
         Cmd::FreshBenchStorage(a) => cmd_storage(a)?,
         Cmd::Accuracy(a) => {
+            let names = |v: Vec<String>| v.into_iter().filter(|p| !p.trim().is_empty()).collect::<Vec<_>>();
             let opts = bench::accuracy::Options {
                 target: a.target,
-                profiles: a.profiles,
+                profiles: names(a.profiles),
+                dir: a.dir,
+                dir_profiles: names(a.dir_profiles),
                 runtime: parse_duration(&a.runtime)?,
                 size: coronafs::util::parse_size(&a.size)?,
                 tolerance_pct: bench::compare::parse_pct(&a.tolerance)?,
                 iterations: a.iterations.max(1),
                 only: a.only,
-                link: bench::shaper::LinkSpec {
-                    rate: a.link_rate.as_deref().map(coronafs::util::parse_size).transpose()?,
-                    delay: a.link_delay.as_deref().map(parse_duration).transpose()?.unwrap_or_default(),
-                },
+                link: link_spec(a.link_rate.as_deref(), a.link_delay.as_deref())?,
             };
             let report = runtime()?.block_on(bench::accuracy::run(&opts))?;
             print!("{}", bench::accuracy::table(&report, opts.tolerance_pct));

@@ -3,19 +3,22 @@
 
 use crate::job::{Job, Profile};
 use crate::loadgen::{JobRun, Limits, Opened, Side};
+use crate::shaper::{LinkSpec, Shaper};
 use crate::stats::Summary;
 use crate::target::{S3Keys, TargetSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-/// Built-in profiles reproducing the seed documents.
-pub const BUILTIN: [(&str, &str); 5] = [
+/// Built-in profiles: the seed documents' jobs, and `nbd-4`, the workloads
+/// of `bench nbd-compare`.
+pub const BUILTIN: [(&str, &str); 6] = [
     ("seed-000", include_str!("../profiles/seed-000.toml")),
     ("seed-001", include_str!("../profiles/seed-001.toml")),
     ("seed-002", include_str!("../profiles/seed-002.toml")),
     ("seed-003", include_str!("../profiles/seed-003.toml")),
     ("seed-004", include_str!("../profiles/seed-004.toml")),
+    ("nbd-4", include_str!("../profiles/nbd-4.toml")),
 ];
 
 /// A built-in profile by name, or a job file by path.
@@ -101,8 +104,41 @@ pub struct RunReport {
     pub profile: String,
     pub description: String,
     pub target: String,
+    /// The emulated link in front of the target (`bench run --link-rate`),
+    /// or that there was none.
+    #[serde(default)]
+    pub link: String,
     pub iterations: u32,
     pub jobs: Vec<JobSummary>,
+}
+
+/// Puts a shaping proxy ([`Shaper`]) in front of an NBD or S3 target, so
+/// a run sees a slower link; returns the target to use instead and the
+/// proxy (shut it down after the run). A path has no link to emulate.
+pub async fn through_link(target: &TargetSpec, link: LinkSpec) -> anyhow::Result<(TargetSpec, Option<Shaper>)> {
+    if link.is_loopback() {
+        return Ok((target.clone(), None));
+    }
+    if link.rate == Some(0) {
+        anyhow::bail!("--link-rate must be more than 0");
+    }
+    match target {
+        TargetSpec::Nbd { addr, export } => {
+            let sh = Shaper::start(TargetSpec::nbd_addr(addr)?, link).await?;
+            Ok((TargetSpec::Nbd { addr: sh.addr.to_string(), export: export.clone() }, Some(sh)))
+        }
+        TargetSpec::S3 { bucket, prefix, endpoint, region } => {
+            // The proxy is plain TCP, so only http:// endpoints; the SDK signs
+            // the Host it connects to, which the proxy passes on unchanged.
+            let sh = Shaper::start(crate::cluster::url_addr(endpoint)?, link).await?;
+            let endpoint = format!("http://{}", sh.addr);
+            Ok((TargetSpec::S3 { bucket: bucket.clone(), prefix: prefix.clone(), endpoint, region: region.clone() }, Some(sh)))
+        }
+        TargetSpec::Path(p) => anyhow::bail!(
+            "--link-rate/--link-delay emulate a network link and need an nbd:// or s3:// target, not the path {}",
+            p.display()
+        ),
+    }
 }
 
 /// Runs every job of `profile` `iterations` times (jobs interleaved within
@@ -165,6 +201,7 @@ pub async fn run_profile(
         profile: profile.name.clone(),
         description: profile.description.clone(),
         target: target.to_string(),
+        link: LinkSpec::default().describe(),
         iterations,
         jobs,
     })
@@ -190,8 +227,8 @@ pub fn line(r: &JobRun) -> String {
 /// The report as a Markdown table: mean ± standard deviation.
 pub fn markdown(r: &RunReport) -> String {
     let mut s = format!(
-        "## {} on {}\n\n{}\n\n{} iterations; mean ± standard deviation.\n\n",
-        r.profile, r.target, r.description, r.iterations
+        "## {} on {}\n\n{}\n\nLink: {}. {} iterations; mean ± standard deviation.\n\n",
+        r.profile, r.target, r.description, r.link, r.iterations
     );
     s.push_str("| Job | Dir | MiB/s | IOPS | p50 µs | p95 µs | p99 µs |\n|---|---|---:|---:|---:|---:|---:|\n");
     for j in &r.jobs {
@@ -234,6 +271,18 @@ mod tests {
         let p2 = load_profile("seed-002").unwrap();
         assert_eq!(p2.jobs.iter().map(|j| j.iodepth).collect::<Vec<_>>(), [16, 16, 64, 32]);
         assert_eq!(p2.jobs[3].read_pct(), 70);
+    }
+
+    #[test]
+    fn nbd_4_is_nbd_compares_workloads() {
+        let p = load_profile("nbd-4").unwrap();
+        assert_eq!(p.jobs.len(), crate::nbd_compare::WORKLOADS.len());
+        for (j, w) in p.jobs.iter().zip(crate::nbd_compare::WORKLOADS.iter()) {
+            assert_eq!(j.name, w.name);
+            assert_eq!(j.rw.fio_name(), w.rw, "{}", w.name);
+            assert_eq!(j.bs, coronafs::util::parse_size(w.bs).unwrap(), "{}", w.name);
+            assert_eq!((j.iodepth, j.numjobs), (w.iodepth, w.numjobs), "{}", w.name);
+        }
     }
 
     #[test]
