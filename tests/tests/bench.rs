@@ -191,6 +191,48 @@ fn bench_run_measures_an_nbd_export_and_a_directory() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "job files are removed after the run");
 }
 
+/// `bench run --agent`: the jobs run on a `bench agent` (here a process of
+/// its own), against an NBD export and a directory on the agent's host; a
+/// wrong token is refused with a message that says so.
+#[test]
+fn bench_run_on_an_agent_measures_an_export_and_a_directory_there() {
+    let d = tempfile::tempdir().unwrap();
+    let jobfile = d.path().join("small.toml");
+    std::fs::write(&jobfile, SMALL_JOBS).unwrap();
+    let token = "run-on-agent-token-0123456789";
+    let mut agent = agents(&["remote"], d.path(), token);
+    let addr = agent[0].1.clone();
+    let c = Corona::start(ENGINES[0]);
+    c.create("vol", 32 << 20);
+    let out = d.path().join("nbd.json");
+    let run = |target: &str, out: &Path, token: &str| {
+        bench()
+            .args(["run", "--agent", &addr, "--profile"])
+            .arg(&jobfile)
+            .args(["--target", target, "--json"])
+            .arg(out)
+            .env("BENCH_AGENT_TOKEN", token)
+            .output()
+            .unwrap()
+    };
+    let o = run(&c.uri("vol"), &out, token);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = check_run_json(&out, "nbd");
+    assert!(v["target"].as_str().unwrap().contains("from agent"), "{}", v["target"]);
+    let dir = d.path().join("files-on-agent");
+    std::fs::create_dir(&dir).unwrap();
+    let out = d.path().join("dir.json");
+    let o = run(dir.to_str().unwrap(), &out, token);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_run_json(&out, "directory");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "job files are removed after the run");
+    let o = run(dir.to_str().unwrap(), &d.path().join("x.json"), "not-the-token-0123456789");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("wrong agent token"), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = agent[0].2.kill();
+    let _ = agent[0].2.wait();
+}
+
 #[test]
 fn bench_run_measures_an_s3_bucket() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -281,7 +323,11 @@ fn run_json(jobfile: &Path, uri: &str, link: Option<&str>, out: std::path::PathB
 /// `bench compare` of two files: (exit code, stdout, stderr).
 fn compare(a: &Path, b: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
     let out = bench().arg("compare").arg(a).arg(b).args(extra).output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]

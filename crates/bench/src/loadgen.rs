@@ -420,8 +420,9 @@ async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<
     on_job_threads(job, move |j, gate| {
         let (addr, export, job, stop) = (addr.clone(), export.clone(), shared_job.clone(), stop.clone());
         async move {
-            let conn =
-                NbdClient::connect(addr.as_str(), &export).await.with_context(|| format!("connecting to {addr}/{export}"))?;
+            let conn = NbdClient::connect(addr.as_str(), &export)
+                .await
+                .with_context(|| format!("connecting to {addr}/{export}"))?;
             if job.rw.writes() && conn.info().read_only() {
                 bail!("nbd://{addr}/{export} is read-only; job {} writes", job.name);
             }
@@ -437,7 +438,8 @@ async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<
             let mut tasks = tokio::task::JoinSet::new();
             for slot in 0..job.iodepth {
                 let (conn, plan) = (conn.clone(), plan.clone());
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+                let mut rng =
+                    0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
                 let bs = job.bs as usize;
                 tasks.spawn(async move {
                     let mut rec = Recorder::default();
@@ -599,7 +601,8 @@ async fn run_s3(
             let mut tasks = tokio::task::JoinSet::new();
             for slot in 0..job.iodepth {
                 let (c, b, plan, body) = (client.clone(), bucket.clone(), plan.clone(), body.clone());
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+                let mut rng =
+                    0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(j) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
                 let key = key.clone();
                 let bs = job.bs;
                 tasks.spawn(async move {

@@ -218,6 +218,12 @@ struct RunArgs {
     /// Emulated one-way delay added by that proxy (e.g. 1ms).
     #[arg(long)]
     link_delay: Option<String>,
+    /// Run the jobs on a `bench agent` (host:port) instead of in this
+    /// process: the target is opened on the agent's host (a path is a path
+    /// there), and --link-rate/--link-delay shape that agent's interface.
+    /// The token comes from BENCH_AGENT_TOKEN.
+    #[arg(long)]
+    agent: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -301,6 +307,32 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<()> {
     let keys = bench::target::S3Keys { access_key: a.access_key, secret_key: a.secret_key };
     let iterations = a.iterations.unwrap_or(profile.iterations).max(1);
     let stop = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = &a.agent {
+        let token = std::env::var(bench::agent::TOKEN_ENV)
+            .map_err(|_| anyhow::anyhow!("--agent needs the agent's token in {}", bench::agent::TOKEN_ENV))?;
+        let addr = bench::cluster::host_port(addr).with_context(|| format!("--agent {addr}"))?;
+        let report = runtime()?.block_on(async {
+            stop_on_ctrl_c(stop.clone());
+            let agent = bench::agent::client::AgentClient::new("agent", addr, &token);
+            bench::runner::run_profile_on_agent(
+                &agent,
+                &profile,
+                &a.target,
+                &keys,
+                iterations,
+                &ov,
+                limits,
+                link,
+                stop.clone(),
+            )
+            .await
+        })?;
+        println!("{}", bench::runner::markdown(&report));
+        if let Some(path) = a.json {
+            std::fs::write(&path, serde_json::to_vec_pretty(&report)?).with_context(|| path.display().to_string())?;
+        }
+        return Ok(());
+    }
     let report = runtime()?.block_on(async {
         stop_on_ctrl_c(stop.clone());
         let (shaped, shaper) = bench::runner::through_link(&target, link).await?;

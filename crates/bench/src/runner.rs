@@ -132,7 +132,10 @@ pub async fn through_link(target: &TargetSpec, link: LinkSpec) -> anyhow::Result
             // the Host it connects to, which the proxy passes on unchanged.
             let sh = Shaper::start(crate::cluster::url_addr(endpoint)?, link).await?;
             let endpoint = format!("http://{}", sh.addr);
-            Ok((TargetSpec::S3 { bucket: bucket.clone(), prefix: prefix.clone(), endpoint, region: region.clone() }, Some(sh)))
+            Ok((
+                TargetSpec::S3 { bucket: bucket.clone(), prefix: prefix.clone(), endpoint, region: region.clone() },
+                Some(sh),
+            ))
         }
         TargetSpec::Path(p) => anyhow::bail!(
             "--link-rate/--link-delay emulate a network link and need an nbd:// or s3:// target, not the path {}",
@@ -153,6 +156,58 @@ pub async fn run_profile(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<RunReport> {
     let opened = Opened::open(target, keys).await?;
+    let r = run_jobs(profile, target.to_string(), iterations, ov, stop.clone(), |job| {
+        let (opened, stop) = (&opened, stop.clone());
+        async move { opened.run(&job, limits, stop).await }
+    })
+    .await;
+    opened.cleanup();
+    r
+}
+
+/// Like [`run_profile`], with every job run by a `bench agent` on its host
+/// (the target is opened there; `link` is that agent's emulated interface).
+#[allow(clippy::too_many_arguments)]
+pub async fn run_profile_on_agent(
+    agent: &crate::agent::client::AgentClient,
+    profile: &Profile,
+    uri: &str,
+    keys: &S3Keys,
+    iterations: u32,
+    ov: &Overrides,
+    limits: Limits,
+    link: LinkSpec,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<RunReport> {
+    TargetSpec::parse(uri)?;
+    let target = crate::agent::BlockTarget::Uri {
+        uri: uri.to_owned(),
+        access_key: keys.access_key.clone().or_else(|| std::env::var("AWS_ACCESS_KEY_ID").ok()),
+        secret_key: keys.secret_key.clone().or_else(|| std::env::var("AWS_SECRET_ACCESS_KEY").ok()),
+    };
+    let mut r = run_jobs(profile, uri.to_owned(), iterations, ov, stop, |job| {
+        let req = crate::agent::JobRequest { target: target.clone(), job, max_job_time: limits.max_job_time, link };
+        async move { Ok(agent.job(&req).await?.run) }
+    })
+    .await?;
+    r.target = format!("{uri} (from agent {} at {})", agent.name, agent.addr);
+    r.link = link.describe();
+    Ok(r)
+}
+
+/// Runs every job `iterations` times through `run_one` and summarises.
+async fn run_jobs<F, Fut>(
+    profile: &Profile,
+    target: String,
+    iterations: u32,
+    ov: &Overrides,
+    stop: Arc<AtomicBool>,
+    run_one: F,
+) -> anyhow::Result<RunReport>
+where
+    F: Fn(Job) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<JobRun>>,
+{
     let jobs: Vec<Job> = profile
         .jobs
         .iter()
@@ -163,22 +218,16 @@ pub async fn run_profile(
         })
         .collect();
     let mut runs: Vec<Vec<JobRun>> = vec![Vec::new(); jobs.len()];
-    let result = async {
-        for it in 0..iterations {
-            for (i, job) in jobs.iter().enumerate() {
-                let r = opened.run(job, limits, stop.clone()).await?;
-                eprintln!("bench: {}/{} {}", it + 1, iterations, line(&r));
-                runs[i].push(r);
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    anyhow::bail!("stopped");
-                }
+    for it in 0..iterations {
+        for (i, job) in jobs.iter().enumerate() {
+            let r = run_one(job.clone()).await?;
+            eprintln!("bench: {}/{} {}", it + 1, iterations, line(&r));
+            runs[i].push(r);
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                anyhow::bail!("stopped");
             }
         }
-        anyhow::Ok(())
     }
-    .await;
-    opened.cleanup();
-    result?;
     let jobs = jobs
         .iter()
         .zip(runs)
@@ -200,7 +249,7 @@ pub async fn run_profile(
     Ok(RunReport {
         profile: profile.name.clone(),
         description: profile.description.clone(),
-        target: target.to_string(),
+        target,
         link: LinkSpec::default().describe(),
         iterations,
         jobs,
