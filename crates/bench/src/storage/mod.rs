@@ -459,7 +459,9 @@ async fn network_section(
     let iperf3 = fi.iperf3.is_some() && ti.iperf3.is_some();
     let sink = t.sink(&ti);
     let mut runs = Vec::new();
-    for _ in 0..opts.iterations {
+    // At least three probe/iperf3 pairs, even in a quick run: one pair of
+    // CPU-bound transfers on a busy host differs by several percent.
+    for _ in 0..opts.iterations.max(3) {
         match measure::network(f, sink, t, iperf3, opts.net_time, cluster.link).await {
             Ok(r) => runs.push(r),
             Err(e) => return Section::na(format!("the baseline failed: {e:#}")),
