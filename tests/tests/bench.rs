@@ -457,6 +457,8 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
     // Loopback between two processes, measured by our probe and by iperf3.
     let tcp = pos("network", "tcp_mib_s");
     assert!(tcp > 50.0, "loopback TCP at {tcp} MiB/s is implausible");
+    let method = v["network"]["method"].as_str().unwrap_or("");
+    assert!(method.contains("loopback") && method.contains("no link emulation"), "{method}");
     assert_eq!((v["network"]["from"].as_str(), v["network"]["to"].as_str()), (Some("worker-a"), Some("services")));
     assert!(v["network"]["iperf3_mib_s"]["median"].as_f64().unwrap_or(0.0) > 50.0, "iperf3: {}", v["network"]);
     pos("s3_network", "tcp_mib_s");

@@ -381,6 +381,9 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
     // CoronaFS on node01, written on node04 and read on node05, S3 from the client.
     let net = &results["network"];
     assert_eq!((net["from"].as_str(), net["to"].as_str()), (Some("node04"), Some("node01")), "{net}");
+    // Between two containers: the report must not call it loopback.
+    let method = net["method"].as_str().unwrap_or("");
+    assert!(method.contains("across the network") && !method.contains("loopback"), "{method}");
     let (probe, iperf3) =
         (net["tcp_mib_s"]["median"].as_f64().unwrap_or(0.0), net["iperf3_mib_s"]["median"].as_f64().unwrap_or(0.0));
     eprintln!("lab: node04 -> node01: bench probe {probe:.0} MiB/s, iperf3 {iperf3:.0} MiB/s");

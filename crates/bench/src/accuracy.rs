@@ -11,7 +11,7 @@
 //! via `--filename_format`).
 
 use crate::files::FileTarget;
-use crate::fio::{FioResult, FioTarget};
+use crate::fio::{FioRun, FioTarget};
 use crate::job::Job;
 use crate::loadgen::{Limits, Opened};
 use crate::stats::Summary;
@@ -61,6 +61,10 @@ pub struct Row {
     pub ratios: Vec<f64>,
     /// The median of `ratios`: what is judged.
     pub ratio: f64,
+    /// Client CPU (user + system) per operation of the job, both
+    /// directions, per iteration: where a client-bound figure's time went.
+    pub ours_cpu_us_per_op: Vec<f64>,
+    pub fio_cpu_us_per_op: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -70,6 +74,8 @@ pub struct Report {
     pub fio_version: String,
     pub runtime_s: f64,
     pub iterations: usize,
+    /// How our file engine issued requests (see [`crate::loadgen::ENGINE_AIO`]).
+    pub engines: Vec<String>,
     pub rows: Vec<Row>,
 }
 
@@ -195,7 +201,7 @@ async fn set_up(opts: &Options, res: &mut Resources) -> anyhow::Result<Vec<(usiz
             TargetSpec::Path(p) if p.is_dir() => {
                 anyhow::bail!("--target is for an NBD export or a file; give a directory with --dir")
             }
-            TargetSpec::Path(_) if !opts.link.is_loopback() => {
+            TargetSpec::Path(_) if !opts.link.is_unshaped() => {
                 anyhow::bail!("--link-rate/--link-delay need an NBD target, not a file")
             }
             TargetSpec::Path(_) => (spec.clone(), None),
@@ -255,15 +261,15 @@ async fn set_up(opts: &Options, res: &mut Resources) -> anyhow::Result<Vec<(usiz
 pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut res = Resources::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let mut raw: Vec<(Vec<(f64, f64)>, Vec<(f64, f64)>)> = Vec::new();
+    let mut raw: Vec<Raw> = Vec::new();
     let result = async {
         let jobs = set_up(opts, &mut res).await?;
-        raw = vec![(Vec::new(), Vec::new()); jobs.len()];
+        raw = vec![Raw::default(); jobs.len()];
         for it in 0..opts.iterations {
             for (i, (side, _, job)) in jobs.iter().enumerate() {
                 let side = &res.sides[*side];
                 let ours_first = (it + i) % 2 == 0;
-                let mut fio_r = (FioResult::default(), FioResult::default());
+                let mut fio_r = FioRun::default();
                 if !ours_first {
                     fio_r = fio_job(&side.fio, job).await?;
                 }
@@ -271,19 +277,30 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
                 if ours_first {
                     fio_r = fio_job(&side.fio, job).await?;
                 }
+                let ours_ops = (ours.read.ops + ours.write.ops) as f64;
+                let fio_ops = (fio_r.read.iops + fio_r.write.iops) * opts.runtime.as_secs_f64();
+                let per_op = |cpu: f64, ops: f64| if ops > 0.0 { cpu * 1e6 / ops } else { 0.0 };
+                let (ours_cpu, fio_cpu) = (per_op(ours.client_cpu_s, ours_ops), per_op(fio_r.cpu_s, fio_ops));
                 eprintln!(
-                    "bench: accuracy {}/{} {:<4} {:<20} read {:>9.0} vs fio {:>9.0} IOPS, write {:>9.0} vs fio {:>9.0} IOPS",
+                    "bench: accuracy {}/{} {:<4} {:<20} read {:>9.0} vs fio {:>9.0} IOPS, write {:>9.0} vs fio {:>9.0} IOPS, \
+                     CPU {:.1} vs fio {:.1} us/op",
                     it + 1,
                     opts.iterations,
                     side.label,
                     job.name,
                     ours.read.iops,
-                    fio_r.0.iops,
+                    fio_r.read.iops,
                     ours.write.iops,
-                    fio_r.1.iops
+                    fio_r.write.iops,
+                    ours_cpu,
+                    fio_cpu,
                 );
-                raw[i].0.push((ours.read.iops, fio_r.0.iops));
-                raw[i].1.push((ours.write.iops, fio_r.1.iops));
+                raw[i].reads.push((ours.read.iops, fio_r.read.iops));
+                raw[i].writes.push((ours.write.iops, fio_r.write.iops));
+                raw[i].cpu.push((ours_cpu, fio_cpu));
+                if raw[i].engine.is_empty() {
+                    raw[i].engine = ours.engine.clone();
+                }
             }
         }
         anyhow::Ok(jobs)
@@ -298,10 +315,14 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         fio_version: crate::fio::version(),
         runtime_s: opts.runtime.as_secs_f64(),
         iterations: opts.iterations,
+        engines: Vec::new(),
         rows: Vec::new(),
     };
-    for ((side, profile, job), (reads, writes)) in jobs.iter().zip(raw) {
-        for (dir, pairs, used) in [("read", reads, job.rw.reads()), ("write", writes, job.rw.writes())] {
+    for ((side, profile, job), r) in jobs.iter().zip(raw) {
+        if !r.engine.is_empty() && !report.engines.contains(&r.engine) {
+            report.engines.push(r.engine.clone());
+        }
+        for (dir, pairs, used) in [("read", &r.reads, job.rw.reads()), ("write", &r.writes, job.rw.writes())] {
             if !used {
                 continue;
             }
@@ -315,13 +336,25 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
                 fio_iops: pairs.iter().map(|p| p.1).collect(),
                 ratio: Summary::of(&ratios).median,
                 ratios,
+                ours_cpu_us_per_op: r.cpu.iter().map(|c| c.0).collect(),
+                fio_cpu_us_per_op: r.cpu.iter().map(|c| c.1).collect(),
             });
         }
     }
     Ok(report)
 }
 
-async fn fio_job(t: &FioTarget, job: &Job) -> anyhow::Result<(FioResult, FioResult)> {
+/// What one job measured over the iterations: (ours, fio) pairs.
+#[derive(Debug, Clone, Default)]
+struct Raw {
+    reads: Vec<(f64, f64)>,
+    writes: Vec<(f64, f64)>,
+    /// Client CPU microseconds per operation.
+    cpu: Vec<(f64, f64)>,
+    engine: String,
+}
+
+async fn fio_job(t: &FioTarget, job: &Job) -> anyhow::Result<FioRun> {
     let (t, job) = (t.clone(), job.clone());
     tokio::task::spawn_blocking(move || crate::fio::run_job(&t, &job)).await?
 }
@@ -340,12 +373,20 @@ pub fn table(r: &Report, tol: f64) -> String {
     for t in &r.targets {
         s.push_str(&format!("- {t}\n"));
     }
+    for e in &r.engines {
+        s.push_str(&format!("- our file engine: {e}\n"));
+    }
+    s.push_str(
+        "- fio runs its jobs as threads of one process (`--thread`), as ours are; client CPU per operation is \
+         user + system time of the generator (ours: its job threads; fio: the whole process) over the operations \
+         of the job, both directions\n",
+    );
     s.push_str(&format!(
-        "\n| Target | Profile | Job | Dir | ours IOPS median [min..max] | fio IOPS median [min..max] | ours/fio median [min..max] | within {tol}% |\n|---|---|---|---|---:|---:|---:|---|\n"
+        "\n| Target | Profile | Job | Dir | ours IOPS median [min..max] | fio IOPS median [min..max] | ours/fio median [min..max] | within {tol}% | client CPU µs/op ours / fio |\n|---|---|---|---|---:|---:|---:|---|---:|\n"
     ));
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} / {:.1} |\n",
             row.target,
             row.profile,
             row.job,
@@ -353,7 +394,9 @@ pub fn table(r: &Report, tol: f64) -> String {
             range(&row.ours_iops, 0),
             range(&row.fio_iops, 0),
             range(&row.ratios, 3),
-            if within(row.ratio, tol) { "yes" } else { "NO" }
+            if within(row.ratio, tol) { "yes" } else { "NO" },
+            Summary::of(&row.ours_cpu_us_per_op).median,
+            Summary::of(&row.fio_cpu_us_per_op).median,
         ));
     }
     s.push_str(&format!("\n{} of {} figures outside ±{tol}%.\n", r.failures(tol), r.rows.len()));

@@ -82,10 +82,34 @@ pub fn version() -> String {
         .unwrap_or_else(|| "fio (version unknown)".into())
 }
 
-/// Runs one of our jobs with fio, time-based; returns (read, write).
-pub fn run_job(target: &FioTarget, job: &crate::job::Job) -> anyhow::Result<(FioResult, FioResult)> {
+/// One fio run of one of our jobs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FioRun {
+    pub read: FioResult,
+    pub write: FioResult,
+    /// CPU seconds (user + system) fio used, start-up included.
+    pub cpu_s: f64,
+}
+
+/// CPU seconds used by this process's waited-for children so far.
+fn children_cpu_s() -> f64 {
+    // SAFETY: rusage is plain old data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to one rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Runs one of our jobs with fio, time-based. Its jobs are threads of one
+/// process (`--thread`), as ours are; the CPU fio used is measured from the
+/// children's resource usage, so fio runs must not overlap other children.
+pub fn run_job(target: &FioTarget, job: &crate::job::Job) -> anyhow::Result<FioRun> {
     let mut cmd = Command::new("fio");
     cmd.arg(format!("--name={}", job.name));
+    cmd.arg("--thread");
     match target {
         FioTarget::Nbd(uri) => {
             cmd.args(["--ioengine=nbd", &format!("--uri={uri}")]);
@@ -123,11 +147,13 @@ pub fn run_job(target: &FioTarget, job: &crate::job::Job) -> anyhow::Result<(Fio
     if !job.ramp_time.is_zero() {
         cmd.arg(format!("--ramp_time={}ms", job.ramp_time.as_millis()));
     }
+    let cpu0 = children_cpu_s();
     let out = cmd.output().context("running fio (is it installed? apt-get install fio)")?;
+    let cpu_s = children_cpu_s() - cpu0;
     if !out.status.success() {
         bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok((parse(&out.stdout, false)?, parse(&out.stdout, true)?))
+    Ok(FioRun { read: parse(&out.stdout, false)?, write: parse(&out.stdout, true)?, cpu_s })
 }
 
 /// Extracts read (or write) figures from fio's JSON.

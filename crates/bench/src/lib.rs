@@ -20,6 +20,7 @@
 //! - [`peers`], [`nbd_compare`]: CoronaFS against nbdkit and qemu-nbd.
 
 pub mod accuracy;
+pub mod aio;
 pub mod agent;
 pub mod charts;
 pub mod cluster;

@@ -54,6 +54,15 @@ pub struct JobRun {
     /// Every measured write's latency.
     #[serde(default)]
     pub write_hist: Histogram,
+    /// How the requests were issued (file targets: [`ENGINE_AIO`] or
+    /// [`ENGINE_THREADS`]); empty for NBD and S3, which have one engine.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub engine: String,
+    /// CPU seconds (user + system) the generator's job threads used while
+    /// the load ran (ramp included): the client's cost, beside fio's in
+    /// `bench accuracy`.
+    #[serde(default)]
+    pub client_cpu_s: f64,
 }
 
 /// Limits a run never exceeds.
@@ -78,6 +87,20 @@ struct Recorder {
     write_bytes: u64,
     last: Option<Instant>,
     flushes: u64,
+    /// CPU time (user + system) of the threads that issued the requests,
+    /// from the start of the load to its end.
+    cpu_ns: u64,
+}
+
+/// CPU time the calling thread has used (user + system), in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
 impl Recorder {
@@ -106,6 +129,7 @@ impl Recorder {
         self.read_bytes += o.read_bytes;
         self.write_bytes += o.write_bytes;
         self.flushes += o.flushes;
+        self.cpu_ns += o.cpu_ns;
         self.last = self.last.max(o.last);
     }
 }
@@ -238,6 +262,8 @@ fn finish(name: &str, plan_ramp_end: Instant, total: &Recorder) -> JobRun {
         flushes: total.flushes,
         read_hist: total.read.clone(),
         write_hist: total.write.clone(),
+        engine: String::new(),
+        client_cpu_s: total.cpu_ns as f64 / 1e9,
     }
 }
 
@@ -434,6 +460,9 @@ async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<
             if !gate.ready() {
                 return Ok(None);
             }
+            // Every task of this job runs on this thread (a current-thread
+            // runtime), so its CPU clock is the job's client cost.
+            let cpu0 = thread_cpu_ns();
             let plan = Arc::new(Plan::new(&job, size, limits, stop).aborted_by(gate.failed.clone()));
             let mut tasks = tokio::task::JoinSet::new();
             for slot in 0..job.iodepth {
@@ -466,7 +495,8 @@ async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<
                     anyhow::Ok(rec)
                 });
             }
-            let rec = join_all(tasks).await?;
+            let mut rec = join_all(tasks).await?;
+            rec.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
             if let Ok(c) = Arc::try_unwrap(conn) {
                 let _ = c.disconnect().await;
             }
@@ -501,6 +531,12 @@ async fn join_all(mut tasks: tokio::task::JoinSet<anyhow::Result<Recorder>>) -> 
     }
 }
 
+/// How the file engine ran a job: what fio would call its ioengine.
+pub const ENGINE_AIO: &str = "aio: one thread per job, Linux AIO with iodepth in flight (as fio's libaio)";
+/// The fallback where the kernel refuses AIO.
+pub const ENGINE_THREADS: &str =
+    "threads: one thread per request slot with pread/pwrite (Linux AIO unavailable here)";
+
 fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -> anyhow::Result<JobRun> {
     let handles = f.prepare(job)?;
     let size = job.size.min(handles[0].size) / job.bs * job.bs;
@@ -508,13 +544,24 @@ fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -
         bail!("{} ({} bytes) is smaller than bs {}", f.path().display(), handles[0].size, job.bs);
     }
     let plans: Vec<Arc<Plan>> = handles.iter().map(|_| Arc::new(Plan::new(job, size, limits, stop.clone()))).collect();
+    // One thread per job keeping iodepth requests in flight, as a fio job
+    // does; one thread per slot only where the kernel refuses AIO (ENOSYS,
+    // or a seccomp profile).
+    let aio = crate::aio::Context::new(job.iodepth).is_ok();
     let results: Vec<anyhow::Result<Recorder>> = std::thread::scope(|s| {
         let mut threads = Vec::new();
         for (j, (h, plan)) in handles.iter().zip(&plans).enumerate() {
+            let seed = |slot: u32| 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+            if aio {
+                let seeds: Vec<u64> = (0..job.iodepth).map(seed).collect();
+                threads.push(s.spawn(move || aio_job(h, plan, job.bs as usize, seeds)));
+                continue;
+            }
             for slot in 0..job.iodepth {
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+                let mut rng = seed(slot);
                 let bs = job.bs as usize;
                 threads.push(s.spawn(move || {
+                    let cpu0 = thread_cpu_ns();
                     let mut rec = Recorder::default();
                     let mut data = AlignedBuf::new(bs)?;
                     fill(data.as_mut(), rng);
@@ -536,6 +583,7 @@ fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -
                             rec.flushes += 1;
                         }
                     }
+                    rec.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
                     anyhow::Ok(rec)
                 }));
             }
@@ -546,7 +594,139 @@ fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -
     for r in results {
         total.merge(&r?);
     }
-    Ok(finish(&job.name, plans[0].ramp_end, &total))
+    let mut run = finish(&job.name, plans[0].ramp_end, &total);
+    run.engine = (if aio { ENGINE_AIO } else { ENGINE_THREADS }).to_owned();
+    Ok(run)
+}
+
+/// One request slot of an AIO job: its buffers and what it has in flight.
+struct AioSlot {
+    data: AlignedBuf,
+    buf: AlignedBuf,
+    rng: u64,
+    writes: u64,
+    op: Op,
+    started: Instant,
+}
+
+impl AioSlot {
+    /// Prepares this slot's next request in `cb`; false when the job is over.
+    fn prepare(&mut self, i: usize, cb: &mut crate::aio::Iocb, plan: &Plan, fd: u32) -> bool {
+        let Some((op, off)) = plan.next(&mut self.rng) else { return false };
+        let (opcode, ptr) = match op {
+            Op::Write => {
+                self.writes += 1;
+                scramble(self.data.as_mut(), off, self.writes);
+                (crate::aio::CMD_PWRITE, self.data.as_mut().as_mut_ptr())
+            }
+            Op::Read => (crate::aio::CMD_PREAD, self.buf.as_mut().as_mut_ptr()),
+        };
+        let nbytes = self.buf.as_ref().len() as u64;
+        *cb = crate::aio::Iocb {
+            data: i as u64,
+            opcode,
+            fildes: fd,
+            buf: ptr as u64,
+            nbytes,
+            offset: off as i64,
+            ..crate::aio::Iocb::default()
+        };
+        self.op = op;
+        self.started = Instant::now();
+        true
+    }
+}
+
+/// One file job on one thread: `seeds.len()` request slots kept in flight
+/// through a Linux AIO context, each resubmitted as soon as it completes.
+fn aio_job(h: &files::Handle, plan: &Plan, bs: usize, seeds: Vec<u64>) -> anyhow::Result<Recorder> {
+    use crate::aio::{Context, IoEvent, Iocb};
+    use std::os::fd::AsRawFd;
+    let depth = seeds.len();
+    // The slots (and their buffers) first: locals drop in reverse order, so
+    // the context, whose drop waits for requests in flight, goes before the
+    // memory those requests use.
+    let mut slots = Vec::with_capacity(depth);
+    for seed in seeds {
+        let mut data = AlignedBuf::new(bs)?;
+        fill(data.as_mut(), seed);
+        let buf = AlignedBuf::new(bs)?;
+        slots.push(AioSlot { data, buf, rng: seed, writes: 0, op: Op::Read, started: Instant::now() });
+    }
+    let mut cbs = vec![Iocb::default(); depth];
+    let cpu0 = thread_cpu_ns();
+    let ctx = Context::new(depth as u32).context("io_setup")?;
+    let fd = h.file.as_raw_fd() as u32;
+    let mut rec = Recorder::default();
+    let mut queue: Vec<usize> = Vec::with_capacity(depth);
+    let mut inflight = 0usize;
+    let mut failed: Option<anyhow::Error> = None;
+    let mut events = vec![IoEvent::default(); depth];
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if slot.prepare(i, &mut cbs[i], plan, fd) {
+            queue.push(i);
+        }
+    }
+    let give_up = plan.deadline + Duration::from_secs(60);
+    while inflight > 0 || (!queue.is_empty() && failed.is_none()) {
+        if failed.is_none() && !queue.is_empty() {
+            let mut ptrs: Vec<*mut Iocb> = queue.iter().map(|&i| &raw mut cbs[i]).collect();
+            // SAFETY: every iocb names a buffer of `slots`, which is neither
+            // touched nor freed until the request is reaped or the context
+            // (dropped first) has waited for it.
+            match unsafe { ctx.submit(&mut ptrs) } {
+                Ok(n) => {
+                    queue.drain(..n);
+                    inflight += n;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && inflight > 0 => {}
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => failed = Some(anyhow::Error::from(e).context("io_submit")),
+            }
+        }
+        if inflight == 0 {
+            if Instant::now() > give_up {
+                bail!("the kernel did not take the job's requests for 60 s past its end");
+            }
+            continue;
+        }
+        let n = ctx.reap(1, &mut events, Duration::from_secs(1)).context("io_getevents")?;
+        if n == 0 && Instant::now() > give_up {
+            bail!("{inflight} requests still in flight 60 s past the job's end");
+        }
+        for e in &events[..n] {
+            let i = e.data as usize;
+            inflight -= 1;
+            let (op, started) = (slots[i].op, slots[i].started);
+            if e.res != bs as i64 {
+                let what = if op == Op::Read { "read" } else { "write" };
+                let why = if e.res < 0 {
+                    std::io::Error::from_raw_os_error(-e.res as i32).to_string()
+                } else {
+                    format!("{} of {bs} bytes", e.res)
+                };
+                failed.get_or_insert_with(|| anyhow::anyhow!("{what} at {}: {why}", cbs[i].offset));
+                continue;
+            }
+            rec.record(plan, op, started, bs as u64);
+            if op == Op::Write && plan.flush_due() {
+                // As fio does for fsync=N: a synchronous flush on the job's thread.
+                if let Err(e) = h.file.sync_all() {
+                    failed.get_or_insert(anyhow::Error::from(e).context("fsync"));
+                }
+                rec.flushes += 1;
+            }
+            if failed.is_none() && slots[i].prepare(i, &mut cbs[i], plan, fd) {
+                queue.push(i);
+            }
+        }
+    }
+    drop(ctx);
+    rec.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(rec),
+    }
 }
 
 /// Distinct keys an S3 job cycles over: `size / bs`, capped by count and
@@ -597,6 +777,7 @@ async fn run_s3(
             if !gate.ready() {
                 return Ok(None);
             }
+            let cpu0 = thread_cpu_ns();
             let plan = Arc::new(Plan::new(&job, keys * job.bs, limits, stop).aborted_by(gate.failed.clone()));
             let mut tasks = tokio::task::JoinSet::new();
             for slot in 0..job.iodepth {
@@ -650,7 +831,8 @@ async fn run_s3(
                     anyhow::Ok(rec)
                 });
             }
-            let rec = join_all(tasks).await?;
+            let mut rec = join_all(tasks).await?;
+            rec.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
             Ok(Some((rec, plan.ramp_end)))
         }
     })

@@ -22,13 +22,15 @@ pub struct LinkSpec {
 }
 
 impl LinkSpec {
-    pub fn is_loopback(&self) -> bool {
+    /// No emulation: traffic goes over whatever path joins the two ends
+    /// (loopback on one host, the real network between hosts).
+    pub fn is_unshaped(&self) -> bool {
         self.rate.is_none() && self.delay.is_zero()
     }
 
     pub fn describe(&self) -> String {
         match (self.rate, self.delay.is_zero()) {
-            (None, true) => "loopback (no link emulation)".into(),
+            (None, true) => "no link emulation".into(),
             (rate, _) => format!(
                 "emulated link: {} per direction, {} ms added one-way delay",
                 rate.map_or("unlimited".to_owned(), |r| format!("{:.1} MiB/s", r as f64 / 1048576.0)),

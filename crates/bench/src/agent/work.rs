@@ -40,7 +40,7 @@ impl Route {
 
 impl Links {
     fn nic(&self, spec: LinkSpec) -> Option<Nic> {
-        if spec.is_loopback() {
+        if spec.is_unshaped() {
             return None;
         }
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
@@ -72,7 +72,7 @@ impl Links {
     pub async fn via_urls(&self, spec: LinkSpec, urls: &[String], route: &mut Route) -> anyhow::Result<Vec<String>> {
         let mut out = Vec::new();
         for u in urls {
-            if spec.is_loopback() {
+            if spec.is_unshaped() {
                 out.push(u.clone());
             } else {
                 let a = self.via(spec, crate::cluster::url_addr(u)?, route).await?;

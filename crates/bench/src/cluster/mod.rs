@@ -401,7 +401,7 @@ impl Cluster {
                 p.stop().await;
             }
         };
-        let nic = (!link.is_loopback()).then(|| Nic::new(link));
+        let nic = (!link.is_unshaped()).then(|| Nic::new(link));
         let mut shapers = Vec::new();
         let s3_for_plasma = match &nic {
             Some(n) => {
@@ -580,7 +580,7 @@ impl Cluster {
     /// its host's interface when embedded, its own shaper otherwise. The
     /// agents shape their own traffic.
     async fn shape(&mut self) -> anyhow::Result<()> {
-        if self.link.is_loopback() {
+        if self.link.is_unshaped() {
             return Ok(());
         }
         if let Some(p) = &mut self.endpoints.plasmavmc {
@@ -597,8 +597,13 @@ impl Cluster {
 
     /// Where the emulated link sits on the VM image path, for the report.
     pub fn vm_link_placement(&self) -> String {
-        if self.link.is_loopback() {
-            return "loopback: no link emulation anywhere on the path".into();
+        if self.link.is_unshaped() {
+            return if self.embedded.is_some() {
+                "no link emulation: every service of the embedded cluster is on this host, reached over loopback"
+                    .into()
+            } else {
+                "no link emulation: the bench client reaches PlasmaVMC over the network as it is".into()
+            };
         }
         if self.embedded.is_some() {
             format!(

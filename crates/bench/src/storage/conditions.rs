@@ -134,7 +134,7 @@ pub async fn read(cluster: &Cluster, started_at: String, scratch: &std::path::Pa
         agents,
         coronafs,
         lightningstor,
-        link: if cluster.link.is_loopback() {
+        link: if cluster.link.is_unshaped() {
             "none: no link emulation (traffic between agents and services crosses whatever network joins them; \
              in the embedded cluster that is loopback)"
                 .into()

@@ -21,6 +21,7 @@ use crate::progress::Progress;
 use crate::stats::Summary;
 use anyhow::Context;
 use serde::Serialize;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -489,9 +490,21 @@ async fn network_section(
                 (true, Some(e)) => format!("; iperf3 failed ({e})"),
                 (false, _) => "; iperf3 is not installed on both, so no cross-check".to_owned(),
             },
-            cluster.link.describe()
+            path_of(sink, cluster.link)
         ),
     })
+}
+
+/// What a baseline to `sink` crosses: loopback when the sink is on this
+/// host's loopback address, otherwise the network to that address, and
+/// the emulated link if there is one.
+fn path_of(sink: SocketAddr, link: crate::shaper::LinkSpec) -> String {
+    let path = if sink.ip().is_loopback() {
+        format!("both ends on one host: loopback to {sink}, no network crossed")
+    } else {
+        format!("across the network to {}", sink.ip())
+    };
+    format!("{path}; {}", link.describe())
 }
 
 /// Runs every section against `cluster`. `scratch` holds the coordinator's
