@@ -15,6 +15,19 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+/// The tests of this binary run in parallel threads. Those that compare two
+/// load generators' figures take this lock exclusively, the others shared,
+/// so nothing else of this binary loads the machine while they measure.
+static MEASURING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    MEASURING.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    MEASURING.write().unwrap_or_else(|e| e.into_inner())
+}
+
 fn bench() -> Command {
     Command::new(bin("bench", "bench"))
 }
@@ -77,6 +90,7 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
 
 #[test]
 fn the_embedded_cluster_starts_and_stops_cleanly_many_times() {
+    let _measuring = shared();
     // The embedded cluster runs its LightningStor nodes and agents as child
     // processes of the bench binary.
     bin("bench", "bench");
@@ -158,6 +172,7 @@ fn check_run_json(path: &Path, target_kind: &str) -> Value {
 
 #[test]
 fn bench_run_measures_an_nbd_export_and_a_directory() {
+    let _measuring = shared();
     let d = tempfile::tempdir().unwrap();
     let jobfile = d.path().join("small.toml");
     std::fs::write(&jobfile, SMALL_JOBS).unwrap();
@@ -196,6 +211,7 @@ fn bench_run_measures_an_nbd_export_and_a_directory() {
 /// wrong token is refused with a message that says so.
 #[test]
 fn bench_run_on_an_agent_measures_an_export_and_a_directory_there() {
+    let _measuring = shared();
     let d = tempfile::tempdir().unwrap();
     let jobfile = d.path().join("small.toml");
     std::fs::write(&jobfile, SMALL_JOBS).unwrap();
@@ -235,6 +251,7 @@ fn bench_run_on_an_agent_measures_an_export_and_a_directory_there() {
 
 #[test]
 fn bench_run_measures_an_s3_bucket() {
+    let _measuring = shared();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let cluster = rt.block_on(Cluster::embedded(LinkSpec::default())).unwrap();
     let s3 = cluster.endpoints.lightningstor.clone().unwrap();
@@ -276,6 +293,7 @@ fn bench_run_measures_an_s3_bucket() {
 
 #[test]
 fn bad_job_files_are_refused_with_a_clear_message() {
+    let _measuring = shared();
     let d = tempfile::tempdir().unwrap();
     for (text, want) in [
         ("[[job]]\nname = \"a\"\nrw = \"read\"\nblock_size = 4096\n", "block_size"),
@@ -332,6 +350,7 @@ fn compare(a: &Path, b: &Path, extra: &[&str]) -> (Option<i32>, String, String) 
 
 #[test]
 fn bench_compare_passes_the_same_link_twice_and_fails_a_quarter_slower_one() {
+    let _measuring = shared();
     let d = tempfile::tempdir().unwrap();
     let jobfile = d.path().join("link.toml");
     std::fs::write(&jobfile, LINK_JOB).unwrap();
@@ -393,20 +412,31 @@ fn bench_compare_passes_the_same_link_twice_and_fails_a_quarter_slower_one() {
 
 #[test]
 fn our_load_generator_agrees_with_fio_on_the_same_export() {
+    let _measuring = exclusive();
     require("fio");
-    // Behind an emulated link (64 MiB/s, 2 ms each way) the export, not
-    // either generator's CPU, sets the pace, so the two must agree. CI bound:
-    // loose enough for a busy 2-core runner, tight enough that a wrong unit,
-    // a lost queue depth or a miscounted direction fails.
+    // No link emulation: the four NBD workloads on an in-process CoronaFS
+    // export and seed-003 on a directory, both generators pinned to one CPU
+    // and the export to the other, interleaved. The bound is for a shared
+    // 2-core CI runner (consecutive 2 s runs there differ by 10-20 %); it
+    // still fails a wrong unit, a lost queue depth or a miscounted
+    // direction. docs/bench.md has a longer run judged at 10 %.
     let out = bench()
-        .args(["accuracy", "--profiles", "seed-002,seed-003", "--runtime", "2s", "--size", "64M"])
-        .args(["--iterations", "1", "--tolerance", "30%", "--link-rate", "64MiB", "--link-delay", "2ms"])
+        .args(["accuracy", "--runtime", "2s", "--size", "128M", "--iterations", "3", "--tolerance", "25%"])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{table}");
     assert!(out.status.success(), "{table}\n{}", String::from_utf8_lossy(&out.stderr));
-    // seed-002 (5 figures) and seed-003 (2) on the export, seed-003 (2) on a directory.
-    assert_eq!(table.matches("| yes |").count(), 9, "every figure compared: {table}");
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| nbd ") || l.starts_with("| dir ")).collect();
+    // nbd-4: four one-direction jobs; seed-003 (randrw) on the directory: read and write.
+    assert_eq!(rows.len(), 6, "every figure compared: {table}");
+    for r in &rows {
+        let verdict = r.split('|').nth(8).unwrap_or("").trim();
+        assert!(verdict == "yes" || verdict.starts_with("no: fio CPU-bound"), "{r}");
+    }
+    // The file engine issues the directory's requests as fio's libaio does.
+    assert!(table.contains("our file engine: aio"), "{table}");
+    assert!(table.contains("placement: both generators on CPU"), "{table}");
 }
 
 /// The conditions of a results.json: ISO-8601 times, the commit, the hosts
@@ -434,6 +464,7 @@ fn check_conditions(v: &Value) {
 
 #[test]
 fn fresh_bench_storage_quick_reports_every_available_section() {
+    let _measuring = shared();
     let d = tempfile::tempdir().unwrap();
     // A node of the embedded LightningStor cluster (a child process) is
     // killed a third into the degraded-cluster load and restarted at two thirds.
@@ -604,6 +635,7 @@ fn check_vm_section(v: &Value) {
 
 #[test]
 fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
+    let _measuring = shared();
     // The deployed shape: every service its own process, found through a
     // cluster file, as a lab or a Docker client container would give it.
     let d = tempfile::tempdir().unwrap();
@@ -707,6 +739,7 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
 
 #[test]
 fn the_bench_qcow2_writer_makes_images_qemu_img_accepts() {
+    let _measuring = shared();
     require("qemu-img");
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("t.qcow2");
@@ -747,6 +780,7 @@ fn the_bench_qcow2_writer_makes_images_qemu_img_accepts() {
 /// 57 MiB/s "on a 20 MiB/s link" when every endpoint had a proxy of its own).
 #[test]
 fn eight_parallel_s3_jobs_of_one_agent_share_its_emulated_link() {
+    let _measuring = shared();
     bin("bench", "bench");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {

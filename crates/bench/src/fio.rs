@@ -106,10 +106,14 @@ fn children_cpu_s() -> f64 {
 /// Runs one of our jobs with fio, time-based. Its jobs are threads of one
 /// process (`--thread`), as ours are; the CPU fio used is measured from the
 /// children's resource usage, so fio runs must not overlap other children.
-pub fn run_job(target: &FioTarget, job: &crate::job::Job) -> anyhow::Result<FioRun> {
+/// With `cpus`, fio's threads run only there (`--cpus_allowed`, shared).
+pub fn run_job(target: &FioTarget, job: &crate::job::Job, cpus: Option<&[usize]>) -> anyhow::Result<FioRun> {
     let mut cmd = Command::new("fio");
     cmd.arg(format!("--name={}", job.name));
     cmd.arg("--thread");
+    if let Some(c) = cpus {
+        cmd.arg(format!("--cpus_allowed={}", crate::cpu::list(c))).arg("--cpus_allowed_policy=shared");
+    }
     match target {
         FioTarget::Nbd(uri) => {
             cmd.args(["--ioengine=nbd", &format!("--uri={uri}")]);

@@ -25,6 +25,7 @@ pub mod agent;
 pub mod charts;
 pub mod cluster;
 pub mod compare;
+pub mod cpu;
 pub mod fault;
 pub mod files;
 pub mod fio;

@@ -65,16 +65,36 @@ pub struct JobRun {
     pub client_cpu_s: f64,
 }
 
-/// Limits a run never exceeds.
+/// Limits a run never exceeds, and where its threads run.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Hard cap on one job's wall time (size-based jobs included).
     pub max_job_time: Duration,
+    /// CPUs (a bit per CPU, 0..64) the job threads are pinned to; 0 leaves
+    /// them where the scheduler puts them.
+    pub pin_mask: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_job_time: Duration::from_secs(300) }
+        Limits { max_job_time: Duration::from_secs(300), pin_mask: 0 }
+    }
+}
+
+impl Limits {
+    /// Pins the job threads to `cpus` (those below 64).
+    pub fn pinned_to(mut self, cpus: &[usize]) -> Limits {
+        self.pin_mask = cpus.iter().filter(|&&c| c < 64).fold(0, |m, &c| m | 1 << c);
+        self
+    }
+
+    /// Pins the calling thread as asked (nothing when not asked).
+    fn pin(&self) -> anyhow::Result<()> {
+        if self.pin_mask == 0 {
+            return Ok(());
+        }
+        let cpus: Vec<usize> = (0..64).filter(|c| self.pin_mask & 1 << c != 0).collect();
+        crate::cpu::pin_current_thread(&cpus).with_context(|| format!("pinning a job thread to CPUs {cpus:?}"))
     }
 }
 
@@ -393,7 +413,7 @@ type JobOutcome = anyhow::Result<Option<(Recorder, Instant)>>;
 /// thread with a current-thread runtime, and merges what they measured.
 /// `body` connects, calls `gate.ready()` (standing down with `Ok(None)`
 /// when it says false), then runs its `iodepth` tasks.
-async fn on_job_threads<F, Fut>(job: &Job, body: F) -> anyhow::Result<JobRun>
+async fn on_job_threads<F, Fut>(job: &Job, limits: Limits, body: F) -> anyhow::Result<JobRun>
 where
     F: Fn(u32, Gate) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = JobOutcome>,
@@ -404,10 +424,11 @@ where
     for j in 0..job.numjobs {
         let (body, g) = (body.clone(), gate.clone());
         let spawned = std::thread::Builder::new().name(format!("bench-job-{j}")).spawn(move || -> JobOutcome {
-            let r = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting a job's runtime")
+            let r = limits
+                .pin()
+                .and_then(|()| {
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a job's runtime")
+                })
                 .and_then(|rt| rt.block_on(body(j, g.clone())));
             if r.is_err() {
                 g.fail();
@@ -443,7 +464,7 @@ where
 
 async fn run_nbd(addr: &str, export: &str, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -> anyhow::Result<JobRun> {
     let (addr, export, shared_job) = (addr.to_owned(), export.to_owned(), Arc::new(job.clone()));
-    on_job_threads(job, move |j, gate| {
+    on_job_threads(job, limits, move |j, gate| {
         let (addr, export, job, stop) = (addr.clone(), export.clone(), shared_job.clone(), stop.clone());
         async move {
             let conn = NbdClient::connect(addr.as_str(), &export)
@@ -554,13 +575,17 @@ fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -
             let seed = |slot: u32| 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
             if aio {
                 let seeds: Vec<u64> = (0..job.iodepth).map(seed).collect();
-                threads.push(s.spawn(move || aio_job(h, plan, job.bs as usize, seeds)));
+                threads.push(s.spawn(move || {
+                    limits.pin()?;
+                    aio_job(h, plan, job.bs as usize, seeds)
+                }));
                 continue;
             }
             for slot in 0..job.iodepth {
                 let mut rng = seed(slot);
                 let bs = job.bs as usize;
                 threads.push(s.spawn(move || {
+                    limits.pin()?;
                     let cpu0 = thread_cpu_ns();
                     let mut rec = Recorder::default();
                     let mut data = AlignedBuf::new(bs)?;
@@ -746,7 +771,7 @@ async fn run_s3(
     let keys = s3_keys(job);
     let conf = client.config().clone();
     let (bucket, prefix, shared_job) = (bucket.to_owned(), prefix.to_owned(), Arc::new(job.clone()));
-    on_job_threads(job, move |j, gate| {
+    on_job_threads(job, limits, move |j, gate| {
         let (conf, bucket, prefix, job, stop) =
             (conf.clone(), bucket.clone(), prefix.clone(), shared_job.clone(), stop.clone());
         async move {

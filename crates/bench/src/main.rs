@@ -267,6 +267,11 @@ struct AccuracyArgs {
     /// Emulated one-way delay in front of an NBD target (e.g. 2ms).
     #[arg(long)]
     link_delay: Option<String>,
+    /// Pin both generators (our job threads, fio's --cpus_allowed) to the
+    /// last CPU and the in-process export to the others, so both meet the
+    /// same scheduling; `off` leaves every thread to the scheduler.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pin: String,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -303,7 +308,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<()> {
         size: a.size.as_deref().map(coronafs::util::parse_size).transpose()?,
         ramp_time: a.ramp_time.as_deref().map(parse_duration).transpose()?,
     };
-    let limits = bench::loadgen::Limits { max_job_time: parse_duration(&a.max_job_time)? };
+    let limits = bench::loadgen::Limits { max_job_time: parse_duration(&a.max_job_time)?, ..Default::default() };
     let keys = bench::target::S3Keys { access_key: a.access_key, secret_key: a.secret_key };
     let iterations = a.iterations.unwrap_or(profile.iterations).max(1);
     let stop = Arc::new(AtomicBool::new(false));
@@ -536,6 +541,7 @@ fn main() -> anyhow::Result<()> {
                 iterations: a.iterations.max(1),
                 only: a.only,
                 link: link_spec(a.link_rate.as_deref(), a.link_delay.as_deref())?,
+                pin: a.pin == "on",
             };
             let report = runtime()?.block_on(bench::accuracy::run(&opts))?;
             print!("{}", bench::accuracy::table(&report, opts.tolerance_pct));

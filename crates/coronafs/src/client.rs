@@ -131,7 +131,11 @@ async fn greet(addr: impl ToSocketAddrs) -> Result<(BufReader<OwnedReadHalf>, Ow
     let s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let (rd, mut wr) = s.into_split();
-    let mut rd = BufReader::with_capacity(256 << 10, rd);
+    // 64 KiB: room for a few dozen small replies per read(2), while a large
+    // READ reply's payload mostly goes straight from the socket into the
+    // caller's buffer (what the buffer holds beyond a header is copied once
+    // more; with 256 KiB that was a quarter of every 1 MiB read).
+    let mut rd = BufReader::with_capacity(64 << 10, rd);
     let g = read_array::<{ handshake::GREETING_LEN }>(&mut rd).await?;
     let flags = handshake::decode_greeting(&g)?;
     if flags & handshake_flags::FIXED_NEWSTYLE == 0 {
@@ -415,6 +419,11 @@ async fn reply_loop(rd: &mut BufReader<OwnedReadHalf>, shared: &Shared) -> Resul
                     rd.read_exact(buf).await.map_err(eof)?;
                 }
                 finish(p);
+                // Let the task waiting for this reply run now (on a
+                // current-thread runtime it would otherwise wait until the
+                // socket runs dry): it usually sends its next request, so
+                // the pipeline stays as deep as the caller keeps it.
+                tokio::task::yield_now().await;
             }
             ReplyHeader::Chunk { flags, ty, length, cookie } => {
                 match (ty, &mut p.kind) {
@@ -464,6 +473,7 @@ async fn reply_loop(rd: &mut BufReader<OwnedReadHalf>, shared: &Shared) -> Resul
                 }
                 if flags & chunk::FLAG_DONE != 0 {
                     finish(p);
+                    tokio::task::yield_now().await;
                 } else if let Ok(mut m) = shared.pending.lock() {
                     m.insert(cookie, p);
                 }

@@ -97,7 +97,7 @@ fn scratch_path(scratch: &Path, file: &str) -> anyhow::Result<PathBuf> {
 
 /// Runs one block job.
 pub async fn job(links: &Links, scratch: &Path, r: JobRequest, stop: Arc<AtomicBool>) -> anyhow::Result<JobReply> {
-    let limits = Limits { max_job_time: r.max_job_time.min(super::MAX_WORK) };
+    let limits = Limits { max_job_time: r.max_job_time.min(super::MAX_WORK), ..Limits::default() };
     let mut route = Route::default();
     let result = async {
         match &r.target {

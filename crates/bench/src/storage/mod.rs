@@ -476,7 +476,15 @@ async fn network_section(
     Section::Measured(Network {
         from: from.into(),
         to: to.into(),
-        probe_vs_iperf3: iperf3_mib_s.map(|i| tcp.median / i.median.max(1e-9)),
+        // The median of each interleaved pair's ratio: a pair runs back to
+        // back, so drift of the host's load between pairs cancels out.
+        probe_vs_iperf3: (!ip.is_empty()).then(|| {
+            let ratios: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| Some(r.probe_mib_s / r.iperf3.clone()?.ok()?.0.max(1e-9)))
+                .collect();
+            Summary::of(&ratios).median
+        }),
         tcp_mib_s: tcp,
         tcp_retransmits: col(&runs, |r| r.probe_retransmits),
         iperf3_mib_s,
