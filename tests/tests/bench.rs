@@ -350,7 +350,7 @@ fn compare(a: &Path, b: &Path, extra: &[&str]) -> (Option<i32>, String, String) 
 
 #[test]
 fn bench_compare_passes_the_same_link_twice_and_fails_a_quarter_slower_one() {
-    let _measuring = shared();
+    let _measuring = exclusive();
     let d = tempfile::tempdir().unwrap();
     let jobfile = d.path().join("link.toml");
     std::fs::write(&jobfile, LINK_JOB).unwrap();
