@@ -257,12 +257,15 @@ async fn set_up(opts: &Options, res: &mut Resources) -> anyhow::Result<Vec<(usiz
             }
             TargetSpec::Path(_) => (spec.clone(), None),
             TargetSpec::S3 { .. } => anyhow::bail!("fio cannot drive S3 here; accuracy compares block targets"),
+            TargetSpec::Rbd { .. } => {
+                anyhow::bail!("rbd:// targets are driven by fio itself; there is no second generator to compare")
+            }
         };
         res.shaper = shaper;
         let (label, fio) = match &spec {
             TargetSpec::Nbd { addr, export } => ("nbd", FioTarget::Nbd(format!("nbd://{addr}/{export}"))),
             TargetSpec::Path(p) => ("file", FioTarget::File(p.clone())),
-            TargetSpec::S3 { .. } => unreachable!("refused above"),
+            TargetSpec::S3 { .. } | TargetSpec::Rbd { .. } => unreachable!("refused above"),
         };
         let opened = Opened::open(&spec, &S3Keys::default()).await?;
         eprintln!("bench: accuracy target {label}: {spec} ({})", opts.link.describe());

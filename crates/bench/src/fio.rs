@@ -21,6 +21,14 @@ pub struct FioResult {
     pub iops: f64,
     pub lat_p50_us: f64,
     pub lat_p99_us: f64,
+    pub lat_p95_us: f64,
+    /// Mean of fio's `lat` (submission to completion).
+    pub lat_mean_us: f64,
+    /// Operations and bytes completed in the measured window.
+    pub ops: u64,
+    pub bytes: u64,
+    /// The measured window, seconds.
+    pub runtime_s: f64,
 }
 
 /// Runs `w` with the nbd engine against `uri` for `runtime_s` seconds.
@@ -59,6 +67,8 @@ pub enum FioTarget {
     /// libaio on one file per job in a directory, named as our file engine
     /// names them (`bench.JOB.N`), so both use the same files.
     Dir(std::path::PathBuf),
+    /// fio's rbd engine (librbd) on `pool/image` of the cluster in `conf`.
+    Rbd { pool: String, image: String, conf: std::path::PathBuf },
 }
 
 impl std::fmt::Display for FioTarget {
@@ -67,6 +77,9 @@ impl std::fmt::Display for FioTarget {
             FioTarget::Nbd(uri) => write!(f, "{uri} (fio --ioengine=nbd)"),
             FioTarget::File(p) => write!(f, "{} (fio --ioengine=libaio)", p.display()),
             FioTarget::Dir(p) => write!(f, "files in {} (fio --ioengine=libaio)", p.display()),
+            FioTarget::Rbd { pool, image, conf } => {
+                write!(f, "RBD image {pool}/{image} of {} (fio --ioengine=rbd)", conf.display())
+            }
         }
     }
 }
@@ -128,6 +141,10 @@ pub fn run_job(target: &FioTarget, job: &crate::job::Job, cpus: Option<&[usize]>
             cmd.arg("--filename_format=bench.$jobname.$jobnum");
             cmd.arg(format!("--direct={}", u8::from(job.direct)));
         }
+        FioTarget::Rbd { pool, image, conf } => {
+            cmd.args(["--ioengine=rbd", "--clientname=admin", &format!("--pool={pool}"), &format!("--rbdname={image}")]);
+            cmd.env("CEPH_CONF", conf);
+        }
     }
     let runtime = job.runtime.map_or(10.0, |d| d.as_secs_f64());
     cmd.args([
@@ -173,6 +190,11 @@ pub fn parse(json: &[u8], write: bool) -> anyhow::Result<FioResult> {
         iops: f("/iops").context("fio JSON lacks iops")?,
         lat_p50_us: pct("50.000000"),
         lat_p99_us: pct("99.000000"),
+        lat_p95_us: pct("95.000000"),
+        lat_mean_us: f("/lat_ns/mean").unwrap_or(0.0) / 1000.0,
+        ops: f("/total_ios").unwrap_or(0.0) as u64,
+        bytes: f("/io_bytes").unwrap_or(0.0) as u64,
+        runtime_s: f("/runtime").unwrap_or(0.0) / 1000.0,
     })
 }
 

@@ -23,6 +23,7 @@ pub mod accuracy;
 pub mod aio;
 pub mod agent;
 pub mod charts;
+pub mod ceph;
 pub mod cluster;
 pub mod compare;
 pub mod cpu;

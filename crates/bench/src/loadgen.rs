@@ -318,6 +318,8 @@ pub enum Opened {
     Nbd { addr: String, export: String },
     Files(FileTarget),
     S3 { client: aws_sdk_s3::Client, bucket: String, prefix: String },
+    /// An RBD image, driven by fio's rbd engine (we have no librbd client).
+    Rbd { pool: String, image: String, conf: std::path::PathBuf },
 }
 
 impl Opened {
@@ -332,6 +334,16 @@ impl Opened {
                 Ok(Opened::Nbd { addr: addr.clone(), export: export.clone() })
             }
             TargetSpec::Path(p) => Ok(Opened::Files(FileTarget::open(p)?)),
+            TargetSpec::Rbd { pool, image, conf } => {
+                let conf = TargetSpec::ceph_conf(conf);
+                anyhow::ensure!(
+                    conf.is_file(),
+                    "{}: no such Ceph configuration (give rbd://POOL/IMAGE?conf=FILE or CEPH_CONF; \
+                     `bench peers ceph up` makes one)",
+                    conf.display()
+                );
+                Ok(Opened::Rbd { pool: pool.clone(), image: image.clone(), conf })
+            }
             TargetSpec::S3 { bucket, prefix, endpoint, region } => {
                 let (ak, sk) = keys.resolve()?;
                 let client = crate::target::s3_client(endpoint, region, &ak, &sk);
@@ -365,8 +377,49 @@ impl Opened {
                 tokio::task::spawn_blocking(move || run_files(&f, &job, limits, stop)).await?
             }
             Opened::S3 { client, bucket, prefix } => run_s3(client, bucket, prefix, job, limits, stop).await,
+            Opened::Rbd { pool, image, conf } => {
+                let target = crate::fio::FioTarget::Rbd { pool: pool.clone(), image: image.clone(), conf: conf.clone() };
+                let job = job.clone();
+                tokio::task::spawn_blocking(move || run_fio(&target, &job)).await?
+            }
         }
     }
+}
+
+/// How `rbd://` targets run.
+pub const ENGINE_FIO_RBD: &str = "fio --ioengine=rbd (librbd): fio's figures; no latency histogram";
+
+/// Runs `job` with fio (for targets only fio can drive) and reports its
+/// figures as ours. Percentiles are fio's; there is no histogram to merge.
+fn run_fio(target: &crate::fio::FioTarget, job: &Job) -> anyhow::Result<JobRun> {
+    if let crate::fio::FioTarget::Rbd { pool, image, conf } = target {
+        crate::ceph::ensure_image(conf, pool, image, job.size)?;
+    }
+    if job.runtime.is_none() {
+        bail!("job {}: fio-driven targets need a time-based job (runtime)", job.name);
+    }
+    let r = crate::fio::run_job(target, job, None)?;
+    let side = |f: &crate::fio::FioResult| Side {
+        ops: f.ops,
+        bytes: f.bytes,
+        iops: f.iops,
+        bw_bytes: f.bw_bytes,
+        lat_mean_us: f.lat_mean_us,
+        lat_p50_us: f.lat_p50_us,
+        lat_p95_us: f.lat_p95_us,
+        lat_p99_us: f.lat_p99_us,
+    };
+    Ok(JobRun {
+        name: job.name.clone(),
+        elapsed_s: r.read.runtime_s.max(r.write.runtime_s),
+        read: side(&r.read),
+        write: side(&r.write),
+        flushes: 0,
+        read_hist: Histogram::default(),
+        write_hist: Histogram::default(),
+        engine: ENGINE_FIO_RBD.into(),
+        client_cpu_s: r.cpu_s,
+    })
 }
 
 /// Lets the job threads of one run start together (fio also sets every job

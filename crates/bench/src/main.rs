@@ -92,6 +92,9 @@ enum Cmd {
     /// an agent writes to whatever volume or bucket it is pointed at.
     /// Prints `listening on ADDR` once it serves. See docs/bench.md, "Agents".
     Agent(AgentArgs),
+    /// Reference peers that run beside the stack on this machine.
+    #[command(subcommand)]
+    Peers(PeersCmd),
     /// Internal: run a CoronaFS server for the comparison.
     #[command(name = "__serve-coronafs", hide = true)]
     ServeCoronafs { dir: PathBuf, addr: SocketAddr, engine: IoEngine },
@@ -106,6 +109,53 @@ enum Cmd {
         /// Exit when standard input closes (the parent went away).
         #[arg(long)]
         exit_with_stdin: bool,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PeersCmd {
+    /// A one-host Ceph (the seeds' own system): `up` stands it up from the
+    /// installed Debian packages (ceph-mon ceph-osd ceph-mgr radosgw
+    /// ceph-common; nothing is installed for you), `down` stops exactly the
+    /// daemons `up` started and removes their data, `status` shows health.
+    ///
+    /// `up` makes one monitor and one manager on 127.0.0.1, OSDs on sparse
+    /// files (BlueStore), the pools `rbd` (3 copies) and `rbd1` (1 copy),
+    /// a radosgw with an S3 user, and waits for HEALTH_OK. Then measure it
+    /// with `fresh-bench-storage --peers ceph`, `nbd-compare --peers ceph`
+    /// or `run --target rbd://rbd/IMAGE?conf=DIR/ceph.conf`.
+    Ceph {
+        #[command(subcommand)]
+        action: CephAction,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum CephAction {
+    /// Stand a cluster up under --dir and wait until it is healthy.
+    Up {
+        /// Directory of everything the cluster keeps (must be empty or absent).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Number of OSDs (1..=8; 3 gives the `rbd` pool three copies).
+        #[arg(long, default_value_t = 3)]
+        osds: u32,
+        /// Size of each OSD's block file (sparse; K/M/G).
+        #[arg(long, default_value = "4G")]
+        osd_size: String,
+        /// How long to wait for HEALTH_OK.
+        #[arg(long, default_value = "300s")]
+        timeout: String,
+    },
+    /// Stop the daemons `up` started in --dir and remove the directory.
+    Down {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Health, daemons, the conf file and the S3 user of the cluster in --dir.
+    Status {
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -272,6 +322,55 @@ struct AccuracyArgs {
     /// same scheduling; `off` leaves every thread to the scheduler.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pin: String,
+}
+
+fn cmd_ceph(action: CephAction) -> anyhow::Result<i32> {
+    use bench::ceph;
+    let dir = |d: Option<PathBuf>| d.unwrap_or_else(ceph::default_dir);
+    match action {
+        CephAction::Up { dir: d, osds, osd_size, timeout } => {
+            let opts = ceph::UpOptions {
+                dir: dir(d),
+                osds,
+                osd_size: coronafs::util::parse_size(&osd_size)?,
+                timeout: parse_duration(&timeout)?,
+            };
+            // Ctrl-C: `up` stops between steps and removes what it made.
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = stop.clone();
+            let _ = ctrlc_flag(s);
+            let c = ceph::up(&opts, &stop, &|what| eprintln!("bench: ceph: {what}"))?;
+            println!("{}", c.describe());
+            println!("conf: {}", c.conf.display());
+            println!("S3: {} (access key {}, secret key {})", c.rgw, c.access_key, c.secret_key);
+            Ok(0)
+        }
+        CephAction::Down { dir: d } => {
+            let d = dir(d);
+            ceph::down(&d)?;
+            println!("stopped the Ceph in {} and removed the directory", d.display());
+            Ok(0)
+        }
+        CephAction::Status { dir: d } => {
+            println!("{}", ceph::status(&dir(d))?);
+            Ok(0)
+        }
+    }
+}
+
+/// Sets `stop` on SIGINT or SIGTERM, from a thread of its own (for
+/// commands that run without a tokio runtime).
+fn ctrlc_flag(stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        rt.block_on(async {
+            if wait_for_signal().await.is_ok() {
+                eprintln!("bench: interrupted; stopping what was started");
+                stop.store(true, Ordering::Relaxed);
+            }
+        })
+    })?;
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -548,6 +647,7 @@ fn main() -> anyhow::Result<()> {
             if report.failures(opts.tolerance_pct) > 0 { 1 } else { 0 }
         }
         Cmd::Agent(a) => cmd_agent(a).map(|()| 0)?,
+        Cmd::Peers(PeersCmd::Ceph { action }) => cmd_ceph(action)?,
         Cmd::ServeLightningstor { config, node, exit_with_stdin } => {
             cmd_serve_lightningstor(config, node, exit_with_stdin).map(|()| 0)?
         }

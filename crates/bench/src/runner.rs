@@ -141,6 +141,9 @@ pub async fn through_link(target: &TargetSpec, link: LinkSpec) -> anyhow::Result
             "--link-rate/--link-delay emulate a network link and need an nbd:// or s3:// target, not the path {}",
             p.display()
         ),
+        TargetSpec::Rbd { .. } => anyhow::bail!(
+            "--link-rate/--link-delay need an nbd:// or s3:// target: librbd talks to every OSD, there is no one link to shape"
+        ),
     }
 }
 

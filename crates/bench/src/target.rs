@@ -19,6 +19,10 @@ pub enum TargetSpec {
     Path(PathBuf),
     /// `s3://bucket[/prefix]?endpoint=URL[&region=R]`.
     S3 { bucket: String, prefix: String, endpoint: String, region: String },
+    /// `rbd://pool/image[?conf=FILE]`: a Ceph RBD image, driven through
+    /// fio's rbd engine (librbd); the cluster from `conf`, else `CEPH_CONF`,
+    /// else Ceph's default `/etc/ceph/ceph.conf`.
+    Rbd { pool: String, image: String, conf: Option<PathBuf> },
 }
 
 impl std::fmt::Display for TargetSpec {
@@ -29,6 +33,10 @@ impl std::fmt::Display for TargetSpec {
             TargetSpec::S3 { bucket, prefix, endpoint, .. } => {
                 write!(f, "s3://{bucket}/{prefix} at {endpoint}")
             }
+            TargetSpec::Rbd { pool, image, conf } => match conf {
+                Some(c) => write!(f, "rbd://{pool}/{image}?conf={}", c.display()),
+                None => write!(f, "rbd://{pool}/{image}"),
+            },
         }
     }
 }
@@ -71,16 +79,39 @@ impl TargetSpec {
             }
             return Ok(TargetSpec::S3 { bucket: bucket.to_owned(), prefix: prefix.to_owned(), endpoint, region });
         }
+        if let Some(rest) = uri.strip_prefix("rbd://") {
+            let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+            let (pool, image) = path.split_once('/').unwrap_or((path, ""));
+            let ok = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !ok(pool) || !ok(image) {
+                bail!("{uri}: expected rbd://POOL/IMAGE (letters, digits, . _ -)");
+            }
+            let mut conf = None;
+            for kv in query.split('&').filter(|s| !s.is_empty()) {
+                match kv.split_once('=') {
+                    Some(("conf", v)) if !v.is_empty() => conf = Some(PathBuf::from(v)),
+                    _ => bail!("{uri}: unknown query parameter {kv:?} (conf=FILE is known)"),
+                }
+            }
+            return Ok(TargetSpec::Rbd { pool: pool.to_owned(), image: image.to_owned(), conf });
+        }
         if let Some(p) = uri.strip_prefix("file://") {
             return Ok(TargetSpec::Path(PathBuf::from(p)));
         }
         if uri.contains("://") {
-            bail!("{uri}: unknown scheme (use nbd://, s3://, file:// or a path)");
+            bail!("{uri}: unknown scheme (use nbd://, s3://, rbd://, file:// or a path)");
         }
         if uri.is_empty() {
             bail!("empty target");
         }
         Ok(TargetSpec::Path(PathBuf::from(uri)))
+    }
+
+    /// The Ceph configuration an `rbd://` target uses.
+    pub fn ceph_conf(conf: &Option<PathBuf>) -> PathBuf {
+        conf.clone()
+            .or_else(|| std::env::var_os("CEPH_CONF").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("/etc/ceph/ceph.conf"))
     }
 
     /// The NBD address, resolved.

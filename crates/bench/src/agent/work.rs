@@ -117,7 +117,7 @@ pub async fn job(links: &Links, scratch: &Path, r: JobRequest, stop: Arc<AtomicB
                         let endpoint = links.via_urls(r.link, &[endpoint], &mut route).await?.remove(0);
                         crate::target::TargetSpec::S3 { bucket, prefix, endpoint, region }
                     }
-                    p @ crate::target::TargetSpec::Path(_) => p,
+                    p @ (crate::target::TargetSpec::Path(_) | crate::target::TargetSpec::Rbd { .. }) => p,
                 };
                 let keys = crate::target::S3Keys { access_key: access_key.clone(), secret_key: secret_key.clone() };
                 let t = Opened::open(&spec, &keys).await?;
