@@ -209,7 +209,21 @@ mod tests {
     fn paths_and_unknown_schemes() {
         assert_eq!(TargetSpec::parse("/dev/nvme0n1").unwrap(), TargetSpec::Path("/dev/nvme0n1".into()));
         assert_eq!(TargetSpec::parse("file:///mnt/nfs").unwrap(), TargetSpec::Path("/mnt/nfs".into()));
-        assert!(TargetSpec::parse("rbd://pool/img").is_err());
+        assert!(TargetSpec::parse("iscsi://pool/img").is_err());
         assert!(TargetSpec::parse("").is_err());
+    }
+
+    #[test]
+    fn rbd_images_with_and_without_a_conf() {
+        assert_eq!(
+            TargetSpec::parse("rbd://rbd/img").unwrap(),
+            TargetSpec::Rbd { pool: "rbd".into(), image: "img".into(), conf: None }
+        );
+        let t = TargetSpec::parse("rbd://rbd1/vm-1?conf=/tmp/c/ceph.conf").unwrap();
+        assert_eq!(t, TargetSpec::Rbd { pool: "rbd1".into(), image: "vm-1".into(), conf: Some("/tmp/c/ceph.conf".into()) });
+        assert_eq!(t.to_string(), "rbd://rbd1/vm-1?conf=/tmp/c/ceph.conf");
+        for bad in ["rbd://", "rbd://pool", "rbd://pool/", "rbd:///img", "rbd://p/i/j", "rbd://p/i?keyring=x", "rbd://p/i?conf="] {
+            assert!(TargetSpec::parse(bad).is_err(), "{bad}");
+        }
     }
 }
