@@ -515,7 +515,7 @@ pub fn status(dir: &Path) -> anyhow::Result<String> {
 }
 
 /// (daemon name, pid) from the pid files under `dir/run`.
-fn daemons(dir: &Path) -> Vec<(String, i32)> {
+pub fn daemons(dir: &Path) -> Vec<(String, i32)> {
     let Ok(rd) = std::fs::read_dir(dir.join("run")) else { return Vec::new() };
     let mut v: Vec<(String, i32)> = rd
         .filter_map(|e| e.ok())

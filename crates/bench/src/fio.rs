@@ -33,11 +33,32 @@ pub struct FioResult {
 
 /// Runs `w` with the nbd engine against `uri` for `runtime_s` seconds.
 pub fn run_nbd(uri: &str, w: &Workload, size: &str, runtime_s: u32) -> anyhow::Result<FioResult> {
+    run_workload(&["--ioengine=nbd".into(), format!("--uri={uri}")], None, w, size, runtime_s)
+        .with_context(|| format!("fio on {uri}"))
+}
+
+/// Runs `w` with the rbd engine (librbd) on `pool/image` of the cluster in `conf`.
+pub fn run_rbd(
+    pool: &str,
+    image: &str,
+    conf: &std::path::Path,
+    w: &Workload,
+    size: &str,
+    runtime_s: u32,
+) -> anyhow::Result<FioResult> {
+    let engine = ["--ioengine=rbd".into(), "--clientname=admin".into(), format!("--pool={pool}"), format!("--rbdname={image}")];
+    run_workload(&engine, Some(conf), w, size, runtime_s).with_context(|| format!("fio on RBD {pool}/{image}"))
+}
+
+fn run_workload(
+    engine: &[String],
+    ceph_conf: Option<&std::path::Path>,
+    w: &Workload,
+    size: &str,
+    runtime_s: u32,
+) -> anyhow::Result<FioResult> {
     let mut cmd = Command::new("fio");
-    cmd.args([
-        "--name=bench",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
+    cmd.arg("--name=bench").args(engine).args([
         &format!("--rw={}", w.rw),
         &format!("--bs={}", w.bs),
         &format!("--iodepth={}", w.iodepth),
@@ -50,9 +71,12 @@ pub fn run_nbd(uri: &str, w: &Workload, size: &str, runtime_s: u32) -> anyhow::R
         "--randrepeat=0",
         "--output-format=json",
     ]);
+    if let Some(c) = ceph_conf {
+        cmd.env("CEPH_CONF", c);
+    }
     let out = cmd.output().context("running fio (is it installed? apt-get install fio)")?;
     if !out.status.success() {
-        bail!("fio failed on {uri}: {}", String::from_utf8_lossy(&out.stderr));
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     parse(&out.stdout, w.rw.contains("write") && !w.rw.contains("read"))
 }

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use bench::job::parse_duration;
 use bench::nbd_compare::{self, Options};
-use bench::peers::{self, default_peers};
+use bench::peers;
 use clap::{Parser, Subcommand};
 use coronafs::backend::IoEngine;
 use std::net::SocketAddr;
@@ -81,6 +81,14 @@ enum Cmd {
         /// Also write the report as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Reference peers beside CoronaFS (comma-separated): nbdkit,
+        /// qemu-nbd, and ceph (RBD at 3 copies and at 1, through librbd and
+        /// through an NBD export; needs `bench peers ceph up`).
+        #[arg(long, value_delimiter = ',', default_value = "nbdkit,qemu-nbd", value_parser = ["nbdkit", "qemu-nbd", "ceph"])]
+        peers: Vec<String>,
+        /// Where `bench peers ceph up` put the Ceph [default: $TMPDIR/bench-ceph].
+        #[arg(long)]
+        ceph_dir: Option<PathBuf>,
     },
     /// Run a load agent: a long-running service (one per node) that runs
     /// the load the coordinator (`fresh-bench-storage --cluster FILE`) sends
@@ -216,6 +224,15 @@ struct StorageArgs {
     /// Skip the nbdkit / qemu-nbd comparison of a full run.
     #[arg(long)]
     no_peers: bool,
+    /// More reference peers: `ceph` measures the Ceph made by `bench peers
+    /// ceph up` (in --ceph-dir) beside the stack: the block jobs on RBD at 3
+    /// copies and at 1, the S3 sections on radosgw, interleaved with ours in
+    /// every iteration, and RBD in the block peers table (librbd and NBD).
+    #[arg(long, value_delimiter = ',', value_parser = ["ceph"])]
+    peers: Vec<String>,
+    /// Where `bench peers ceph up` put the Ceph [default: $TMPDIR/bench-ceph].
+    #[arg(long)]
+    ceph_dir: Option<PathBuf>,
     /// A fault applied part-way through a steady LightningStor load, and
     /// healed later: `kill:lightningstor@NODE` (SIGKILL, then a restart),
     /// `pause:lightningstor@NODE` (frozen, then thawed), or in the Docker lab
@@ -499,6 +516,10 @@ fn cmd_storage(a: StorageArgs) -> anyhow::Result<i32> {
     if a.no_peers {
         opts.peers = false;
     }
+    if a.peers.iter().any(|p| p == "ceph") {
+        let dir = a.ceph_dir.clone().unwrap_or_else(bench::ceph::default_dir);
+        opts.ceph = Some(bench::ceph::load(&dir).context("--peers ceph: run `bench peers ceph up` first")?);
+    }
     opts.fault = a.fault.as_deref().map(str::parse::<bench::fault::Fault>).transpose()?;
     let endpoints = a.cluster.as_deref().map(bench::cluster::Endpoints::from_file).transpose()?;
     std::fs::create_dir_all(&a.out_dir).with_context(|| a.out_dir.display().to_string())?;
@@ -652,14 +673,22 @@ fn main() -> anyhow::Result<()> {
             cmd_serve_lightningstor(config, node, exit_with_stdin).map(|()| 0)?
         }
         Cmd::ServeCoronafs { dir, addr, engine } => peers::serve_coronafs(&dir, addr, engine).map(|()| 0)?,
-        Cmd::NbdCompare { size, iterations, runtime, engines, json } => {
+        Cmd::NbdCompare { size, iterations, runtime, engines, json, peers: names, ceph_dir } => {
             let size = coronafs::util::parse_size(&size)?;
-            let opts = Options {
-                size,
-                iterations: iterations.max(1),
-                runtime_s: runtime.max(1),
-                peers: default_peers(&engines),
-            };
+            let mut peers: Vec<peers::Peer> = engines.iter().map(|&e| peers::Peer::Coronafs(e)).collect();
+            let mut ceph = None;
+            for n in &names {
+                match n.as_str() {
+                    "nbdkit" => peers.push(peers::Peer::Nbdkit),
+                    "qemu-nbd" => peers.push(peers::Peer::QemuNbd),
+                    _ => {
+                        let dir = ceph_dir.clone().unwrap_or_else(bench::ceph::default_dir);
+                        ceph = Some(bench::ceph::load(&dir).context("--peers ceph: run `bench peers ceph up` first")?);
+                        peers.extend(peers::ceph_peers());
+                    }
+                }
+            }
+            let opts = Options { size, iterations: iterations.max(1), runtime_s: runtime.max(1), peers, ceph };
             let work = tempfile::tempdir()?;
             let report = nbd_compare::run(&opts, work.path())?;
             println!("{}", nbd_compare::markdown(&report));

@@ -1,6 +1,7 @@
-//! CoronaFS against nbdkit and qemu-nbd: one and the same file served by
-//! each, fio's nbd engine on each in the same run, iterations interleaved so
-//! that machine noise falls on every peer alike.
+//! CoronaFS against nbdkit and qemu-nbd (and, with `--peers ceph`, Ceph
+//! RBD): one and the same file served by each NBD server, fio on each in the
+//! same run, iterations interleaved so that machine noise falls on every
+//! peer alike. Ceph serves an image of the same size filled with data.
 
 use crate::fio::{self, FioResult, Workload};
 use crate::peers::{Peer, PeerProc};
@@ -19,6 +20,8 @@ pub struct Options {
     /// Seconds per fio run.
     pub runtime_s: u32,
     pub peers: Vec<Peer>,
+    /// The cluster of the Ceph peers (`bench peers ceph up`).
+    pub ceph: Option<crate::ceph::Ceph>,
 }
 
 pub const WORKLOADS: [Workload; 4] = [
@@ -58,6 +61,12 @@ pub struct MemoryResult {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Each peer: how fio reached it.
+    #[serde(default)]
+    pub paths: Vec<(String, String)>,
+    /// The Ceph the Ceph peers ran on, described.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceph: Option<String>,
     pub size_bytes: u64,
     pub iterations: usize,
     pub runtime_s: u32,
@@ -95,14 +104,14 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
     for (pi, &peer) in opts.peers.iter().enumerate() {
         let _ = pi;
         // Start each peer once and make sure it can be started before the long loop.
-        PeerProc::start(peer, &file).with_context(|| format!("checking {}", peer.label()))?;
+        PeerProc::start(peer, &file, opts.ceph.as_ref()).with_context(|| format!("checking {}", peer.label()))?;
     }
     for it in 0..opts.iterations {
         for (wi, w) in WORKLOADS.iter().enumerate() {
             for (pi, &peer) in opts.peers.iter().enumerate() {
-                let p = PeerProc::start(peer, &file)?;
+                let p = PeerProc::start(peer, &file, opts.ceph.as_ref())?;
                 let cpu0 = p.cpu_seconds();
-                let r = fio::run_nbd(&p.uri, w, &size_arg, opts.runtime_s)?;
+                let r = run_fio(&p, w, &size_arg, opts.runtime_s)?;
                 let ops = r.iops * f64::from(opts.runtime_s);
                 let cpu_us_per_op = if ops > 0.0 { (p.cpu_seconds() - cpu0) * 1e6 / ops } else { 0.0 };
                 eprintln!(
@@ -122,8 +131,8 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
         }
     }
     for &peer in &opts.peers {
-        let p = PeerProc::start(peer, &file)?;
-        let r = fio::run_nbd(&p.uri, &MEMORY_WORKLOAD, &size_arg, opts.runtime_s)?;
+        let p = PeerProc::start(peer, &file, opts.ceph.as_ref())?;
+        let r = run_fio(&p, &MEMORY_WORKLOAD, &size_arg, opts.runtime_s)?;
         let (peak, _) = p.memory();
         eprintln!(
             "bench: memory {:<16} peak RSS {:>6.1} MiB at QD32 x 8 connections ({:.0} IOPS)",
@@ -156,18 +165,45 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
                 .collect(),
         })
         .collect();
-    Ok(Report { size_bytes: opts.size, iterations: opts.iterations, runtime_s: opts.runtime_s, workloads, memory })
+    Ok(Report {
+        paths: opts.peers.iter().map(|p| (p.label(), p.path().to_owned())).collect(),
+        ceph: opts.ceph.as_ref().map(crate::ceph::Ceph::describe),
+        size_bytes: opts.size,
+        iterations: opts.iterations,
+        runtime_s: opts.runtime_s,
+        workloads,
+        memory,
+    })
+}
+
+/// fio on a peer: the rbd engine for `rbd://` peers, else the nbd engine.
+fn run_fio(p: &PeerProc, w: &Workload, size: &str, runtime_s: u32) -> anyhow::Result<FioResult> {
+    match crate::target::TargetSpec::parse(&p.uri)? {
+        crate::target::TargetSpec::Rbd { pool, image, conf } => {
+            fio::run_rbd(&pool, &image, &crate::target::TargetSpec::ceph_conf(&conf), w, size, runtime_s)
+        }
+        _ => fio::run_nbd(&p.uri, w, size, runtime_s),
+    }
 }
 
 /// The report as a Markdown table, with coronafs / peer ratios of medians.
 pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
+    let names: Vec<&str> = r.paths.iter().map(|(p, _)| p.as_str()).filter(|p| !p.starts_with("coronafs")).collect();
     s.push_str(&format!(
-        "## NBD export: CoronaFS vs nbdkit vs qemu-nbd\n\nOne {} MiB file served by each, fio `--ioengine=nbd`, {} iterations of {} s each, interleaved. Median (spread = (max-min)/median).\n\n",
+        "## Block: CoronaFS vs {}\n\nOne {} MiB file served by each NBD server (Ceph: an RBD image of that size, filled with data), {} iterations of {} s each, interleaved. Median (spread = (max-min)/median).\n\n",
+        if names.is_empty() { "its peers".to_owned() } else { names.join(", ") },
         r.size_bytes >> 20,
         r.iterations,
         r.runtime_s
     ));
+    for (peer, path) in &r.paths {
+        s.push_str(&format!("- {peer}: {path}\n"));
+    }
+    if let Some(c) = &r.ceph {
+        s.push_str(&format!("- Ceph: {c}. Server CPU for Ceph is every daemon of the cluster (and nbdkit when it exports).\n"));
+    }
+    s.push('\n');
     s.push_str("| Workload | Server | MiB/s | IOPS | p50 µs | p99 µs | spread | server CPU µs/op |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for w in &r.workloads {
         for p in &w.peers {

@@ -505,6 +505,14 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
         s.push_str(&na(&r.nbd_peers));
     }
 
+    if let Some(c) = r.ceph.get() {
+        ceph_section(&mut s, c);
+    } else if let Section::NotAvailable { reason } = &r.ceph {
+        if !reason.starts_with("not asked for") {
+            let _ = writeln!(s, "## Ceph beside the stack\n\n_Not available: {reason}._\n");
+        }
+    }
+
     let _ = writeln!(s, "## Assessment\n");
     if r.assessment.is_empty() {
         let _ = writeln!(s, "No ratio could be computed: the sections they need were not measured.");
@@ -545,6 +553,41 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
         let _ = writeln!(s, "- One iteration only: no spread is known, so small differences mean nothing.");
     }
     s
+}
+
+fn ceph_section(s: &mut String, c: &super::ceph::CephPeer) {
+    let _ = writeln!(s, "## Ceph beside the stack\n\n{}.\n\nHow: {}.\n", c.ceph, c.method);
+    let _ = writeln!(s, "| Metric | Ceph RBD size 3 | Ceph RBD size 1 |\n|---|---:|---:|");
+    let cols = [Some(&c.rbd_3x), Some(&c.rbd_1x)];
+    block_row(s, "1M sequential write", &cols, |b| (&b.seq_write_mib_s, "MiB/s", 1));
+    block_row(s, "1M sequential read", &cols, |b| (&b.seq_read_mib_s, "MiB/s", 1));
+    block_row(s, "4k random read", &cols, |b| (&b.rand_read_4k_iops, "IOPS", 0));
+    block_row(s, "QD32 write", &cols, |b| (&b.depth32_write_mib_s, "MiB/s", 1));
+    block_row(s, "QD32 read", &cols, |b| (&b.depth32_read_mib_s, "MiB/s", 1));
+    let _ = writeln!(s, "\n| radosgw (size 3) | Upload | Download |\n|---|---:|---:|");
+    for (name, o) in
+        [("Large object", &c.rgw_large_object), ("Small-object batch", &c.rgw_small_batch), ("Parallel batch", &c.rgw_parallel_batch)]
+    {
+        let _ = writeln!(s, "| {name} | {} | {} |", fig(&o.upload_mib_s, "MiB/s", 1), fig(&o.download_mib_s, "MiB/s", 1));
+    }
+    let _ = writeln!(s, "\n| Figure | Ours | Ceph | Ours / Ceph |\n|---|---|---|---:|");
+    for x in &c.comparisons {
+        let _ = writeln!(
+            s,
+            "| {} | {}: {:.1} | {}: {:.1} | {:.2} |",
+            x.figure, x.ours, x.ours_value, x.theirs, x.theirs_value, x.ratio
+        );
+    }
+    let ahead = super::ceph::ceph_ahead(&c.comparisons);
+    if ahead.is_empty() {
+        let _ = writeln!(s, "\nCeph is not ahead on any figure of this run.\n");
+    } else {
+        let _ = writeln!(s, "\nWhere Ceph is ahead in this run:\n");
+        for a in ahead {
+            let _ = writeln!(s, "- {a}");
+        }
+        s.push('\n');
+    }
 }
 
 fn objects_table_body(o: &Objects) -> String {

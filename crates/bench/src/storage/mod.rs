@@ -8,6 +8,7 @@
 //! reason, never a made-up number.
 
 pub mod assess;
+pub mod ceph;
 pub mod conditions;
 pub mod degraded;
 pub mod markdown;
@@ -63,6 +64,8 @@ pub struct Options {
     pub net_time: Duration,
     /// Run the nbdkit / qemu-nbd comparison too.
     pub peers: bool,
+    /// Measure this Ceph (`bench peers ceph up`) beside the stack.
+    pub ceph: Option<crate::ceph::Ceph>,
     /// Allocated bytes of the main (4 GiB virtual) VM image.
     pub vm_artifact: u64,
     /// Allocated bytes of the 1 GiB and 16 GiB VM images.
@@ -93,6 +96,7 @@ impl Options {
                 // Long enough for iperf3 and our probe to agree on a real link.
                 net_time: Duration::from_secs(2),
                 peers: false,
+                ceph: None,
                 vm_artifact: 32 << 20,
                 vm_side_artifact: 8 << 20,
                 vm_warm_count: 10,
@@ -113,6 +117,7 @@ impl Options {
                 parallel_jobs: 8,
                 net_time: Duration::from_secs(3),
                 peers: true,
+                ceph: None,
                 vm_artifact: 256 << 20,
                 vm_side_artifact: 32 << 20,
                 vm_warm_count: 21,
@@ -306,6 +311,8 @@ pub struct Report {
     pub s3_degraded: Section<degraded::Degraded>,
     pub vm_image: Section<VmImage>,
     pub nbd_peers: Section<crate::nbd_compare::Report>,
+    /// Ceph RBD and radosgw beside CoronaFS and LightningStor (`--peers ceph`).
+    pub ceph: Section<ceph::CephPeer>,
     pub assessment: Vec<Ratio>,
 }
 
@@ -419,7 +426,8 @@ impl ObjectRuns {
 /// Steps the progress bar counts.
 pub fn steps(opts: &Options) -> u64 {
     3 + 7 * opts.iterations as u64
-        + u64::from(opts.peers)
+        + u64::from(opts.peers || opts.ceph.is_some())
+        + if opts.ceph.is_some() { 5 * opts.iterations as u64 + 1 } else { 0 }
         + 2
         + opts.iterations as u64
         + u64::from(opts.fault.is_some())
@@ -582,6 +590,21 @@ pub async fn run(
         None => None,
     };
     let s3_agent = role(cluster, "s3", &roles.s3).filter(|a| alive(&a.name));
+    let rgw = match &opts.ceph {
+        Some(c) => {
+            progress.step(&format!("set-up: Ceph ({}): radosgw bucket", c.dir.display()));
+            let e = crate::cluster::S3Endpoint {
+                endpoints: vec![c.rgw.clone()],
+                access_key: c.access_key.clone(),
+                secret_key: c.secret_key.clone(),
+                region: "us-east-1".into(),
+                cluster_file: None,
+            };
+            measure::ensure_bucket(&e, BUCKET).await.context("radosgw")?;
+            Some(e)
+        }
+        None => None,
+    };
     let (writer, reader) = (
         role(cluster, "cross_write", &roles.cross_write).filter(|a| alive(&a.name)),
         role(cluster, "cross_read", &roles.cross_read).filter(|a| alive(&a.name)),
@@ -590,6 +613,9 @@ pub async fn run(
     let mut local = BlockRuns::new();
     let mut local_buf = BlockRuns::new();
     let mut cor = BlockRuns::new();
+    let (mut rbd3, mut rbd1) = (BlockRuns::new(), BlockRuns::new());
+    let (mut rgw_large, mut rgw_batch, mut rgw_par) =
+        (ObjectRuns::default(), ObjectRuns::default(), ObjectRuns::default());
     let (mut cross, mut cross_w, mut evictions) = (Vec::new(), Vec::new(), Vec::new());
     let (mut large, mut batch, mut par) = (ObjectRuns::default(), ObjectRuns::default(), ObjectRuns::default());
     let buffered: Vec<crate::job::Job> = jobs
@@ -623,6 +649,15 @@ pub async fn run(
             cor.push(r);
         } else {
             progress.step("CoronaFS not measured");
+        }
+        if let (Some(c), Some(a)) = (&opts.ceph, block_agent) {
+            for (pool, runs) in [(crate::ceph::POOL_REPLICATED, &mut rbd3), (crate::ceph::POOL_SINGLE, &mut rbd1)] {
+                progress.step(&format!("{n}: Ceph RBD pool {pool} from {} (seed-000 jobs, fio's rbd engine)", a.name));
+                let uri = format!("rbd://{pool}/{VOLUME}?conf={}", c.conf.display());
+                let target = BlockTarget::Uri { uri, access_key: None, secret_key: None };
+                let r = measure::block(a, &target, &jobs, link, &mut runs.lat).await.context("Ceph RBD")?;
+                runs.push(r);
+            }
         }
         if let (Some(c), Some(w), Some(r)) = (&corona, writer, reader) {
             progress.step(&format!("{n}: cross-worker: {} writes, {} reads", w.name, r.name));
@@ -667,6 +702,18 @@ pub async fn run(
             for _ in 0..3 {
                 progress.step("LightningStor not measured");
             }
+        }
+        if let (Some(e), Some(a)) = (&rgw, s3_agent) {
+            progress.step(&format!("{n}: radosgw large object, batch and parallel batch from {}", a.name));
+            rgw_large.push(measure::objects(a, e, BUCKET, "large/", 1, opts.large_object, 1, link).await?);
+            rgw_batch.push(measure::objects(a, e, BUCKET, "batch/", opts.batch_count, opts.batch_object, 1, link).await?);
+            let j = opts.parallel_jobs;
+            rgw_par.push(measure::objects(a, e, BUCKET, "parallel/", opts.batch_count, opts.batch_object, j, link).await?);
+            for p in ["large/", "batch/", "parallel/"] {
+                measure::delete_prefix(e, BUCKET, p).await;
+            }
+            progress.step("");
+            progress.step("");
         }
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
             anyhow::bail!("interrupted");
@@ -777,8 +824,48 @@ pub async fn run(
         s3_degraded: Section::na("no --fault given"),
         vm_image: Section::na("PlasmaVMC is not in the cluster file"),
         nbd_peers: Section::na("skipped (--quick, or --no-peers, or a deployed cluster); run `bench nbd-compare`"),
+        ceph: Section::na("not asked for (--peers ceph after `bench peers ceph up`)"),
         assessment: Vec::new(),
     };
+    if let Some(c) = &opts.ceph {
+        report.ceph = match (block_agent, &rgw, s3_agent) {
+            (Some(_), Some(_), Some(a)) => {
+                let rbd_by = |pool: &str| block_by(&format!("RBD image {pool}/{VOLUME}, fio --ioengine=rbd (librbd)"));
+                let rbd_3x = rbd3.summary(opts.volume_size, opts.block_runtime, rbd_by(crate::ceph::POOL_REPLICATED));
+                let rbd_1x = rbd1.summary(opts.volume_size, opts.block_runtime, rbd_by(crate::ceph::POOL_SINGLE));
+                let rgw_l = rgw_large.summary(1, opts.large_object, 1, 1, &a.name);
+                let rgw_b = rgw_batch.summary(opts.batch_count, opts.batch_object, 1, 1, &a.name);
+                let rgw_p = rgw_par.summary(opts.batch_count, opts.batch_object, opts.parallel_jobs, 1, &a.name);
+                let comparisons = ceph::compare(
+                    report.coronafs.get(),
+                    &rbd_1x,
+                    &rbd_3x,
+                    [report.s3_large_object.get(), report.s3_small_batch.get(), report.s3_parallel_batch.get()],
+                    [&rgw_l, &rgw_b, &rgw_p],
+                );
+                Section::Measured(ceph::CephPeer {
+                    ceph: c.describe(),
+                    rbd_3x,
+                    rbd_1x,
+                    rgw_large_object: rgw_l,
+                    rgw_small_batch: rgw_b,
+                    rgw_parallel_batch: rgw_p,
+                    comparisons,
+                    method: format!(
+                        "in every iteration right after ours: the block jobs from agent {} on RBD images of {} MiB \
+                         (filled with data first) through fio's rbd engine, unshaped (librbd talks to every OSD; \
+                         no link is emulated for it); the S3 batches from agent {} against radosgw with the same \
+                         client code as LightningStor's. CoronaFS reads recent data from its server's page cache; \
+                         BlueStore reads its files with O_DIRECT behind a 128 MiB cache",
+                        roles.block,
+                        opts.volume_size >> 20,
+                        a.name
+                    ),
+                })
+            }
+            _ => Section::na("the block or the s3 agent is not live, so Ceph was not measured"),
+        };
+    }
     if let Some(p) = &ep.plasmavmc {
         let vo = vm::VmOptions {
             artifact_data: opts.vm_artifact,
@@ -824,9 +911,17 @@ pub async fn run(
             measure::delete_prefix(e, BUCKET, "degraded/").await;
         }
     }
-    if opts.peers && cluster.data_dir().is_some() {
-        progress.step("NBD peers: CoronaFS vs nbdkit vs qemu-nbd (fio, on the coordinator's host, unshaped)");
-        report.nbd_peers = peers_section(scratch).await;
+    if (opts.peers && cluster.data_dir().is_some()) || opts.ceph.is_some() {
+        let mut peers = vec![crate::peers::Peer::Coronafs(coronafs::backend::IoEngine::Threads)];
+        if opts.peers && cluster.data_dir().is_some() {
+            peers.extend([crate::peers::Peer::Nbdkit, crate::peers::Peer::QemuNbd]);
+        }
+        if opts.ceph.is_some() {
+            peers.extend(crate::peers::ceph_peers());
+        }
+        let names: Vec<String> = peers.iter().map(|p| p.label()).collect();
+        progress.step(&format!("block peers on the coordinator's host, unshaped: {}", names.join(", ")));
+        report.nbd_peers = peers_section(scratch, peers, opts.ceph.clone(), opts.quick).await;
     }
     report.events = events;
     report.generated_at = hostinfo::now_iso8601();
@@ -834,13 +929,18 @@ pub async fn run(
     Ok(report)
 }
 
-async fn peers_section(scratch: &std::path::Path) -> Section<crate::nbd_compare::Report> {
-    use coronafs::backend::IoEngine;
+async fn peers_section(
+    scratch: &std::path::Path,
+    peers: Vec<crate::peers::Peer>,
+    ceph: Option<crate::ceph::Ceph>,
+    quick: bool,
+) -> Section<crate::nbd_compare::Report> {
     let opts = crate::nbd_compare::Options {
-        size: 256 << 20,
+        size: if quick { 128 << 20 } else { 256 << 20 },
         iterations: 1,
         runtime_s: 2,
-        peers: crate::peers::default_peers(&[IoEngine::Uring]),
+        peers,
+        ceph,
     };
     let dir = scratch.join("peers");
     let r = tokio::task::spawn_blocking(move || {
