@@ -31,7 +31,9 @@ fn daemons_of(dir: &Path) -> Vec<String> {
             rd.filter_map(|e| e.ok())
                 .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
                 .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                .filter(|c| c.contains(&needle) && ["ceph-mon", "ceph-osd", "ceph-mgr", "radosgw"].iter().any(|d| c.contains(d)))
+                .filter(|c| {
+                    c.contains(&needle) && ["ceph-mon", "ceph-osd", "ceph-mgr", "radosgw"].iter().any(|d| c.contains(d))
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -135,7 +137,7 @@ fn an_interrupted_up_stops_what_it_started_and_removes_its_directory() {
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("ceph");
     let _down = Down(&dir);
-    let mut child = bench()
+    let child = bench()
         .args(["peers", "ceph", "up", "--osd-size", "2G", "--dir"])
         .arg(&dir)
         .stdout(Stdio::null())

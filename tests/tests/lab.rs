@@ -387,7 +387,9 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
     let (probe, iperf3) =
         (net["tcp_mib_s"]["median"].as_f64().unwrap_or(0.0), net["iperf3_mib_s"]["median"].as_f64().unwrap_or(0.0));
     let ratio = net["probe_vs_iperf3"].as_f64().unwrap_or(0.0);
-    eprintln!("lab: node04 -> node01: bench probe {probe:.0} MiB/s, iperf3 {iperf3:.0} MiB/s, pairs' median ratio {ratio:.3}");
+    eprintln!(
+        "lab: node04 -> node01: bench probe {probe:.0} MiB/s, iperf3 {iperf3:.0} MiB/s, pairs' median ratio {ratio:.3}"
+    );
     assert!(probe > 0.0 && iperf3 > 0.0 && (ratio - 1.0).abs() <= 0.10, "probe and iperf3 disagree: {net}");
     let x = &results["cross_worker"];
     assert_eq!((x["writer"].as_str(), x["reader"].as_str()), (Some("node04"), Some("node05")), "{x}");

@@ -47,6 +47,8 @@ single_node_and_cluster!(
     listings_page_through_prefixes_delimiters_and_markers,
     multipart_uploads_complete_with_an_s3_style_etag,
     multipart_uploads_are_listed_by_prefix_and_page_by_markers,
+    options_we_do_not_implement_are_refused_and_nothing_is_stored,
+    conditional_deletes_keep_the_object_when_a_condition_fails,
 );
 
 async fn body_of(out: aws_sdk_s3::operation::get_object::GetObjectOutput) -> Vec<u8> {
@@ -348,6 +350,159 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions(c: aws_sdk_
     c.delete_object().bucket("src").key("a").send().await?;
     let out = c.get_object().bucket("dst").key("b").send().await?;
     assert_eq!(body_of(out).await, data);
+    Ok(())
+}
+
+/// The S3 error code of a failed SDK call.
+fn code_of<E: aws_sdk_s3::error::ProvideErrorMetadata>(e: &E) -> String {
+    e.code().unwrap_or("<no code>").to_owned()
+}
+
+/// SSE, tagging, storage classes, object lock and versions are not
+/// implemented: asking for them gets NotImplemented and stores nothing
+/// (an SSE-C PUT used to be stored in plaintext and served without the key).
+async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::types::{ServerSideEncryption, StorageClass};
+    c.create_bucket().bucket("bkt").send().await?;
+    let key = base64(&[7u8; 32]);
+    let key_md5 = base64(&md5::Md5::digest([7u8; 32]));
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("secret")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&key)
+        .sse_customer_key_md5(&key_md5)
+        .body(ByteStream::from_static(b"plaintext"))
+        .send()
+        .await
+        .expect_err("an SSE-C PUT must not be stored unencrypted");
+    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("secret")
+        .server_side_encryption(ServerSideEncryption::AwsKms)
+        .body(ByteStream::from_static(b"plaintext"))
+        .send()
+        .await
+        .expect_err("SSE-KMS");
+    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("secret")
+        .tagging("a=b")
+        .body(ByteStream::from_static(b"plaintext"))
+        .send()
+        .await
+        .expect_err("tagging");
+    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    let e = c
+        .create_multipart_upload()
+        .bucket("bkt")
+        .key("secret")
+        .storage_class(StorageClass::Glacier)
+        .send()
+        .await
+        .expect_err("GLACIER");
+    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    // Nothing was stored and no upload was left behind.
+    let listed = c.list_objects_v2().bucket("bkt").send().await?;
+    assert!(listed.contents().is_empty(), "{:?}", listed.contents());
+    let uploads = c.list_multipart_uploads().bucket("bkt").send().await?;
+    assert!(uploads.uploads().is_empty());
+
+    // What we do implement still works, and a GET naming an SSE-C key or a
+    // version other than "null" is refused rather than answered with the
+    // current plaintext object.
+    put(&c, "bkt", "plain", b"v").await;
+    c.put_object()
+        .bucket("bkt")
+        .key("std")
+        .storage_class(StorageClass::Standard)
+        .acl(aws_sdk_s3::types::ObjectCannedAcl::Private)
+        .body(ByteStream::from_static(b"v"))
+        .send()
+        .await?;
+    let e = c
+        .get_object()
+        .bucket("bkt")
+        .key("plain")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&key)
+        .sse_customer_key_md5(&key_md5)
+        .send()
+        .await
+        .expect_err("SSE-C GET");
+    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    let e = c.get_object().bucket("bkt").key("plain").version_id("v2").send().await.expect_err("versionId");
+    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    let got = c.get_object().bucket("bkt").key("plain").version_id("null").send().await?;
+    assert_eq!(body_of(got).await, b"v");
+    let e = c.delete_object().bucket("bkt").key("plain").version_id("v2").send().await.expect_err("delete version");
+    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert!(c.head_object().bucket("bkt").key("plain").send().await.is_ok(), "a refused delete deleted");
+    Ok(())
+}
+
+/// DeleteObject with If-Match / x-amz-if-match-size /
+/// x-amz-if-match-last-modified-time, and DeleteObjects with per-key ETag
+/// and Size: a condition that does not hold keeps the object (412, or a
+/// per-key PreconditionFailed), a conditional delete of a missing key is
+/// NoSuchKey, and conditions that hold delete.
+async fn conditional_deletes_keep_the_object_when_a_condition_fails(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("bkt").send().await?;
+    let etag = put(&c, "bkt", "k", b"four").await;
+    let exists = |c: aws_sdk_s3::Client, k: &'static str| async move {
+        c.head_object().bucket("bkt").key(k).send().await.is_ok()
+    };
+
+    let e = c.delete_object().bucket("bkt").key("k").if_match("\"0123\"").send().await.expect_err("wrong etag");
+    assert_eq!(code_of(&e.into_service_error()), "PreconditionFailed");
+    let e = c.delete_object().bucket("bkt").key("k").if_match_size(5).send().await.expect_err("wrong size");
+    assert_eq!(code_of(&e.into_service_error()), "PreconditionFailed");
+    let e = c
+        .delete_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match_last_modified_time(DateTime::from_secs(1_000_000))
+        .send()
+        .await
+        .expect_err("wrong time");
+    assert_eq!(code_of(&e.into_service_error()), "PreconditionFailed");
+    assert!(exists(c.clone(), "k").await, "a failed conditional delete removed the object");
+    let e = c.delete_object().bucket("bkt").key("missing").if_match("*").send().await.expect_err("missing");
+    assert_eq!(code_of(&e.into_service_error()), "NoSuchKey");
+
+    let head = c.head_object().bucket("bkt").key("k").send().await?;
+    c.delete_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match(&etag)
+        .if_match_size(4)
+        .if_match_last_modified_time(head.last_modified.expect("last-modified"))
+        .send()
+        .await?;
+    assert!(!exists(c.clone(), "k").await);
+
+    // DeleteObjects: per-key conditions, reported per key.
+    let e1 = put(&c, "bkt", "a", b"1").await;
+    put(&c, "bkt", "b", b"2").await;
+    put(&c, "bkt", "s", b"3").await;
+    let ids = vec![
+        ObjectIdentifier::builder().key("a").e_tag(&e1).build()?,
+        ObjectIdentifier::builder().key("b").e_tag("\"0123\"").build()?,
+        ObjectIdentifier::builder().key("s").size(99).build()?,
+    ];
+    let out = c.delete_objects().bucket("bkt").delete(Delete::builder().set_objects(Some(ids)).build()?).send().await?;
+    let deleted: Vec<_> = out.deleted().iter().filter_map(|d| d.key()).collect();
+    assert_eq!(deleted, ["a"]);
+    let mut failed: Vec<_> = out.errors().iter().map(|e| (e.key().unwrap_or(""), e.code().unwrap_or(""))).collect();
+    failed.sort();
+    assert_eq!(failed, [("b", "PreconditionFailed"), ("s", "PreconditionFailed")]);
+    assert!(!exists(c.clone(), "a").await);
+    assert!(exists(c.clone(), "b").await && exists(c.clone(), "s").await);
     Ok(())
 }
 

@@ -83,7 +83,8 @@ impl Context {
         }
         // SAFETY: the pointers are valid iocbs (the caller's contract) and
         // the array holds `len` of them.
-        let rc = unsafe { libc::syscall(libc::SYS_io_submit, self.id, iocbs.len() as libc::c_long, iocbs.as_mut_ptr()) };
+        let rc =
+            unsafe { libc::syscall(libc::SYS_io_submit, self.id, iocbs.len() as libc::c_long, iocbs.as_mut_ptr()) };
         if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc as usize) }
     }
 

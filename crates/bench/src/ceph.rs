@@ -97,8 +97,7 @@ pub fn missing_tools() -> Vec<(&'static str, &'static str)> {
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(tool)).find(|f| f.is_file()))
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(tool)).find(|f| f.is_file()))
 }
 
 /// Fails with the packages to install when a tool is missing.
@@ -290,10 +289,14 @@ fn build(o: &UpOptions, dir: &Path, stop: &AtomicBool, progress: &dyn Fn(&str)) 
     let mon_kr = dir.join("mon.keyring");
     let admin_kr = dir.join("admin.keyring");
     run(
-        Command::new("ceph-authtool")
-            .arg("--create-keyring")
-            .arg(&mon_kr)
-            .args(["--gen-key", "-n", "mon.", "--cap", "mon", "allow *"]),
+        Command::new("ceph-authtool").arg("--create-keyring").arg(&mon_kr).args([
+            "--gen-key",
+            "-n",
+            "mon.",
+            "--cap",
+            "mon",
+            "allow *",
+        ]),
         t,
     )?;
     run(
@@ -337,7 +340,8 @@ fn build(o: &UpOptions, dir: &Path, stop: &AtomicBool, progress: &dyn Fn(&str)) 
     ceph(&["mon", "stat"]).context("the monitor does not answer")?;
 
     step("manager")?;
-    let mgr_key = ceph(&["auth", "get-or-create", "mgr.x", "mon", "allow profile mgr", "osd", "allow *", "mds", "allow *"])?;
+    let mgr_key =
+        ceph(&["auth", "get-or-create", "mgr.x", "mon", "allow profile mgr", "osd", "allow *", "mds", "allow *"])?;
     std::fs::write(dir.join("mgr/x/keyring"), mgr_key)?;
     run(Command::new("ceph-mgr").args(["-c", &c, "-i", "x"]), t)?;
 
@@ -394,12 +398,9 @@ fn build(o: &UpOptions, dir: &Path, stop: &AtomicBool, progress: &dyn Fn(&str)) 
     })
     .context("radosgw did not listen")?;
     run(
-        Command::new("radosgw-admin").args(["-c", &c, "user", "create", "--uid", "bench", "--display-name", "bench"]).args([
-            "--access-key",
-            &access_key,
-            "--secret-key",
-            &secret_key,
-        ]),
+        Command::new("radosgw-admin")
+            .args(["-c", &c, "user", "create", "--uid", "bench", "--display-name", "bench"])
+            .args(["--access-key", &access_key, "--secret-key", &secret_key]),
         t,
     )?;
 
@@ -470,12 +471,7 @@ fn health(conf: &str) -> anyhow::Result<String> {
         .and_then(|s| s.as_array())
         .map(|a| {
             a.iter()
-                .map(|x| {
-                    (
-                        x["state_name"].as_str().unwrap_or("?").to_owned(),
-                        x["count"].as_u64().unwrap_or(0),
-                    )
-                })
+                .map(|x| (x["state_name"].as_str().unwrap_or("?").to_owned(), x["count"].as_u64().unwrap_or(0)))
                 .collect()
         })
         .unwrap_or_default();
@@ -500,7 +496,8 @@ pub fn load(dir: &Path) -> anyhow::Result<Ceph> {
 pub fn status(dir: &Path) -> anyhow::Result<String> {
     let c = load(dir)?;
     let conf = c.conf.to_str().context("path")?;
-    let alive = daemons(dir).into_iter().map(|(n, pid)| format!("{n} (pid {pid}{})", if alive(pid) { "" } else { ", gone" }));
+    let alive =
+        daemons(dir).into_iter().map(|(n, pid)| format!("{n} (pid {pid}{})", if alive(pid) { "" } else { ", gone" }));
     Ok(format!(
         "{}\nhealth: {}\ndaemons: {}\nconf: {}  (CEPH_CONF for fio's rbd engine and rbd://POOL/IMAGE targets)\n\
          S3: {} access key {} secret key {}",

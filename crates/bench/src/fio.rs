@@ -46,7 +46,8 @@ pub fn run_rbd(
     size: &str,
     runtime_s: u32,
 ) -> anyhow::Result<FioResult> {
-    let engine = ["--ioengine=rbd".into(), "--clientname=admin".into(), format!("--pool={pool}"), format!("--rbdname={image}")];
+    let engine =
+        ["--ioengine=rbd".into(), "--clientname=admin".into(), format!("--pool={pool}"), format!("--rbdname={image}")];
     run_workload(&engine, Some(conf), w, size, runtime_s).with_context(|| format!("fio on RBD {pool}/{image}"))
 }
 
@@ -166,7 +167,12 @@ pub fn run_job(target: &FioTarget, job: &crate::job::Job, cpus: Option<&[usize]>
             cmd.arg(format!("--direct={}", u8::from(job.direct)));
         }
         FioTarget::Rbd { pool, image, conf } => {
-            cmd.args(["--ioengine=rbd", "--clientname=admin", &format!("--pool={pool}"), &format!("--rbdname={image}")]);
+            cmd.args([
+                "--ioengine=rbd",
+                "--clientname=admin",
+                &format!("--pool={pool}"),
+                &format!("--rbdname={image}"),
+            ]);
             cmd.env("CEPH_CONF", conf);
         }
     }

@@ -20,10 +20,10 @@
 //! - [`peers`], [`nbd_compare`]: CoronaFS against nbdkit and qemu-nbd.
 
 pub mod accuracy;
-pub mod aio;
 pub mod agent;
-pub mod charts;
+pub mod aio;
 pub mod ceph;
+pub mod charts;
 pub mod cluster;
 pub mod compare;
 pub mod cpu;

@@ -315,11 +315,22 @@ pub fn fill(buf: &mut [u8], seed: u64) {
 /// A target opened for a run: connections and files are made per job.
 #[derive(Debug)]
 pub enum Opened {
-    Nbd { addr: String, export: String },
+    Nbd {
+        addr: String,
+        export: String,
+    },
     Files(FileTarget),
-    S3 { client: aws_sdk_s3::Client, bucket: String, prefix: String },
+    S3 {
+        client: aws_sdk_s3::Client,
+        bucket: String,
+        prefix: String,
+    },
     /// An RBD image, driven by fio's rbd engine (we have no librbd client).
-    Rbd { pool: String, image: String, conf: std::path::PathBuf },
+    Rbd {
+        pool: String,
+        image: String,
+        conf: std::path::PathBuf,
+    },
 }
 
 impl Opened {
@@ -378,7 +389,8 @@ impl Opened {
             }
             Opened::S3 { client, bucket, prefix } => run_s3(client, bucket, prefix, job, limits, stop).await,
             Opened::Rbd { pool, image, conf } => {
-                let target = crate::fio::FioTarget::Rbd { pool: pool.clone(), image: image.clone(), conf: conf.clone() };
+                let target =
+                    crate::fio::FioTarget::Rbd { pool: pool.clone(), image: image.clone(), conf: conf.clone() };
                 let job = job.clone();
                 tokio::task::spawn_blocking(move || run_fio(&target, &job)).await?
             }
@@ -480,7 +492,10 @@ where
             let r = limits
                 .pin()
                 .and_then(|()| {
-                    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a job's runtime")
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .context("starting a job's runtime")
                 })
                 .and_then(|rt| rt.block_on(body(j, g.clone())));
             if r.is_err() {
@@ -608,8 +623,7 @@ async fn join_all(mut tasks: tokio::task::JoinSet<anyhow::Result<Recorder>>) -> 
 /// How the file engine ran a job: what fio would call its ioengine.
 pub const ENGINE_AIO: &str = "aio: one thread per job, Linux AIO with iodepth in flight (as fio's libaio)";
 /// The fallback where the kernel refuses AIO.
-pub const ENGINE_THREADS: &str =
-    "threads: one thread per request slot with pread/pwrite (Linux AIO unavailable here)";
+pub const ENGINE_THREADS: &str = "threads: one thread per request slot with pread/pwrite (Linux AIO unavailable here)";
 
 fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -> anyhow::Result<JobRun> {
     let handles = f.prepare(job)?;
@@ -625,7 +639,8 @@ fn run_files(f: &FileTarget, job: &Job, limits: Limits, stop: Arc<AtomicBool>) -
     let results: Vec<anyhow::Result<Recorder>> = std::thread::scope(|s| {
         let mut threads = Vec::new();
         for (j, (h, plan)) in handles.iter().zip(&plans).enumerate() {
-            let seed = |slot: u32| 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
+            let seed =
+                |slot: u32| 0x9E37_79B9_7F4A_7C15u64 ^ ((j as u64) << 32 | u64::from(slot)).wrapping_mul(0x2545_F491);
             if aio {
                 let seeds: Vec<u64> = (0..job.iodepth).map(seed).collect();
                 threads.push(s.spawn(move || {

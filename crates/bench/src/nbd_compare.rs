@@ -201,7 +201,9 @@ pub fn markdown(r: &Report) -> String {
         s.push_str(&format!("- {peer}: {path}\n"));
     }
     if let Some(c) = &r.ceph {
-        s.push_str(&format!("- Ceph: {c}. Server CPU for Ceph is every daemon of the cluster (and nbdkit when it exports).\n"));
+        s.push_str(&format!(
+            "- Ceph: {c}. Server CPU for Ceph is every daemon of the cluster (and nbdkit when it exports).\n"
+        ));
     }
     s.push('\n');
     s.push_str("| Workload | Server | MiB/s | IOPS | p50 µs | p99 µs | spread | server CPU µs/op |\n|---|---|---:|---:|---:|---:|---:|---:|\n");

@@ -20,7 +20,10 @@ pub enum Peer {
     QemuNbd,
     /// An RBD image in the pool of `copies` copies; `nbd`: through an NBD
     /// export, else fio's rbd engine straight to librbd.
-    Ceph { copies: u8, nbd: bool },
+    Ceph {
+        copies: u8,
+        nbd: bool,
+    },
 }
 
 impl Peer {
@@ -169,7 +172,10 @@ impl PeerProc {
     /// For Ceph: every daemon of the cluster, and nbdkit when it exports.
     pub fn cpu_seconds(&self) -> f64 {
         let own = self.child.as_ref().map_or(0.0, |c| process_cpu_seconds(c.id()));
-        own + self.ceph.as_ref().map_or(0.0, |c| crate::ceph::daemons(&c.dir).iter().map(|(_, p)| process_cpu_seconds(*p as u32)).sum())
+        own + self
+            .ceph
+            .as_ref()
+            .map_or(0.0, |c| crate::ceph::daemons(&c.dir).iter().map(|(_, p)| process_cpu_seconds(*p as u32)).sum())
     }
 
     /// Peak and current resident memory of the server process, in bytes

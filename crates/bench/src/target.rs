@@ -220,9 +220,20 @@ mod tests {
             TargetSpec::Rbd { pool: "rbd".into(), image: "img".into(), conf: None }
         );
         let t = TargetSpec::parse("rbd://rbd1/vm-1?conf=/tmp/c/ceph.conf").unwrap();
-        assert_eq!(t, TargetSpec::Rbd { pool: "rbd1".into(), image: "vm-1".into(), conf: Some("/tmp/c/ceph.conf".into()) });
+        assert_eq!(
+            t,
+            TargetSpec::Rbd { pool: "rbd1".into(), image: "vm-1".into(), conf: Some("/tmp/c/ceph.conf".into()) }
+        );
         assert_eq!(t.to_string(), "rbd://rbd1/vm-1?conf=/tmp/c/ceph.conf");
-        for bad in ["rbd://", "rbd://pool", "rbd://pool/", "rbd:///img", "rbd://p/i/j", "rbd://p/i?keyring=x", "rbd://p/i?conf="] {
+        for bad in [
+            "rbd://",
+            "rbd://pool",
+            "rbd://pool/",
+            "rbd:///img",
+            "rbd://p/i/j",
+            "rbd://p/i?keyring=x",
+            "rbd://p/i?conf=",
+        ] {
             assert!(TargetSpec::parse(bad).is_err(), "{bad}");
         }
     }

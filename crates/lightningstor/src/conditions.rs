@@ -91,12 +91,64 @@ pub fn check_write(
     Ok(())
 }
 
+/// The conditions of a DeleteObject (`If-Match`, `x-amz-if-match-size`,
+/// `x-amz-if-match-last-modified-time`) or of one entry of DeleteObjects
+/// (its `ETag`, `Size` and `LastModifiedTime` elements).
+#[derive(Debug, Clone, Default)]
+pub struct DeleteConditions {
+    /// The ETag (or `*`) the current object must have.
+    pub if_match: Option<ETagCondition>,
+    /// The size in bytes it must have.
+    pub size: Option<i64>,
+    /// Its last-modified time, in Unix seconds.
+    pub last_modified: Option<i64>,
+}
+
+impl DeleteConditions {
+    /// True when the delete is unconditional.
+    pub fn is_empty(&self) -> bool {
+        self.if_match.is_none() && self.size.is_none() && self.last_modified.is_none()
+    }
+
+    /// Evaluates against the current object of `key`, given as
+    /// `(etag unquoted, size, last-modified Unix seconds)`. As in S3: a
+    /// conditional delete of a missing key is NoSuchKey, a condition that
+    /// does not hold is PreconditionFailed; an unconditional one always passes.
+    pub fn check(&self, current: Option<(&str, u64, i64)>, key: &str) -> Result<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let Some((etag, size, last_modified)) = current else {
+            return Err(LightningError::NoSuchKey { key: key.to_owned() });
+        };
+        let etag_ok = self.if_match.as_ref().is_none_or(|c| matches(c, etag));
+        let size_ok = self.size.is_none_or(|s| u64::try_from(s).ok() == Some(size));
+        let time_ok = self.last_modified.is_none_or(|t| t == last_modified);
+        if etag_ok && size_ok && time_ok { Ok(()) } else { Err(LightningError::PreconditionFailed) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn tag(s: &str) -> ETagCondition {
         ETagCondition::ETag(ETag::Strong(s.to_owned()))
+    }
+
+    #[test]
+    fn conditional_deletes_need_the_object_and_every_named_property() {
+        let any = DeleteConditions::default();
+        assert!(any.check(None, "k").is_ok(), "an unconditional delete of nothing succeeds");
+        let c = DeleteConditions { if_match: Some(tag("e")), size: Some(3), last_modified: Some(100) };
+        assert!(c.check(Some(("e", 3, 100)), "k").is_ok());
+        assert!(matches!(c.check(None, "k"), Err(LightningError::NoSuchKey { .. })));
+        assert!(matches!(c.check(Some(("f", 3, 100)), "k"), Err(LightningError::PreconditionFailed)));
+        assert!(matches!(c.check(Some(("e", 4, 100)), "k"), Err(LightningError::PreconditionFailed)));
+        assert!(matches!(c.check(Some(("e", 3, 101)), "k"), Err(LightningError::PreconditionFailed)));
+        let star = DeleteConditions { if_match: Some(ETagCondition::Any), ..Default::default() };
+        assert!(star.check(Some(("x", 1, 1)), "k").is_ok());
+        assert!(star.check(None, "k").is_err());
     }
 
     #[test]

@@ -599,8 +599,7 @@ impl Cluster {
     pub fn vm_link_placement(&self) -> String {
         if self.link.is_unshaped() {
             return if self.embedded.is_some() {
-                "no link emulation: every service of the embedded cluster is on this host, reached over loopback"
-                    .into()
+                "no link emulation: every service of the embedded cluster is on this host, reached over loopback".into()
             } else {
                 "no link emulation: the bench client reaches PlasmaVMC over the network as it is".into()
             };

@@ -130,7 +130,13 @@ mod tests {
 
     #[test]
     fn like_is_compared_with_like_and_a_lead_of_ceph_is_named() {
-        let c = compare(Some(&block(100.0)), &block(50.0), &block(200.0), [None, None, None], [&objects(), &objects(), &objects()]);
+        let c = compare(
+            Some(&block(100.0)),
+            &block(50.0),
+            &block(200.0),
+            [None, None, None],
+            [&objects(), &objects(), &objects()],
+        );
         // Five block figures against each of the two pools; no S3 figure without ours.
         assert_eq!(c.len(), 10);
         assert!(c.iter().filter(|x| x.theirs == "Ceph RBD, size 1").all(|x| (x.ratio - 2.0).abs() < 1e-9));

@@ -565,10 +565,13 @@ fn ceph_section(s: &mut String, c: &super::ceph::CephPeer) {
     block_row(s, "QD32 write", &cols, |b| (&b.depth32_write_mib_s, "MiB/s", 1));
     block_row(s, "QD32 read", &cols, |b| (&b.depth32_read_mib_s, "MiB/s", 1));
     let _ = writeln!(s, "\n| radosgw (size 3) | Upload | Download |\n|---|---:|---:|");
-    for (name, o) in
-        [("Large object", &c.rgw_large_object), ("Small-object batch", &c.rgw_small_batch), ("Parallel batch", &c.rgw_parallel_batch)]
-    {
-        let _ = writeln!(s, "| {name} | {} | {} |", fig(&o.upload_mib_s, "MiB/s", 1), fig(&o.download_mib_s, "MiB/s", 1));
+    for (name, o) in [
+        ("Large object", &c.rgw_large_object),
+        ("Small-object batch", &c.rgw_small_batch),
+        ("Parallel batch", &c.rgw_parallel_batch),
+    ] {
+        let _ =
+            writeln!(s, "| {name} | {} | {} |", fig(&o.upload_mib_s, "MiB/s", 1), fig(&o.download_mib_s, "MiB/s", 1));
     }
     let _ = writeln!(s, "\n| Figure | Ours | Ceph | Ours / Ceph |\n|---|---|---|---:|");
     for x in &c.comparisons {

@@ -487,10 +487,8 @@ async fn network_section(
         // The median of each interleaved pair's ratio: a pair runs back to
         // back, so drift of the host's load between pairs cancels out.
         probe_vs_iperf3: (!ip.is_empty()).then(|| {
-            let ratios: Vec<f64> = runs
-                .iter()
-                .filter_map(|r| Some(r.probe_mib_s / r.iperf3.clone()?.ok()?.0.max(1e-9)))
-                .collect();
+            let ratios: Vec<f64> =
+                runs.iter().filter_map(|r| Some(r.probe_mib_s / r.iperf3.clone()?.ok()?.0.max(1e-9))).collect();
             Summary::of(&ratios).median
         }),
         tcp_mib_s: tcp,
@@ -706,9 +704,11 @@ pub async fn run(
         if let (Some(e), Some(a)) = (&rgw, s3_agent) {
             progress.step(&format!("{n}: radosgw large object, batch and parallel batch from {}", a.name));
             rgw_large.push(measure::objects(a, e, BUCKET, "large/", 1, opts.large_object, 1, link).await?);
-            rgw_batch.push(measure::objects(a, e, BUCKET, "batch/", opts.batch_count, opts.batch_object, 1, link).await?);
+            rgw_batch
+                .push(measure::objects(a, e, BUCKET, "batch/", opts.batch_count, opts.batch_object, 1, link).await?);
             let j = opts.parallel_jobs;
-            rgw_par.push(measure::objects(a, e, BUCKET, "parallel/", opts.batch_count, opts.batch_object, j, link).await?);
+            rgw_par
+                .push(measure::objects(a, e, BUCKET, "parallel/", opts.batch_count, opts.batch_object, j, link).await?);
             for p in ["large/", "batch/", "parallel/"] {
                 measure::delete_prefix(e, BUCKET, p).await;
             }

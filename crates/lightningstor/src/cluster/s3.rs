@@ -5,16 +5,18 @@
 
 use super::node::Node;
 use crate::checksum::ChecksumPlan;
-use crate::conditions::Mode;
+use crate::conditions::{DeleteConditions, Mode};
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
 use crate::meta::types::{ObjectMeta, Row};
 use crate::s3::bucket::owner;
 use crate::s3::convert::{
-    check_bucket_name, check_key, checksum_fields, checksum_headers, etag, object_headers, timestamp, trailer_value,
+    check_bucket_name, check_key, checksum_fields, checksum_headers, delete_conditions, entry_conditions, etag,
+    object_headers, timestamp, trailer_value,
 };
 use crate::s3::list::{v1_output, v1_query, v2_output, v2_query};
 use crate::s3::object::{copy_source, get_output, head_output, preconditions, select_meta};
+use crate::s3::options::Supported;
 use bytes::Bytes;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
@@ -204,27 +206,56 @@ async fn head_object(node: &Arc<Node>, req: S3Request<HeadObjectInput>) -> Resul
 }
 
 async fn delete_object(node: &Arc<Node>, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
+    let cond = delete_conditions(&req.input);
     let (bucket, key) = (req.input.bucket, req.input.key);
     check_key(&key)?;
     node.require_bucket(&bucket).await?;
-    node.write_row(&bucket, key.as_bytes(), Row::Tombstone(node.hlc.now())).await?;
+    delete_row(node, &bucket, &key, &cond).await?;
     Ok(DeleteObjectOutput::default())
+}
+
+/// Writes the tombstone of `key`; a conditional delete checks `cond` against
+/// a quorum read under the key's lease, as a conditional PUT does.
+async fn delete_row(node: &Arc<Node>, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
+    if cond.is_empty() {
+        return node.write_row(bucket, key.as_bytes(), Row::Tombstone(node.hlc.now())).await;
+    }
+    node.with_key_lease(bucket, key.as_bytes(), async {
+        let cur = node.read_row(bucket, key.as_bytes()).await?;
+        let current = match &cur.row {
+            Some(Row::Object(m)) => Some((m.etag.as_str(), m.size, m.last_modified_ms.div_euclid(1000))),
+            _ => None,
+        };
+        cond.check(current, key)?;
+        // A version above the row the check saw (the read advanced the clock).
+        node.write_row(bucket, key.as_bytes(), Row::Tombstone(node.hlc.now())).await
+    })
+    .await
 }
 
 async fn delete_objects(node: &Arc<Node>, req: S3Request<DeleteObjectsInput>) -> Result<DeleteObjectsOutput> {
     let bucket = req.input.bucket;
     let quiet = req.input.delete.quiet.unwrap_or(false);
-    let keys: Vec<String> = req.input.delete.objects.into_iter().map(|o| o.key).collect();
+    let keys: Vec<(String, DeleteConditions)> = req
+        .input
+        .delete
+        .objects
+        .into_iter()
+        .map(|o| {
+            let cond = entry_conditions(&o);
+            (o.key, cond)
+        })
+        .collect();
     if keys.len() > 1000 {
         return Err(LightningError::InvalidRequest("at most 1000 keys may be deleted at once".into()));
     }
     node.require_bucket(&bucket).await?;
-    let calls = keys.into_iter().map(|key| {
+    let calls = keys.into_iter().map(|(key, cond)| {
         let node = node.clone();
         let bucket = bucket.clone();
         async move {
             let r = match check_key(&key) {
-                Ok(()) => node.write_row(&bucket, key.as_bytes(), Row::Tombstone(node.hlc.now())).await,
+                Ok(()) => delete_row(&node, &bucket, &key, &cond).await,
                 Err(e) => Err(e),
             };
             (key, r)
@@ -313,6 +344,9 @@ async fn copy_object(node: &Arc<Node>, req: S3Request<CopyObjectInput>) -> Resul
 #[async_trait::async_trait]
 impl S3 for ClusterS3 {
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let name = req.input.bucket;
         let r = async {
@@ -325,6 +359,9 @@ impl S3 for ClusterS3 {
     }
 
     async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = async {
             node.require_bucket(&req.input.bucket).await?;
@@ -335,12 +372,18 @@ impl S3 for ClusterS3 {
     }
 
     async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = node.delete_bucket(&req.input.bucket).await.map(|()| DeleteBucketOutput {});
         self.finish(r)
     }
 
     async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let prefix = req.input.prefix.unwrap_or_default();
         let region = node.store.config.region.clone();
@@ -363,6 +406,9 @@ impl S3 for ClusterS3 {
         &self,
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = async {
             node.require_bucket(&req.input.bucket).await?;
@@ -376,42 +422,63 @@ impl S3 for ClusterS3 {
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = put_object(node, req).await;
         self.finish(r)
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = get_object(node, req).await;
         self.finish(r)
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = head_object(node, req).await;
         self.finish(r)
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = delete_object(node, req).await;
         self.finish(r)
     }
 
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = delete_objects(node, req).await;
         self.finish(r)
     }
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = copy_object(node, req).await;
         self.finish(r)
     }
 
     async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = async {
             let i = req.input;
@@ -425,6 +492,9 @@ impl S3 for ClusterS3 {
     }
 
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = async {
             let i = req.input;
@@ -441,12 +511,18 @@ impl S3 for ClusterS3 {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = super::multipart::create_multipart_upload(node, req).await;
         self.finish(r)
     }
 
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = super::multipart::upload_part(node, req).await;
         self.finish(r)
@@ -456,6 +532,9 @@ impl S3 for ClusterS3 {
         &self,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = super::multipart::upload_part_copy(node, req).await;
         self.finish(r)
@@ -465,6 +544,9 @@ impl S3 for ClusterS3 {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = super::multipart::complete_multipart_upload(node, req).await;
         self.finish(r)
@@ -474,12 +556,18 @@ impl S3 for ClusterS3 {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = super::multipart::abort_multipart_upload(node, req).await;
         self.finish(r)
     }
 
     async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = super::multipart::list_parts(node, req).await;
         self.finish(r)
@@ -489,6 +577,9 @@ impl S3 for ClusterS3 {
         &self,
         req: S3Request<ListMultipartUploadsInput>,
     ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
         let node = self.node();
         let r = super::multipart::list_multipart_uploads(node, req).await;
         self.finish(r)

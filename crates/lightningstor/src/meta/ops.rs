@@ -8,6 +8,7 @@ use super::{BUCKETS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS, UP
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
 use crate::conditions;
+use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
 use md5::Digest as _;
 use redb::{ReadableTable, WriteTransaction};
@@ -136,9 +137,22 @@ pub fn put_object(
 
 /// Deletes an object (a missing key is not an error). Returns freed blocks.
 pub fn delete_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Vec<BlockHash>> {
+    delete_object_if(txn, bucket, key, &DeleteConditions::default())
+}
+
+/// [`delete_object`] when `cond` holds for the current object, checked in
+/// the same transaction (so no write can slip between check and delete).
+pub fn delete_object_if(
+    txn: &WriteTransaction,
+    bucket: &str,
+    key: &str,
+    cond: &DeleteConditions,
+) -> Result<Vec<BlockHash>> {
     require_bucket(txn, bucket)?;
     let mut freed = Vec::new();
-    if let Some(old) = existing_object(txn, bucket, key)? {
+    let current = existing_object(txn, bucket, key)?;
+    cond.check(current.as_ref().map(|m| (m.etag.as_str(), m.size, m.last_modified_ms.div_euclid(1000))), key)?;
+    if let Some(old) = current {
         decref(txn, old.data.blocks(), &mut freed)?;
         txn.open_table(OBJECTS)?.remove((bucket, key.as_bytes()))?;
     }

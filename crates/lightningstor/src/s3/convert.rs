@@ -201,3 +201,21 @@ mod tests {
         assert_eq!(unix_secs(&timestamp(1_700_000_000_999)), 1_700_000_000);
     }
 }
+
+/// The conditions of a DeleteObject request.
+pub fn delete_conditions(i: &dto::DeleteObjectInput) -> crate::conditions::DeleteConditions {
+    crate::conditions::DeleteConditions {
+        if_match: i.if_match.clone(),
+        size: i.if_match_size,
+        last_modified: i.if_match_last_modified_time.as_ref().map(unix_secs),
+    }
+}
+
+/// The conditions of one entry of a DeleteObjects request.
+pub fn entry_conditions(o: &dto::ObjectIdentifier) -> crate::conditions::DeleteConditions {
+    crate::conditions::DeleteConditions {
+        if_match: o.e_tag.clone().map(dto::ETagCondition::ETag),
+        size: o.size,
+        last_modified: o.last_modified_time.as_ref().map(unix_secs),
+    }
+}

@@ -10,6 +10,7 @@ pub mod convert;
 pub(crate) mod list;
 pub(crate) mod multipart;
 pub(crate) mod object;
+pub(crate) mod options;
 
 use crate::error::Result;
 use crate::store::Store;
@@ -57,7 +58,10 @@ macro_rules! ops {
             $(
                 #[tracing::instrument(level = "debug", skip_all, fields(op = stringify!($name)))]
                 async fn $name(&self, req: S3Request<$input>) -> S3Result<S3Response<$output>> {
-                    let r = $module::$name(&self.store, req).await;
+                    let r = match options::Supported::check_supported(&req.input) {
+                        Ok(()) => $module::$name(&self.store, req).await,
+                        Err(e) => Err(e),
+                    };
                     self.finish(r)
                 }
             )*

@@ -1,11 +1,11 @@
 //! Object operations: put, get, head, delete, delete-objects, copy.
 
 use super::convert::{
-    check_key, checksum_fields, checksum_headers, etag, metadata, object_headers, part_range, timestamp, trailer_value,
-    unix_secs,
+    check_key, checksum_fields, checksum_headers, delete_conditions, entry_conditions, etag, metadata, object_headers,
+    part_range, timestamp, trailer_value, unix_secs,
 };
 use crate::checksum::ChecksumPlan;
-use crate::conditions::{Mode, Preconditions};
+use crate::conditions::{DeleteConditions, Mode, Preconditions};
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
 use crate::meta::ops::{self, WriteConditions};
@@ -281,9 +281,10 @@ pub(crate) fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput 
 }
 
 pub(super) async fn delete_object(store: &Arc<Store>, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
+    let cond = delete_conditions(&req.input);
     let (bucket, key) = (req.input.bucket, req.input.key);
     check_key(&key)?;
-    let freed = store.meta.write(move |t| ops::delete_object(t, &bucket, &key)).await?;
+    let freed = store.meta.write(move |t| ops::delete_object_if(t, &bucket, &key, &cond)).await?;
     store.spawn_delete(freed);
     Ok(DeleteObjectOutput::default())
 }
@@ -294,7 +295,16 @@ pub(super) async fn delete_objects(
 ) -> Result<DeleteObjectsOutput> {
     let bucket = req.input.bucket;
     let quiet = req.input.delete.quiet.unwrap_or(false);
-    let keys: Vec<String> = req.input.delete.objects.into_iter().map(|o| o.key).collect();
+    let keys: Vec<(String, DeleteConditions)> = req
+        .input
+        .delete
+        .objects
+        .into_iter()
+        .map(|o| {
+            let cond = entry_conditions(&o);
+            (o.key, cond)
+        })
+        .collect();
     if keys.len() > 1000 {
         return Err(LightningError::InvalidRequest("at most 1000 keys may be deleted at once".into()));
     }
@@ -305,8 +315,8 @@ pub(super) async fn delete_objects(
         .write(move |t| {
             let mut out = Vec::with_capacity(keys.len());
             let mut freed = Vec::new();
-            for key in keys {
-                let r = check_key(&key).and_then(|()| ops::delete_object(t, &bucket, &key));
+            for (key, cond) in keys {
+                let r = check_key(&key).and_then(|()| ops::delete_object_if(t, &bucket, &key, &cond));
                 match r {
                     Ok(f) => {
                         freed.extend(f);

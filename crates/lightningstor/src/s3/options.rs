@@ -1,0 +1,308 @@
+//! Request options this server does not implement are refused, not ignored.
+//!
+//! s3s parses every header and query parameter of an operation into its
+//! input struct; a handler that only reads the fields it implements would
+//! silently drop the rest. For most fields that is a wrong answer (a GET of
+//! `versionId=X` returning the current object), and for server-side
+//! encryption it is a security bug: a PUT with an SSE-C key would store the
+//! plaintext and a GET without the key would return it. So before a handler
+//! runs, [`Supported::check_supported`] looks at every option of its input
+//! that no handler implements and answers `NotImplemented` naming it.
+//!
+//! Both front ends (the single node's `LightningS3` and the cluster's
+//! `ClusterS3`) call it, so they refuse the same things; the tests in
+//! `tests/tests/s3_api.rs` run against both.
+
+use crate::error::{LightningError, Result};
+use s3s::dto::*;
+
+/// An operation's input that can say whether it asks for something we do not do.
+pub(crate) trait Supported {
+    /// `Err(NotImplemented)` naming the first option of `self` this server
+    /// does not implement; `Ok(())` otherwise.
+    fn check_supported(&self) -> Result<()>;
+}
+
+fn refuse(what: &str) -> Result<()> {
+    Err(LightningError::NotImplemented(format!("{what} is not supported by this server")))
+}
+
+/// `versionId` other than the `null` version (no versioning: every object is it).
+fn version(v: Option<&str>) -> Result<()> {
+    match v {
+        Some(v) if v != "null" => refuse("versionId (object versions)"),
+        _ => Ok(()),
+    }
+}
+
+/// Storage classes other than STANDARD.
+fn storage_class(c: Option<&StorageClass>) -> Result<()> {
+    match c {
+        Some(c) if c.as_str() != StorageClass::STANDARD => refuse("x-amz-storage-class other than STANDARD"),
+        _ => Ok(()),
+    }
+}
+
+/// Canned ACLs other than `private` (every object and bucket is private to the owner).
+fn acl(a: Option<&str>) -> Result<()> {
+    match a {
+        Some(a) if a != "private" => refuse("x-amz-acl other than private"),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses the first `Some` among the named optional fields of `$i`, with
+/// its header name in the message.
+macro_rules! refuse_some {
+    ($i:expr; $($field:ident => $name:literal),* $(,)?) => {
+        $( if $i.$field.is_some() { return refuse($name); } )*
+    };
+}
+
+/// The server-side encryption request headers (SSE-C, SSE-KMS and SSE-S3).
+macro_rules! sse {
+    ($i:expr) => {
+        refuse_some!($i;
+            server_side_encryption => "x-amz-server-side-encryption (SSE-S3/SSE-KMS)",
+            ssekms_key_id => "x-amz-server-side-encryption-aws-kms-key-id (SSE-KMS)",
+            ssekms_encryption_context => "x-amz-server-side-encryption-context (SSE-KMS)",
+            bucket_key_enabled => "x-amz-server-side-encryption-bucket-key-enabled (SSE-KMS)",
+        );
+        sse_c!($i);
+    };
+}
+
+/// The SSE-C headers, which GET/HEAD and parts carry too.
+macro_rules! sse_c {
+    ($i:expr) => {
+        refuse_some!($i;
+            sse_customer_algorithm => "x-amz-server-side-encryption-customer-algorithm (SSE-C)",
+            sse_customer_key => "x-amz-server-side-encryption-customer-key (SSE-C)",
+            sse_customer_key_md5 => "x-amz-server-side-encryption-customer-key-MD5 (SSE-C)",
+        );
+    };
+}
+
+/// Grants, object lock, tagging, website redirects: object options we do not keep.
+macro_rules! object_options {
+    ($i:expr) => {
+        refuse_some!($i;
+            grant_full_control => "x-amz-grant-full-control",
+            grant_read => "x-amz-grant-read",
+            grant_read_acp => "x-amz-grant-read-acp",
+            grant_write_acp => "x-amz-grant-write-acp",
+            object_lock_mode => "x-amz-object-lock-mode (object lock)",
+            object_lock_retain_until_date => "x-amz-object-lock-retain-until-date (object lock)",
+            object_lock_legal_hold_status => "x-amz-object-lock-legal-hold (object lock)",
+            tagging => "x-amz-tagging (object tags)",
+            website_redirect_location => "x-amz-website-redirect-location",
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+        );
+        acl($i.acl.as_ref().map(|a| a.as_str()))?;
+        storage_class($i.storage_class.as_ref())?;
+    };
+}
+
+impl Supported for PutObjectInput {
+    fn check_supported(&self) -> Result<()> {
+        sse!(self);
+        object_options!(self);
+        refuse_some!(self; write_offset_bytes => "x-amz-write-offset-bytes (appends)");
+        Ok(())
+    }
+}
+
+impl Supported for CopyObjectInput {
+    fn check_supported(&self) -> Result<()> {
+        sse!(self);
+        object_options!(self);
+        refuse_some!(self;
+            copy_source_sse_customer_algorithm => "x-amz-copy-source-server-side-encryption-customer-algorithm (SSE-C)",
+            copy_source_sse_customer_key => "x-amz-copy-source-server-side-encryption-customer-key (SSE-C)",
+            copy_source_sse_customer_key_md5 => "x-amz-copy-source-server-side-encryption-customer-key-MD5 (SSE-C)",
+            expected_source_bucket_owner => "x-amz-source-expected-bucket-owner",
+        );
+        if self.tagging_directive.as_ref().is_some_and(|d| d.as_str() != TaggingDirective::COPY) {
+            return refuse("x-amz-tagging-directive REPLACE (object tags)");
+        }
+        Ok(())
+    }
+}
+
+impl Supported for CreateMultipartUploadInput {
+    fn check_supported(&self) -> Result<()> {
+        sse!(self);
+        object_options!(self);
+        if self.checksum_type.as_ref().is_some_and(|t| t.as_str() != ChecksumType::COMPOSITE) {
+            return refuse("x-amz-checksum-type FULL_OBJECT for multipart uploads");
+        }
+        Ok(())
+    }
+}
+
+impl Supported for UploadPartInput {
+    fn check_supported(&self) -> Result<()> {
+        sse_c!(self);
+        refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
+        Ok(())
+    }
+}
+
+impl Supported for UploadPartCopyInput {
+    fn check_supported(&self) -> Result<()> {
+        sse_c!(self);
+        refuse_some!(self;
+            copy_source_sse_customer_algorithm => "x-amz-copy-source-server-side-encryption-customer-algorithm (SSE-C)",
+            copy_source_sse_customer_key => "x-amz-copy-source-server-side-encryption-customer-key (SSE-C)",
+            copy_source_sse_customer_key_md5 => "x-amz-copy-source-server-side-encryption-customer-key-MD5 (SSE-C)",
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+            expected_source_bucket_owner => "x-amz-source-expected-bucket-owner",
+        );
+        Ok(())
+    }
+}
+
+impl Supported for CompleteMultipartUploadInput {
+    fn check_supported(&self) -> Result<()> {
+        sse_c!(self);
+        refuse_some!(self;
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+            mpu_object_size => "x-amz-mp-object-size",
+        );
+        if self.checksum_type.as_ref().is_some_and(|t| t.as_str() != ChecksumType::COMPOSITE) {
+            return refuse("x-amz-checksum-type FULL_OBJECT for multipart uploads");
+        }
+        Ok(())
+    }
+}
+
+impl Supported for GetObjectInput {
+    fn check_supported(&self) -> Result<()> {
+        sse_c!(self);
+        refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
+        version(self.version_id.as_deref())
+    }
+}
+
+impl Supported for HeadObjectInput {
+    fn check_supported(&self) -> Result<()> {
+        sse_c!(self);
+        refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
+        version(self.version_id.as_deref())
+    }
+}
+
+impl Supported for DeleteObjectInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self;
+            bypass_governance_retention => "x-amz-bypass-governance-retention (object lock)",
+            mfa => "x-amz-mfa (MFA delete)",
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+        );
+        version(self.version_id.as_deref())
+    }
+}
+
+impl Supported for DeleteObjectsInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self;
+            bypass_governance_retention => "x-amz-bypass-governance-retention (object lock)",
+            mfa => "x-amz-mfa (MFA delete)",
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+        );
+        for o in &self.delete.objects {
+            version(o.version_id.as_deref())?;
+        }
+        Ok(())
+    }
+}
+
+impl Supported for CreateBucketInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self;
+            grant_full_control => "x-amz-grant-full-control",
+            grant_read => "x-amz-grant-read",
+            grant_read_acp => "x-amz-grant-read-acp",
+            grant_write => "x-amz-grant-write",
+            grant_write_acp => "x-amz-grant-write-acp",
+        );
+        if self.object_lock_enabled_for_bucket == Some(true) {
+            return refuse("x-amz-bucket-object-lock-enabled (object lock)");
+        }
+        acl(self.acl.as_ref().map(|a| a.as_str()))
+    }
+}
+
+/// Inputs with no option beyond what their handlers implement.
+macro_rules! all_supported {
+    ($($t:ty),* $(,)?) => {
+        $( impl Supported for $t { fn check_supported(&self) -> Result<()> { Ok(()) } } )*
+    };
+}
+
+all_supported!(
+    HeadBucketInput,
+    DeleteBucketInput,
+    ListBucketsInput,
+    GetBucketLocationInput,
+    ListObjectsInput,
+    ListObjectsV2Input,
+    AbortMultipartUploadInput,
+    ListPartsInput,
+    ListMultipartUploadsInput,
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put() -> PutObjectInput {
+        PutObjectInput::builder().bucket("b".into()).key("k".into()).build().unwrap()
+    }
+
+    fn not_implemented(r: Result<()>) -> String {
+        match r {
+            Err(LightningError::NotImplemented(m)) => m,
+            other => panic!("expected NotImplemented, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plain_put_is_supported_and_each_sse_kind_is_refused() {
+        assert!(put().check_supported().is_ok());
+        let mut i = put();
+        i.sse_customer_algorithm = Some("AES256".into());
+        assert!(not_implemented(i.check_supported()).contains("SSE-C"));
+        let mut i = put();
+        i.server_side_encryption = Some(ServerSideEncryption::from_static(ServerSideEncryption::AES256));
+        assert!(not_implemented(i.check_supported()).contains("SSE-S3"));
+        let mut i = put();
+        i.ssekms_key_id = Some("k".into());
+        assert!(not_implemented(i.check_supported()).contains("SSE-KMS"));
+    }
+
+    #[test]
+    fn private_and_standard_are_what_we_do_other_values_are_refused() {
+        let mut i = put();
+        i.acl = Some(ObjectCannedACL::from_static(ObjectCannedACL::PRIVATE));
+        i.storage_class = Some(StorageClass::from_static(StorageClass::STANDARD));
+        assert!(i.check_supported().is_ok());
+        i.acl = Some(ObjectCannedACL::from_static(ObjectCannedACL::PUBLIC_READ));
+        assert!(not_implemented(i.check_supported()).contains("x-amz-acl"));
+        let mut i = put();
+        i.storage_class = Some(StorageClass::from_static(StorageClass::GLACIER));
+        assert!(not_implemented(i.check_supported()).contains("storage-class"));
+    }
+
+    #[test]
+    fn only_the_null_version_is_served() {
+        let get = |v: Option<&str>| {
+            let mut i = GetObjectInput::builder().bucket("b".into()).key("k".into()).build().unwrap();
+            i.version_id = v.map(str::to_owned);
+            i.check_supported()
+        };
+        assert!(get(None).is_ok());
+        assert!(get(Some("null")).is_ok());
+        assert!(not_implemented(get(Some("3HL4kqtJlcpXroDTDmJ"))).contains("versionId"));
+    }
+}
