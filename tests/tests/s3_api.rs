@@ -47,6 +47,7 @@ single_node_and_cluster!(
     listings_page_through_prefixes_delimiters_and_markers,
     multipart_uploads_complete_with_an_s3_style_etag,
     multipart_uploads_are_listed_by_prefix_and_page_by_markers,
+    max_keys_zero_and_max_buckets_page_as_s3_does,
     options_we_do_not_implement_are_refused_and_nothing_is_stored,
     conditional_deletes_keep_the_object_when_a_condition_fails,
 );
@@ -92,7 +93,7 @@ async fn buckets_can_be_created_listed_located_and_deleted_only_when_empty(c: aw
 }
 
 async fn invalid_bucket_names_are_rejected(c: aws_sdk_s3::Client) -> R {
-    for bad in ["ab", "UPPER", "a..b", "under_score", "-dash"] {
+    for bad in ["ab", "UPPER", "a..b", "under_score", "-dash", "foo-.bar", "foo.-bar", "name-s3alias", "xn--abc"] {
         let e = c.create_bucket().bucket(bad).send().await.expect_err(bad);
         assert_eq!(code(&e), "InvalidBucketName", "{bad}");
     }
@@ -353,11 +354,6 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions(c: aws_sdk_
     Ok(())
 }
 
-/// The S3 error code of a failed SDK call.
-fn code_of<E: aws_sdk_s3::error::ProvideErrorMetadata>(e: &E) -> String {
-    e.code().unwrap_or("<no code>").to_owned()
-}
-
 /// SSE, tagging, storage classes, object lock and versions are not
 /// implemented: asking for them gets NotImplemented and stores nothing
 /// (an SSE-C PUT used to be stored in plaintext and served without the key).
@@ -377,7 +373,7 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
         .send()
         .await
         .expect_err("an SSE-C PUT must not be stored unencrypted");
-    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert_eq!(code(&e), "NotImplemented");
     let e = c
         .put_object()
         .bucket("bkt")
@@ -387,7 +383,7 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
         .send()
         .await
         .expect_err("SSE-KMS");
-    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert_eq!(code(&e), "NotImplemented");
     let e = c
         .put_object()
         .bucket("bkt")
@@ -397,7 +393,7 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
         .send()
         .await
         .expect_err("tagging");
-    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert_eq!(code(&e), "NotImplemented");
     let e = c
         .create_multipart_upload()
         .bucket("bkt")
@@ -406,7 +402,7 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
         .send()
         .await
         .expect_err("GLACIER");
-    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert_eq!(code(&e), "NotImplemented");
     // Nothing was stored and no upload was left behind.
     let listed = c.list_objects_v2().bucket("bkt").send().await?;
     assert!(listed.contents().is_empty(), "{:?}", listed.contents());
@@ -435,13 +431,13 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
         .send()
         .await
         .expect_err("SSE-C GET");
-    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert_eq!(code(&e), "NotImplemented");
     let e = c.get_object().bucket("bkt").key("plain").version_id("v2").send().await.expect_err("versionId");
-    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert_eq!(code(&e), "NotImplemented");
     let got = c.get_object().bucket("bkt").key("plain").version_id("null").send().await?;
     assert_eq!(body_of(got).await, b"v");
     let e = c.delete_object().bucket("bkt").key("plain").version_id("v2").send().await.expect_err("delete version");
-    assert_eq!(code_of(&e.into_service_error()), "NotImplemented");
+    assert_eq!(code(&e), "NotImplemented");
     assert!(c.head_object().bucket("bkt").key("plain").send().await.is_ok(), "a refused delete deleted");
     Ok(())
 }
@@ -459,9 +455,9 @@ async fn conditional_deletes_keep_the_object_when_a_condition_fails(c: aws_sdk_s
     };
 
     let e = c.delete_object().bucket("bkt").key("k").if_match("\"0123\"").send().await.expect_err("wrong etag");
-    assert_eq!(code_of(&e.into_service_error()), "PreconditionFailed");
+    assert_eq!(code(&e), "PreconditionFailed");
     let e = c.delete_object().bucket("bkt").key("k").if_match_size(5).send().await.expect_err("wrong size");
-    assert_eq!(code_of(&e.into_service_error()), "PreconditionFailed");
+    assert_eq!(code(&e), "PreconditionFailed");
     let e = c
         .delete_object()
         .bucket("bkt")
@@ -470,10 +466,10 @@ async fn conditional_deletes_keep_the_object_when_a_condition_fails(c: aws_sdk_s
         .send()
         .await
         .expect_err("wrong time");
-    assert_eq!(code_of(&e.into_service_error()), "PreconditionFailed");
+    assert_eq!(code(&e), "PreconditionFailed");
     assert!(exists(c.clone(), "k").await, "a failed conditional delete removed the object");
     let e = c.delete_object().bucket("bkt").key("missing").if_match("*").send().await.expect_err("missing");
-    assert_eq!(code_of(&e.into_service_error()), "NoSuchKey");
+    assert_eq!(code(&e), "NoSuchKey");
 
     let head = c.head_object().bucket("bkt").key("k").send().await?;
     c.delete_object()
@@ -503,6 +499,49 @@ async fn conditional_deletes_keep_the_object_when_a_condition_fails(c: aws_sdk_s
     assert_eq!(failed, [("b", "PreconditionFailed"), ("s", "PreconditionFailed")]);
     assert!(!exists(c.clone(), "a").await);
     assert!(exists(c.clone(), "b").await && exists(c.clone(), "s").await);
+    Ok(())
+}
+
+/// max-keys=0 is an empty page that is not truncated; ListBuckets pages by
+/// max-buckets and its continuation token; DeleteObjects of more than 1000
+/// keys is MalformedXML.
+async fn max_keys_zero_and_max_buckets_page_as_s3_does(c: aws_sdk_s3::Client) -> R {
+    for b in ["b-one", "b-three", "b-two", "other"] {
+        c.create_bucket().bucket(b).send().await?;
+    }
+    put(&c, "b-one", "k", b"v").await;
+    let out = c.list_objects_v2().bucket("b-one").max_keys(0).send().await?;
+    assert!(out.contents().is_empty());
+    assert_eq!(out.is_truncated(), Some(false));
+    let out = c.list_objects().bucket("b-one").max_keys(0).send().await?;
+    assert_eq!(out.is_truncated(), Some(false));
+
+    let mut names = Vec::new();
+    let mut token = None;
+    for _ in 0..5 {
+        let page = c.list_buckets().prefix("b-").max_buckets(2).set_continuation_token(token.clone()).send().await?;
+        assert!(page.buckets().len() <= 2, "{:?}", page.buckets());
+        names.extend(page.buckets().iter().filter_map(|b| b.name().map(str::to_owned)));
+        token = page.continuation_token().map(str::to_owned);
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(names, ["b-one", "b-three", "b-two"]);
+    let e = c.list_buckets().max_buckets(0).send().await.expect_err("max-buckets 0");
+    assert_eq!(code(&e), "InvalidArgument");
+
+    let ids =
+        (0..1001).map(|i| ObjectIdentifier::builder().key(format!("k{i}")).build()).collect::<Result<Vec<_>, _>>()?;
+    let e = c
+        .delete_objects()
+        .bucket("b-one")
+        .delete(Delete::builder().set_objects(Some(ids)).build()?)
+        .send()
+        .await
+        .expect_err("1001 keys");
+    assert_eq!(code(&e), "MalformedXML");
+    assert!(c.head_object().bucket("b-one").key("k").send().await.is_ok());
     Ok(())
 }
 

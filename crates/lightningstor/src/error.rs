@@ -63,6 +63,10 @@ pub enum LightningError {
     /// A request is malformed in a way S3 reports as InvalidRequest.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A request body is not the XML the operation takes (also: more than
+    /// 1000 keys in one DeleteObjects, as S3 answers it).
+    #[error("malformed XML: {0}")]
+    MalformedXml(String),
     /// The request uses a feature this server does not implement.
     #[error("not implemented: {0}")]
     NotImplemented(String),
@@ -134,6 +138,7 @@ impl LightningError {
             E::NotModified => S3ErrorCode::NotModified,
             E::InvalidArgument(_) => S3ErrorCode::InvalidArgument,
             E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
+            E::MalformedXml(_) => S3ErrorCode::MalformedXML,
             E::NotImplemented(_) => S3ErrorCode::NotImplemented,
             E::CorruptBlock { .. } | E::MissingBlock { .. } | E::Config(_) | E::Db(_) | E::Io(_) => {
                 S3ErrorCode::InternalError

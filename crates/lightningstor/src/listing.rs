@@ -96,6 +96,10 @@ pub fn common_prefix<'k>(q: &ListQuery, key: &'k [u8]) -> Option<&'k [u8]> {
 
 /// Produces one page for `q` from `cur`.
 pub fn list<C: Cursor>(cur: &mut C, q: &ListQuery) -> Result<ListPage<C::Value>, C::Error> {
+    if q.max_keys == 0 {
+        // S3 answers max-keys=0 with an empty page that is not truncated.
+        return Ok(ListPage { entries: Vec::new(), is_truncated: false, next_marker: None });
+    }
     let marker = q.start_after.as_deref();
     match marker {
         Some(m) if m > q.prefix.as_slice() => cur.seek(m)?,
@@ -209,7 +213,7 @@ mod tests {
             .map(|k| common_prefix(q, k).unwrap_or(k).to_vec())
             .filter(|item| q.start_after.as_ref().is_none_or(|m| item > m))
             .collect();
-        let truncated = items.len() > q.max_keys;
+        let truncated = q.max_keys > 0 && items.len() > q.max_keys;
         (items.into_iter().take(q.max_keys).collect(), truncated)
     }
 

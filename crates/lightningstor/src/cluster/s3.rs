@@ -247,7 +247,7 @@ async fn delete_objects(node: &Arc<Node>, req: S3Request<DeleteObjectsInput>) ->
         })
         .collect();
     if keys.len() > 1000 {
-        return Err(LightningError::InvalidRequest("at most 1000 keys may be deleted at once".into()));
+        return Err(LightningError::MalformedXml("at most 1000 keys may be deleted at once".into()));
     }
     node.require_bucket(&bucket).await?;
     let calls = keys.into_iter().map(|(key, cond)| {
@@ -385,20 +385,11 @@ impl S3 for ClusterS3 {
             return self.finish(Err(e));
         }
         let node = self.node();
-        let prefix = req.input.prefix.unwrap_or_default();
         let region = node.store.config.region.clone();
-        let r = node.list_buckets().await.map(|all| {
-            let buckets = all
-                .into_iter()
-                .filter(|(n, _)| n.starts_with(&prefix))
-                .map(|(name, created)| Bucket {
-                    name: Some(name),
-                    creation_date: Some(timestamp(created)),
-                    bucket_region: Some(region.clone()),
-                })
-                .collect();
-            ListBucketsOutput { buckets: Some(buckets), owner: Some(owner()), ..Default::default() }
-        });
+        let r = match node.list_buckets().await {
+            Ok(all) => crate::s3::bucket::bucket_page(all, req.input, &region),
+            Err(e) => Err(e),
+        };
         self.finish(r)
     }
 

@@ -29,19 +29,46 @@ pub(super) async fn delete_bucket(store: &Arc<Store>, req: S3Request<DeleteBucke
 }
 
 pub(super) async fn list_buckets(store: &Arc<Store>, req: S3Request<ListBucketsInput>) -> Result<ListBucketsOutput> {
-    let prefix = req.input.prefix.unwrap_or_default();
-    let buckets = store
-        .meta
-        .list_buckets()?
+    let all = store.meta.list_buckets()?.into_iter().map(|(name, meta)| (name, meta.created_ms)).collect();
+    bucket_page(all, req.input, &store.config.region)
+}
+
+/// One page of ListBuckets over `all` (name, creation time in Unix ms), as
+/// the input asks: `prefix`, `bucket-region`, `max-buckets` (1..=10000) and
+/// the `continuation-token` of the previous page (the last name it held).
+/// Shared by the single node and the cluster.
+pub(crate) fn bucket_page(mut all: Vec<(String, i64)>, i: ListBucketsInput, region: &str) -> Result<ListBucketsOutput> {
+    let max = match i.max_buckets {
+        None => usize::MAX,
+        Some(n @ 1..=10_000) => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => return Err(LightningError::InvalidArgument(format!("max-buckets {n} is not in 1..=10000"))),
+    };
+    let after = match i.continuation_token.as_deref() {
+        Some(t) => Some(
+            String::from_utf8(crate::listing::decode_token(t)?)
+                .map_err(|_| LightningError::InvalidArgument("the continuation token is not valid".into()))?,
+        ),
+        None => None,
+    };
+    let prefix = i.prefix.clone().unwrap_or_default();
+    let other_region = i.bucket_region.as_deref().is_some_and(|r| r != region);
+    all.sort();
+    let mut matching = all
         .into_iter()
-        .filter(|(n, _)| n.starts_with(&prefix))
-        .map(|(name, meta)| Bucket {
+        .filter(|(n, _)| !other_region && n.starts_with(&prefix) && after.as_ref().is_none_or(|a| n > a));
+    let page: Vec<_> = matching.by_ref().take(max).collect();
+    let more = matching.next().is_some();
+    let continuation_token =
+        if more { page.last().map(|(n, _)| crate::listing::encode_token(n.as_bytes())) } else { None };
+    let buckets = page
+        .into_iter()
+        .map(|(name, created)| Bucket {
             name: Some(name),
-            creation_date: Some(timestamp(meta.created_ms)),
-            bucket_region: Some(store.config.region.clone()),
+            creation_date: Some(timestamp(created)),
+            bucket_region: Some(region.to_owned()),
         })
         .collect();
-    Ok(ListBucketsOutput { buckets: Some(buckets), owner: Some(owner()), ..Default::default() })
+    Ok(ListBucketsOutput { buckets: Some(buckets), owner: Some(owner()), continuation_token, prefix: i.prefix })
 }
 
 pub(super) async fn get_bucket_location(

@@ -30,8 +30,16 @@ pub fn check_bucket_name(name: &str) -> Result<()> {
     if !b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'.' || *c == b'-') {
         return bad();
     }
-    let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    if !edge(b[0]) || !edge(b[b.len() - 1]) || name.contains("..") {
+    // Every dot-separated label starts and ends with a letter or digit
+    // (so no "..", "-.", ".-", and no leading or trailing '-' or '.').
+    let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !name.split('.').all(|l| l.as_bytes().first().is_some_and(edge) && l.as_bytes().last().is_some_and(edge)) {
+        return bad();
+    }
+    // Prefixes and suffixes AWS reserves for other kinds of names.
+    const PREFIXES: [&str; 3] = ["xn--", "sthree-", "amzn-s3-demo-"];
+    const SUFFIXES: [&str; 5] = ["-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"];
+    if PREFIXES.iter().any(|p| name.starts_with(p)) || SUFFIXES.iter().any(|s| name.ends_with(s)) {
         return bad();
     }
     if name.parse::<std::net::Ipv4Addr>().is_ok() {
@@ -184,7 +192,23 @@ mod tests {
         for ok in ["abc", "my-bucket.v2", "a1b"] {
             assert!(check_bucket_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["ab", "Abc", "a..b", "-abc", "abc-", "192.168.1.1", "a_b", &"x".repeat(64)] {
+        for bad in [
+            "ab",
+            "Abc",
+            "a..b",
+            "-abc",
+            "abc-",
+            "foo-.bar",
+            "foo.-bar",
+            "foo.bar.",
+            "name-s3alias",
+            "name--ol-s3",
+            "xn--abc",
+            "sthree-abc",
+            "192.168.1.1",
+            "a_b",
+            &"x".repeat(64),
+        ] {
             assert!(check_bucket_name(bad).is_err(), "{bad}");
         }
     }

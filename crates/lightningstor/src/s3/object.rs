@@ -306,7 +306,7 @@ pub(super) async fn delete_objects(
         })
         .collect();
     if keys.len() > 1000 {
-        return Err(LightningError::InvalidRequest("at most 1000 keys may be deleted at once".into()));
+        return Err(LightningError::MalformedXml("at most 1000 keys may be deleted at once".into()));
     }
     require_bucket(store, &bucket)?;
     // One transaction for the whole batch.
