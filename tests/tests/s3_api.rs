@@ -240,6 +240,13 @@ async fn conditional_gets_and_heads_answer_304_and_412(c: aws_sdk_s3::Client) ->
     assert_eq!(status(&e), 412);
     let e = c.get_object().bucket("bkt").key("k").if_none_match(&etag).send().await.expect_err("304");
     assert_eq!(status(&e), 304);
+    // A 304 carries the validators of the current object (RFC 9110 15.4.5).
+    let raw = e.raw_response().expect("raw 304");
+    assert_eq!(raw.headers().get("etag"), Some(etag.as_str()));
+    let head = c.head_object().bucket("bkt").key("k").send().await?;
+    let lm = raw.headers().get("last-modified").expect("Last-Modified on 304");
+    let lm = DateTime::from_str(lm, aws_sdk_s3::primitives::DateTimeFormat::HttpDate)?;
+    assert_eq!(Some(lm.secs()), head.last_modified().map(|t| t.secs()));
     c.get_object().bucket("bkt").key("k").if_none_match("\"other\"").send().await?;
     let e = c.get_object().bucket("bkt").key("k").if_modified_since(future).send().await.expect_err("304");
     assert_eq!(status(&e), 304);
@@ -902,6 +909,17 @@ fn base64(raw: &[u8]) -> String {
 /// Signs a raw aws-chunked PUT with an unsigned-payload trailer, the way
 /// current SDKs send uploads, so the trailer value can be chosen.
 fn chunked_put(bucket: &str, key: &str, data: &[u8], trailer: &str) -> http::Request<s3s::Body> {
+    chunked_put_encoded(bucket, key, data, trailer, "aws-chunked")
+}
+
+/// [`chunked_put`] with the given Content-Encoding (which must name aws-chunked).
+fn chunked_put_encoded(
+    bucket: &str,
+    key: &str,
+    data: &[u8],
+    trailer: &str,
+    encoding: &str,
+) -> http::Request<s3s::Body> {
     use aws_sigv4::http_request::{PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign};
     let mut body = Vec::new();
     for chunk in data.chunks(64 * 1024) {
@@ -915,7 +933,7 @@ fn chunked_put(bucket: &str, key: &str, data: &[u8], trailer: &str) -> http::Req
     let len = body.len().to_string();
     let headers = [
         ("host", "localhost:9000"),
-        ("content-encoding", "aws-chunked"),
+        ("content-encoding", encoding),
         ("content-length", len.as_str()),
         ("x-amz-decoded-content-length", decoded.as_str()),
         ("x-amz-trailer", "x-amz-checksum-crc32"),
@@ -968,6 +986,15 @@ async fn aws_chunked_trailing_checksums_are_verified() -> R {
     assert!(String::from_utf8_lossy(&text).contains("BadDigest"), "{text:?}");
     let e = s.client().head_object().bucket("bkt").key("bad").send().await.expect_err("absent");
     assert_eq!(status(&e), 404);
+
+    // aws-chunked is the upload's framing, not the object's encoding: S3
+    // stores "gzip" for "gzip, aws-chunked", and nothing for "aws-chunked".
+    let resp = s.raw(chunked_put_encoded("bkt", "gz", &data, &crc, "gzip, aws-chunked")).await;
+    assert_eq!(resp.status(), 200);
+    let head = s.client().head_object().bucket("bkt").key("gz").send().await?;
+    assert_eq!(head.content_encoding(), Some("gzip"));
+    let head = s.client().head_object().bucket("bkt").key("good").send().await?;
+    assert_eq!(head.content_encoding(), None);
     Ok(())
 }
 

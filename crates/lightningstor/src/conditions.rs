@@ -59,7 +59,7 @@ impl Preconditions {
         };
         match (not_modified, mode) {
             (false, _) => Ok(()),
-            (true, Mode::Read) => Err(LightningError::NotModified),
+            (true, Mode::Read) => Err(LightningError::NotModified { etag: etag.to_owned(), last_modified }),
             (true, Mode::Copy) => Err(LightningError::PreconditionFailed),
         }
     }
@@ -161,14 +161,14 @@ mod tests {
     #[test]
     fn if_none_match_with_the_current_etag_is_not_modified_on_reads() {
         let p = Preconditions { if_none_match: Some(tag("x")), ..Default::default() };
-        assert!(matches!(p.check("x", 0, Mode::Read), Err(LightningError::NotModified)));
+        assert!(matches!(p.check("x", 0, Mode::Read), Err(LightningError::NotModified { .. })));
         assert!(matches!(p.check("x", 0, Mode::Copy), Err(LightningError::PreconditionFailed)));
     }
 
     #[test]
     fn dates_compare_at_whole_seconds() {
         let p = Preconditions { if_modified_since: Some(100), ..Default::default() };
-        assert!(matches!(p.check("x", 100, Mode::Read), Err(LightningError::NotModified)));
+        assert!(matches!(p.check("x", 100, Mode::Read), Err(LightningError::NotModified { .. })));
         assert!(p.check("x", 101, Mode::Read).is_ok());
         let p = Preconditions { if_unmodified_since: Some(100), ..Default::default() };
         assert!(p.check("x", 100, Mode::Read).is_ok());

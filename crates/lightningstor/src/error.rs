@@ -55,8 +55,10 @@ pub enum LightningError {
     #[error("at least one of the preconditions you specified did not hold")]
     PreconditionFailed,
     /// If-None-Match or If-Modified-Since on GET/HEAD: the client's copy is current.
+    /// `etag` (unquoted) and `last_modified` (Unix seconds) are those of the
+    /// current object; the 304 reply carries them, as RFC 9110 §15.4.5 asks.
     #[error("not modified")]
-    NotModified,
+    NotModified { etag: String, last_modified: i64 },
     /// A request argument is malformed (bad continuation token, part number, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -135,7 +137,7 @@ impl LightningError {
             E::IncompleteBody { .. } => S3ErrorCode::IncompleteBody,
             E::InvalidRange => S3ErrorCode::InvalidRange,
             E::PreconditionFailed => S3ErrorCode::PreconditionFailed,
-            E::NotModified => S3ErrorCode::NotModified,
+            E::NotModified { .. } => S3ErrorCode::NotModified,
             E::InvalidArgument(_) => S3ErrorCode::InvalidArgument,
             E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
             E::MalformedXml(_) => S3ErrorCode::MalformedXML,
@@ -150,12 +152,33 @@ impl LightningError {
 
     /// Converts into the s3s error answered on the wire.
     pub fn to_s3_error(&self) -> S3Error {
+        use LightningError::NotModified as E304;
         let code = self.s3_code();
         if code == S3ErrorCode::InternalError {
             tracing::error!(error = %self, "internal error");
         }
-        S3Error::with_message(code, self.to_string())
+        let mut e = S3Error::with_message(code, self.to_string());
+        if let E304 { etag, last_modified } = self {
+            e.set_headers(not_modified_headers(etag, *last_modified));
+        }
+        e
     }
+}
+
+/// The ETag and Last-Modified headers of a 304 reply.
+fn not_modified_headers(etag: &str, last_modified: i64) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    if let Ok(v) = http::HeaderValue::from_str(&format!("\"{etag}\"")) {
+        h.insert(http::header::ETAG, v);
+    }
+    let t = time::OffsetDateTime::from_unix_timestamp(last_modified).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let mut date = Vec::new();
+    if s3s::dto::Timestamp::from(t).format(s3s::dto::TimestampFormat::HttpDate, &mut date).is_ok()
+        && let Ok(v) = http::HeaderValue::from_bytes(&date)
+    {
+        h.insert(http::header::LAST_MODIFIED, v);
+    }
+    h
 }
 
 impl From<LightningError> for S3Error {

@@ -87,13 +87,22 @@ pub fn object_headers(
     user.sort();
     ObjectHeaders {
         content_type,
-        content_encoding,
+        content_encoding: content_encoding.and_then(|e| stored_encoding(&e)),
         content_disposition,
         content_language,
         cache_control,
         expires: expires.map(unix_secs),
         user,
     }
+}
+
+/// The Content-Encoding to keep for an object: without `aws-chunked`, which
+/// names the framing of the upload, not the object (S3 drops it), and none
+/// at all when nothing else is left.
+fn stored_encoding(e: &str) -> Option<String> {
+    let kept: Vec<&str> =
+        e.split(',').map(str::trim).filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("aws-chunked")).collect();
+    if kept.is_empty() { None } else { Some(kept.join(", ")) }
 }
 
 /// User metadata as the DTO map.
@@ -186,6 +195,14 @@ pub fn part_range(meta: &ObjectMeta, n: i32) -> Result<std::ops::Range<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aws_chunked_is_not_an_encoding_of_the_object() {
+        assert_eq!(stored_encoding("gzip, aws-chunked").as_deref(), Some("gzip"));
+        assert_eq!(stored_encoding("aws-chunked,gzip").as_deref(), Some("gzip"));
+        assert_eq!(stored_encoding("aws-chunked"), None);
+        assert_eq!(stored_encoding("br").as_deref(), Some("br"));
+    }
 
     #[test]
     fn bucket_names_follow_the_s3_rules() {
