@@ -684,6 +684,21 @@ async fn multipart_uploads_complete_with_an_s3_style_etag(c: aws_sdk_s3::Client)
         .copy_part_result()
         .and_then(|r| r.e_tag().map(str::to_owned))
         .expect("e3");
+    // A copy range must lie inside the source; it is not clamped like a GET range.
+    for bad in [format!("bytes=100-{}", src.len()), "bytes=100-".to_owned(), "bytes=-10".to_owned()] {
+        let e = c
+            .upload_part_copy()
+            .bucket("bkt")
+            .key("big")
+            .upload_id(&id)
+            .part_number(4)
+            .copy_source("bkt/source")
+            .copy_source_range(&bad)
+            .send()
+            .await
+            .expect_err(&bad);
+        assert_eq!(code(&e), "InvalidArgument", "{bad}");
+    }
     // Part 2 is too small to be in the middle; reorder so it is last.
     let parts = c.list_parts().bucket("bkt").key("big").upload_id(&id).send().await?;
     assert_eq!(parts.parts().len(), 3);
@@ -751,6 +766,10 @@ async fn multipart_uploads_complete_with_an_s3_style_etag(c: aws_sdk_s3::Client)
     let part2 = c.get_object().bucket("bkt").key("big").part_number(2).send().await?;
     assert_eq!(part2.parts_count(), Some(2));
     assert_eq!(body_of(part2).await, &src[100..200]);
+    let e = c.get_object().bucket("bkt").key("big").part_number(3).send().await.expect_err("no part 3");
+    assert_eq!(code(&e), "InvalidPart");
+    let e = c.head_object().bucket("bkt").key("big").part_number(0).send().await.expect_err("part 0");
+    assert_eq!(status(&e), 400);
 
     let e = c.list_parts().bucket("bkt").key("big").upload_id(&id).send().await.expect_err("gone");
     assert_eq!(code(&e), "NoSuchUpload");

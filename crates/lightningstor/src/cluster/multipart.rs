@@ -402,7 +402,7 @@ pub(super) async fn upload_part_copy(
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
     let range = match &i.copy_source_range {
         None => 0..src.size,
-        Some(r) => Range::parse(r).ok().and_then(|r| r.check(src.size).ok()).ok_or(LightningError::InvalidRange)?,
+        Some(r) => crate::s3::convert::copy_source_range(r, src.size)?,
     };
     // The destination's replicas may differ from the source's: stream the
     // range through the normal part path.

@@ -9,7 +9,6 @@ use crate::conditions::{DeleteConditions, Mode};
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
 use crate::meta::types::{ObjectMeta, Row};
-use crate::s3::bucket::owner;
 use crate::s3::convert::{
     check_bucket_name, check_key, checksum_fields, checksum_headers, delete_conditions, entry_conditions, etag,
     object_headers, timestamp, trailer_value,

@@ -182,7 +182,10 @@ pub fn checksum_fields(c: Option<&Checksum>) -> ChecksumFields {
 
 /// The byte range of part `n` (1-based) of an object.
 pub fn part_range(meta: &ObjectMeta, n: i32) -> Result<std::ops::Range<u64>> {
-    let bad = || LightningError::InvalidArgument(format!("part number {n} does not exist"));
+    if n < 1 {
+        return Err(LightningError::InvalidArgument(format!("part number {n} is not a positive integer")));
+    }
+    let bad = || LightningError::InvalidPart(format!("part number {n} does not exist"));
     let idx = usize::try_from(n).ok().and_then(|n| n.checked_sub(1)).ok_or_else(bad)?;
     if meta.parts.is_empty() {
         return if idx == 0 { Ok(0..meta.size) } else { Err(bad()) };
@@ -192,9 +195,32 @@ pub fn part_range(meta: &ObjectMeta, n: i32) -> Result<std::ops::Range<u64>> {
     Ok(start..start + len)
 }
 
+/// `x-amz-copy-source-range` of UploadPartCopy: `bytes=first-last`, both
+/// inside a source of `size` bytes (unlike a GET range, it is not clamped).
+pub fn copy_source_range(r: &str, size: u64) -> Result<std::ops::Range<u64>> {
+    let bad = || {
+        LightningError::InvalidArgument(format!(
+            "x-amz-copy-source-range {r:?} is not bytes=first-last inside the source's {size} bytes"
+        ))
+    };
+    match dto::Range::parse(r).map_err(|_| bad())? {
+        dto::Range::Int { first, last: Some(last) } if first <= last && last < size => Ok(first..last + 1),
+        _ => Err(bad()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_source_ranges_must_lie_inside_the_source() {
+        assert_eq!(copy_source_range("bytes=0-9", 10).ok(), Some(0..10));
+        assert_eq!(copy_source_range("bytes=5-5", 10).ok(), Some(5..6));
+        for bad in ["bytes=0-10", "bytes=5-", "bytes=-3", "bytes=6-5", "0-3", "bytes=10-10"] {
+            assert!(matches!(copy_source_range(bad, 10), Err(LightningError::InvalidArgument(_))), "{bad}");
+        }
+    }
 
     #[test]
     fn aws_chunked_is_not_an_encoding_of_the_object() {
