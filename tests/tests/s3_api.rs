@@ -89,6 +89,25 @@ async fn buckets_can_be_created_listed_located_and_deleted_only_when_empty(c: aw
     c.delete_bucket().bucket("alpha").send().await?;
     let e = c.delete_bucket().bucket("alpha").send().await.expect_err("gone");
     assert_eq!(code(&e), "NoSuchBucket");
+
+    // Uploads in progress do not keep a bucket alive: as in S3, they go with it.
+    let up = c.create_multipart_upload().bucket("beta").key("big").send().await?;
+    let id = up.upload_id().expect("upload id").to_owned();
+    c.upload_part()
+        .bucket("beta")
+        .key("big")
+        .upload_id(&id)
+        .part_number(1)
+        .body(ByteStream::from_static(b"part one"))
+        .send()
+        .await?;
+    c.delete_bucket().bucket("beta").send().await?;
+    let e = c.head_bucket().bucket("beta").send().await.expect_err("deleted");
+    assert_eq!(status(&e), 404);
+    c.create_bucket().bucket("beta").send().await?;
+    assert!(c.list_multipart_uploads().bucket("beta").send().await?.uploads().is_empty());
+    let e = c.list_parts().bucket("beta").key("big").upload_id(&id).send().await.expect_err("upload gone");
+    assert_eq!(code(&e), "NoSuchUpload");
     Ok(())
 }
 
@@ -799,7 +818,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag(c: aws_sdk_s3::Client)
     assert_eq!(code(&e), "NoSuchUpload");
     assert!(c.list_multipart_uploads().bucket("bkt").send().await?.uploads().is_empty());
     let e = c.delete_bucket().bucket("bkt").send().await.expect_err("not empty");
-    assert_eq!(code(&e), "BucketNotEmpty");
+    assert_eq!(code(&e), "BucketNotEmpty", "the completed object keeps the bucket");
     Ok(())
 }
 

@@ -309,7 +309,8 @@ impl Node {
                 Msg::new(Resp::Flag(b.is_some()))
             }
             Req::DeleteBucket { name } => {
-                self.store.meta.write(move |t| ops::drop_bucket(t, &name)).await?;
+                let freed = self.store.meta.write(move |t| ops::drop_bucket(t, &name)).await?;
+                self.store.spawn_delete(freed);
                 Msg::new(Resp::Ok)
             }
             Req::ListBuckets => {

@@ -67,24 +67,40 @@ pub fn create_bucket(txn: &WriteTransaction, name: &str, now_ms: i64) -> Result<
     Ok(())
 }
 
-/// Deletes an empty bucket.
-pub fn delete_bucket(txn: &WriteTransaction, name: &str) -> Result<()> {
+/// Deletes a bucket that holds no object, with its multipart uploads in progress.
+pub fn delete_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>> {
     require_bucket(txn, name)?;
     let objects = txn.open_table(OBJECTS)?;
     let has_object = match objects.range((name, &b""[..])..)?.next() {
         Some(row) => row?.0.value().0 == name,
         None => false,
     };
-    let index = txn.open_table(UPLOAD_INDEX)?;
-    let has_upload = match index.range((name, &b""[..], "")..)?.next() {
-        Some(row) => row?.0.value().0 == name,
-        None => false,
-    };
-    if has_object || has_upload {
+    if has_object {
         return Err(LightningError::BucketNotEmpty(name.to_owned()));
     }
+    // As S3 does: multipart uploads in progress do not keep a bucket alive;
+    // they go with it.
+    let mut freed = Vec::new();
+    for id in uploads_in(txn, name)? {
+        freed.extend(drop_upload(txn, &id, name, super::now_ms())?);
+    }
     txn.open_table(BUCKETS)?.remove(name)?;
-    Ok(())
+    Ok(freed)
+}
+
+/// The ids of the multipart uploads in progress in `bucket`.
+fn uploads_in(txn: &WriteTransaction, bucket: &str) -> Result<Vec<String>> {
+    let index = txn.open_table(UPLOAD_INDEX)?;
+    let mut ids = Vec::new();
+    for row in index.range((bucket, &b""[..], "")..)? {
+        let (k, _) = row?;
+        let (b, _, id) = k.value();
+        if b != bucket {
+            break;
+        }
+        ids.push(id.to_owned());
+    }
+    Ok(ids)
 }
 
 fn existing_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Option<ObjectMeta>> {
@@ -402,10 +418,14 @@ pub fn drop_tombstone(txn: &WriteTransaction, bucket: &str, key: &[u8], version:
     Ok(())
 }
 
-/// Deletes a bucket row without checking for objects (the cluster checked).
-pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<()> {
+/// Deletes a bucket row and its uploads in progress without checking for objects (the cluster checked).
+pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>> {
+    let mut freed = Vec::new();
+    for id in uploads_in(txn, name)? {
+        freed.extend(drop_upload(txn, &id, name, super::now_ms())?);
+    }
     txn.open_table(BUCKETS)?.remove(name)?;
-    Ok(())
+    Ok(freed)
 }
 
 /// Creates a bucket row if it is missing (replicated create: idempotent).

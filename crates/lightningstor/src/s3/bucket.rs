@@ -24,7 +24,8 @@ pub(super) async fn head_bucket(store: &Arc<Store>, req: S3Request<HeadBucketInp
 
 pub(super) async fn delete_bucket(store: &Arc<Store>, req: S3Request<DeleteBucketInput>) -> Result<DeleteBucketOutput> {
     let name = req.input.bucket;
-    store.meta.write(move |t| ops::delete_bucket(t, &name)).await?;
+    let freed = store.meta.write(move |t| ops::delete_bucket(t, &name)).await?;
+    store.spawn_delete(freed);
     Ok(DeleteBucketOutput {})
 }
 
