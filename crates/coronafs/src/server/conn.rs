@@ -257,11 +257,7 @@ impl Ctx {
 
 /// The header that precedes READ data.
 fn read_head(ctx: &Ctx, req: &Request) -> Head {
-    if ctx.structured {
-        reply::data_chunk(req.cookie, true, req.offset, req.length)
-    } else {
-        reply::simple(req.cookie, 0)
-    }
+    reply::read_head(req.cookie, ctx.structured, req.offset, req.length)
 }
 
 /// Answers, right in the reader, a READ or plain WRITE that the page cache
@@ -371,6 +367,15 @@ async fn execute(
     } else {
         None
     };
+    if req.is_no_op() {
+        // Zero bytes: nothing to ask the backend (fallocate and friends
+        // refuse an empty range), and a READ answers with no data.
+        ctx.shared.metrics.record(req.command, 0, true, started.elapsed());
+        if req.command == Command::Read {
+            return Reply { head: read_head(ctx, &req), data: None, file: None, tail: Vec::new(), _permit: permit };
+        }
+        return ok_reply(&req, permit);
+    }
     let result: io::Result<Reply> = match req.command {
         Command::Read => {
             let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize), off).await;
