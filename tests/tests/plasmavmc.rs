@@ -243,6 +243,39 @@ fn an_l2_table_past_the_end_fails_the_volume_not_the_server() {
     assert_eq!(v["status"], "available", "{v}");
 }
 
+/// A qcow2 cut short inside its last data run: the run starts inside the
+/// file but ends past it. That used to be accepted, the missing bytes
+/// becoming zeros in the volume.
+#[test]
+fn a_qcow2_truncated_inside_its_last_data_run_fails_the_volume() {
+    let st = Stack::start();
+    let dir = st.work();
+    let raw = make_raw(&dir, "disk.raw", 6);
+    let good = dir.join("good.qcow2");
+    qemu_img(&["convert", "-f", "raw", "-O", "qcow2", &s(&raw), &s(&good)]);
+    let bytes = std::fs::read(&good).expect("read");
+    // The disk ends with 64 KiB of data, so the file ends with a data cluster.
+    let map = qemu_img(&["map", "--output=json", "-f", "qcow2", &s(&good)]);
+    let last_data: Value = serde_json::from_str::<Value>(&map)
+        .expect("map json")
+        .as_array()
+        .expect("array")
+        .iter()
+        .rfind(|e| e["data"] == true)
+        .cloned()
+        .expect("a data run");
+    let host_end = last_data["offset"].as_u64().expect("offset") + last_data["length"].as_u64().expect("length");
+    assert_eq!(host_end as usize, bytes.len(), "the last data run ends the file: {last_data}");
+    let cut = dir.join("cut.qcow2");
+    std::fs::write(&cut, &bytes[..bytes.len() - 1000]).expect("write");
+    let img = st.upload_ok("cut", &cut); // headers and tables are all inside the file
+    let v = st.create_volume(img["id"].as_str().expect("id"), None);
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(v["error_reason"].as_str().is_some_and(|r| r.contains("past the end")), "{v}");
+    let img = st.upload_ok("good", &good);
+    assert_eq!(st.create_volume(img["id"].as_str().expect("id"), None)["status"], "available");
+}
+
 /// Serves one file over plain HTTP/1.0 on loopback, for `n` requests.
 fn serve_file(bytes: Vec<u8>, n: usize) -> std::net::SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
