@@ -155,6 +155,63 @@ fn the_cache_is_bounded_and_evicts_bases_without_clones_first() {
     assert_eq!(st.metric("plasmavmc_cache_evictions_total"), 2);
 }
 
+/// With the cache full, first-time creates of different images that finish
+/// together used to wait on each other's fill lock during eviction (a base
+/// just filled has no clones yet, so it ranks first as a victim) and stay
+/// `downloading` forever; the same run evicted one base twice and left the
+/// cache over its limit.
+#[test]
+fn concurrent_first_fills_of_many_images_with_a_small_cache_all_finish_and_respect_the_limit() {
+    const IMAGES: usize = 8;
+    const LIMIT: usize = 2;
+    let st = Stack::start_with(|c| c.cache_max_bases = LIMIT);
+    let dir = st.work();
+    let imgs: Vec<(String, std::path::PathBuf)> = (0..IMAGES as u64)
+        .map(|i| {
+            let p = make_raw(&dir, &format!("m{i}.raw"), 40 + i);
+            (st.upload_ok(&format!("m{i}"), &p)["id"].as_str().expect("id").to_owned(), p)
+        })
+        .collect();
+    for round in 0..2 {
+        // Every image at once, twice each, so fills finish together and evict each other.
+        let ids: Vec<(usize, String)> = (0..2 * IMAGES)
+            .map(|k| {
+                let i = k % IMAGES;
+                let (code, v) = st.call("POST", "/v1/volumes", Some(json!({ "image_id": imgs[i].0 })));
+                assert_eq!(code, 202, "{v}");
+                (i, v["id"].as_str().expect("id").to_owned())
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        for (i, id) in &ids {
+            let v = loop {
+                let (_, v) = st.call("GET", &format!("/v1/volumes/{id}"), None);
+                if !matches!(v["status"].as_str(), Some("creating" | "downloading")) {
+                    break v;
+                }
+                assert!(t0.elapsed() < std::time::Duration::from_secs(60), "round {round}: volume stuck (deadlock?): {v}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+            assert_eq!(v["status"], "available", "round {round}: {v}");
+            let want = std::fs::read(&imgs[*i].1).expect("read");
+            assert!(
+                st.read_export(v["coronafs_volume"].as_str().expect("name")) == want,
+                "round {round}: a clone of image {i} does not hold the image"
+            );
+        }
+        let (_, cache) = st.call("GET", "/v1/cache", None);
+        let bases = cache["bases"].as_array().map(Vec::len).unwrap_or(usize::MAX);
+        assert!(bases <= LIMIT, "round {round}: cache over its limit: {cache}");
+        let misses = st.metric("plasmavmc_cache_misses_total");
+        let evictions = st.metric("plasmavmc_cache_evictions_total");
+        assert_eq!(misses - evictions, bases as u64, "round {round}: every eviction removed a distinct base: {cache}");
+        // CoronaFS holds exactly the cached bases.
+        let corona = st.corona.as_ref().expect("running").shared.exports.list().expect("list");
+        let base_vols = corona.iter().filter(|v| v.name.starts_with("base-")).count();
+        assert_eq!(base_vols, bases, "round {round}: bases in CoronaFS vs the cache: {cache}");
+    }
+}
+
 fn refused(st: &Stack, label: &str, path: &Path, extra: Value, needle: &str) {
     let (code, body) = st.upload(label, path, extra);
     assert_eq!(code, 400, "{label}: {body}");

@@ -38,6 +38,8 @@ pub struct App {
     pub progress: Mutex<HashMap<String, Arc<Progress>>>,
     /// One lock per image: whoever holds it fills the image's base.
     pub fills: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One eviction pass at a time (see [`crate::cache::evict`]).
+    pub evicting: tokio::sync::Mutex<()>,
     pub workers: Workers,
 }
 
@@ -53,6 +55,7 @@ impl App {
             metrics,
             progress: Mutex::default(),
             fills: Mutex::default(),
+            evicting: tokio::sync::Mutex::default(),
             workers,
             cfg,
         };
