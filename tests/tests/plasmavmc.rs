@@ -448,6 +448,39 @@ fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
     st.upload_ok("next", &make_raw(&dir, "n.raw", 7));
 }
 
+/// What a crash can leave of an image (a multipart upload of its key, a
+/// conversion scratch file) goes when the image is deleted.
+#[test]
+fn deleting_an_image_removes_its_multipart_uploads_and_scratch_file() {
+    let st = Stack::start();
+    let (_, img) = st.call("POST", "/v1/images", Some(json!({ "name": "left" })));
+    let id = img["id"].as_str().expect("id").to_owned();
+    // The leftovers of a crashed upload and a crashed fill of image `id`.
+    st.rt.block_on(async {
+        let key = format!("images/{id}");
+        let mp = st.s3.create_multipart_upload().bucket("images").key(&key).send().await.expect("create");
+        let upload_id = mp.upload_id().expect("upload id");
+        st.s3
+            .upload_part()
+            .bucket("images")
+            .key(&key)
+            .upload_id(upload_id)
+            .part_number(1)
+            .body(vec![7u8; 5 << 20].into())
+            .send()
+            .await
+            .expect("part");
+    });
+    let scratch = st.dir.path().join("vmc").join("scratch");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
+    std::fs::write(scratch.join(format!("{id}.qcow2")), b"half a fill").expect("write");
+    let (code, body) = st.call("DELETE", &format!("/v1/images/{id}"), None);
+    assert_eq!(code, 204, "{body}");
+    let open = st.rt.block_on(async { st.s3.list_multipart_uploads().bucket("images").send().await.expect("list") });
+    assert!(open.uploads().is_empty(), "the image's multipart upload stayed: {:?}", open.uploads());
+    assert!(!scratch.join(format!("{id}.qcow2")).exists(), "the image's scratch file stayed");
+}
+
 #[test]
 fn bad_requests_get_clear_errors() {
     let st = Stack::start();

@@ -145,9 +145,8 @@ async fn write_base(
             r
         }
         DiskFormat::Qcow2 => {
-            let scratch = app.cfg.data_dir.join("scratch");
-            std::fs::create_dir_all(&scratch)?;
-            let path = scratch.join(format!("{}.qcow2", img.id));
+            std::fs::create_dir_all(app.scratch_dir())?;
+            let path = app.scratch_path(&img.id);
             let file = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path)?;
             file.set_len(size)?;
             let arrivals = Arc::new(Arrivals::new(size, chunk));

@@ -18,9 +18,12 @@ use tokio::task::JoinSet;
 /// Parts uploaded at once (memory: this many parts of `part_size`).
 const PARTS_IN_FLIGHT: usize = 4;
 
+/// Prefix of every artifact's object key.
+pub const KEY_PREFIX: &str = "images/";
+
 /// The object key of an image's artifact.
 pub fn object_key(id: &str) -> String {
-    format!("images/{id}")
+    format!("{KEY_PREFIX}{id}")
 }
 
 fn parse_format(s: Option<&str>) -> Result<Option<DiskFormat>> {
@@ -332,6 +335,14 @@ pub async fn delete(app: &Arc<App>, id: &str) -> Result<()> {
     let lock = app.fill_lock(id);
     let _g = lock.lock().await;
     crate::cache::drop_base(app, id).await?;
+    // What a crash may have left of the image: an upload never completed
+    // or aborted, a conversion scratch file.
+    app.s3.abort_uploads(&object_key(id), true).await?;
+    match std::fs::remove_file(app.scratch_path(id)) {
+        Ok(()) => tracing::info!(image = id, "removed a scratch file a crashed fill left"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
     if img.status == Status::Active {
         app.s3.delete(&object_key(id)).await?;
     }
