@@ -448,6 +448,38 @@ fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
     st.upload_ok("next", &make_raw(&dir, "n.raw", 7));
 }
 
+/// A client that stops sending but keeps its connection open used to leave
+/// the image `uploading` forever (and DELETE answered 409).
+#[test]
+fn a_stalled_upload_times_out_and_the_image_can_be_deleted() {
+    let st = Stack::start_with(|c| c.upload_idle_timeout_secs = 2);
+    let (_, img) = st.call("POST", "/v1/images", Some(json!({ "name": "stalled" })));
+    let id = img["id"].as_str().expect("id").to_owned();
+    let addr = st.url.trim_start_matches("http://").to_owned();
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
+        .expect("head");
+    c.write_all(&stack_tests::pattern(7 << 20, 9)).expect("body");
+    // ... and then nothing, with the connection held open.
+    let t0 = std::time::Instant::now();
+    let img = loop {
+        let (_, v) = st.call("GET", &format!("/v1/images/{id}"), None);
+        if v["status"] != "uploading" {
+            break v;
+        }
+        assert!(t0.elapsed().as_secs() < 20, "a stalled upload stays uploading: {v}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(img["status"], "error", "{img}");
+    assert!(img["error_reason"].as_str().is_some_and(|r| r.contains("nothing for 2 s")), "{img}");
+    let open = st.rt.block_on(async { st.s3.list_multipart_uploads().bucket("images").send().await.expect("list") });
+    assert!(open.uploads().is_empty(), "the multipart upload was not aborted");
+    let (code, body) = st.call("DELETE", &format!("/v1/images/{id}"), None);
+    assert_eq!(code, 204, "{body}");
+    drop(c);
+}
+
 /// What a crash can leave of an image (a multipart upload of its key, a
 /// conversion scratch file) goes when the image is deleted.
 #[test]

@@ -280,7 +280,15 @@ where
         parts.spawn(async move { mp.part(n, data).await });
         Ok(())
     };
-    while let Some(chunk) = body.next().await {
+    let idle = std::time::Duration::from_secs(app.cfg.upload_idle_timeout_secs);
+    loop {
+        let Ok(next) = tokio::time::timeout(idle, body.next()).await else {
+            return Err(PlasmaError::Download(format!(
+                "the client sent nothing for {} s; upload abandoned",
+                idle.as_secs()
+            )));
+        };
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| PlasmaError::Download(format!("the upload stream broke: {e}")))?;
         hasher.update(&chunk);
         prober.feed(&chunk);
