@@ -619,6 +619,46 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     assert!(matches!(e, plasmavmc::PlasmaError::Fenced { held: 2, .. }), "a deleted VM's attachment still wrote: {e}");
 }
 
+/// `writes_acked` counts the writes of every attachment the VM had; it used
+/// to restart from the target's count after each migration.
+#[test]
+fn writes_acked_counts_every_attachment_across_migrations() {
+    let st = Stack::start();
+    let dir = st.work();
+    let img = st.upload_ok("acked", &make_raw(&dir, "acked.raw", 12));
+    let vol = st.create_volume(img["id"].as_str().expect("id"), None);
+    let (code, vm) =
+        st.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "w1", "io_ops": 2000 })));
+    assert_eq!(code, 201, "{vm}");
+    let id = vm["id"].as_str().expect("id").to_owned();
+    let acked = || st.call("GET", &format!("/v1/vms/{id}"), None).1["writes_acked"].as_u64().unwrap_or(0);
+    let wait_above = |floor: u64, what: &str| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let n = acked();
+            assert!(n >= floor, "{what}: writes_acked went back from {floor} to {n}");
+            if n > floor {
+                return n;
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{what}: no write acknowledged");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    let t0 = std::time::Instant::now();
+    while acked() < 100 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "the guest on w1 made no progress");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut floor = acked();
+    for to in ["w2", "w1", "w2"] {
+        let (code, moved) = st.call("POST", &format!("/v1/vms/{id}/migrate"), Some(json!({ "worker": to })));
+        assert_eq!(code, 200, "{moved}");
+        let at_switch = moved["writes_acked"].as_u64().expect("writes_acked");
+        assert!(at_switch >= floor, "migrating to {to}: {at_switch} < {floor} acknowledged before");
+        floor = wait_above(at_switch, &format!("after migrating to {to}"));
+    }
+}
+
 #[test]
 fn the_api_matches_its_openapi_description() {
     let st = Stack::start();
