@@ -451,3 +451,44 @@ fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
     // The server works on.
     lab.volume(31);
 }
+
+/// CoronaFS frozen (SIGSTOP, what `docker pause` does): the agent
+/// acknowledges no write while it is frozen (a write is acknowledged only
+/// when CoronaFS answers it), and a FLUSH asked of the agent does not
+/// complete until CoronaFS has answered it. After the thaw the FLUSH
+/// completes and every write its report lists reads back.
+#[test]
+fn a_flush_does_not_complete_while_coronafs_is_frozen() {
+    let lab = Lab::start();
+    let vol = lab.volume(41);
+    let name = vol["coronafs_volume"].as_str().expect("name").to_owned();
+    let (c, vm) = lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "a", "io_ops": 100000 })));
+    assert_eq!(c, 201, "{vm}");
+    let id = vm["id"].as_str().expect("id").to_owned();
+    lab.wait_acked(&id, 100);
+    let pid = lab.corona.child.id() as i32;
+    let acked = || lab.agent(0, "GET", &format!("/v1/attachments/{id}"), None).1["writes_acked"].as_u64().expect("n");
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Replies already on their way when the signal landed may still arrive.
+    std::thread::sleep(Duration::from_millis(300));
+    let at_freeze = acked();
+    let flush = {
+        let url = format!("{}/v1/attachments/{id}/flush", lab.agents[0].1);
+        std::thread::spawn(move || Http::new().call("POST", &url, Some(json!({}))))
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let frozen = acked();
+    let flush_done_while_frozen = flush.is_finished();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(!flush_done_while_frozen, "a FLUSH completed while CoronaFS was frozen");
+    assert_eq!(frozen, at_freeze, "writes were acknowledged while CoronaFS was frozen");
+    let (c, report) = flush.join().expect("flush thread");
+    assert_eq!(c, 200, "{report}");
+    assert!(report["writes_acked"].as_u64().expect("n") >= frozen, "{report}");
+    let (c, last) = lab.agent(0, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({ "pause": true })));
+    assert_eq!(c, 200, "{last}");
+    lab.check_log(&id, &name, &log_of(&report));
+    lab.check_log(&id, &name, &log_of(&last));
+}
