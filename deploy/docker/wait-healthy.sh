@@ -49,7 +49,7 @@ while :; do
   pending="$(docker inspect -f '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}no-healthcheck{{end}}' $ids \
     | awk '!($2 == "running" && $3 == "healthy") {sub(/^\//, "", $1); print "  " $0}')"
   if [ -z "$pending" ]; then
-    echo "lab $project: all $(wc -w <<<"$ids") containers healthy after $((SECONDS - start)) s"
+    echo "project $project: all $(wc -w <<<"$ids") containers running and healthy (waited $((SECONDS - start)) s)"
     exit 0
   fi
   if [ $((SECONDS - start)) -ge "$timeout" ]; then
