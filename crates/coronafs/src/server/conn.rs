@@ -537,3 +537,96 @@ async fn write_all_vectored(wr: &mut OwnedWriteHalf, mut slices: &mut [IoSlice<'
     }
     Ok(())
 }
+
+/// One connection's request path without its socket: a request header (and
+/// a WRITE's payload) goes through the same steps as in [`read_requests`]
+/// (decode, validate, the inline answer, else [`execute`]) and the reply's
+/// parts come out in the order the writer would send them. For the bench
+/// crate's instruction-count gate, which measures the server's per-request
+/// cost without the network; keep it in step with `read_requests`.
+pub struct Loopback {
+    ctx: Arc<Ctx>,
+    budget: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Loopback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loopback").field("volume", &self.ctx.volume.name).finish()
+    }
+}
+
+impl Loopback {
+    /// A connection in the transmission phase to `volume`, as a client that
+    /// declared no epoch and negotiated structured replies (or not).
+    pub fn new(shared: Arc<Shared>, volume: Arc<Volume>, structured: bool) -> Self {
+        // Replies are returned, never sent: the receiver is not needed.
+        let (tx, _) = mpsc::unbounded_channel();
+        let ctx = Arc::new(Ctx {
+            shared,
+            writer: volume.fence.register(0),
+            read_only: volume.read_only,
+            volume,
+            structured,
+            base_allocation: structured,
+            max_block: super::exports::MAX_BLOCK,
+            tx,
+        });
+        Loopback { ctx, budget: Arc::new(Semaphore::new(INFLIGHT_BYTES as usize)) }
+    }
+
+    /// Serves one request: `payload` is a WRITE's data (empty otherwise);
+    /// `sink` gets the reply's parts in wire order. A DISC gets no reply.
+    pub async fn request(&self, hdr: &[u8; REQUEST_LEN], payload: &[u8], mut sink: impl FnMut(&[u8])) -> io::Result<()> {
+        let ctx = &self.ctx;
+        let req = Request::decode(hdr).map_err(io::Error::other)?;
+        if req.command == Command::Disc {
+            return Ok(());
+        }
+        if payload.len() != req.payload_len() as usize {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "payload length does not match the header"));
+        }
+        let started = Instant::now();
+        let reply = if let Err(errno) = req.validate(ctx.volume.backend.size(), ctx.read_only, ctx.max_block) {
+            let msg = format!("{} of {} bytes at offset {} refused", req.command.name(), req.length, req.offset);
+            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
+            error_reply(ctx, &req, errno, &msg, None)
+        } else if req.command == Command::BlockStatus && !ctx.base_allocation {
+            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
+            let msg = "BLOCK_STATUS needs the base:allocation context to be negotiated";
+            error_reply(ctx, &req, NbdErrno::Inval, msg, None)
+        } else {
+            let cost = match req.command {
+                Command::Read | Command::Write => req.length.max(MIN_COST),
+                _ => MIN_COST,
+            };
+            let permit = self.budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
+            let payload = (req.command == Command::Write).then(|| {
+                let mut buf = ctx.shared.pool.get(req.length as usize);
+                buf.copy_from_slice(payload);
+                buf
+            });
+            match answer_now(ctx, &req, payload, permit, started) {
+                Ok(reply) => reply,
+                Err((payload, permit)) => execute(ctx, req, payload, permit, started).await,
+            }
+        };
+        for part in [reply.head.as_bytes(), reply.data.as_deref().unwrap_or(&[])] {
+            if !part.is_empty() {
+                sink(part);
+            }
+        }
+        if let Some((src, len)) = &reply.file {
+            use std::os::unix::fs::FileExt;
+            let mut data = vec![0u8; *len];
+            src.file.read_exact_at(&mut data, src.offset)?;
+            sink(&data);
+        }
+        if !reply.tail.is_empty() {
+            sink(&reply.tail);
+        }
+        if let Some(d) = reply.data {
+            ctx.shared.pool.put(d);
+        }
+        Ok(())
+    }
+}
