@@ -51,6 +51,7 @@ single_node_and_cluster!(
     options_we_do_not_implement_are_refused_and_nothing_is_stored,
     conditional_deletes_keep_the_object_when_a_condition_fails,
     a_repeated_complete_multipart_upload_gets_the_same_answer,
+    a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays,
 );
 
 /// Tests that send raw signed requests, run against a single node and a
@@ -1425,5 +1426,79 @@ async fn a_repeated_complete_multipart_upload_gets_the_same_answer(c: aws_sdk_s3
     put(&c, "again", "k", b"newer").await;
     let e = complete(parts).await.expect_err("key overwritten");
     assert_eq!(code(&e), "NoSuchUpload");
+    Ok(())
+}
+
+async fn a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    c.create_bucket().bucket("sums").send().await?;
+    let up = c
+        .create_multipart_upload()
+        .bucket("sums")
+        .key("k")
+        .checksum_algorithm(ChecksumAlgorithm::Sha256)
+        .send()
+        .await?;
+    let id = up.upload_id().expect("upload id").to_owned();
+    let mut parts = Vec::new();
+    let mut digests = sha2::Sha256::new();
+    for (n, data) in [(1, vec![3u8; 5 << 20]), (2, b"end".to_vec())] {
+        let p = c
+            .upload_part()
+            .bucket("sums")
+            .key("k")
+            .upload_id(&id)
+            .part_number(n)
+            .checksum_algorithm(ChecksumAlgorithm::Sha256)
+            .body(ByteStream::from(data))
+            .send()
+            .await?;
+        let sum = p.checksum_sha256().expect("part checksum").to_owned();
+        digests.update(b64.decode(&sum)?);
+        parts.push(CompletedPart::builder().part_number(n).e_tag(p.e_tag().expect("etag")).checksum_sha256(sum).build());
+    }
+    let right = format!("{}-2", b64.encode(digests.finalize()));
+    let complete = |claim: &str| {
+        c.complete_multipart_upload()
+            .bucket("sums")
+            .key("k")
+            .upload_id(&id)
+            .checksum_sha256(claim)
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts.clone())).build())
+            .send()
+    };
+    let wrong = format!("{}-2", b64.encode([0u8; 32]));
+    let e = complete(&wrong).await.expect_err("a wrong object checksum");
+    assert_eq!(code(&e), "BadDigest");
+    let e = complete(&right.replace("-2", "-3")).await.expect_err("a wrong part count");
+    assert_eq!(code(&e), "BadDigest");
+    // Nothing was committed and the upload is still there.
+    let e = c.head_object().bucket("sums").key("k").send().await.expect_err("no object yet");
+    assert_eq!(status(&e), 404);
+    c.list_parts().bucket("sums").key("k").upload_id(&id).send().await?;
+    let done = complete(&right).await?;
+    assert_eq!(done.checksum_sha256(), Some(right.as_str()));
+    // A checksum of another algorithm than the upload's is refused.
+    let up2 = c.create_multipart_upload().bucket("sums").key("k2").send().await?;
+    let id2 = up2.upload_id().expect("upload id");
+    let p = c.upload_part().bucket("sums").key("k2").upload_id(id2).part_number(1).body(ByteStream::from_static(b"x")).send().await?;
+    let e = c
+        .complete_multipart_upload()
+        .bucket("sums")
+        .key("k2")
+        .upload_id(id2)
+        .checksum_sha256(&right)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(CompletedPart::builder().part_number(1).e_tag(p.e_tag().expect("etag")).build())
+                .build(),
+        )
+        .send()
+        .await
+        .expect_err("no checksum algorithm on this upload");
+    assert_eq!(code(&e), "InvalidRequest");
     Ok(())
 }

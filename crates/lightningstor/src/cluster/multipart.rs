@@ -30,7 +30,9 @@ use crate::meta::types::{ObjectMeta, PartMeta, Row, UploadMeta};
 use crate::s3::convert::{
     check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp, trailer_value,
 };
-use crate::s3::multipart::{limit, list_parts_output, list_uploads_output, part_number, wanted_checksum};
+use crate::s3::multipart::{
+    claimed_checksums, limit, list_parts_output, list_uploads_output, part_number, wanted_checksum,
+};
 use crate::s3::object::copy_source;
 use bytes::Bytes;
 use s3s::S3Request;
@@ -424,6 +426,7 @@ pub(super) async fn complete_multipart_upload(
     req: S3Request<CompleteMultipartUploadInput>,
 ) -> Result<CompleteMultipartUploadOutput> {
     let i = req.input;
+    let claimed = claimed_checksums(&i)?;
     let parts = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
     let mut wanted = Vec::with_capacity(parts.len());
     for p in &parts {
@@ -449,12 +452,14 @@ pub(super) async fn complete_multipart_upload(
             super::s3::check_write_conditions(node, &i.bucket, &i.key, i.if_match.as_ref(), i.if_none_match.as_ref())
                 .await?;
             let meta = ops::assemble_upload(&upload, &wanted, &stored, node.hlc.now(), now_ms())?;
+            ops::check_claimed_checksums(&meta, &claimed)?;
             node.commit_row_filling(&i.bucket, i.key.as_bytes(), &Row::Object(meta.clone())).await?;
             Ok(meta)
         })
         .await?
     } else {
         let meta = ops::assemble_upload(&upload, &wanted, &stored, node.hlc.now(), now_ms())?;
+        ops::check_claimed_checksums(&meta, &claimed)?;
         node.commit_row_filling(&i.bucket, i.key.as_bytes(), &Row::Object(meta.clone())).await?;
         meta
     };

@@ -327,6 +327,33 @@ pub fn assemble_upload(
     })
 }
 
+/// Checks the whole-object checksums a CompleteMultipartUpload claims
+/// (`x-amz-checksum-*`, as `BASE64` or `BASE64-N`) against the object it
+/// assembles: a different value (or part count) is BadDigest; a checksum of
+/// an algorithm the upload was not created with is InvalidRequest. Nothing
+/// is committed when this fails.
+pub fn check_claimed_checksums(meta: &ObjectMeta, claimed: &[Checksum]) -> Result<()> {
+    for c in claimed {
+        match &meta.checksum {
+            Some(m) if m.algo == c.algo => {
+                if m.raw != c.raw || (c.parts.is_some() && c.parts != m.parts) {
+                    return Err(LightningError::BadDigest(format!(
+                        "the {} you specified did not match the calculated checksum of the object",
+                        c.algo.name()
+                    )));
+                }
+            }
+            _ => {
+                return Err(LightningError::InvalidRequest(format!(
+                    "the upload was not created with checksum algorithm {}",
+                    c.algo.name()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The ETag a completion of `requested` gives its object (the MD5 of the
 /// parts' MD5s, then `-N`), computed from the part ETags the client names;
 /// `None` when one of them is not an MD5. A completion repeated after its
@@ -353,6 +380,7 @@ pub fn complete_upload(
     bucket: &str,
     key: &str,
     requested: &[CompletedPart],
+    claimed: &[Checksum],
     version: u64,
     now_ms: i64,
     cond: &WriteConditions,
@@ -360,6 +388,7 @@ pub fn complete_upload(
     let upload = require_upload(txn, id, bucket, key)?;
     let stored = all_parts(txn, id)?;
     let meta = assemble_upload(&upload, requested, &stored, version, now_ms)?;
+    check_claimed_checksums(&meta, claimed)?;
     let old = existing_object(txn, bucket, key)?;
     conditions::check_write(
         old.as_ref().map(|o| o.etag.as_str()),

@@ -210,11 +210,39 @@ pub(crate) fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
     Ok(None)
 }
 
+/// The whole-object checksums a CompleteMultipartUpload claims; a value
+/// may end in `-N`, the part count of a composite checksum.
+pub(crate) fn claimed_checksums(i: &CompleteMultipartUploadInput) -> Result<Vec<Checksum>> {
+    let given = [
+        (ChecksumAlgo::Crc32, &i.checksum_crc32),
+        (ChecksumAlgo::Crc32c, &i.checksum_crc32c),
+        (ChecksumAlgo::Crc64Nvme, &i.checksum_crc64nvme),
+        (ChecksumAlgo::Sha1, &i.checksum_sha1),
+        (ChecksumAlgo::Sha256, &i.checksum_sha256),
+    ];
+    let mut out = Vec::new();
+    for (algo, v) in given {
+        let Some(v) = v else { continue };
+        let (b64, parts) = match v.rsplit_once('-') {
+            Some((b, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => {
+                let n = n.parse::<u32>().map_err(|_| {
+                    LightningError::InvalidRequest(format!("bad part count in {} value {v:?}", algo.header()))
+                })?;
+                (b, Some(n))
+            }
+            _ => (v.as_str(), None),
+        };
+        out.push(Checksum { parts, ..Checksum::from_base64(algo, b64)? });
+    }
+    Ok(out)
+}
+
 pub(super) async fn complete_multipart_upload(
     store: &Arc<Store>,
     req: S3Request<CompleteMultipartUploadInput>,
 ) -> Result<CompleteMultipartUploadOutput> {
     let i = req.input;
+    let claimed = claimed_checksums(&i)?;
     let parts = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
     let mut wanted = Vec::with_capacity(parts.len());
     for p in &parts {
@@ -228,7 +256,7 @@ pub(super) async fn complete_multipart_upload(
     let retry_etag = ops::completed_etag(&wanted);
     let meta = match store
         .meta
-        .write(move |t| ops::complete_upload(t, &id, &bucket, &key, &wanted, version, now_ms(), &cond))
+        .write(move |t| ops::complete_upload(t, &id, &bucket, &key, &wanted, &claimed, version, now_ms(), &cond))
         .await
     {
         Ok((meta, freed)) => {
