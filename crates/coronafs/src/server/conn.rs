@@ -8,7 +8,7 @@
 //! reader of replies only slows itself down.
 
 use super::Shared;
-use super::bufpool::BufPool;
+use super::bufpool::{BufPool, PooledBuf};
 use crate::backend::{BlockBackend, SpliceSource};
 use crate::proto::handshake::{self, Negotiated, Negotiator, Step};
 use crate::proto::reply::{self, Extent, Head};
@@ -127,7 +127,7 @@ async fn negotiate(
 struct Reply {
     head: Head,
     /// Pooled READ data following `head`.
-    data: Option<Vec<u8>>,
+    data: Option<PooledBuf>,
     /// READ data to `sendfile` from the page cache after `head` (instead of `data`).
     file: Option<(SpliceSource, usize)>,
     /// A complete extra message (error or block-status chunk).
@@ -257,11 +257,7 @@ impl Ctx {
 
 /// The header that precedes READ data.
 fn read_head(ctx: &Ctx, req: &Request) -> Head {
-    if ctx.structured {
-        reply::data_chunk(req.cookie, true, req.offset, req.length)
-    } else {
-        reply::simple(req.cookie, 0)
-    }
+    reply::read_head(req.cookie, ctx.structured, req.offset, req.length)
 }
 
 /// Answers, right in the reader, a READ or plain WRITE that the page cache
@@ -273,10 +269,10 @@ fn read_head(ctx: &Ctx, req: &Request) -> Head {
 fn answer_now(
     ctx: &Ctx,
     req: &Request,
-    payload: Option<Vec<u8>>,
+    payload: Option<PooledBuf>,
     permit: OwnedSemaphorePermit,
     started: Instant,
-) -> Result<Reply, (Option<Vec<u8>>, OwnedSemaphorePermit)> {
+) -> Result<Reply, (Option<PooledBuf>, OwnedSemaphorePermit)> {
     let b = &ctx.volume.backend;
     let len = req.length as usize;
     let reply = match (req.command, payload) {
@@ -342,7 +338,7 @@ fn error_reply(ctx: &Ctx, req: &Request, errno: NbdErrno, msg: &str, permit: Opt
 async fn execute(
     ctx: &Ctx,
     req: Request,
-    payload: Option<Vec<u8>>,
+    payload: Option<PooledBuf>,
     permit: OwnedSemaphorePermit,
     started: Instant,
 ) -> Reply {
@@ -371,9 +367,19 @@ async fn execute(
     } else {
         None
     };
+    if req.is_no_op() {
+        // Zero bytes: nothing to ask the backend (fallocate and friends
+        // refuse an empty range), and a READ answers with no data.
+        ctx.shared.metrics.record(req.command, 0, true, started.elapsed());
+        if req.command == Command::Read {
+            return Reply { head: read_head(ctx, &req), data: None, file: None, tail: Vec::new(), _permit: permit };
+        }
+        return ok_reply(&req, permit);
+    }
     let result: io::Result<Reply> = match req.command {
         Command::Read => {
-            let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize), off).await;
+            let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize).into_vec(), off).await;
+            let buf = PooledBuf::from_vec(buf);
             match r {
                 Ok(()) => Ok(Reply {
                     head: read_head(ctx, &req),
@@ -389,9 +395,9 @@ async fn execute(
             }
         }
         Command::Write => {
-            let buf = payload.unwrap_or_default();
-            let (r, buf) = b.write_at(buf, off, req.fua()).await;
-            ctx.shared.pool.put(buf);
+            let buf = payload.unwrap_or_else(|| PooledBuf::zeroed(0));
+            let (r, buf) = b.write_at(buf.into_vec(), off, req.fua()).await;
+            ctx.shared.pool.put(PooledBuf::from_vec(buf));
             r.map(|()| ok_reply(&req, permit))
         }
         Command::Flush => b.flush().await.map(|()| ok_reply(&req, permit)),
@@ -530,4 +536,97 @@ async fn write_all_vectored(wr: &mut OwnedWriteHalf, mut slices: &mut [IoSlice<'
         IoSlice::advance_slices(&mut slices, n);
     }
     Ok(())
+}
+
+/// One connection's request path without its socket: a request header (and
+/// a WRITE's payload) goes through the same steps as in [`read_requests`]
+/// (decode, validate, the inline answer, else [`execute`]) and the reply's
+/// parts come out in the order the writer would send them. For the bench
+/// crate's instruction-count gate, which measures the server's per-request
+/// cost without the network; keep it in step with `read_requests`.
+pub struct Loopback {
+    ctx: Arc<Ctx>,
+    budget: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Loopback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loopback").field("volume", &self.ctx.volume.name).finish()
+    }
+}
+
+impl Loopback {
+    /// A connection in the transmission phase to `volume`, as a client that
+    /// declared no epoch and negotiated structured replies (or not).
+    pub fn new(shared: Arc<Shared>, volume: Arc<Volume>, structured: bool) -> Self {
+        // Replies are returned, never sent: the receiver is not needed.
+        let (tx, _) = mpsc::unbounded_channel();
+        let ctx = Arc::new(Ctx {
+            shared,
+            writer: volume.fence.register(0),
+            read_only: volume.read_only,
+            volume,
+            structured,
+            base_allocation: structured,
+            max_block: super::exports::MAX_BLOCK,
+            tx,
+        });
+        Loopback { ctx, budget: Arc::new(Semaphore::new(INFLIGHT_BYTES as usize)) }
+    }
+
+    /// Serves one request: `payload` is a WRITE's data (empty otherwise);
+    /// `sink` gets the reply's parts in wire order. A DISC gets no reply.
+    pub async fn request(&self, hdr: &[u8; REQUEST_LEN], payload: &[u8], mut sink: impl FnMut(&[u8])) -> io::Result<()> {
+        let ctx = &self.ctx;
+        let req = Request::decode(hdr).map_err(io::Error::other)?;
+        if req.command == Command::Disc {
+            return Ok(());
+        }
+        if payload.len() != req.payload_len() as usize {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "payload length does not match the header"));
+        }
+        let started = Instant::now();
+        let reply = if let Err(errno) = req.validate(ctx.volume.backend.size(), ctx.read_only, ctx.max_block) {
+            let msg = format!("{} of {} bytes at offset {} refused", req.command.name(), req.length, req.offset);
+            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
+            error_reply(ctx, &req, errno, &msg, None)
+        } else if req.command == Command::BlockStatus && !ctx.base_allocation {
+            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
+            let msg = "BLOCK_STATUS needs the base:allocation context to be negotiated";
+            error_reply(ctx, &req, NbdErrno::Inval, msg, None)
+        } else {
+            let cost = match req.command {
+                Command::Read | Command::Write => req.length.max(MIN_COST),
+                _ => MIN_COST,
+            };
+            let permit = self.budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
+            let payload = (req.command == Command::Write).then(|| {
+                let mut buf = ctx.shared.pool.get(req.length as usize);
+                buf.copy_from_slice(payload);
+                buf
+            });
+            match answer_now(ctx, &req, payload, permit, started) {
+                Ok(reply) => reply,
+                Err((payload, permit)) => execute(ctx, req, payload, permit, started).await,
+            }
+        };
+        for part in [reply.head.as_bytes(), reply.data.as_deref().unwrap_or(&[])] {
+            if !part.is_empty() {
+                sink(part);
+            }
+        }
+        if let Some((src, len)) = &reply.file {
+            use std::os::unix::fs::FileExt;
+            let mut data = vec![0u8; *len];
+            src.file.read_exact_at(&mut data, src.offset)?;
+            sink(&data);
+        }
+        if !reply.tail.is_empty() {
+            sink(&reply.tail);
+        }
+        if let Some(d) = reply.data {
+            ctx.shared.pool.put(d);
+        }
+        Ok(())
+    }
 }
