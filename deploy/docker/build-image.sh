@@ -3,8 +3,11 @@
 # the binaries, the shared libraries `ldd` lists for them, the dynamic loader,
 # `sleep` (the client container's idle command), `iperf3` with its libraries
 # when the host has it (Debian's iperf3; .ci/run installs it: the bench agents
-# run it to cross-check the network baseline, and say so when it is missing)
-# and an empty /tmp, imported as a single-layer image with `docker import`.
+# run it to cross-check the network baseline, and say so when it is missing),
+# the host's CA bundle (Debian's ca-certificates: the S3 client loads the
+# system's root certificates at start and warns "no native root CA
+# certificates found!" without them, though the lab is plain HTTP) and an
+# empty /tmp, imported as a single-layer image with `docker import`.
 #
 #   deploy/docker/build-image.sh [--bin-dir DIR] [--tag TAG] [--no-build]
 #
@@ -13,6 +16,7 @@
 #   --tag TAG      image name [default: photoncloud-lab:latest]
 #   --no-build     do not run `cargo build --release` first
 set -euo pipefail
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/../.."
 
 bin_dir="${CARGO_TARGET_DIR:-target}/release"
@@ -23,7 +27,7 @@ while [ $# -gt 0 ]; do
     --bin-dir) bin_dir="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$self"; exit 0 ;;
     *) echo "build-image: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +65,13 @@ for f in "${files[@]}"; do
 done | sort -u | while read -r lib; do
   cp -L --parents "$lib" "$root"
 done
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+if [ -s "$ca_bundle" ]; then
+  mkdir -p "$root/etc/ssl/certs"
+  cp -L "$ca_bundle" "$root$ca_bundle"
+else
+  echo "build-image: $ca_bundle is missing here (apt-get install ca-certificates); the services in the image will warn \"no native root CA certificates found!\" at start" >&2
+fi
 printf 'root:x:0:0:root:/root:/bin/sleep\n' >"$root/etc/passwd"
 printf 'root:x:0:\n' >"$root/etc/group"
 printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"

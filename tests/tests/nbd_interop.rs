@@ -155,6 +155,45 @@ print("read-only enforced")
     assert_eq!(std::fs::read(c.path("ro")).expect("read"), pattern(MIB as usize, 5), "file untouched");
 }
 
+/// Zero-length requests of every kind, sent by libnbd with its client-side
+/// checks off. A zero-length READ with structured replies once got an
+/// `OFFSET_DATA` chunk of 8 bytes, which libnbd takes for a broken server and
+/// drops the connection; a zero-length BLOCK_STATUS got EIO.
+const NBDSH_ZERO_LENGTH: &str = r#"
+import errno
+h.set_strict_mode(0)
+assert h.get_structured_replies_negotiated()
+assert h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+size = h.get_size()
+h.pwrite(b"zl" * 2048, 0)
+for off in [0, 4096, size]:
+    assert h.pread(0, off) == b"", off
+    h.pwrite(b"", off)
+    h.trim(0, off)
+    h.zero(0, off)
+    h.zero(0, off, nbd.CMD_FLAG_NO_HOLE)
+    h.cache(0, off)
+    try:
+        h.block_status(0, off, lambda *a: 0)
+        raise AssertionError("zero-length block status at %d succeeded" % off)
+    except nbd.Error as ex:
+        got = ex.errno if isinstance(ex.errno, str) else errno.errorcode.get(ex.errno)
+        assert got == "EINVAL", (off, got, ex.string)
+# Nothing was changed and the connection is still up.
+assert h.pread(4096, 0) == b"zl" * 2048
+h.flush()
+print("zero-length requests answered")
+"#;
+
+fn nbdsh_zero_length_requests_are_answered_and_keep_the_connection(engine: IoEngine) {
+    let c = Corona::start(engine);
+    c.create("disk", 4 * MIB);
+    let out = run(nbdsh().args(["--base-allocation", "-u", &c.uri("disk"), "-c", NBDSH_ZERO_LENGTH]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("zero-length requests answered"));
+    let m = &c.srv().shared.metrics;
+    assert_eq!(m.protocol_errors.load(std::sync::atomic::Ordering::Relaxed), 0, "no connection was dropped");
+}
+
 fn fio_nbd_engine_verifies_crc32c(engine: IoEngine) {
     require("fio");
     let c = Corona::start(engine);
@@ -198,5 +237,6 @@ per_engine!(
     nbdcopy_with_multi_conn_copies_in_and_out,
     nbdsh_error_cases_get_the_right_errno_and_keep_the_connection,
     nbdsh_writes_to_a_read_only_export_get_eperm,
+    nbdsh_zero_length_requests_are_answered_and_keep_the_connection,
     fio_nbd_engine_verifies_crc32c,
 );

@@ -155,6 +155,63 @@ fn the_cache_is_bounded_and_evicts_bases_without_clones_first() {
     assert_eq!(st.metric("plasmavmc_cache_evictions_total"), 2);
 }
 
+/// With the cache full, first-time creates of different images that finish
+/// together used to wait on each other's fill lock during eviction (a base
+/// just filled has no clones yet, so it ranks first as a victim) and stay
+/// `downloading` forever; the same run evicted one base twice and left the
+/// cache over its limit.
+#[test]
+fn concurrent_first_fills_of_many_images_with_a_small_cache_all_finish_and_respect_the_limit() {
+    const IMAGES: usize = 8;
+    const LIMIT: usize = 2;
+    let st = Stack::start_with(|c| c.cache_max_bases = LIMIT);
+    let dir = st.work();
+    let imgs: Vec<(String, std::path::PathBuf)> = (0..IMAGES as u64)
+        .map(|i| {
+            let p = make_raw(&dir, &format!("m{i}.raw"), 40 + i);
+            (st.upload_ok(&format!("m{i}"), &p)["id"].as_str().expect("id").to_owned(), p)
+        })
+        .collect();
+    for round in 0..2 {
+        // Every image at once, twice each, so fills finish together and evict each other.
+        let ids: Vec<(usize, String)> = (0..2 * IMAGES)
+            .map(|k| {
+                let i = k % IMAGES;
+                let (code, v) = st.call("POST", "/v1/volumes", Some(json!({ "image_id": imgs[i].0 })));
+                assert_eq!(code, 202, "{v}");
+                (i, v["id"].as_str().expect("id").to_owned())
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        for (i, id) in &ids {
+            let v = loop {
+                let (_, v) = st.call("GET", &format!("/v1/volumes/{id}"), None);
+                if !matches!(v["status"].as_str(), Some("creating" | "downloading")) {
+                    break v;
+                }
+                assert!(t0.elapsed() < std::time::Duration::from_secs(60), "round {round}: volume stuck (deadlock?): {v}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+            assert_eq!(v["status"], "available", "round {round}: {v}");
+            let want = std::fs::read(&imgs[*i].1).expect("read");
+            assert!(
+                st.read_export(v["coronafs_volume"].as_str().expect("name")) == want,
+                "round {round}: a clone of image {i} does not hold the image"
+            );
+        }
+        let (_, cache) = st.call("GET", "/v1/cache", None);
+        let bases = cache["bases"].as_array().map(Vec::len).unwrap_or(usize::MAX);
+        assert!(bases <= LIMIT, "round {round}: cache over its limit: {cache}");
+        let misses = st.metric("plasmavmc_cache_misses_total");
+        let evictions = st.metric("plasmavmc_cache_evictions_total");
+        assert_eq!(misses - evictions, bases as u64, "round {round}: every eviction removed a distinct base: {cache}");
+        // CoronaFS holds exactly the cached bases.
+        let corona = st.corona.as_ref().expect("running").shared.exports.list().expect("list");
+        let base_vols = corona.iter().filter(|v| v.name.starts_with("base-")).count();
+        assert_eq!(base_vols, bases, "round {round}: bases in CoronaFS vs the cache: {cache}");
+    }
+}
+
 fn refused(st: &Stack, label: &str, path: &Path, extra: Value, needle: &str) {
     let (code, body) = st.upload(label, path, extra);
     assert_eq!(code, 400, "{label}: {body}");
@@ -241,6 +298,39 @@ fn an_l2_table_past_the_end_fails_the_volume_not_the_server() {
     let img = st.upload_ok("good", &good);
     let v = st.create_volume(img["id"].as_str().expect("id"), None);
     assert_eq!(v["status"], "available", "{v}");
+}
+
+/// A qcow2 cut short inside its last data run: the run starts inside the
+/// file but ends past it. That used to be accepted, the missing bytes
+/// becoming zeros in the volume.
+#[test]
+fn a_qcow2_truncated_inside_its_last_data_run_fails_the_volume() {
+    let st = Stack::start();
+    let dir = st.work();
+    let raw = make_raw(&dir, "disk.raw", 6);
+    let good = dir.join("good.qcow2");
+    qemu_img(&["convert", "-f", "raw", "-O", "qcow2", &s(&raw), &s(&good)]);
+    let bytes = std::fs::read(&good).expect("read");
+    // The disk ends with 64 KiB of data, so the file ends with a data cluster.
+    let map = qemu_img(&["map", "--output=json", "-f", "qcow2", &s(&good)]);
+    let last_data: Value = serde_json::from_str::<Value>(&map)
+        .expect("map json")
+        .as_array()
+        .expect("array")
+        .iter()
+        .rfind(|e| e["data"] == true)
+        .cloned()
+        .expect("a data run");
+    let host_end = last_data["offset"].as_u64().expect("offset") + last_data["length"].as_u64().expect("length");
+    assert_eq!(host_end as usize, bytes.len(), "the last data run ends the file: {last_data}");
+    let cut = dir.join("cut.qcow2");
+    std::fs::write(&cut, &bytes[..bytes.len() - 1000]).expect("write");
+    let img = st.upload_ok("cut", &cut); // headers and tables are all inside the file
+    let v = st.create_volume(img["id"].as_str().expect("id"), None);
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(v["error_reason"].as_str().is_some_and(|r| r.contains("past the end")), "{v}");
+    let img = st.upload_ok("good", &good);
+    assert_eq!(st.create_volume(img["id"].as_str().expect("id"), None)["status"], "available");
 }
 
 /// Serves one file over plain HTTP/1.0 on loopback, for `n` requests.
@@ -358,6 +448,71 @@ fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
     st.upload_ok("next", &make_raw(&dir, "n.raw", 7));
 }
 
+/// A client that stops sending but keeps its connection open used to leave
+/// the image `uploading` forever (and DELETE answered 409).
+#[test]
+fn a_stalled_upload_times_out_and_the_image_can_be_deleted() {
+    let st = Stack::start_with(|c| c.upload_idle_timeout_secs = 2);
+    let (_, img) = st.call("POST", "/v1/images", Some(json!({ "name": "stalled" })));
+    let id = img["id"].as_str().expect("id").to_owned();
+    let addr = st.url.trim_start_matches("http://").to_owned();
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
+        .expect("head");
+    c.write_all(&stack_tests::pattern(7 << 20, 9)).expect("body");
+    // ... and then nothing, with the connection held open.
+    let t0 = std::time::Instant::now();
+    let img = loop {
+        let (_, v) = st.call("GET", &format!("/v1/images/{id}"), None);
+        if v["status"] != "uploading" {
+            break v;
+        }
+        assert!(t0.elapsed().as_secs() < 20, "a stalled upload stays uploading: {v}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(img["status"], "error", "{img}");
+    assert!(img["error_reason"].as_str().is_some_and(|r| r.contains("nothing for 2 s")), "{img}");
+    let open = st.rt.block_on(async { st.s3.list_multipart_uploads().bucket("images").send().await.expect("list") });
+    assert!(open.uploads().is_empty(), "the multipart upload was not aborted");
+    let (code, body) = st.call("DELETE", &format!("/v1/images/{id}"), None);
+    assert_eq!(code, 204, "{body}");
+    drop(c);
+}
+
+/// What a crash can leave of an image (a multipart upload of its key, a
+/// conversion scratch file) goes when the image is deleted.
+#[test]
+fn deleting_an_image_removes_its_multipart_uploads_and_scratch_file() {
+    let st = Stack::start();
+    let (_, img) = st.call("POST", "/v1/images", Some(json!({ "name": "left" })));
+    let id = img["id"].as_str().expect("id").to_owned();
+    // The leftovers of a crashed upload and a crashed fill of image `id`.
+    st.rt.block_on(async {
+        let key = format!("images/{id}");
+        let mp = st.s3.create_multipart_upload().bucket("images").key(&key).send().await.expect("create");
+        let upload_id = mp.upload_id().expect("upload id");
+        st.s3
+            .upload_part()
+            .bucket("images")
+            .key(&key)
+            .upload_id(upload_id)
+            .part_number(1)
+            .body(vec![7u8; 5 << 20].into())
+            .send()
+            .await
+            .expect("part");
+    });
+    let scratch = st.dir.path().join("vmc").join("scratch");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
+    std::fs::write(scratch.join(format!("{id}.qcow2")), b"half a fill").expect("write");
+    let (code, body) = st.call("DELETE", &format!("/v1/images/{id}"), None);
+    assert_eq!(code, 204, "{body}");
+    let open = st.rt.block_on(async { st.s3.list_multipart_uploads().bucket("images").send().await.expect("list") });
+    assert!(open.uploads().is_empty(), "the image's multipart upload stayed: {:?}", open.uploads());
+    assert!(!scratch.join(format!("{id}.qcow2")).exists(), "the image's scratch file stayed");
+}
+
 #[test]
 fn bad_requests_get_clear_errors() {
     let st = Stack::start();
@@ -462,6 +617,46 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     assert_eq!(code, 204);
     let e = st.rt.block_on(target.write(0, &[2; 65536])).unwrap_err();
     assert!(matches!(e, plasmavmc::PlasmaError::Fenced { held: 2, .. }), "a deleted VM's attachment still wrote: {e}");
+}
+
+/// `writes_acked` counts the writes of every attachment the VM had; it used
+/// to restart from the target's count after each migration.
+#[test]
+fn writes_acked_counts_every_attachment_across_migrations() {
+    let st = Stack::start();
+    let dir = st.work();
+    let img = st.upload_ok("acked", &make_raw(&dir, "acked.raw", 12));
+    let vol = st.create_volume(img["id"].as_str().expect("id"), None);
+    let (code, vm) =
+        st.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "w1", "io_ops": 2000 })));
+    assert_eq!(code, 201, "{vm}");
+    let id = vm["id"].as_str().expect("id").to_owned();
+    let acked = || st.call("GET", &format!("/v1/vms/{id}"), None).1["writes_acked"].as_u64().unwrap_or(0);
+    let wait_above = |floor: u64, what: &str| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let n = acked();
+            assert!(n >= floor, "{what}: writes_acked went back from {floor} to {n}");
+            if n > floor {
+                return n;
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{what}: no write acknowledged");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    let t0 = std::time::Instant::now();
+    while acked() < 100 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "the guest on w1 made no progress");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut floor = acked();
+    for to in ["w2", "w1", "w2"] {
+        let (code, moved) = st.call("POST", &format!("/v1/vms/{id}/migrate"), Some(json!({ "worker": to })));
+        assert_eq!(code, 200, "{moved}");
+        let at_switch = moved["writes_acked"].as_u64().expect("writes_acked");
+        assert!(at_switch >= floor, "migrating to {to}: {at_switch} < {floor} acknowledged before");
+        floor = wait_above(at_switch, &format!("after migrating to {to}"));
+    }
 }
 
 #[test]

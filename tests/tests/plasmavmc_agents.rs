@@ -83,6 +83,8 @@ struct Lab {
     corona: CoronaProc,
     _ls: Proc,
     vmc: Proc,
+    vmc_cfg: PathBuf,
+    ls_addr: SocketAddr,
     api: String,
     agents: Vec<(Option<Proc>, String)>,
 }
@@ -132,6 +134,8 @@ impl Lab {
             corona,
             _ls: ls,
             vmc,
+            vmc_cfg: cfg,
+            ls_addr,
             api: format!("http://{vmc_addr}"),
             agents: vec![(Some(a), format!("http://{a_addr}")), (Some(b), format!("http://{b_addr}"))],
         }
@@ -139,6 +143,37 @@ impl Lab {
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         self.http.call(method, &format!("{}{path}", self.api), body)
+    }
+
+    /// `plasmavmc serve` killed with SIGKILL and started again on its config.
+    fn kill9_and_restart_vmc(&mut self) {
+        self.vmc.signal(libc::SIGKILL);
+        assert!(self.vmc.wait_exit(Duration::from_secs(10)).is_some(), "plasmavmc did not die");
+        self.vmc = spawn(Command::new(plasmavmc()).args(["serve", "--config"]).arg(&self.vmc_cfg));
+        let addr: SocketAddr = self.api.trim_start_matches("http://").parse().expect("addr");
+        wait_for_port(addr, Duration::from_secs(30));
+    }
+
+    /// Multipart uploads open in the artifact bucket, with their part counts.
+    fn open_uploads(&self) -> Vec<(String, usize)> {
+        let conf = aws_sdk_s3::config::Builder::new()
+            .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+            .region(aws_sdk_s3::config::Region::new("us-east-1"))
+            .credentials_provider(aws_credential_types::Credentials::new(AK, SK, None, None, "test"))
+            .endpoint_url(format!("http://{}", self.ls_addr))
+            .force_path_style(true)
+            .build();
+        let s3 = aws_sdk_s3::Client::from_conf(conf);
+        self.http.rt.block_on(async {
+            let list = s3.list_multipart_uploads().bucket("images").send().await.expect("list uploads");
+            let mut out = Vec::new();
+            for u in list.uploads() {
+                let (key, id) = (u.key().unwrap_or_default(), u.upload_id().unwrap_or_default());
+                let parts = s3.list_parts().bucket("images").key(key).upload_id(id).send().await.expect("list parts");
+                out.push((key.to_owned(), parts.parts().len()));
+            }
+            out
+        })
     }
 
     fn agent(&self, i: usize, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -371,4 +406,89 @@ fn a_vm_reconnects_when_coronafs_restarts_under_it_and_loses_nothing_flushed() {
     // report and the pause, e.g. while a FLUSH is in flight; a CI run failed
     // that way.)
     assert!(last.values().any(|&s| s >= before), "no write after the reconnect in the log");
+}
+
+/// kill -9 in the middle of an upload used to leave its multipart upload in
+/// LightningStor forever (also after the image was deleted), and kill -9
+/// during a first-time create left the qcow2 scratch file in the data dir.
+/// The restarted server cleans both up, and deleting an image does too.
+#[test]
+fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
+    use std::io::Write;
+    let mut lab = Lab::start();
+    let (c, img) = lab.call("POST", "/v1/images", Some(json!({ "name": "cut" })));
+    assert_eq!(c, 201, "{img}");
+    let id = img["id"].as_str().expect("id").to_owned();
+    // Announce 64 MiB, send 12 MiB (two 5 MiB parts leave), keep the connection.
+    let mut conn = std::net::TcpStream::connect(lab.api.trim_start_matches("http://")).expect("connect");
+    write!(conn, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
+        .expect("head");
+    conn.write_all(&stack_tests::pattern(12 << 20, 9)).expect("body");
+    let t0 = Instant::now();
+    while !lab.open_uploads().iter().any(|(k, n)| k.ends_with(&id) && *n >= 2) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "parts never reached LightningStor: {:?}", lab.open_uploads());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Scratch files of fills a crash interrupted: one of this image, one of an image since gone.
+    let scratch = lab.dir.path().join("vmc").join("scratch");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
+    std::fs::write(scratch.join("img-gone.qcow2"), b"half a fill").expect("write");
+    lab.kill9_and_restart_vmc();
+    drop(conn);
+    let (c, img) = lab.call("GET", &format!("/v1/images/{id}"), None);
+    assert_eq!((c, img["status"].as_str()), (200, Some("error")), "{img}");
+    let t0 = Instant::now();
+    while !lab.open_uploads().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "left in LightningStor: {:?}", lab.open_uploads());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!scratch.join("img-gone.qcow2").exists(), "a scratch file survived the restart");
+    // Leftovers found later (a crash the start-up did not see) go with the image.
+    std::fs::write(scratch.join(format!("{id}.qcow2")), b"half a fill").expect("write");
+    let (c, body) = lab.call("DELETE", &format!("/v1/images/{id}"), None);
+    assert_eq!(c, 204, "{body}");
+    assert!(!scratch.join(format!("{id}.qcow2")).exists(), "deleting the image left its scratch file");
+    // The server works on.
+    lab.volume(31);
+}
+
+/// CoronaFS frozen (SIGSTOP, what `docker pause` does): the agent
+/// acknowledges no write while it is frozen (a write is acknowledged only
+/// when CoronaFS answers it), and a FLUSH asked of the agent does not
+/// complete until CoronaFS has answered it. After the thaw the FLUSH
+/// completes and every write its report lists reads back.
+#[test]
+fn a_flush_does_not_complete_while_coronafs_is_frozen() {
+    let lab = Lab::start();
+    let vol = lab.volume(41);
+    let name = vol["coronafs_volume"].as_str().expect("name").to_owned();
+    let (c, vm) = lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "a", "io_ops": 100000 })));
+    assert_eq!(c, 201, "{vm}");
+    let id = vm["id"].as_str().expect("id").to_owned();
+    lab.wait_acked(&id, 100);
+    let pid = lab.corona.child.id() as i32;
+    let acked = || lab.agent(0, "GET", &format!("/v1/attachments/{id}"), None).1["writes_acked"].as_u64().expect("n");
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Replies already on their way when the signal landed may still arrive.
+    std::thread::sleep(Duration::from_millis(300));
+    let at_freeze = acked();
+    let flush = {
+        let url = format!("{}/v1/attachments/{id}/flush", lab.agents[0].1);
+        std::thread::spawn(move || Http::new().call("POST", &url, Some(json!({}))))
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let frozen = acked();
+    let flush_done_while_frozen = flush.is_finished();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(!flush_done_while_frozen, "a FLUSH completed while CoronaFS was frozen");
+    assert_eq!(frozen, at_freeze, "writes were acknowledged while CoronaFS was frozen");
+    let (c, report) = flush.join().expect("flush thread");
+    assert_eq!(c, 200, "{report}");
+    assert!(report["writes_acked"].as_u64().expect("n") >= frozen, "{report}");
+    let (c, last) = lab.agent(0, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({ "pause": true })));
+    assert_eq!(c, 200, "{last}");
+    lab.check_log(&id, &name, &log_of(&report));
+    lab.check_log(&id, &name, &log_of(&last));
 }

@@ -50,6 +50,32 @@ single_node_and_cluster!(
     max_keys_zero_and_max_buckets_page_as_s3_does,
     options_we_do_not_implement_are_refused_and_nothing_is_stored,
     conditional_deletes_keep_the_object_when_a_condition_fails,
+    a_repeated_complete_multipart_upload_gets_the_same_answer,
+);
+
+/// Tests that send raw signed requests, run against a single node and a
+/// 3-node cluster (node 1's service).
+macro_rules! raw_single_node_and_cluster {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn single_node() -> super::R {
+                let s = super::InProcess::new();
+                super::$name(s.client(), s.service.clone()).await
+            }
+
+            #[tokio::test]
+            async fn three_node_cluster() -> super::R {
+                let s = super::InCluster::new(3);
+                super::$name(s.client_of(1), s.cluster.service(1)).await
+            }
+        }
+    )*};
+}
+
+raw_single_node_and_cluster!(
+    a_body_that_does_not_match_its_signed_sha256_is_refused_and_not_stored,
+    presigned_urls_valid_for_more_than_seven_days_are_refused,
 );
 
 async fn body_of(out: aws_sdk_s3::operation::get_object::GetObjectOutput) -> Vec<u8> {
@@ -1264,5 +1290,140 @@ async fn multipart_uploads_are_listed_by_prefix_and_page_by_markers(c: aws_sdk_s
         um = out.next_upload_id_marker().map(str::to_owned);
     }
     assert_eq!(seen, ["a/1", "a/2", "b/1", "c"]);
+    Ok(())
+}
+
+/// A SigV4-signed request built by hand, so the signed payload hash or the
+/// presigned lifetime can be chosen. `presign` signs into the query string
+/// with that lifetime.
+fn signed(
+    method: &str,
+    path: &str,
+    body: &[u8],
+    payload_sha256: &str,
+    presign: Option<Duration>,
+) -> http::Request<s3s::Body> {
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SignatureLocation, SigningSettings, sign};
+    let uri = format!("http://localhost:9000{path}");
+    let len = body.len().to_string();
+    let mut headers = vec![("host", "localhost:9000")];
+    if presign.is_none() {
+        headers.push(("content-length", len.as_str()));
+        headers.push(("x-amz-content-sha256", payload_sha256));
+    }
+    let identity = aws_credential_types::Credentials::new(AK, SK, None, None, "t").into();
+    let mut settings = SigningSettings::default();
+    if let Some(d) = presign {
+        settings.signature_location = SignatureLocation::QueryParams;
+        settings.expires_in = Some(d);
+    }
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .expect("params")
+        .into();
+    let signable_body = if presign.is_some() {
+        SignableBody::UnsignedPayload
+    } else {
+        SignableBody::Precomputed(payload_sha256.to_owned())
+    };
+    let signable = SignableRequest::new(method, uri.clone(), headers.iter().copied(), signable_body).expect("signable");
+    let (instructions, _) = sign(signable, &params).expect("sign").into_parts();
+    let mut req = http::Request::builder().method(method).uri(uri);
+    for (k, v) in &headers {
+        req = req.header(*k, *v);
+    }
+    let mut req = req.body(s3s::Body::from(body.to_vec())).expect("request");
+    instructions.apply_to_request_http1x(&mut req);
+    req
+}
+
+async fn call(svc: &s3s::service::S3Service, req: http::Request<s3s::Body>) -> (u16, String) {
+    let resp = svc.call(req).await.expect("service");
+    let status = resp.status().as_u16();
+    (status, String::from_utf8_lossy(&bytes_of(resp).await).into_owned())
+}
+
+async fn a_body_that_does_not_match_its_signed_sha256_is_refused_and_not_stored(
+    c: aws_sdk_s3::Client,
+    svc: s3s::service::S3Service,
+) -> R {
+    use sha2::Digest as _;
+    c.create_bucket().bucket("sha").send().await?;
+    let signed_for = hex::encode(sha2::Sha256::digest(b"hello"));
+    // Same length, other bytes: only the hash tells them apart.
+    let (status, text) = call(&svc, signed("PUT", "/sha/k", b"world", &signed_for, None)).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("XAmzContentSHA256Mismatch"), "{text}");
+    let e = c.get_object().bucket("sha").key("k").send().await.expect_err("nothing stored");
+    assert_eq!(code(&e), "NoSuchKey");
+    // The matching body is stored.
+    let (status, text) = call(&svc, signed("PUT", "/sha/k", b"hello", &signed_for, None)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(body_of(c.get_object().bucket("sha").key("k").send().await?).await, b"hello");
+    Ok(())
+}
+
+async fn presigned_urls_valid_for_more_than_seven_days_are_refused(
+    c: aws_sdk_s3::Client,
+    svc: s3s::service::S3Service,
+) -> R {
+    c.create_bucket().bucket("pre").send().await?;
+    put(&c, "pre", "k", b"presigned").await;
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let (status, text) = call(&svc, signed("GET", "/pre/k", b"", "", Some(week))).await;
+    assert_eq!((status, text.as_str()), (200, "presigned"), "a URL valid for exactly seven days works");
+    let (status, text) = call(&svc, signed("GET", "/pre/k", b"", "", Some(week + Duration::from_secs(1)))).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("AuthorizationQueryParametersError"), "{text}");
+    Ok(())
+}
+
+async fn a_repeated_complete_multipart_upload_gets_the_same_answer(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    c.create_bucket().bucket("again").send().await?;
+    let up = c.create_multipart_upload().bucket("again").key("k").send().await?;
+    let id = up.upload_id().expect("upload id").to_owned();
+    let first = vec![7u8; 5 << 20];
+    let mut parts = Vec::new();
+    for (n, data) in [(1, first), (2, b"tail".to_vec())] {
+        let p = c
+            .upload_part()
+            .bucket("again")
+            .key("k")
+            .upload_id(&id)
+            .part_number(n)
+            .body(ByteStream::from(data))
+            .send()
+            .await?;
+        parts.push(CompletedPart::builder().part_number(n).e_tag(p.e_tag().expect("etag")).build());
+    }
+    let complete = |parts: Vec<CompletedPart>| {
+        c.complete_multipart_upload()
+            .bucket("again")
+            .key("k")
+            .upload_id(&id)
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .send()
+    };
+    let done = complete(parts.clone()).await?;
+    // The SDK retrying after a lost reply: the same answer, the object unchanged.
+    let again = complete(parts.clone()).await?;
+    assert_eq!(again.e_tag(), done.e_tag());
+    assert!(done.e_tag().is_some_and(|t| t.ends_with("-2\"")), "{:?}", done.e_tag());
+    let got = c.get_object().bucket("again").key("k").send().await?;
+    assert_eq!(got.e_tag(), done.e_tag());
+    assert_eq!(got.content_length(), Some((5 << 20) + 4));
+    // Another list of parts was not what completed: still NoSuchUpload.
+    let e = complete(parts[..1].to_vec()).await.expect_err("a different completion");
+    assert_eq!(code(&e), "NoSuchUpload");
+    // Once the key holds another object, the old upload is gone for good.
+    put(&c, "again", "k", b"newer").await;
+    let e = complete(parts).await.expect_err("key overwritten");
+    assert_eq!(code(&e), "NoSuchUpload");
     Ok(())
 }

@@ -584,3 +584,41 @@ fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
         c.write(0, &[9; 4096], true).await.expect("write");
     });
 }
+
+/// ext4 holds files of at most 16 TiB. A 17 TiB create used to answer 500
+/// "File too large" and leave an empty layer file behind, after which every
+/// create, snapshot and clone answered 500 "File exists" until a restart.
+#[test]
+fn a_volume_larger_than_the_file_system_allows_is_507_and_blocks_no_later_change() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // Only meaningful where the file system has such a limit (ext4 here).
+    let ext4 = {
+        let path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).expect("path");
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is NUL-terminated and `st` is a live statfs to fill.
+        let rc = unsafe { libc::statfs(path.as_ptr(), &mut st) };
+        rc == 0 && st.f_type == libc::EXT4_SUPER_MAGIC
+    };
+    let c = Corona::start_in(dir, IoEngine::Threads, false);
+    let base = c.srv().api_url();
+    c.rt.block_on(async {
+        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({"name": "big", "size": 17u64 << 40}))).await;
+        if ext4 {
+            assert_eq!(s, 507, "{v}");
+            assert!(v.to_string().contains("file system"), "the message says why: {v}");
+        } else {
+            assert!(s == 201 || s == 507, "{s} {v}");
+        }
+        let layers = std::fs::read_dir(c.dir.path().join("layers")).expect("layers").count();
+        assert_eq!(layers, if s == 201 { 1 } else { 0 }, "a refused create leaves no file");
+        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({"name": "small", "size": MIB}))).await;
+        assert_eq!(s, 201, "a later create: {v}");
+        let (s, v) = api(&base, "POST", "/v1/volumes/small/snapshots", Some(json!({"name": "s"}))).await;
+        assert_eq!(s, 201, "a later snapshot: {v}");
+        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({"name": "c", "from_snapshot": "small@s"}))).await;
+        assert_eq!(s, 201, "a later clone: {v}");
+    });
+    if let Err(e) = c.srv().shared.exports.verify() {
+        panic!("{e}");
+    }
+}

@@ -446,8 +446,10 @@ fn range(v: &[f64], prec: usize) -> String {
 /// The comparison as a table: medians with [min..max] over the iterations.
 pub fn table(r: &Report, tol: f64) -> String {
     let mut s = format!(
-        "## Accuracy: bench vs fio ({}), {} iterations of {} s, interleaved\n\n",
-        r.fio_version, r.iterations, r.runtime_s
+        "## Accuracy: bench vs fio ({}), {} of {} s, interleaved\n\n",
+        r.fio_version,
+        crate::text::count(r.iterations, "iteration"),
+        r.runtime_s
     );
     for t in &r.targets {
         s.push_str(&format!("- {t}\n"));
@@ -491,9 +493,9 @@ pub fn table(r: &Report, tol: f64) -> String {
     }
     let excused = r.rows.iter().filter(|x| x.verdict(tol) == Verdict::FioClientBound).count();
     s.push_str(&format!(
-        "\n{} of {} figures outside ±{tol}%{}.\n",
+        "\n{} of {} outside ±{tol}%{}.\n",
         r.failures(tol),
-        r.rows.len(),
+        crate::text::count(r.rows.len(), "figure"),
         if excused > 0 {
             format!(
                 "; {excused} more where fio was limited by its own CPU and ours, needing less CPU per operation, \

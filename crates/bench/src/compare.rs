@@ -323,18 +323,18 @@ pub fn table(c: &Comparison) -> String {
     }
     let worse = c.rows.iter().filter(|r| r.verdict == Verdict::WorseOverlapping).count();
     s.push_str(&format!(
-        "\n{} figures compared: {} regressions (median worse by more than {bound}% and min..max ranges apart), \
+        "\n{} compared: {} (median worse by more than {bound}% and min..max ranges apart), \
          {worse} worse within the runs' spread, {} not judged.\n",
-        c.rows.len(),
-        c.regressions(),
+        crate::text::count(c.rows.len(), "figure"),
+        crate::text::count(c.regressions(), "regression"),
         c.not_judged()
     ));
     if c.not_judged() > 0 {
         s.push_str(&format!(
-            "warning: {} figures were not judged: the regression gate needs at least {MIN_ITERATIONS} \
+            "warning: {} not judged: the regression gate needs at least {MIN_ITERATIONS} \
              iterations in each run ({RECOMMENDED_ITERATIONS} recommended, e.g. bench run --iterations \
              {RECOMMENDED_ITERATIONS}) and min/max per figure.\n",
-            c.not_judged()
+            if c.not_judged() == 1 { "1 figure was".to_owned() } else { format!("{} figures were", c.not_judged()) }
         ));
     }
     s

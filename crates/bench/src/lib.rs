@@ -15,8 +15,9 @@
 //! - [`cluster`]: the embedded (or deployed) cluster the storage bench measures;
 //! - [`storage`], [`charts`], [`progress`]: `fresh-bench-storage`;
 //! - [`fio`]: runs fio jobs and parses its JSON output;
+//! - [`healthcheck`]: `bench healthcheck`, does a service answer (HTTP, NBD, TCP);
 //! - [`qcow2`]: a small qcow2 writer for the VM image test images;
-//! - [`stats`]: median, spread, ratios;
+//! - [`stats`]: median, spread, ratios; [`text`]: counts with their nouns;
 //! - [`peers`], [`nbd_compare`]: CoronaFS against nbdkit and qemu-nbd.
 
 pub mod accuracy;
@@ -30,6 +31,7 @@ pub mod cpu;
 pub mod fault;
 pub mod files;
 pub mod fio;
+pub mod healthcheck;
 pub mod hist;
 pub mod job;
 pub mod loadgen;
@@ -43,3 +45,4 @@ pub mod shaper;
 pub mod stats;
 pub mod storage;
 pub mod target;
+pub mod text;

@@ -103,6 +103,29 @@ enum Cmd {
     /// Reference peers that run beside the stack on this machine.
     #[command(subcommand)]
     Peers(PeersCmd),
+    /// Check that services answer; exit 0 when every target does, 1 when one
+    /// does not (saying which and why). The lab's Compose healthchecks run
+    /// it (the image has no shell or curl); with --wait it retries until all
+    /// answer, for scripts that have just started a service.
+    ///
+    /// Targets: http://HOST:PORT/PATH (a GET answered 2xx), nbd://HOST:PORT
+    /// (NBD handshake and export list), nbd://HOST:PORT/EXPORT (handshake
+    /// opening that export), tcp://HOST:PORT (a connection accepted).
+    #[command(after_help = "Example:\n  bench healthcheck --wait 30s http://127.0.0.1:7070/healthz nbd://127.0.0.1:10809")]
+    Healthcheck {
+        /// What to check (one or more).
+        #[arg(required = true, value_name = "TARGET")]
+        targets: Vec<bench::healthcheck::Target>,
+        /// Keep trying until every target answers or this much time has passed (e.g. 30s).
+        #[arg(long, value_name = "DURATION")]
+        wait: Option<String>,
+        /// Time one attempt at one target may take.
+        #[arg(long, value_name = "DURATION", default_value = "5s")]
+        timeout: String,
+        /// Print nothing when healthy.
+        #[arg(long, short)]
+        quiet: bool,
+    },
     /// Internal: run a CoronaFS server for the comparison.
     #[command(name = "__serve-coronafs", hide = true)]
     ServeCoronafs { dir: PathBuf, addr: SocketAddr, engine: IoEngine },
@@ -192,7 +215,9 @@ struct AgentArgs {
 
 #[derive(clap::Args, Debug)]
 struct StorageArgs {
-    /// Small sizes and short runs (about a minute).
+    /// The short run: every section, one iteration (no spread), small sizes
+    /// and 1.5 s block jobs; no reference peers (nbdkit, qemu-nbd). See
+    /// README.md for what it covers and how long it takes.
     #[arg(long)]
     quick: bool,
     /// Where the report, results.json and charts go.
@@ -489,9 +514,9 @@ fn cmd_compare(old: PathBuf, new: PathBuf, bound: &str) -> anyhow::Result<i32> {
     print!("{}", bench::compare::table(&c));
     if c.not_judged() > 0 {
         eprintln!(
-            "bench compare: warning: {} of {} figures not judged (fewer than {} iterations); use --iterations {} for a gate",
+            "bench compare: warning: {} of {} not judged (fewer than {} iterations); use --iterations {} for a gate",
             c.not_judged(),
-            c.rows.len(),
+            bench::text::count(c.rows.len(), "figure"),
             bench::compare::MIN_ITERATIONS,
             bench::compare::RECOMMENDED_ITERATIONS
         );
@@ -668,6 +693,23 @@ fn main() -> anyhow::Result<()> {
             if report.failures(opts.tolerance_pct) > 0 { 1 } else { 0 }
         }
         Cmd::Agent(a) => cmd_agent(a).map(|()| 0)?,
+        Cmd::Healthcheck { targets, wait, timeout, quiet } => {
+            let wait = wait.as_deref().map(parse_duration).transpose()?;
+            let timeout = parse_duration(&timeout)?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            match rt.block_on(bench::healthcheck::run(&targets, wait, timeout)) {
+                Ok(lines) => {
+                    if !quiet {
+                        lines.iter().for_each(|l| println!("{l}"));
+                    }
+                    0
+                }
+                Err(e) => {
+                    eprintln!("bench healthcheck: {e:#}");
+                    1
+                }
+            }
+        }
         Cmd::Peers(PeersCmd::Ceph { action }) => cmd_ceph(action)?,
         Cmd::ServeLightningstor { config, node, exit_with_stdin } => {
             cmd_serve_lightningstor(config, node, exit_with_stdin).map(|()| 0)?

@@ -191,10 +191,10 @@ pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
     let names: Vec<&str> = r.paths.iter().map(|(p, _)| p.as_str()).filter(|p| !p.starts_with("coronafs")).collect();
     s.push_str(&format!(
-        "## Block: CoronaFS vs {}\n\nOne {} MiB file served by each NBD server (Ceph: an RBD image of that size, filled with data), {} iterations of {} s each, interleaved. Median (spread = (max-min)/median).\n\n",
+        "## Block: CoronaFS vs {}\n\nOne {} MiB file served by each NBD server (Ceph: an RBD image of that size, filled with data), {} of {} s each, interleaved. Median (spread = (max-min)/median).\n\n",
         if names.is_empty() { "its peers".to_owned() } else { names.join(", ") },
         r.size_bytes >> 20,
-        r.iterations,
+        crate::text::count(r.iterations, "iteration"),
         r.runtime_s
     ));
     for (peer, path) in &r.paths {

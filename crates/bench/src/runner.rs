@@ -279,8 +279,12 @@ pub fn line(r: &JobRun) -> String {
 /// The report as a Markdown table: mean ± standard deviation.
 pub fn markdown(r: &RunReport) -> String {
     let mut s = format!(
-        "## {} on {}\n\n{}\n\nLink: {}. {} iterations; mean ± standard deviation.\n\n",
-        r.profile, r.target, r.description, r.link, r.iterations
+        "## {} on {}\n\n{}\n\nLink: {}. {}; mean ± standard deviation.\n\n",
+        r.profile,
+        r.target,
+        r.description,
+        r.link,
+        crate::text::count(r.iterations, "iteration")
     );
     s.push_str("| Job | Dir | MiB/s | IOPS | p50 µs | p95 µs | p99 µs |\n|---|---|---:|---:|---:|---:|---:|\n");
     for j in &r.jobs {

@@ -23,6 +23,10 @@ pub enum CoronaError {
     /// The snapshot already exists.
     #[error("snapshot {0:?} already exists")]
     SnapshotExists(String),
+    /// The data dir's file system cannot hold a file that large (EFBIG; ext4
+    /// stops at 16 TiB).
+    #[error("the data dir's file system cannot hold a volume of {size} bytes (its largest file is smaller)")]
+    TooLarge { size: u64 },
     /// The change conflicts with the state: in use, has clones, chain too deep.
     #[error("{0}")]
     Conflict(String),
@@ -70,6 +74,7 @@ impl CoronaError {
             CoronaError::AlreadyExists(_) | CoronaError::SnapshotExists(_) | CoronaError::Conflict(_) => 409,
             CoronaError::NotFound(_) | CoronaError::SnapshotNotFound(_) => 404,
             CoronaError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => 507,
+            CoronaError::TooLarge { .. } => 507,
             CoronaError::Meta(_) => 500,
             CoronaError::ReadOnly(_) => 403,
             CoronaError::DrainTimeout { .. } => 503,

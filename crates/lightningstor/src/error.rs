@@ -88,6 +88,10 @@ pub enum LightningError {
     /// The client's body stream failed.
     #[error("reading the request body failed: {0}")]
     Body(String),
+    /// The body's SHA-256 is not the `x-amz-content-sha256` the request was
+    /// signed with.
+    #[error("the x-amz-content-sha256 you specified did not match what we received")]
+    ContentSha256Mismatch,
     /// The metadata database failed.
     #[error("metadata database: {0}")]
     Db(String),
@@ -146,6 +150,10 @@ impl LightningError {
                 S3ErrorCode::InternalError
             }
             E::Body(_) => S3ErrorCode::IncompleteBody,
+            // Not among s3s's generated codes: a custom one, answered as 400.
+            E::ContentSha256Mismatch => {
+                S3ErrorCode::from_bytes(b"XAmzContentSHA256Mismatch").unwrap_or(S3ErrorCode::BadDigest)
+            }
             E::Unavailable(_) => S3ErrorCode::ServiceUnavailable,
         }
     }
@@ -158,6 +166,9 @@ impl LightningError {
             tracing::error!(error = %self, "internal error");
         }
         let mut e = S3Error::with_message(code, self.to_string());
+        if matches!(self, LightningError::ContentSha256Mismatch) {
+            e.set_status_code(http::StatusCode::BAD_REQUEST);
+        }
         if let E304 { etag, last_modified } = self {
             e.set_headers(not_modified_headers(etag, *last_modified));
         }
@@ -179,6 +190,17 @@ fn not_modified_headers(etag: &str, last_modified: i64) -> http::HeaderMap {
         h.insert(http::header::LAST_MODIFIED, v);
     }
     h
+}
+
+impl LightningError {
+    /// The error of a failed request body stream. s3s checks a body against
+    /// its signed `x-amz-content-sha256` as it streams and fails the stream
+    /// with its (private) `UploadStreamError::Sha256Mismatch`; that is known
+    /// here only by its message.
+    pub fn body(e: impl std::fmt::Display) -> Self {
+        let text = e.to_string();
+        if text.contains("Sha256Mismatch") { LightningError::ContentSha256Mismatch } else { LightningError::Body(text) }
+    }
 }
 
 impl From<LightningError> for S3Error {

@@ -70,12 +70,42 @@ impl S3Auth for KeyAuth {
     }
 }
 
-/// With keys *and* `anonymous`, signed requests are checked and unsigned ones allowed.
-struct AllowAnonymous;
+/// Longest validity of a presigned URL, as S3 allows: seven days.
+pub const MAX_PRESIGNED_EXPIRES_S: u64 = 7 * 24 * 3600;
+
+/// The access check of every request, after its signature was verified.
+/// With keys *and* `anonymous`, unsigned requests are allowed; without
+/// `anonymous`, a request must be signed. A presigned URL valid for more
+/// than seven days is refused as S3 refuses it (s3s accepts any lifetime).
+struct Access {
+    anonymous: bool,
+}
+
+/// `X-Amz-Expires` of a presigned URL's query, checked against S3's bounds.
+fn check_presigned_expires(query: Option<&str>) -> S3Result<()> {
+    let Some(q) = query else { return Ok(()) };
+    for (k, v) in q.split('&').filter_map(|kv| kv.split_once('=')) {
+        if k != "X-Amz-Expires" {
+            continue;
+        }
+        return match v.parse::<u64>() {
+            Ok(n) if (1..=MAX_PRESIGNED_EXPIRES_S).contains(&n) => Ok(()),
+            _ => Err(s3s::S3Error::with_message(
+                s3s::S3ErrorCode::AuthorizationQueryParametersError,
+                format!("X-Amz-Expires must be between 1 and {MAX_PRESIGNED_EXPIRES_S} seconds (seven days), not {v:?}"),
+            )),
+        };
+    }
+    Ok(())
+}
 
 #[async_trait::async_trait]
-impl S3Access for AllowAnonymous {
-    async fn check(&self, _cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+impl S3Access for Access {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        check_presigned_expires(cx.uri().query())?;
+        if cx.credentials().is_none() && !self.anonymous {
+            return Err(s3s::S3Error::with_message(s3s::S3ErrorCode::AccessDenied, "Signature is required"));
+        }
         Ok(())
     }
 }
@@ -92,9 +122,7 @@ pub fn service_for(s3: impl s3s::S3, cfg: &Config) -> S3Service {
     let mut b = S3ServiceBuilder::new(s3);
     if let Some((ak, sk)) = cfg.keys() {
         b.set_auth(KeyAuth { access_key: ak.to_owned(), secret_key: sk.to_owned() });
-        if cfg.anonymous {
-            b.set_access(AllowAnonymous);
-        }
+        b.set_access(Access { anonymous: cfg.anonymous });
     }
     if !cfg.domains.is_empty() {
         b.set_host(Domains(cfg.domains.clone()));

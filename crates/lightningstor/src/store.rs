@@ -342,7 +342,7 @@ impl Pipeline {
         let mut parts: Vec<Bytes> = Vec::new();
         let mut filled = 0usize;
         while let Some(chunk) = body.next().await {
-            let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
+            let mut chunk = chunk.map_err(LightningError::body)?;
             self.received += chunk.len() as u64;
             // MD5 and the CRCs are sequential; hashing each chunk as it
             // arrives (like any streaming server) avoids a thread hand-off per

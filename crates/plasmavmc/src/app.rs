@@ -38,6 +38,8 @@ pub struct App {
     pub progress: Mutex<HashMap<String, Arc<Progress>>>,
     /// One lock per image: whoever holds it fills the image's base.
     pub fills: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One eviction pass at a time (see [`crate::cache::evict`]).
+    pub evicting: tokio::sync::Mutex<()>,
     pub workers: Workers,
 }
 
@@ -53,6 +55,7 @@ impl App {
             metrics,
             progress: Mutex::default(),
             fills: Mutex::default(),
+            evicting: tokio::sync::Mutex::default(),
             workers,
             cfg,
         };
@@ -93,6 +96,39 @@ impl App {
             })?;
         }
         Ok(())
+    }
+
+    /// Cleans up what a killed server left outside its records: multipart
+    /// uploads of artifacts (no upload survives a restart: [`Self::recover`]
+    /// marked their images `error`) and conversion scratch files (no fill
+    /// survives either). Runs at start, before the API serves.
+    pub async fn clean_leftovers(&self) -> Result<()> {
+        let aborted = self.s3.abort_uploads(crate::images::KEY_PREFIX, false).await?;
+        let mut removed = 0;
+        match std::fs::read_dir(self.scratch_dir()) {
+            Ok(entries) => {
+                for e in entries.flatten() {
+                    std::fs::remove_file(e.path())?;
+                    removed += 1;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+        if aborted + removed > 0 {
+            tracing::info!(aborted, removed, "cleaned up uploads and scratch files an earlier run left");
+        }
+        Ok(())
+    }
+
+    /// Where fills keep qcow2 artifacts while converting them.
+    pub fn scratch_dir(&self) -> std::path::PathBuf {
+        self.cfg.data_dir.join("scratch")
+    }
+
+    /// The scratch file of a fill of `image_id`.
+    pub fn scratch_path(&self, image_id: &str) -> std::path::PathBuf {
+        self.scratch_dir().join(format!("{image_id}.qcow2"))
     }
 
     /// A progress tracker for `id`, created on first use.

@@ -4,7 +4,10 @@
 //! A miss fetches and converts the artifact once (one fill per image at a
 //! time: later requests wait for the first and then hit). The cache is
 //! bounded by count and bytes; eviction picks bases without clones first
-//! (oldest use first), then the least recently used of the rest. Deleting a
+//! (oldest use first), then the least recently used of the rest. An image's
+//! fill lock is held from the fill (or hit) until its clone is made, and
+//! eviction only tries other images' locks, so no task ever waits on one
+//! image's lock while holding another's. Deleting a
 //! base that has clones is safe: CoronaFS keeps the layers its clones read
 //! through, so the clones keep working and the space goes with the last one.
 
@@ -20,7 +23,7 @@ use futures::StreamExt;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedMutexGuard, mpsc};
 
 /// The snapshot name every base carries.
 pub const SNAPSHOT: &str = "cached";
@@ -40,19 +43,23 @@ pub enum Outcome {
 }
 
 /// The image's base, filling it first if needed. `progress` sees the fill.
-pub async fn ensure(app: &Arc<App>, img: &Image, progress: &Arc<Progress>) -> Result<(CacheEntry, Outcome)> {
+///
+/// The returned guard is the image's fill lock: while it is held the base
+/// is never evicted, so the caller clones from it and then drops the guard
+/// before anything else (never holding it while waiting on another lock).
+pub async fn ensure(
+    app: &Arc<App>,
+    img: &Image,
+    progress: &Arc<Progress>,
+) -> Result<(CacheEntry, Outcome, OwnedMutexGuard<()>)> {
+    let was_cached = app.meta.get::<CacheEntry>(meta::CACHE, &img.id)?.is_some();
+    let pin = app.fill_lock(&img.id).lock_owned().await;
     if let Some(e) = touch(app, &img.id)? {
-        return Ok((e, Outcome::Hit));
-    }
-    let lock = app.fill_lock(&img.id);
-    let _g = lock.lock().await;
-    if let Some(e) = touch(app, &img.id)? {
-        return Ok((e, Outcome::Coalesced));
+        return Ok((e, if was_cached { Outcome::Hit } else { Outcome::Coalesced }, pin));
     }
     let entry = fill(app, img, progress).await?;
     app.meta.put(meta::CACHE, &img.id, &entry)?;
-    evict(app, &img.id).await;
-    Ok((entry, Outcome::Miss))
+    Ok((entry, Outcome::Miss, pin))
 }
 
 fn touch(app: &App, image_id: &str) -> Result<Option<CacheEntry>> {
@@ -138,9 +145,8 @@ async fn write_base(
             r
         }
         DiskFormat::Qcow2 => {
-            let scratch = app.cfg.data_dir.join("scratch");
-            std::fs::create_dir_all(&scratch)?;
-            let path = scratch.join(format!("{}.qcow2", img.id));
+            std::fs::create_dir_all(app.scratch_dir())?;
+            let path = app.scratch_path(&img.id);
             let file = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path)?;
             file.set_len(size)?;
             let arrivals = Arc::new(Arrivals::new(size, chunk));
@@ -197,7 +203,14 @@ async fn clones(app: &App, base: &str) -> Result<usize> {
 }
 
 /// Evicts until the cache is within its limits; `keep` is never evicted.
-async fn evict(app: &Arc<App>, keep: &str) {
+///
+/// Called with no fill lock held. One pass runs at a time (so two passes
+/// never pick the same victim), and a victim's lock is only ever tried:
+/// a base being filled or cloned from is skipped, never waited for. When
+/// every candidate is busy the pass ends over the limit; the fill that
+/// holds one of them evicts again when it is done.
+pub async fn evict(app: &Arc<App>, keep: &str) {
+    let _one_pass = app.evicting.lock().await;
     loop {
         let Ok(entries) = app.meta.list::<CacheEntry>(meta::CACHE) else { return };
         let bytes: u64 = entries.iter().map(|e| e.virtual_size).sum();
@@ -210,17 +223,29 @@ async fn evict(app: &Arc<App>, keep: &str) {
             ranked.push((n > 0, e.last_used_ms, e));
         }
         ranked.sort_by_key(|(busy, used, _)| (*busy, *used));
-        let Some((busy, _, victim)) = ranked.into_iter().next() else { return };
-        if let Err(e) = evict_one(app, &victim, busy).await {
-            tracing::warn!(image = %victim.image_id, error = %e, "eviction failed");
+        let mut evicted = false;
+        for (busy, _, victim) in ranked {
+            let Ok(pin) = app.fill_lock(&victim.image_id).try_lock_owned() else { continue };
+            // Gone meanwhile (its image was deleted)?
+            if !matches!(app.meta.get::<CacheEntry>(meta::CACHE, &victim.image_id), Ok(Some(_))) {
+                continue;
+            }
+            if let Err(e) = evict_one(app, &victim, busy).await {
+                tracing::warn!(image = %victim.image_id, error = %e, "eviction failed");
+                return;
+            }
+            drop(pin);
+            evicted = true;
+            break;
+        }
+        if !evicted {
             return;
         }
     }
 }
 
+/// Removes one base; the caller holds its fill lock.
 async fn evict_one(app: &App, e: &CacheEntry, busy: bool) -> Result<()> {
-    let lock = app.fill_lock(&e.image_id);
-    let _g = lock.lock().await;
     app.corona.delete_snapshot(&e.base_volume, SNAPSHOT, true).await?;
     app.corona.delete(&e.base_volume, true).await?;
     app.meta.delete(meta::CACHE, &e.image_id)?;

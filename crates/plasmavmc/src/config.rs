@@ -45,6 +45,9 @@ pub struct Config {
     pub cache_max_bytes: u64,
     /// Allow imports from loopback, private and link-local addresses (tests).
     pub allow_private_urls: bool,
+    /// An upload (or import) that receives no byte for this many seconds
+    /// fails, so a stalled client cannot keep an image `uploading` forever.
+    pub upload_idle_timeout_secs: u64,
     /// `plasmavmc agent` processes VMs are placed on (`[[workers]]` tables).
     /// Empty: workers are in-process objects created by name on first use.
     pub workers: Vec<WorkerConfig>,
@@ -80,6 +83,7 @@ impl Default for Config {
             cache_max_bases: 16,
             cache_max_bytes: 1 << 40,
             allow_private_urls: false,
+            upload_idle_timeout_secs: 120,
             workers: Vec::new(),
         }
     }
@@ -112,6 +116,9 @@ impl Config {
         }
         if self.part_size < (5 << 20) || self.part_size > (5 << 30) {
             return bad("part_size must be between 5 MiB and 5 GiB (S3 multipart rules)".into());
+        }
+        if self.upload_idle_timeout_secs == 0 {
+            return bad("upload_idle_timeout_secs must be at least 1".into());
         }
         if self.fetch_parallelism == 0 || self.fetch_parallelism > 64 {
             return bad("fetch_parallelism must be 1..=64".into());

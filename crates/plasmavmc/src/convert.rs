@@ -202,8 +202,11 @@ pub fn qcow2_to_pieces(storage: Streamed, tx: mpsc::Sender<Piece>, done: &Atomic
     while off < size {
         let (kind, len) = {
             let (m, len) = fa.get_mapping(off, size - off).map_err(corrupt)?;
+            let len = len.min(size - off);
             let kind = match m {
-                Mapping::Raw { offset, .. } if offset >= file_len => {
+                // The whole run must be in the file: a run cut short by the
+                // end of the file would read its missing part as zeros.
+                Mapping::Raw { offset, .. } if offset.checked_add(len).is_none_or(|end| end > file_len) => {
                     return Err(PlasmaError::Probe(ProbeError::PastEnd {
                         what: "data cluster",
                         offset,
@@ -216,7 +219,7 @@ pub fn qcow2_to_pieces(storage: Streamed, tx: mpsc::Sender<Piece>, done: &Atomic
                 Mapping::Eof { .. } => break,
                 _ => return Err(corrupt(format!("unexpected mapping at guest offset {off}"))),
             };
-            (kind, len.min(size - off))
+            (kind, len)
         };
         if len == 0 {
             return Err(corrupt(format!("zero-length mapping at guest offset {off}")));

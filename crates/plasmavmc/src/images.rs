@@ -18,9 +18,12 @@ use tokio::task::JoinSet;
 /// Parts uploaded at once (memory: this many parts of `part_size`).
 const PARTS_IN_FLIGHT: usize = 4;
 
+/// Prefix of every artifact's object key.
+pub const KEY_PREFIX: &str = "images/";
+
 /// The object key of an image's artifact.
 pub fn object_key(id: &str) -> String {
-    format!("images/{id}")
+    format!("{KEY_PREFIX}{id}")
 }
 
 fn parse_format(s: Option<&str>) -> Result<Option<DiskFormat>> {
@@ -277,7 +280,15 @@ where
         parts.spawn(async move { mp.part(n, data).await });
         Ok(())
     };
-    while let Some(chunk) = body.next().await {
+    let idle = std::time::Duration::from_secs(app.cfg.upload_idle_timeout_secs);
+    loop {
+        let Ok(next) = tokio::time::timeout(idle, body.next()).await else {
+            return Err(PlasmaError::Download(format!(
+                "the client sent nothing for {} s; upload abandoned",
+                idle.as_secs()
+            )));
+        };
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| PlasmaError::Download(format!("the upload stream broke: {e}")))?;
         hasher.update(&chunk);
         prober.feed(&chunk);
@@ -332,6 +343,14 @@ pub async fn delete(app: &Arc<App>, id: &str) -> Result<()> {
     let lock = app.fill_lock(id);
     let _g = lock.lock().await;
     crate::cache::drop_base(app, id).await?;
+    // What a crash may have left of the image: an upload never completed
+    // or aborted, a conversion scratch file.
+    app.s3.abort_uploads(&object_key(id), true).await?;
+    match std::fs::remove_file(app.scratch_path(id)) {
+        Ok(()) => tracing::info!(image = id, "removed a scratch file a crashed fill left"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
     if img.status == Status::Active {
         app.s3.delete(&object_key(id)).await?;
     }

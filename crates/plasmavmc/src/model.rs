@@ -86,6 +86,10 @@ pub struct Vm {
     pub migrations: u64,
     /// Writes acknowledged by the volume (all attachments so far).
     pub writes_acked: u64,
+    /// Of those, the writes acknowledged on attachments the VM has left
+    /// (migrated away from); the current one's count comes on top.
+    #[serde(default)]
+    pub writes_acked_earlier: u64,
     /// Blocks read back and verified on the target at the last migration.
     pub verified_blocks: u64,
     pub error_reason: Option<String>,

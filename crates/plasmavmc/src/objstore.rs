@@ -91,6 +91,49 @@ impl ObjectStore {
         Ok(())
     }
 
+    /// Aborts every multipart upload of a key under `prefix` (all of them
+    /// when `exact` is false, only of `prefix` itself when it is true):
+    /// what a crash during an upload leaves behind. Returns how many.
+    pub async fn abort_uploads(&self, prefix: &str, exact: bool) -> Result<usize> {
+        let mut aborted = 0;
+        let (mut key_marker, mut id_marker) = (None::<String>, None::<String>);
+        loop {
+            let page = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_key_marker(key_marker.take())
+                .set_upload_id_marker(id_marker.take())
+                .send()
+                .await
+                .map_err(s3err("list multipart uploads"))?;
+            for u in page.uploads() {
+                let (Some(key), Some(id)) = (u.key(), u.upload_id()) else { continue };
+                if exact && key != prefix {
+                    continue;
+                }
+                self.client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(id)
+                    .send()
+                    .await
+                    .map_err(s3err("abort multipart upload"))?;
+                aborted += 1;
+            }
+            if page.is_truncated() != Some(true) {
+                return Ok(aborted);
+            }
+            key_marker = page.next_key_marker().map(str::to_owned);
+            id_marker = page.next_upload_id_marker().map(str::to_owned);
+            if key_marker.is_none() {
+                return Ok(aborted);
+            }
+        }
+    }
+
     /// Starts a multipart upload of `key`.
     pub async fn begin(&self, key: &str) -> Result<Multipart> {
         let r = self

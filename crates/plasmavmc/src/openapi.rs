@@ -62,6 +62,7 @@ fn schemas() -> Value {
                 "status": { "type": "string", "enum": ["running", "migrating", "error"] },
                 "migrations": { "type": "integer" },
                 "writes_acked": { "type": "integer" },
+                "writes_acked_earlier": { "type": "integer" },
                 "verified_blocks": { "type": "integer" },
                 "error_reason": nullable("string"),
                 "notice": nullable("string")

@@ -27,6 +27,7 @@ impl Server {
         let cfg2 = cfg.clone();
         let app = tokio::task::spawn_blocking(move || App::new(cfg2)).await??;
         app.s3.ensure_bucket().await?;
+        app.clean_leftovers().await?;
         let (stop, mut stopped) = watch::channel(false);
         let router = crate::api::router(app.clone());
         let task = tokio::spawn(async move {

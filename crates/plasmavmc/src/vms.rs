@@ -89,6 +89,7 @@ pub async fn create(app: &Arc<App>, req: CreateVm) -> Result<Vm> {
         status: "running".into(),
         migrations: 0,
         writes_acked: 0,
+        writes_acked_earlier: 0,
         verified_blocks: 0,
         error_reason: None,
         notice: None,
@@ -110,7 +111,7 @@ pub async fn get(app: &App, id: &str) -> Result<Vm> {
     {
         match w.report(id).await {
             Ok(r) => {
-                vm.writes_acked = r.writes_acked;
+                vm.writes_acked = vm.writes_acked_earlier + r.writes_acked;
                 app.workers.remember(&r);
             }
             Err(e) => tracing::debug!(vm = id, error = %e, "no report from the worker"),
@@ -205,7 +206,9 @@ pub async fn migrate(app: &Arc<App>, id: &str, req: MigrateVm) -> Result<Vm> {
         v.epoch = epoch;
         v.migrations += 1;
         v.verified_blocks = verified.verified;
-        v.writes_acked = report.writes_acked;
+        // The source's count ends here; the target's starts from zero.
+        v.writes_acked_earlier += report.writes_acked;
+        v.writes_acked = v.writes_acked_earlier;
         v.status = "running".into();
         v.error_reason = None;
         v.notice = notice.clone();

@@ -73,7 +73,7 @@ async fn run(app: &Arc<App>, vol: Volume, img: Image, t0: Instant) -> Result<()>
     if app.meta.get::<crate::model::CacheEntry>(meta::CACHE, &img.id)?.is_none() {
         app.meta.update(meta::VOLUMES, "volume", &vol.id, |v: &mut Volume| v.status = Status::Downloading)?;
     }
-    let (entry, outcome) = cache::ensure(app, &img, &progress).await?;
+    let (entry, outcome, pin) = cache::ensure(app, &img, &progress).await?;
     match outcome {
         Outcome::Hit => Metrics::inc(&app.metrics.cache_hits),
         Outcome::Coalesced => {
@@ -83,7 +83,13 @@ async fn run(app: &Arc<App>, vol: Volume, img: Image, t0: Instant) -> Result<()>
         Outcome::Miss => Metrics::inc(&app.metrics.cache_misses),
     }
     let snap = format!("{}@{}", entry.base_volume, entry.snapshot);
-    app.corona.clone_from(&vol.coronafs_volume, &snap, Some(vol.size)).await?;
+    let cloned = app.corona.clone_from(&vol.coronafs_volume, &snap, Some(vol.size)).await;
+    // The base has its clone: let it go before evicting others.
+    drop(pin);
+    if outcome == Outcome::Miss {
+        cache::evict(app, &img.id).await;
+    }
+    cloned?;
     let (done, total) = progress.get();
     let uri = app.corona.nbd_uri(&vol.coronafs_volume);
     let elapsed = t0.elapsed().as_millis() as u64;

@@ -91,8 +91,8 @@ pub fn ratios(r: &Report) -> Vec<Ratio> {
         r.s3_small_batch.get().map(|b| b.put_per_s.median),
         |p| {
             format!(
-                "{} parallel jobs reach {p:.0}% of the single-client PUT rate.",
-                r.s3_parallel_batch.get().map_or(0, |x| x.jobs)
+                "{} reach {p:.0}% of the single-client PUT rate.",
+                crate::text::count(r.s3_parallel_batch.get().map_or(0, |x| x.jobs), "parallel job")
             )
         },
     );
@@ -103,8 +103,8 @@ pub fn ratios(r: &Report) -> Vec<Ratio> {
         r.s3_small_batch.get().map(|b| b.get_per_s.median),
         |p| {
             format!(
-                "{} parallel jobs reach {p:.0}% of the single-client GET rate.",
-                r.s3_parallel_batch.get().map_or(0, |x| x.jobs)
+                "{} reach {p:.0}% of the single-client GET rate.",
+                crate::text::count(r.s3_parallel_batch.get().map_or(0, |x| x.jobs), "parallel job")
             )
         },
     );

@@ -123,8 +123,8 @@ fn conditions(s: &mut String, r: &Report) {
         Some(Ok(l)) => {
             let _ = writeln!(
                 s,
-                "| LightningStor | {} nodes, replication factor {}, read quorum {}, write quorum {}, {} (read from the running cluster) |",
-                l.nodes.len(),
+                "| LightningStor | {}, replication factor {}, read quorum {}, write quorum {}, {} (read from the running cluster) |",
+                crate::text::count(l.nodes.len(), "node"),
                 l.replication_factor,
                 l.read_quorum,
                 l.write_quorum,
@@ -209,9 +209,9 @@ fn conditions(s: &mut String, r: &Report) {
 fn degraded(s: &mut String, d: &super::degraded::Degraded) {
     let _ = writeln!(
         s,
-        "A steady load from agent `{}` ({} clients, each PUTting a new {} KiB object and GETting an acknowledged one, checked) for {:.0} s. Fault `{}`, applied by: {}.\n",
+        "A steady load from agent `{}` ({}, each PUTting a new {} KiB object and GETting an acknowledged one, checked) for {:.0} s. Fault `{}`, applied by: {}.\n",
         d.measured_by,
-        d.jobs,
+        crate::text::count(d.jobs, "client"),
         d.object_bytes >> 10,
         d.duration_s,
         d.fault,
@@ -348,7 +348,7 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
         s,
         "Cluster: {}. {} per figure, interleaved; figures are medians with [min..max, n] over the iterations.{}\n",
         r.cluster,
-        if r.iterations == 1 { "1 iteration".to_owned() } else { format!("{} iterations", r.iterations) },
+        crate::text::count(r.iterations, "iteration"),
         if r.quick { " Quick run: small sizes, short runs." } else { "" }
     );
     for (file, alt) in charts {
@@ -436,14 +436,17 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
         };
         let _ = writeln!(
             s,
-            "Measured from agent `{}` with aws-sdk-s3 against {} LightningStor node(s){repl}; clients spread over the nodes and move to another node when one fails ({} failovers in these sections).\n",
+            "Measured from agent `{}` with aws-sdk-s3 against {}{repl}; clients spread over the nodes and move to another node when one fails ({} in these sections).\n",
             o.measured_by,
-            o.nodes,
-            [&r.s3_large_object, &r.s3_small_batch, &r.s3_parallel_batch]
-                .iter()
-                .filter_map(|x| x.get())
-                .map(|x| x.failovers)
-                .sum::<u64>()
+            crate::text::count(o.nodes, "LightningStor node"),
+            crate::text::count(
+                [&r.s3_large_object, &r.s3_small_batch, &r.s3_parallel_batch]
+                    .iter()
+                    .filter_map(|x| x.get())
+                    .map(|x| x.failovers)
+                    .sum::<u64>(),
+                "failover"
+            )
         );
     }
     let _ = writeln!(s, "Cluster network baseline for this client, to an S3 node:\n");
@@ -462,8 +465,8 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     if let Some(o) = r.s3_small_batch.get() {
         let _ = writeln!(
             s,
-            "Measured as {} objects of {} KiB each ({} MiB total), one client.\n",
-            o.count,
+            "Measured as {} of {} KiB each ({} MiB total), one client.\n",
+            crate::text::count(o.count, "object"),
             o.object_bytes >> 10,
             (o.count * o.object_bytes) >> 20
         );
@@ -474,10 +477,10 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     if let Some(o) = r.s3_parallel_batch.get() {
         let _ = writeln!(
             s,
-            "Measured as the same {} objects of {} KiB each, with {} concurrent client jobs.\n",
-            o.count,
+            "Measured as the same {} of {} KiB each, with {}.\n",
+            crate::text::count(o.count, "object"),
             o.object_bytes >> 10,
-            o.jobs
+            crate::text::count(o.jobs, "concurrent client job")
         );
         objects_table(&mut s, o, "Parallel batch ");
     }
@@ -530,8 +533,8 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     if let Some(b) = r.s3_parallel_batch.get() {
         let _ = writeln!(
             s,
-            "- With {} parallel jobs it reaches {:.2} PUT/s and {:.2} GET/s.",
-            b.jobs, b.put_per_s.median, b.get_per_s.median
+            "- With {} it reaches {:.2} PUT/s and {:.2} GET/s.",
+            crate::text::count(b.jobs, "parallel job"), b.put_per_s.median, b.get_per_s.median
         );
     }
     if r.local_disk.get().is_some() && r.coronafs.get().is_some() {

@@ -679,7 +679,10 @@ pub async fn run(
                 opts.batch_object >> 10
             ));
             batch.push(measure::objects(a, e, BUCKET, "batch/", opts.batch_count, opts.batch_object, 1, link).await?);
-            progress.step(&format!("{n}: LightningStor parallel batch ({} jobs)", opts.parallel_jobs));
+            progress.step(&format!(
+                "{n}: LightningStor parallel batch ({})",
+                crate::text::count(opts.parallel_jobs, "job")
+            ));
             par.push(
                 measure::objects(
                     a,

@@ -435,10 +435,10 @@ pub fn targets(vm: &VmImage, link_rate: Option<u64>) -> Vec<Target> {
         t.push(Target {
             key: format!("warm_create_volume_p50_{}g", w.virtual_size >> 30),
             what: format!(
-                "warm CreateVolume p50 {:.1} ms for a {} GiB virtual image ({} calls)",
+                "warm CreateVolume p50 {:.1} ms for a {} GiB virtual image ({})",
                 w.p50_ms,
                 w.virtual_size >> 30,
-                w.n
+                crate::text::count(w.n, "call")
             ),
             value: w.p50_ms,
             target: format!("< {WARM_P50_TARGET_MS:.0} ms"),

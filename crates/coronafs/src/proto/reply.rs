@@ -63,6 +63,18 @@ pub fn data_chunk(cookie: u64, done: bool, offset: u64, data_len: u32) -> Head {
     Head { buf, len: DATA_CHUNK_LEN as u8 }
 }
 
+/// The header of a successful READ reply carrying `len` bytes read at
+/// `offset`: a simple reply, or with structured replies a final
+/// `OFFSET_DATA` chunk. An `OFFSET_DATA` chunk must carry at least one byte,
+/// so a zero-length READ gets a final `NONE` chunk instead.
+pub fn read_head(cookie: u64, structured: bool, offset: u64, len: u32) -> Head {
+    match (structured, len) {
+        (false, _) => simple(cookie, 0),
+        (true, 0) => chunk(cookie, chunk::FLAG_DONE, chunk::NONE, 0),
+        (true, _) => data_chunk(cookie, true, offset, len),
+    }
+}
+
 /// A complete `OFFSET_HOLE` chunk.
 pub fn hole_chunk(cookie: u64, done: bool, offset: u64, len: u32, out: &mut Vec<u8>) {
     let flags = if done { chunk::FLAG_DONE } else { 0 };
@@ -176,7 +188,25 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn a_zero_length_read_is_answered_without_a_data_chunk() {
+        // The spec requires an OFFSET_DATA chunk to carry at least one byte
+        // (length >= 9); libnbd drops the connection on a shorter one.
+        let h = read_head(7, true, 4096, 0);
+        let d = ReplyHeader::decode(h.as_bytes()).unwrap();
+        assert_eq!(d, ReplyHeader::Chunk { cookie: 7, flags: chunk::FLAG_DONE, ty: chunk::NONE, length: 0 });
+        assert_eq!(h.as_bytes().len(), CHUNK_LEN, "nothing follows a NONE chunk");
+        let h = read_head(7, false, 4096, 0);
+        assert_eq!(ReplyHeader::decode(h.as_bytes()).unwrap(), ReplyHeader::Simple { cookie: 7, error: 0 });
+    }
+
     proptest! {
+        #[test]
+        fn read_head_of_data_is_one_final_data_chunk(cookie: u64, offset: u64, len in 1u32..(1 << 25)) {
+            let d = ReplyHeader::decode(read_head(cookie, true, offset, len).as_bytes()).unwrap();
+            prop_assert_eq!(d, ReplyHeader::Chunk { cookie, flags: chunk::FLAG_DONE, ty: chunk::OFFSET_DATA, length: len + 8 });
+        }
+
         #[test]
         fn simple_header_roundtrips(cookie: u64, error: u32) {
             let h = simple(cookie, error);

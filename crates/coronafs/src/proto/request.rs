@@ -109,6 +109,13 @@ impl Request {
         if self.command == Command::Write { self.length } else { 0 }
     }
 
+    /// A data command of zero bytes: valid, and answered with success
+    /// without touching the backend.
+    pub fn is_no_op(&self) -> bool {
+        self.length == 0
+            && matches!(self.command, Command::Read | Command::Write | Command::Trim | Command::WriteZeroes | Command::Cache)
+    }
+
     pub fn fua(&self) -> bool {
         self.flags & cmd_flags::FUA != 0
     }
@@ -116,6 +123,8 @@ impl Request {
     /// Checks the request against the export, returning the errno to answer
     /// with when it cannot be served. The checks follow the spec's order of
     /// concerns: unknown command, flags, permission, size limit, range.
+    /// Zero-length requests inside the export are valid (see
+    /// [`Request::is_no_op`]), except BLOCK_STATUS, which is EINVAL.
     pub fn validate(&self, size: u64, read_only: bool, max_block: u32) -> Result<(), NbdErrno> {
         use cmd_flags::*;
         let allowed = match self.command {
@@ -142,6 +151,11 @@ impl Request {
         }
         let end = self.offset.checked_add(self.length as u64);
         match end {
+            // A BLOCK_STATUS reply must describe at least one extent, and a
+            // zero-length range has none: refused, as the spec allows.
+            Some(end) if end <= size && self.command == Command::BlockStatus && self.length == 0 => {
+                Err(NbdErrno::Inval)
+            }
             Some(end) if end <= size => Ok(()),
             _ if matches!(self.command, Command::Write | Command::WriteZeroes) => Err(NbdErrno::NoSpc),
             _ => Err(NbdErrno::Inval),
@@ -182,6 +196,24 @@ mod tests {
         assert_eq!(req(Command::Write, 0, 0, 65536).validate(1 << 30, false, 4096), Err(NbdErrno::Inval));
         assert_eq!(req(Command::Unknown(42), 0, 0, 0).validate(4096, false, 4096), Err(NbdErrno::Inval));
         assert_eq!(req(Command::Read, cmd_flags::FUA, 0, 1).validate(4096, false, 4096), Err(NbdErrno::Inval));
+    }
+
+    #[test]
+    fn zero_length_requests_are_served_as_no_ops_except_block_status() {
+        let size = 1 << 20;
+        for c in [Command::Read, Command::Write, Command::Trim, Command::WriteZeroes, Command::Cache] {
+            let r = req(c, 0, 4096, 0);
+            assert_eq!(r.validate(size, false, 1 << 25), Ok(()), "{c:?}");
+            assert!(r.is_no_op(), "{c:?} of 0 bytes touches nothing");
+            // At the very end of the export too; past it is still out of range.
+            assert_eq!(req(c, 0, size, 0).validate(size, false, 1 << 25), Ok(()), "{c:?}");
+            assert!(req(c, 0, size + 1, 0).validate(size, false, 1 << 25).is_err(), "{c:?}");
+        }
+        // A BLOCK_STATUS reply must describe at least one extent, which a
+        // zero-length range has not: the spec lets the server refuse it.
+        assert_eq!(req(Command::BlockStatus, 0, 0, 0).validate(size, false, 1 << 25), Err(NbdErrno::Inval));
+        assert!(!req(Command::Flush, 0, 0, 0).is_no_op(), "a FLUSH has no length and is never skipped");
+        assert!(!req(Command::Read, 0, 0, 1).is_no_op());
     }
 
     proptest! {

@@ -8,7 +8,7 @@
 //! reader of replies only slows itself down.
 
 use super::Shared;
-use super::bufpool::BufPool;
+use super::bufpool::{BufPool, PooledBuf};
 use crate::backend::{BlockBackend, SpliceSource};
 use crate::proto::handshake::{self, Negotiated, Negotiator, Step};
 use crate::proto::reply::{self, Extent, Head};
@@ -127,7 +127,7 @@ async fn negotiate(
 struct Reply {
     head: Head,
     /// Pooled READ data following `head`.
-    data: Option<Vec<u8>>,
+    data: Option<PooledBuf>,
     /// READ data to `sendfile` from the page cache after `head` (instead of `data`).
     file: Option<(SpliceSource, usize)>,
     /// A complete extra message (error or block-status chunk).
@@ -257,11 +257,7 @@ impl Ctx {
 
 /// The header that precedes READ data.
 fn read_head(ctx: &Ctx, req: &Request) -> Head {
-    if ctx.structured {
-        reply::data_chunk(req.cookie, true, req.offset, req.length)
-    } else {
-        reply::simple(req.cookie, 0)
-    }
+    reply::read_head(req.cookie, ctx.structured, req.offset, req.length)
 }
 
 /// Answers, right in the reader, a READ or plain WRITE that the page cache
@@ -273,10 +269,10 @@ fn read_head(ctx: &Ctx, req: &Request) -> Head {
 fn answer_now(
     ctx: &Ctx,
     req: &Request,
-    payload: Option<Vec<u8>>,
+    payload: Option<PooledBuf>,
     permit: OwnedSemaphorePermit,
     started: Instant,
-) -> Result<Reply, (Option<Vec<u8>>, OwnedSemaphorePermit)> {
+) -> Result<Reply, (Option<PooledBuf>, OwnedSemaphorePermit)> {
     let b = &ctx.volume.backend;
     let len = req.length as usize;
     let reply = match (req.command, payload) {
@@ -342,7 +338,7 @@ fn error_reply(ctx: &Ctx, req: &Request, errno: NbdErrno, msg: &str, permit: Opt
 async fn execute(
     ctx: &Ctx,
     req: Request,
-    payload: Option<Vec<u8>>,
+    payload: Option<PooledBuf>,
     permit: OwnedSemaphorePermit,
     started: Instant,
 ) -> Reply {
@@ -371,9 +367,19 @@ async fn execute(
     } else {
         None
     };
+    if req.is_no_op() {
+        // Zero bytes: nothing to ask the backend (fallocate and friends
+        // refuse an empty range), and a READ answers with no data.
+        ctx.shared.metrics.record(req.command, 0, true, started.elapsed());
+        if req.command == Command::Read {
+            return Reply { head: read_head(ctx, &req), data: None, file: None, tail: Vec::new(), _permit: permit };
+        }
+        return ok_reply(&req, permit);
+    }
     let result: io::Result<Reply> = match req.command {
         Command::Read => {
-            let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize), off).await;
+            let (r, buf) = b.read_at(ctx.shared.pool.get(req.length as usize).into_vec(), off).await;
+            let buf = PooledBuf::from_vec(buf);
             match r {
                 Ok(()) => Ok(Reply {
                     head: read_head(ctx, &req),
@@ -389,9 +395,9 @@ async fn execute(
             }
         }
         Command::Write => {
-            let buf = payload.unwrap_or_default();
-            let (r, buf) = b.write_at(buf, off, req.fua()).await;
-            ctx.shared.pool.put(buf);
+            let buf = payload.unwrap_or_else(|| PooledBuf::zeroed(0));
+            let (r, buf) = b.write_at(buf.into_vec(), off, req.fua()).await;
+            ctx.shared.pool.put(PooledBuf::from_vec(buf));
             r.map(|()| ok_reply(&req, permit))
         }
         Command::Flush => b.flush().await.map(|()| ok_reply(&req, permit)),

@@ -10,6 +10,7 @@
 //! ```
 
 use super::catalog::{Catalog, LayerRec};
+use super::faults::Faults;
 use crate::backend::layered::map::{self, GranuleMap};
 use crate::backend::layered::{Cow, Layer};
 use crate::backend::{AnyBackend, Opener, file};
@@ -38,21 +39,92 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Creates the files of a new layer and makes them durable: an empty sparse
 /// data file of `size` bytes and, if `with_map`, a map with no granule owned.
-pub fn create_layer(dir: &Path, id: u64, size: u64, with_map: bool) -> Result<()> {
+/// On failure nothing of the layer is left: a later change allocates the
+/// same id again and must find the names free.
+pub fn create_layer(dir: &Path, id: u64, size: u64, with_map: bool, faults: &Faults) -> Result<()> {
+    // No record names a new id, so files under its name are strays of an
+    // earlier failure whose cleanup failed too.
+    remove_files(dir, id)?;
+    let r = create_files(dir, id, size, with_map, faults);
+    if r.is_err()
+        && let Err(e) = remove_files(dir, id)
+    {
+        tracing::warn!(layer = id, error = %e, "cannot remove the files of a layer that failed to be created");
+    }
+    r.map_err(|e| too_large(e, size))
+}
+
+/// EFBIG from sizing a file means the file system cannot hold the volume.
+pub fn too_large(e: CoronaError, size: u64) -> CoronaError {
+    match e {
+        CoronaError::Io(io) if io.raw_os_error() == Some(libc::EFBIG) => CoronaError::TooLarge { size },
+        e => e,
+    }
+}
+
+fn create_files(dir: &Path, id: u64, size: u64, with_map: bool, faults: &Faults) -> Result<()> {
+    faults.check("create data file")?;
     let data = OpenOptions::new().write(true).create_new(true).open(dir.join(data_name(id)))?;
+    faults.check("size data file")?;
     data.set_len(size)?;
+    faults.check("sync data file")?;
     data.sync_all()?;
     if with_map {
-        create_map(dir, id, size)?;
+        create_map(dir, id, size, faults)?;
     }
+    faults.check("sync layers dir")?;
     sync_dir(&dir.join(LAYERS_DIR))
 }
 
-fn create_map(dir: &Path, id: u64, size: u64) -> Result<()> {
+/// Removes a layer's data file and map if they exist.
+fn remove_files(dir: &Path, id: u64) -> Result<()> {
+    let mut removed = false;
+    for p in [dir.join(data_name(id)), map_path(dir, id)] {
+        match std::fs::remove_file(&p) {
+            Ok(()) => removed = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if removed {
+        sync_dir(&dir.join(LAYERS_DIR))?;
+    }
+    Ok(())
+}
+
+/// Grows a layer's data file (and map) to `size` ahead of the commit that
+/// records the size, so a size the file system cannot hold fails before
+/// anything is recorded. Extra length a failed commit leaves is invisible
+/// and cut back when the layer opens ([`fit`]).
+pub fn grow(dir: &Path, rec: &LayerRec, id: u64, size: u64, faults: &Faults) -> Result<()> {
+    let f = OpenOptions::new().write(true).open(dir.join(&rec.file))?;
+    if f.metadata()?.len() < size {
+        faults.check("size data file")?;
+        f.set_len(size).map_err(|e| too_large(e.into(), size))?;
+        faults.check("sync data file")?;
+        f.sync_all()?;
+    }
+    if rec.parent.is_some() {
+        let m = OpenOptions::new().write(true).open(map_path(dir, id))?;
+        let want = map::file_len(map::count(size));
+        if m.metadata()?.len() < want {
+            faults.check("write map")?;
+            m.set_len(want)?;
+            faults.check("sync map")?;
+            m.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+fn create_map(dir: &Path, id: u64, size: u64, faults: &Faults) -> Result<()> {
+    faults.check("create map")?;
     let mut m = OpenOptions::new().write(true).create_new(true).open(map_path(dir, id))?;
     let g = map::count(size);
+    faults.check("write map")?;
     m.write_all(&map::header(id, g))?;
     m.set_len(map::file_len(g))?;
+    faults.check("sync map")?;
     m.sync_all()?;
     Ok(())
 }
@@ -114,7 +186,9 @@ pub fn open_layer(
     id: u64,
     writable: bool,
     parent: Option<Arc<Layer<AnyBackend>>>,
+    faults: &Faults,
 ) -> Result<Layer<AnyBackend>> {
+    faults.check("open layer")?;
     let rec = cat.layers.get(&id).ok_or_else(|| CoronaError::Meta(format!("layer {id} is missing")))?;
     if writable {
         fit(dir, rec, id)?;
@@ -125,7 +199,7 @@ pub fn open_layer(
     };
     let parent = match parent {
         Some(p) => p,
-        None => Arc::new(open_layer(dir, opener, cat, pid, false, None)?),
+        None => Arc::new(open_layer(dir, opener, cat, pid, false, None, faults)?),
     };
     let mfile = OpenOptions::new().read(true).write(writable).open(map_path(dir, id))?;
     let len = mfile.metadata()?.len();

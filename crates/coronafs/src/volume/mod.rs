@@ -14,6 +14,7 @@
 //! (fixed when the layer opens). See docs/design/volumes.md.
 
 pub mod catalog;
+pub mod faults;
 pub mod fence;
 pub mod files;
 pub mod meta;
@@ -96,6 +97,8 @@ pub struct Volumes {
     /// Open exports (`VOL` and `VOL@SNAP`). Kept open until deleted or the
     /// server stops, so map bits are never dropped unflushed.
     open: Mutex<HashMap<String, Arc<Volume>>>,
+    /// Fault injection at each step of a change (tests; a no-op otherwise).
+    pub faults: faults::Faults,
 }
 
 fn poisoned() -> CoronaError {
@@ -150,6 +153,7 @@ impl Volumes {
             cat: Mutex::new(cat),
             control: tokio::sync::Mutex::new(()),
             open: Mutex::new(HashMap::new()),
+            faults: faults::Faults::default(),
         })
     }
 
@@ -167,6 +171,7 @@ impl Volumes {
 
     /// Commits `new` over the current catalog and makes it current.
     fn commit(&self, old: &Catalog, new: Catalog) -> Result<()> {
+        self.faults.check("commit catalog")?;
         self.meta.commit(old, &new)?;
         *self.cat.lock().map_err(|_| poisoned())? = new;
         Ok(())
@@ -196,11 +201,11 @@ impl Volumes {
         let (layer, ro, epoch) = if name.contains('@') {
             let (v, s) = parse_snap(name)?;
             let rec = cat.snapshots.get(name).ok_or_else(|| CoronaError::SnapshotNotFound(snap_key(v, s)))?;
-            (files::open_layer(&self.dir, &self.opener, &cat, rec.layer, false, None)?, true, 0)
+            (files::open_layer(&self.dir, &self.opener, &cat, rec.layer, false, None, &self.faults)?, true, 0)
         } else {
             validate_name(name)?;
             let rec = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
-            let layer = files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None)?;
+            let layer = files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None, &self.faults)?;
             (layer, self.read_only, rec.epoch)
         };
         let v = Arc::new(Volume::new(name, Layered::new(layer), ro, epoch));
@@ -258,6 +263,16 @@ impl Volumes {
             tracing::info!(volume = name, epoch, "volume fenced (not open)");
         }
         self.info(name)
+    }
+
+    /// After a commit, the open export of `name` could not be brought in
+    /// line with the catalog: it is dropped (its connections fail), so the
+    /// next open reads the catalog. The change itself is done.
+    fn reopen_later(&self, name: &str, e: &CoronaError) {
+        tracing::error!(volume = name, error = %e, "cannot reopen the volume after a change; its connections are closed");
+        if let Some(v) = self.open.lock().ok().and_then(|mut o| o.remove(name)) {
+            v.backend.kill();
+        }
     }
 
     fn connections(&self, name: &str) -> usize {
@@ -366,10 +381,14 @@ impl Volumes {
         }
         let mut cat = old.clone();
         let id = cat.alloc_layer();
-        files::create_layer(&self.dir, id, size, false)?;
-        cat.layers.insert(id, LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 });
+        files::create_layer(&self.dir, id, size, false, &self.faults)?;
+        let layer = LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 };
+        cat.layers.insert(id, layer.clone());
         cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: None, epoch: 0 });
-        self.commit(&old, cat)?;
+        if let Err(e) = self.commit(&old, cat) {
+            files::remove_layer(&self.dir, id, &layer);
+            return Err(e);
+        }
         tracing::info!(volume = name, size, "created volume");
         self.info(name)
     }
@@ -403,11 +422,14 @@ impl Volumes {
         }
         let mut cat = old.clone();
         let id = cat.alloc_layer();
-        files::create_layer(&self.dir, id, size, true)?;
+        files::create_layer(&self.dir, id, size, true, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: Some(snap.layer), parent_limit: snap.size };
-        cat.layers.insert(id, layer);
+        cat.layers.insert(id, layer.clone());
         cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: Some(key.clone()), epoch: 0 });
-        self.commit(&old, cat)?;
+        if let Err(e) = self.commit(&old, cat) {
+            files::remove_layer(&self.dir, id, &layer);
+            return Err(e);
+        }
         tracing::info!(volume = name, from = %key, size, "cloned volume");
         self.info(name)
     }
@@ -433,10 +455,11 @@ impl Volumes {
         }
         let v = self.open(vol)?;
         let mut head = v.backend.exclusive().await;
+        self.faults.check("flush head")?;
         v.backend.flush_layer(&head).await?;
         let mut cat = old.clone();
         let id = cat.alloc_layer();
-        files::create_layer(&self.dir, id, rec.size, true)?;
+        files::create_layer(&self.dir, id, rec.size, true, &self.faults)?;
         let layer =
             LayerRec { file: files::data_name(id), size: rec.size, parent: Some(rec.head), parent_limit: rec.size };
         cat.layers.insert(id, layer);
@@ -444,11 +467,17 @@ impl Volumes {
         if let Some(r) = cat.volumes.get_mut(vol) {
             r.head = id;
         }
-        if let Err(e) = self.commit(&old, cat.clone()) {
-            files::remove_layer(&self.dir, id, &cat.layers[&id]);
-            return Err(e);
-        }
-        let new = files::open_layer(&self.dir, &self.opener, &cat, id, true, Some(head.clone()))?;
+        // Opened before the commit: once the catalog names the new head,
+        // nothing may fail before the volume writes to it.
+        let new = files::open_layer(&self.dir, &self.opener, &cat, id, true, Some(head.clone()), &self.faults)
+            .and_then(|new| self.commit(&old, cat.clone()).map(|()| new));
+        let new = match new {
+            Ok(new) => new,
+            Err(e) => {
+                files::remove_layer(&self.dir, id, &cat.layers[&id]);
+                return Err(e);
+            }
+        };
         v.backend.replace(&mut head, Arc::new(new));
         tracing::info!(snapshot = %key, "snapshot taken");
         self.snapshot_info(&cat, vol, snap)
@@ -471,6 +500,7 @@ impl Volumes {
         }
         let v = self.open(name)?;
         let mut head = v.backend.exclusive().await;
+        self.faults.check("flush head")?;
         v.backend.flush_layer(&head).await?;
         let mut cat = old.clone();
         if let Some(r) = cat.volumes.get_mut(name) {
@@ -480,10 +510,15 @@ impl Volumes {
             l.size = size;
             l.parent_limit = l.parent_limit.min(size);
         }
+        if let Some(l) = old.layers.get(&rec.head) {
+            files::grow(&self.dir, l, rec.head, size, &self.faults)?;
+        }
         self.commit(&old, cat.clone())?;
         let parent = head.cow.as_ref().map(|c| c.parent.clone());
-        let new = files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, parent)?;
-        v.backend.replace(&mut head, Arc::new(new));
+        match files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, parent, &self.faults) {
+            Ok(new) => v.backend.replace(&mut head, Arc::new(new)),
+            Err(e) => self.reopen_later(name, &e),
+        }
         drop(head);
         tracing::info!(volume = name, from = rec.size, to = size, "resized volume");
         self.info(name)
@@ -499,10 +534,12 @@ impl Volumes {
         let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?.clone();
         let v = self.open(name)?;
         let granules = map::count(rec.size);
+        self.faults.check("copy granules")?;
         for g in 0..granules {
             v.backend.materialize(g).await?;
         }
         let mut head = v.backend.exclusive().await;
+        self.faults.check("flush head")?;
         v.backend.flush_layer(&head).await?;
         let mut cat = old.clone();
         if let Some(r) = cat.volumes.get_mut(name) {
@@ -514,8 +551,10 @@ impl Volumes {
         }
         let garbage = cat.collect_garbage();
         self.commit(&old, cat.clone())?;
-        let new = files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, None)?;
-        v.backend.replace(&mut head, Arc::new(new));
+        match files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, None, &self.faults) {
+            Ok(new) => v.backend.replace(&mut head, Arc::new(new)),
+            Err(e) => self.reopen_later(name, &e),
+        }
         drop(head);
         let _ = std::fs::remove_file(files::map_path(&self.dir, rec.head));
         for (id, l) in &garbage {

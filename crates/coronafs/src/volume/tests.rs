@@ -239,3 +239,118 @@ fn a_fence_is_persisted_never_goes_back_and_survives_snapshots_and_restarts() {
     assert_eq!(v.info("vm").expect("info").epoch, 3, "the epoch survives a restart");
     assert_eq!(v.open("vm").expect("open").fence.current(), 3);
 }
+
+/// Every volume and snapshot with its size and bytes: what a change that
+/// failed must leave as it was.
+async fn state(v: &Volumes) -> BTreeMap<String, Vec<u8>> {
+    let cat = v.catalog().expect("catalog");
+    let mut s = BTreeMap::new();
+    for name in cat.volumes.keys().chain(cat.snapshots.keys()) {
+        s.insert(name.clone(), read_all(v, name).await);
+    }
+    s
+}
+
+/// Volume `a` with data and snapshot `a@s`, clone `c` of it with data of its own.
+async fn fault_fixture(v: &Volumes) {
+    v.create("a", 256 * KIB).await.expect("create");
+    write(v, "a", 1000, vec![1; 70 * KIB as usize]).await;
+    v.snapshot("a", "s").await.expect("snapshot");
+    write(v, "a", 0, vec![2; 4096]).await;
+    v.clone_from("c", "a@s", None).await.expect("clone");
+    write(v, "c", 128 * KIB, vec![3; 4096]).await;
+}
+
+type Change = for<'a> fn(&'a Volumes) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
+
+const CHANGES: [(&str, Change); 7] = [
+    ("create", |v| Box::pin(async { v.create("n", 128 * KIB).await.map(|_| ()) })),
+    ("clone", |v| Box::pin(async { v.clone_from("n", "a@s", Some(300 * KIB)).await.map(|_| ()) })),
+    ("snapshot", |v| Box::pin(async { v.snapshot("c", "t").await.map(|_| ()) })),
+    ("flatten", |v| Box::pin(async { v.flatten("c").await.map(|_| ()) })),
+    ("resize", |v| Box::pin(async { v.resize("a", 192 * KIB, true).await.map(|_| ()) })),
+    ("delete", |v| Box::pin(async { v.delete("a", true).await })),
+    ("delete snapshot", |v| Box::pin(async { v.delete_snapshot("a", "s", true).await })),
+];
+
+#[test]
+fn a_change_failing_at_any_step_leaves_catalog_and_files_in_agreement_and_blocks_nothing() {
+    let rt = rt();
+    for (what, change) in CHANGES {
+        let mut fired_somewhere = false;
+        for step in 0.. {
+            let dir = tempfile::tempdir().expect("tmp");
+            let (fired, seen) = rt.block_on(async {
+                let v = load(dir.path());
+                fault_fixture(&v).await;
+                let before = state(&v).await;
+                v.faults.arm(step, libc::EIO);
+                let r = change(&v).await;
+                let seen = v.faults.seen();
+                let Some(at) = v.faults.disarm() else {
+                    r.unwrap_or_else(|e| panic!("{what} failed without a fault: {e}"));
+                    return (None, seen);
+                };
+                let ctx = format!("{what}, fault at step {step} ({at}), steps {seen:?}");
+                if let Err(e) = v.verify() {
+                    panic!("{ctx}: {e}");
+                }
+                let after = state(&v).await;
+                match &r {
+                    Err(_) => assert!(after == before, "{ctx}: a failed change altered volumes or snapshots"),
+                    // A fault after the commit point: the change is done.
+                    Ok(()) => assert!(after != before || what == "flatten", "{ctx}: reported done but not done"),
+                }
+                // Later changes go through, and the same change can be retried.
+                v.create("later", 64 * KIB).await.unwrap_or_else(|e| panic!("{ctx}: later create: {e}"));
+                v.snapshot("later", "x").await.unwrap_or_else(|e| panic!("{ctx}: later snapshot: {e}"));
+                v.clone_from("later2", "later@x", None).await.unwrap_or_else(|e| panic!("{ctx}: later clone: {e}"));
+                if r.is_err() {
+                    change(&v).await.unwrap_or_else(|e| panic!("{ctx}: retry: {e}"));
+                }
+                if let Err(e) = v.verify() {
+                    panic!("{ctx}, after later changes: {e}");
+                }
+                let live = state(&v).await;
+                v.flush_all().await;
+                drop(v);
+                let v = load(dir.path());
+                if let Err(e) = v.verify() {
+                    panic!("{ctx}, after a restart: {e}");
+                }
+                assert!(state(&v).await == live, "{ctx}: a restart changed what the volumes hold");
+                (Some(at), seen)
+            });
+            match fired {
+                Some(_) => fired_somewhere = true,
+                None => {
+                    assert!(fired_somewhere, "{what}: no step could fail ({seen:?})");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_volume_too_large_for_the_file_system_is_refused_with_507_and_leaves_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    rt().block_on(async {
+        let v = load(dir.path());
+        // ext4 refuses files over 16 TiB with EFBIG at the sizing step.
+        v.faults.arm(1, libc::EFBIG);
+        let e = v.create("big", 17 << 40).await.expect_err("too large");
+        assert_eq!(v.faults.disarm(), Some("size data file"));
+        assert_eq!(e.http_status(), 507, "{e}");
+        assert!(e.to_string().contains("file system"), "the message says why: {e}");
+        if let Err(e) = v.verify() {
+            panic!("{e}");
+        }
+        v.create("big", 1 << 20).await.expect("a later create");
+        v.snapshot("big", "s").await.expect("a later snapshot");
+        v.clone_from("c", "big@s", None).await.expect("a later clone");
+        if let Err(e) = v.verify() {
+            panic!("{e}");
+        }
+    });
+}

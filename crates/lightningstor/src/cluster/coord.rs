@@ -185,7 +185,7 @@ impl Node {
         let mut sent_any = false;
         let mut body = std::pin::pin!(body);
         while let Some(chunk) = body.next().await {
-            let mut chunk = chunk.map_err(|e| LightningError::Body(e.to_string()))?;
+            let mut chunk = chunk.map_err(LightningError::body)?;
             received += chunk.len() as u64;
             hasher.update(&chunk);
             while !chunk.is_empty() {

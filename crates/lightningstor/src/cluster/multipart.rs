@@ -26,7 +26,7 @@ use crate::conditions::Mode;
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
 use crate::meta::ops::{self, CompletedPart as Wanted};
-use crate::meta::types::{PartMeta, Row, UploadMeta};
+use crate::meta::types::{ObjectMeta, PartMeta, Row, UploadMeta};
 use crate::s3::convert::{
     check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp, trailer_value,
 };
@@ -431,7 +431,19 @@ pub(super) async fn complete_multipart_upload(
         let etag = p.e_tag.as_ref().map(etag_value).unwrap_or_default().to_owned();
         wanted.push(Wanted { number, etag, checksum: wanted_checksum(p)? });
     }
-    let (upload, stored) = node.upload_state(&i.bucket, &i.key, &i.upload_id, true).await?;
+    let (upload, stored) = match node.upload_state(&i.bucket, &i.key, &i.upload_id, true).await {
+        Ok(s) => s,
+        // A retry of a completion that happened (its reply was lost): the
+        // same answer again, as the single node gives it.
+        Err(e @ LightningError::NoSuchUpload(_)) => {
+            let want = ops::completed_etag(&wanted);
+            return match super::s3::load(node, &i.bucket, &i.key).await {
+                Ok((m, _)) if want.as_deref() == Some(m.etag.as_str()) => Ok(complete_output(&i.bucket, &i.key, &m)),
+                _ => Err(e),
+            };
+        }
+        Err(e) => return Err(e),
+    };
     let meta = if i.if_match.is_some() || i.if_none_match.is_some() {
         node.with_key_lease(&i.bucket, i.key.as_bytes(), async {
             super::s3::check_write_conditions(node, &i.bucket, &i.key, i.if_match.as_ref(), i.if_none_match.as_ref())
@@ -458,11 +470,15 @@ pub(super) async fn complete_multipart_upload(
     {
         tracing::warn!(upload = %i.upload_id, error = %e, "completed upload not dropped everywhere yet");
     }
+    Ok(complete_output(&i.bucket, &i.key, &meta))
+}
+
+fn complete_output(bucket: &str, key: &str, meta: &ObjectMeta) -> CompleteMultipartUploadOutput {
     let c = checksum_fields(meta.checksum.as_ref());
-    Ok(CompleteMultipartUploadOutput {
-        bucket: Some(i.bucket.clone()),
-        key: Some(i.key.clone()),
-        location: Some(format!("/{}/{}", i.bucket, i.key)),
+    CompleteMultipartUploadOutput {
+        bucket: Some(bucket.to_owned()),
+        key: Some(key.to_owned()),
+        location: Some(format!("/{bucket}/{key}")),
         e_tag: Some(etag(&meta.etag)),
         checksum_crc32: c.crc32,
         checksum_crc32c: c.crc32c,
@@ -471,7 +487,7 @@ pub(super) async fn complete_multipart_upload(
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
         ..Default::default()
-    })
+    }
 }
 
 pub(super) async fn abort_multipart_upload(

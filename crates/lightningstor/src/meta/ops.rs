@@ -327,6 +327,24 @@ pub fn assemble_upload(
     })
 }
 
+/// The ETag a completion of `requested` gives its object (the MD5 of the
+/// parts' MD5s, then `-N`), computed from the part ETags the client names;
+/// `None` when one of them is not an MD5. A completion repeated after its
+/// upload is gone (an SDK retrying a lost reply) is recognised by it: when
+/// the key holds an object with this ETag, that completion already happened,
+/// and the retry gets the same answer instead of NoSuchUpload.
+pub fn completed_etag(requested: &[CompletedPart]) -> Option<String> {
+    if requested.is_empty() {
+        return None;
+    }
+    let mut md5s = md5::Md5::new();
+    for p in requested {
+        let raw = hex::decode(p.etag.trim_matches('"')).ok().filter(|r| r.len() == 16)?;
+        md5s.update(&raw);
+    }
+    Some(format!("{}-{}", hex::encode(md5s.finalize()), requested.len()))
+}
+
 /// Turns an upload into an object. Returns the object and freed blocks.
 #[allow(clippy::too_many_arguments)]
 pub fn complete_upload(

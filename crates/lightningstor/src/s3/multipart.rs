@@ -225,11 +225,23 @@ pub(super) async fn complete_multipart_upload(
     let cond = WriteConditions { if_match: i.if_match, if_none_match: i.if_none_match };
     let version = store.meta.next_version();
     let (id, bucket, key) = (i.upload_id, i.bucket.clone(), i.key.clone());
-    let (meta, freed) = store
+    let retry_etag = ops::completed_etag(&wanted);
+    let meta = match store
         .meta
         .write(move |t| ops::complete_upload(t, &id, &bucket, &key, &wanted, version, now_ms(), &cond))
-        .await?;
-    store.spawn_delete(freed);
+        .await
+    {
+        Ok((meta, freed)) => {
+            store.spawn_delete(freed);
+            meta
+        }
+        // A retry of a completion that happened: the same answer again.
+        Err(e @ LightningError::NoSuchUpload(_)) => match store.meta.get_object(&i.bucket, &i.key)? {
+            Some(m) if retry_etag.as_deref() == Some(m.etag.as_str()) => m,
+            _ => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
     let c = checksum_fields(meta.checksum.as_ref());
     Ok(CompleteMultipartUploadOutput {
         bucket: Some(i.bucket.clone()),
