@@ -190,7 +190,7 @@ impl Lab {
                 .arg(repo().join("deploy/docker/wait-healthy.sh"))
                 .args(["-p", &lab.project, "--timeout", "180"]),
         );
-        assert!(healthy.contains("containers healthy"), "{healthy}");
+        assert!(healthy.contains("containers running and healthy"), "{healthy}");
         let mut services: Vec<String> =
             must(&mut lab.compose(&["config", "--services"])).lines().map(str::to_owned).collect();
         services.sort();

@@ -4,8 +4,9 @@
 # busy loop to the NBD request decoder there (Request::decode), runs the
 # gate's NBD codec benchmarks against the committed baselines and expects the
 # gate to exit 1 and name `nbd_request_decode_validate`. The repository
-# itself is not touched. Builds in the repository's target directory, so
-# only the workspace crates are compiled again (a few minutes in release).
+# itself is not touched. Builds in the repository's target directory (or
+# GATE_SELFTEST_TARGET_DIR), so only the workspace crates are compiled again
+# (a few minutes in release).
 #
 #   crates/bench/scripts/gate-selftest.sh
 set -euo pipefail
@@ -20,7 +21,7 @@ grep -q "gate self-test" "$decoder" || { echo "selftest: could not patch $decode
 echo "selftest: Request::decode in $scratch now spins 64 times per header"
 
 set +e
-(cd "$scratch" && CARGO_TARGET_DIR="$root/target" cargo bench -p bench --bench gate -- 'main::nbd_codec::*') 2>&1 | tee "$scratch/gate.log"
+(cd "$scratch" && CARGO_TARGET_DIR="${GATE_SELFTEST_TARGET_DIR:-$root/target}" cargo bench -p bench --bench gate -- 'gate::cases::nbd_codec::*') 2>&1 | tee "$scratch/gate.log"
 rc=${PIPESTATUS[0]}
 set -e
 echo "selftest: the gate exited $rc"

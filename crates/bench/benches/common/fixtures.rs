@@ -263,7 +263,15 @@ const BUCKET: &str = "gate";
 
 impl S3 {
     pub fn new(len: usize) -> Self {
-        let rt = runtime();
+        // One blocking thread that never idles out: the engine's block work
+        // always runs on the same thread, started during setup, so a run
+        // neither starts a thread nor spreads its work differently.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(1)
+            .thread_keep_alive(std::time::Duration::from_secs(24 * 3600))
+            .build()
+            .expect("runtime");
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cfg = lightningstor::Config::new(dir.path()).with_keys("gate-ak", "gate-sk-0123456789");
         // The request path, not the disk's flush latency.
@@ -282,6 +290,9 @@ impl S3 {
             ))
             .endpoint_url("http://localhost:9000")
             .force_path_style(true)
+            // Its throughput checks poll the clock and the timer wheel: work
+            // of the client that varies with wall time, not of the server.
+            .stalled_stream_protection(aws_sdk_s3::config::StalledStreamProtectionConfig::disabled())
             .http_client(s3s_aws::Client::from(service))
             .build();
         let client = aws_sdk_s3::Client::from_conf(conf);
