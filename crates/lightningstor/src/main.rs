@@ -253,8 +253,9 @@ async fn serve_node(c: lightningstor::cluster::ClusterConfig, name: String) -> a
 async fn status(c: lightningstor::cluster::ClusterConfig) -> anyhow::Result<()> {
     let nodes = lightningstor::cluster::admin::status(&c, std::time::Duration::from_secs(5)).await?;
     println!(
-        "cluster: {} nodes, replication factor {}, R={} W={}, {:?}, layout version {}, {} partitions",
+        "cluster: {} node{}, replication factor {}, R={} W={}, {:?}, layout version {}, {} partitions",
         c.nodes.len(),
+        if c.nodes.len() == 1 { "" } else { "s" },
         c.replication_factor,
         c.r(),
         c.w(),
