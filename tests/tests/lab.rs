@@ -185,11 +185,12 @@ impl Lab {
         // and its agent included, to report healthy.
         must(&mut lab.compose(&["up", "-d", "--no-build"]));
         let up = t.elapsed();
-        let healthy = must(
-            Command::new("bash")
-                .arg(repo().join("deploy/docker/wait-healthy.sh"))
-                .args(["-p", &lab.project, "--timeout", "180"]),
-        );
+        let healthy = must(Command::new("bash").arg(repo().join("deploy/docker/wait-healthy.sh")).args([
+            "-p",
+            &lab.project,
+            "--timeout",
+            "180",
+        ]));
         assert!(healthy.contains("containers running and healthy"), "{healthy}");
         let mut services: Vec<String> =
             must(&mut lab.compose(&["config", "--services"])).lines().map(str::to_owned).collect();
@@ -202,12 +203,7 @@ impl Lab {
             states.len() == SERVICES.len() && states.iter().all(|(_, s)| s == "running healthy"),
             "every container of the lab should run and report healthy: {states:?}"
         );
-        eprintln!(
-            "lab: {} up -d returned after {:.1} s; {}",
-            lab.project,
-            up.as_secs_f64(),
-            healthy.trim()
-        );
+        eprintln!("lab: {} up -d returned after {:.1} s; {}", lab.project, up.as_secs_f64(), healthy.trim());
         lab
     }
 

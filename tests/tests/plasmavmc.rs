@@ -189,7 +189,10 @@ fn concurrent_first_fills_of_many_images_with_a_small_cache_all_finish_and_respe
                 if !matches!(v["status"].as_str(), Some("creating" | "downloading")) {
                     break v;
                 }
-                assert!(t0.elapsed() < std::time::Duration::from_secs(60), "round {round}: volume stuck (deadlock?): {v}");
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(60),
+                    "round {round}: volume stuck (deadlock?): {v}"
+                );
                 std::thread::sleep(std::time::Duration::from_millis(20));
             };
             assert_eq!(v["status"], "available", "round {round}: {v}");
@@ -458,8 +461,7 @@ fn a_stalled_upload_times_out_and_the_image_can_be_deleted() {
     let addr = st.url.trim_start_matches("http://").to_owned();
     use std::io::Write;
     let mut c = std::net::TcpStream::connect(&addr).expect("connect");
-    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
-        .expect("head");
+    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20).expect("head");
     c.write_all(&stack_tests::pattern(7 << 20, 9)).expect("body");
     // ... and then nothing, with the connection held open.
     let t0 = std::time::Instant::now();

@@ -1458,7 +1458,8 @@ async fn a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_s
             .await?;
         let sum = p.checksum_sha256().expect("part checksum").to_owned();
         digests.update(b64.decode(&sum)?);
-        parts.push(CompletedPart::builder().part_number(n).e_tag(p.e_tag().expect("etag")).checksum_sha256(sum).build());
+        parts
+            .push(CompletedPart::builder().part_number(n).e_tag(p.e_tag().expect("etag")).checksum_sha256(sum).build());
     }
     let right = format!("{}-2", b64.encode(digests.finalize()));
     let complete = |claim: &str| {
@@ -1484,7 +1485,15 @@ async fn a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_s
     // A checksum of another algorithm than the upload's is refused.
     let up2 = c.create_multipart_upload().bucket("sums").key("k2").send().await?;
     let id2 = up2.upload_id().expect("upload id");
-    let p = c.upload_part().bucket("sums").key("k2").upload_id(id2).part_number(1).body(ByteStream::from_static(b"x")).send().await?;
+    let p = c
+        .upload_part()
+        .bucket("sums")
+        .key("k2")
+        .upload_id(id2)
+        .part_number(1)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await?;
     let e = c
         .complete_multipart_upload()
         .bucket("sums")

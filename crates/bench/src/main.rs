@@ -111,7 +111,9 @@ enum Cmd {
     /// Targets: http://HOST:PORT/PATH (a GET answered 2xx), nbd://HOST:PORT
     /// (NBD handshake and export list), nbd://HOST:PORT/EXPORT (handshake
     /// opening that export), tcp://HOST:PORT (a connection accepted).
-    #[command(after_help = "Example:\n  bench healthcheck --wait 30s http://127.0.0.1:7070/healthz nbd://127.0.0.1:10809")]
+    #[command(
+        after_help = "Example:\n  bench healthcheck --wait 30s http://127.0.0.1:7070/healthz nbd://127.0.0.1:10809"
+    )]
     Healthcheck {
         /// What to check (one or more).
         #[arg(required = true, value_name = "TARGET")]

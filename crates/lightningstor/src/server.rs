@@ -92,7 +92,9 @@ fn check_presigned_expires(query: Option<&str>) -> S3Result<()> {
             Ok(n) if (1..=MAX_PRESIGNED_EXPIRES_S).contains(&n) => Ok(()),
             _ => Err(s3s::S3Error::with_message(
                 s3s::S3ErrorCode::AuthorizationQueryParametersError,
-                format!("X-Amz-Expires must be between 1 and {MAX_PRESIGNED_EXPIRES_S} seconds (seven days), not {v:?}"),
+                format!(
+                    "X-Amz-Expires must be between 1 and {MAX_PRESIGNED_EXPIRES_S} seconds (seven days), not {v:?}"
+                ),
             )),
         };
     }

@@ -44,7 +44,8 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// FUA, flush, trim, block status; and one that fails validation.
 pub fn request_headers() -> Vec<[u8; REQUEST_LEN]> {
     use coronafs::proto::cmd_flags::{FUA, REQ_ONE};
-    let r = |command, flags, offset, length| Request { flags, command, cookie: offset ^ 0x5eed, offset, length }.encode();
+    let r =
+        |command, flags, offset, length| Request { flags, command, cookie: offset ^ 0x5eed, offset, length }.encode();
     vec![
         r(Command::Read, 0, 1 << 30, 4096),
         r(Command::Read, 0, 7 << 20, 1 << 20),
@@ -163,7 +164,8 @@ impl CowChain {
         let clone = clone_layer(2, base, |g| g % 3 == 1);
         let head = clone_layer(3, clone, |g| g % 3 == 2);
         assert_eq!(head.depth(), 3);
-        let mut f = CowChain { rt: runtime(), volume: Layered::new(head), bufs: vec![vec![0u8; 4096]; CHAIN_READS as usize] };
+        let mut f =
+            CowChain { rt: runtime(), volume: Layered::new(head), bufs: vec![vec![0u8; 4096]; CHAIN_READS as usize] };
         f.run();
         f
     }
@@ -301,8 +303,7 @@ impl S3 {
         f.rt.block_on(f.client.create_bucket().bucket(BUCKET).send()).expect("bucket");
         // Warm: one PUT and GET of the object GETs read, so connection-free
         // caches (identity, endpoint, blocking threads) are filled.
-        f.rt.block_on(f.client.put_object().bucket(BUCKET).key("get").body(f.body.clone().into()).send())
-            .expect("put");
+        f.rt.block_on(f.client.put_object().bucket(BUCKET).key("get").body(f.body.clone().into()).send()).expect("put");
         f.get();
         f
     }
@@ -316,9 +317,7 @@ impl S3 {
     /// PUTs `body` at `key`; the measured part of [`S3::put`].
     pub fn put_prepared(&self, key: &str, body: bytes::Bytes) -> usize {
         let n = body.len();
-        self.rt
-            .block_on(self.client.put_object().bucket(BUCKET).key(key).body(body.into()).send())
-            .expect("put");
+        self.rt.block_on(self.client.put_object().bucket(BUCKET).key(key).body(body.into()).send()).expect("put");
         n
     }
 

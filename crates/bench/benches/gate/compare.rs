@@ -160,12 +160,22 @@ impl Gate {
                 eprintln!("gate: writing the baseline of {name}: {e}");
                 return 2;
             }
-            rows.push(Row { name: name.clone(), baseline: base.get(name).copied(), now: Some(ir), verdict: "written".into() });
+            rows.push(Row {
+                name: name.clone(),
+                baseline: base.get(name).copied(),
+                now: Some(ir),
+                verdict: "written".into(),
+            });
         }
         if !self.filtered {
             for name in base.keys().filter(|n| !now.contains_key(*n)) {
                 let _ = std::fs::remove_file(self.baselines.join(format!("{name}.txt")));
-                rows.push(Row { name: name.clone(), baseline: base.get(name).copied(), now: None, verdict: "removed".into() });
+                rows.push(Row {
+                    name: name.clone(),
+                    baseline: base.get(name).copied(),
+                    now: None,
+                    verdict: "removed".into(),
+                });
             }
         }
         print_table(&rows);

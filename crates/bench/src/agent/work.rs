@@ -504,7 +504,10 @@ pub async fn steady(links: &Links, r: SteadyRequest) -> anyhow::Result<SteadyRep
         let check_deadline = Instant::now() + super::MAX_WORK / 2;
         for (i, (key, seed)) in all.iter().enumerate() {
             if Instant::now() > check_deadline {
-                lost.push(format!("{} not checked: the read-back ran out of time", crate::text::count(all.len() - i, "object")));
+                lost.push(format!(
+                    "{} not checked: the read-back ran out of time",
+                    crate::text::count(all.len() - i, "object")
+                ));
                 break;
             }
             let b = f.bucket.clone();

@@ -534,7 +534,9 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
         let _ = writeln!(
             s,
             "- With {} it reaches {:.2} PUT/s and {:.2} GET/s.",
-            crate::text::count(b.jobs, "parallel job"), b.put_per_s.median, b.get_per_s.median
+            crate::text::count(b.jobs, "parallel job"),
+            b.put_per_s.median,
+            b.get_per_s.median
         );
     }
     if r.local_disk.get().is_some() && r.coronafs.get().is_some() {

@@ -113,7 +113,10 @@ impl Request {
     /// without touching the backend.
     pub fn is_no_op(&self) -> bool {
         self.length == 0
-            && matches!(self.command, Command::Read | Command::Write | Command::Trim | Command::WriteZeroes | Command::Cache)
+            && matches!(
+                self.command,
+                Command::Read | Command::Write | Command::Trim | Command::WriteZeroes | Command::Cache
+            )
     }
 
     pub fn fua(&self) -> bool {

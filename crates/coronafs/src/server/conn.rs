@@ -576,7 +576,12 @@ impl Loopback {
 
     /// Serves one request: `payload` is a WRITE's data (empty otherwise);
     /// `sink` gets the reply's parts in wire order. A DISC gets no reply.
-    pub async fn request(&self, hdr: &[u8; REQUEST_LEN], payload: &[u8], mut sink: impl FnMut(&[u8])) -> io::Result<()> {
+    pub async fn request(
+        &self,
+        hdr: &[u8; REQUEST_LEN],
+        payload: &[u8],
+        mut sink: impl FnMut(&[u8]),
+    ) -> io::Result<()> {
         let ctx = &self.ctx;
         let req = Request::decode(hdr).map_err(io::Error::other)?;
         if req.command == Command::Disc {

@@ -205,7 +205,8 @@ impl Volumes {
         } else {
             validate_name(name)?;
             let rec = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
-            let layer = files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None, &self.faults)?;
+            let layer =
+                files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None, &self.faults)?;
             (layer, self.read_only, rec.epoch)
         };
         let v = Arc::new(Volume::new(name, Layered::new(layer), ro, epoch));
