@@ -971,6 +971,22 @@ fn base64(raw: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(raw)
 }
 
+/// SigV4 parameters for our test keys in us-east-1, signed now.
+fn signing_params<'a>(
+    identity: &'a aws_smithy_runtime_api::client::identity::Identity,
+    settings: aws_sigv4::http_request::SigningSettings,
+) -> aws_sigv4::http_request::SigningParams<'a> {
+    aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .expect("params")
+        .into()
+}
+
 /// Signs a raw aws-chunked PUT with an unsigned-payload trailer, the way
 /// current SDKs send uploads, so the trailer value can be chosen.
 fn chunked_put(bucket: &str, key: &str, data: &[u8], trailer: &str) -> http::Request<s3s::Body> {
@@ -1007,15 +1023,7 @@ fn chunked_put_encoded(
     let identity = aws_credential_types::Credentials::new(AK, SK, None, None, "t").into();
     let mut settings = SigningSettings::default();
     settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(std::time::SystemTime::now())
-        .settings(settings)
-        .build()
-        .expect("params")
-        .into();
+    let params = signing_params(&identity, settings);
     let signable = SignableRequest::new(
         "PUT",
         uri.clone(),
@@ -1318,15 +1326,7 @@ fn signed(
         settings.signature_location = SignatureLocation::QueryParams;
         settings.expires_in = Some(d);
     }
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("s3")
-        .time(std::time::SystemTime::now())
-        .settings(settings)
-        .build()
-        .expect("params")
-        .into();
+    let params = signing_params(&identity, settings);
     let signable_body = if presign.is_some() {
         SignableBody::UnsignedPayload
     } else {
