@@ -1,0 +1,14 @@
+//! What every service does the same way, so that it is done one way:
+//!
+//! - [`config`]: read a TOML config file, parse it with serde and, where
+//!   the file is the whole configuration, validate it; every error names
+//!   the file (and the line and column of a parse error).
+//! - [`prom`]: render counters, gauges and histograms in the Prometheus
+//!   text exposition format for `/metrics`.
+//!
+//! It sits below every service crate and depends on nothing heavier than
+//! serde and toml, so CoronaFS, LightningStor, PlasmaVMC and the bench can
+//! all use it without pulling each other in.
+
+pub mod config;
+pub mod prom;
