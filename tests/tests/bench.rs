@@ -307,6 +307,24 @@ fn bad_job_files_are_refused_with_a_clear_message() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{text}: {err}");
     }
+    // Reading and parsing errors name the file, and the line and column.
+    let p = d.path().join("bad.toml");
+    for (text, want) in [
+        (
+            "[[job]]\nname = \"a\"\nrw = \"read\"\nblock_size = 4096\n",
+            format!("{}:4:1: unknown field `block_size`", p.display()),
+        ),
+        ("[[job]]\nname = \"a\"\n[[job]\n", format!("{}:3:", p.display())),
+    ] {
+        std::fs::write(&p, text).unwrap();
+        let out = bench().args(["run", "--profile"]).arg(&p).args(["--target"]).arg(d.path()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&want), "{text}: {err}");
+    }
+    let missing = d.path().join("missing.toml");
+    let out = bench().args(["fresh-bench-storage", "--cluster"]).arg(&missing).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("cannot read {}", missing.display())), "{err}");
 }
 
 /// A job the emulated link, not the CPU, sets the pace of: 1 MiB reads at

@@ -119,3 +119,29 @@ fn flushed_and_fua_writes_survive_kill_9_and_restart() {
         }
     }
 }
+
+#[test]
+fn serve_refuses_a_bad_config_file_naming_the_file_and_the_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = |file: &std::path::Path| {
+        let out =
+            Command::new(bin("coronafs", "coronafs")).args(["serve", "--config"]).arg(file).output().expect("run");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let missing = dir.path().join("missing.toml");
+    let (code, err) = serve(&missing);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("cannot read {}", missing.display())), "{err}");
+
+    let syntax = dir.path().join("syntax.toml");
+    std::fs::write(&syntax, "data_dir = \"/tmp/x\"\nnbd = = \"127.0.0.1:0\"\n").expect("write");
+    let (code, err) = serve(&syntax);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("{}:2:", syntax.display())), "path and line: {err}");
+
+    let unknown = dir.path().join("unknown.toml");
+    std::fs::write(&unknown, "data_dir = \"/tmp/x\"\n\ndata-dir = \"/tmp/y\"\n").expect("write");
+    let (code, err) = serve(&unknown);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("{}:3:1: unknown field `data-dir`", unknown.display())), "{err}");
+}

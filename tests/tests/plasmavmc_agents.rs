@@ -326,6 +326,24 @@ fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
     bad("worker.toml", "serve", "[[workers]]\nname = \"a\"\nurl = \"nope\"\n", "not an http");
     bad("agent.toml", "agent", "name = \"a\"\nport = 3\n", "port");
     bad("agent-nbd.toml", "agent", "name = \"a\"\ncoronafs_nbd = \"nohost\"\n", "host:port");
+    // Errors from reading and parsing name the file, and the line and column.
+    let at = |name: &str, line_col: &str| format!("{}:{line_col}", dir.path().join(name).display());
+    bad(
+        "unknown.toml",
+        "serve",
+        "listen = \"127.0.0.1:0\"\nbogus = 1\n",
+        &at("unknown.toml", "2:1: unknown field `bogus`"),
+    );
+    bad("agent.toml", "agent", "name = \"a\"\nport = 3\n", &at("agent.toml", "2:1: unknown field `port`"));
+    bad("syntax.toml", "serve", "s3_bucket = \"b\"\n\n[[workers]\n", &at("syntax.toml", "3:"));
+    bad("syntax.toml", "agent", "name = \"a\"\n\n[[workers]\n", &at("syntax.toml", "3:"));
+    for sub in ["serve", "agent"] {
+        let missing = dir.path().join("missing.toml");
+        let out = Command::new(&exe).args([sub, "--config"]).arg(&missing).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{sub}: {err}");
+        assert!(err.contains(&format!("cannot read {}", missing.display())), "{sub}: {err}");
+    }
     let out = Command::new(&exe).args(["agent", "--listen", "127.0.0.1:99999", "--name", "a"]).output().expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("127.0.0.1:99999"));

@@ -1241,6 +1241,45 @@ fn the_binary_refuses_to_start_without_keys_unless_anonymous() {
     }
 }
 
+#[test]
+fn bad_config_files_are_refused_naming_the_file_the_line_and_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str], file: &std::path::Path| {
+        let out = std::process::Command::new(binary()).args(args).arg(file).output().expect("run");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    };
+    for args in [&["serve", "--config"][..], &["cluster", "status", "--config"][..]] {
+        let missing = dir.path().join("missing.toml");
+        let (code, err) = run(args, &missing);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains(&format!("cannot read {}", missing.display())), "{args:?}: {err}");
+
+        let syntax = write("syntax.toml", "data_dir = \"/tmp/x\"\nanonymous = yes\n");
+        let (code, err) = run(args, &syntax);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains(&format!("{}:2:", syntax.display())), "{args:?}: path and line: {err}");
+    }
+    let unknown = write("unknown.toml", "data_dir = \"/tmp/x\"\nanonymous = true\n  blocksize = 4096\n");
+    let (code, err) = run(&["serve", "--config"], &unknown);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("{}:3:3: unknown field `blocksize`", unknown.display())), "{err}");
+
+    // A cluster file is the whole configuration: it is validated on load,
+    // and the rule it breaks comes with its path.
+    let empty = write("empty.toml", "layout_version = 1\nnodes = []\n");
+    let (code, err) = run(&["cluster", "status", "--config"], &empty);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{}: invalid configuration: a cluster needs at least one node", empty.display())),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_block_corrupted_on_disk_fails_the_get_instead_of_returning_bad_bytes() -> R {
     let s = InProcess::new();

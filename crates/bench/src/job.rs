@@ -306,7 +306,7 @@ impl JobSpec {
 
 /// Parses and checks a profile. `name` labels it in reports.
 pub fn parse_profile(name: &str, text: &str) -> anyhow::Result<Profile> {
-    let file: ProfileFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    let file: ProfileFile = svc_kit::config::parse_named(name, text)?;
     if file.global.name.is_some() {
         bail!("{name}: [global] cannot set a name");
     }

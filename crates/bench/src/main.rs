@@ -650,8 +650,7 @@ fn cmd_serve_lightningstor(config: PathBuf, node: String, exit_with: bool) -> an
     if exit_with {
         exit_with_stdin();
     }
-    let c = lightningstor::cluster::ClusterConfig::from_file(&config)
-        .with_context(|| format!("cluster file {}", config.display()))?;
+    let c = lightningstor::cluster::ClusterConfig::from_file(&config).context("cluster file")?;
     runtime()?.block_on(async {
         let running = lightningstor::cluster::start(c, &node).await.with_context(|| format!("starting node {node}"))?;
         println!("listening on {}", running.s3.addr);

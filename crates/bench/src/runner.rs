@@ -31,7 +31,7 @@ pub fn load_profile(name_or_path: &str) -> anyhow::Result<Profile> {
         let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
         anyhow::bail!("{name_or_path}: no such built-in profile ({}) or job file", names.join(", "));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{name_or_path}: {e}"))?;
+    let text = svc_kit::config::read(path)?;
     crate::job::parse_profile(name_or_path, &text)
 }
 

@@ -49,16 +49,16 @@ fn engine<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<
 }
 
 impl ServeSettings {
-    /// Parses a settings file (unknown fields are an error).
+    /// Parses settings (unknown fields are an error).
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| CoronaError::Config(e.to_string()))
+        Ok(svc_kit::config::parse(text)?)
     }
 
-    /// Reads a settings file.
+    /// Reads a settings file; errors name the file (and the line of a parse
+    /// error). Flags may still override it, so it is checked later, by
+    /// [`ServeSettings::into_server_config`].
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CoronaError::Config(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_toml(&text).map_err(|e| CoronaError::Config(format!("{}: {e}", path.display())))
+        Ok(svc_kit::config::load(path)?)
     }
 
     /// `self` with every field `over` sets replaced (flags over the file).
@@ -138,5 +138,21 @@ mod tests {
             ..Default::default()
         };
         assert!(same.into_server_config().is_err());
+    }
+
+    #[test]
+    fn file_errors_name_the_file_and_the_line() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("coronafs.toml");
+        let e = ServeSettings::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("cannot read {}: ", path.display())), "{e}");
+        std::fs::write(&path, "data_dir = \"/a\"\nread_only = maybe\n").expect("write");
+        let e = ServeSettings::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:2:", path.display())), "{e}");
+        std::fs::write(&path, "data_dir = \"/a\"\nio_engine = \"aio\"\n").expect("write");
+        let e = ServeSettings::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:2:13: unknown io_engine \"aio\"", path.display())), "{e}");
+        std::fs::write(&path, "data_dir = \"/a\"\n").expect("write");
+        assert_eq!(ServeSettings::from_file(&path).expect("good").data_dir, Some(PathBuf::from("/a")));
     }
 }

@@ -70,15 +70,16 @@ impl Config {
         self
     }
 
-    /// Reads a TOML configuration file (unknown fields are an error).
+    /// Reads a TOML configuration file (unknown fields are an error; errors
+    /// name the file). Flags and the environment may still supply the keys,
+    /// so the caller validates the merged configuration.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)?;
-        Self::from_toml(&text)
+        Ok(svc_kit::config::load(path)?)
     }
 
     /// Parses a TOML configuration (unknown fields are an error).
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| LightningError::Config(e.to_string()))
+        Ok(svc_kit::config::parse(text)?)
     }
 
     /// The access/secret key pair, if both are configured.
@@ -148,5 +149,19 @@ mod tests {
         assert_eq!(c.listen.port(), 9100);
         assert_eq!(c.block_size, DEFAULT_BLOCK_SIZE);
         assert!(Config::from_toml("data_dir = \"/x\"\nbogus = 1\n").is_err());
+    }
+
+    #[test]
+    fn file_errors_name_the_file_the_line_and_the_field() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("ls.toml");
+        let e = Config::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("cannot read {}: ", path.display())), "{e}");
+        std::fs::write(&path, "data_dir = \"/x\"\nbogus = 1\n").expect("write");
+        let e = Config::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:2:1: unknown field `bogus`", path.display())), "{e}");
+        // Keys may come from flags or the environment: loading does not validate.
+        std::fs::write(&path, "data_dir = \"/x\"\n").expect("write");
+        assert!(Config::from_file(&path).expect("parses").validate().is_err());
     }
 }

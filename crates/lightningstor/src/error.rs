@@ -85,6 +85,9 @@ pub enum LightningError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A config file cannot be read, parsed or validated (the message names it).
+    #[error(transparent)]
+    ConfigFile(#[from] svc_kit::config::ConfigError),
     /// The client's body stream failed.
     #[error("reading the request body failed: {0}")]
     Body(String),
@@ -146,7 +149,7 @@ impl LightningError {
             E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
             E::MalformedXml(_) => S3ErrorCode::MalformedXML,
             E::NotImplemented(_) => S3ErrorCode::NotImplemented,
-            E::CorruptBlock { .. } | E::MissingBlock { .. } | E::Config(_) | E::Db(_) | E::Io(_) => {
+            E::CorruptBlock { .. } | E::MissingBlock { .. } | E::Config(_) | E::ConfigFile(_) | E::Db(_) | E::Io(_) => {
                 S3ErrorCode::InternalError
             }
             E::Body(_) => S3ErrorCode::IncompleteBody,

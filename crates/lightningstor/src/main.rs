@@ -142,14 +142,12 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Cluster(ClusterCmd::Status { config }) => {
-            let c = lightningstor::cluster::ClusterConfig::from_file(&config)
-                .with_context(|| format!("reading {}", config.display()))?;
+            let c = lightningstor::cluster::ClusterConfig::from_file(&config)?;
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(status(c))
         }
         Cmd::Cluster(ClusterCmd::Layout(LayoutCmd::Apply { config, timeout })) => {
-            let c = lightningstor::cluster::ClusterConfig::from_file(&config)
-                .with_context(|| format!("reading {}", config.display()))?;
+            let c = lightningstor::cluster::ClusterConfig::from_file(&config)?;
             let rt = tokio::runtime::Runtime::new()?;
             let moved = rt.block_on(lightningstor::cluster::admin::apply_layout(
                 c,
@@ -160,8 +158,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Serve { node: Some(name), config: Some(path), access_key, secret_key, anonymous, .. } => {
-            let mut c = lightningstor::cluster::ClusterConfig::from_file(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let mut c = lightningstor::cluster::ClusterConfig::from_file(&path)?;
             if access_key.is_some() {
                 c.access_key = access_key;
             }
@@ -175,7 +172,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Serve { data_dir, listen, access_key, secret_key, anonymous, domains, region, config, node: _ } => {
             let mut cfg = match &config {
-                Some(path) => Config::from_file(path).with_context(|| format!("reading {}", path.display()))?,
+                Some(path) => Config::from_file(path)?,
                 None => Config::default(),
             };
             match data_dir {

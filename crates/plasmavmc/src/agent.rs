@@ -56,11 +56,10 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
-    /// Reads a TOML file (unknown fields are an error).
+    /// Reads a TOML file (unknown fields are an error; errors name the
+    /// file). Flags may still override it, so the caller validates the result.
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| PlasmaError::Config(format!("cannot read {}: {e}", path.display())))?;
-        toml::from_str(&text).map_err(|e| PlasmaError::Config(format!("{}: {e}", path.display())))
+        Ok(svc_kit::config::load(path)?)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -313,9 +312,10 @@ mod tests {
 
     #[test]
     fn agent_configs_refuse_unknown_fields_and_bad_values() {
-        let e = toml::from_str::<AgentConfig>("name = \"a\"\nbogus = 1\n").unwrap_err();
+        let e = svc_kit::config::parse::<AgentConfig>("name = \"a\"\nbogus = 1\n").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
-        let c: AgentConfig = toml::from_str("name = \"w1\"\ncoronafs_nbd = \"10.0.0.1:10809\"\n").expect("parse");
+        let c: AgentConfig =
+            svc_kit::config::parse("name = \"w1\"\ncoronafs_nbd = \"10.0.0.1:10809\"\n").expect("parse");
         c.validate().expect("valid");
         assert!(AgentConfig { name: String::new(), ..c.clone() }.validate().is_err());
         assert!(AgentConfig { coronafs_nbd: "nowhere".into(), ..c }.validate().is_err());

@@ -90,16 +90,15 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads a TOML file (unknown fields are an error).
+    /// Reads a TOML file (unknown fields are an error; errors name the
+    /// file). Flags may still override it, so the caller validates the result.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| PlasmaError::Config(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_toml(&text)
+        Ok(svc_kit::config::load(path)?)
     }
 
     /// Parses TOML (unknown fields are an error).
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| PlasmaError::Config(e.to_string()))
+        Ok(svc_kit::config::parse(text)?)
     }
 
     /// Checks the rules a configuration must follow before the server starts.
@@ -180,5 +179,20 @@ mod tests {
         assert!(bad.validate().is_err());
         let e = Config::from_toml("[[workers]]\nname = \"a\"\nurl = \"http://x\"\nport = 1\n").unwrap_err();
         assert!(e.to_string().contains("port"), "{e}");
+    }
+
+    #[test]
+    fn file_errors_name_the_file_the_line_and_the_field() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("plasmavmc.toml");
+        let e = Config::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("cannot read {}: ", path.display())), "{e}");
+        std::fs::write(&path, "s3_bucket = \"b\"\n[[workers]]\nname = \"a\"\nurl = \"http://x\"\nport = 1\n")
+            .expect("write");
+        let e = Config::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:5:1: unknown field `port`", path.display())), "{e}");
+        std::fs::write(&path, "s3_bucket = \"b\"\npart_size = 1\n").expect("write");
+        let c = Config::from_file(&path).expect("flags may still fix it: loading does not validate");
+        assert!(c.validate().is_err());
     }
 }

@@ -48,6 +48,9 @@ pub enum PlasmaError {
     /// Bad configuration.
     #[error("configuration: {0}")]
     Config(String),
+    /// A config file cannot be read or parsed (the message names it).
+    #[error(transparent)]
+    ConfigFile(#[from] svc_kit::config::ConfigError),
     /// Host I/O.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
@@ -62,7 +65,8 @@ impl PlasmaError {
             | PlasmaError::Checksum { .. }
             | PlasmaError::UrlRefused(_)
             | PlasmaError::Corrupt(_)
-            | PlasmaError::Config(_) => 400,
+            | PlasmaError::Config(_)
+            | PlasmaError::ConfigFile(_) => 400,
             PlasmaError::NotFound { .. } => 404,
             PlasmaError::Conflict(_) | PlasmaError::Fenced { .. } => 409,
             PlasmaError::ObjectStore(_)

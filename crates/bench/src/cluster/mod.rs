@@ -163,14 +163,22 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
-    /// Reads and checks a cluster file.
+    /// Reads and checks a cluster file; errors name the file (and the line
+    /// of a parse error).
     pub fn from_file(path: &Path) -> anyhow::Result<Endpoints> {
-        let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-        Self::from_toml(&text).with_context(|| path.display().to_string())
+        Ok(svc_kit::config::load_validated(path, Endpoints::validate)?)
     }
 
+    /// Parses and checks a cluster file's text.
     pub fn from_toml(text: &str) -> anyhow::Result<Endpoints> {
-        let e: Endpoints = toml::from_str(text)?;
+        let e: Endpoints = svc_kit::config::parse(text)?;
+        e.validate()?;
+        Ok(e)
+    }
+
+    /// Checks what the types cannot: addresses parse, roles name agents.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let e = self;
         if let Some(s) = &e.lightningstor {
             if s.endpoints.is_empty() {
                 bail!("lightningstor.endpoints is empty");
@@ -205,7 +213,7 @@ impl Endpoints {
             (Some(_), None) => bail!("[agents] needs [roles] (which agent measures what)"),
             (None, Some(_)) => bail!("[roles] needs [agents] (their addresses and token)"),
         }
-        Ok(e)
+        Ok(())
     }
 }
 

@@ -137,14 +137,14 @@ pub struct ClusterConfig {
 impl ClusterConfig {
     /// Parses a cluster file (unknown fields are an error) and validates it.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let c: ClusterConfig = toml::from_str(text).map_err(|e| LightningError::Config(e.to_string()))?;
+        let c: ClusterConfig = svc_kit::config::parse(text)?;
         c.validate()?;
         Ok(c)
     }
 
-    /// Reads and validates a cluster file.
+    /// Reads and validates a cluster file; errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        Self::from_toml(&std::fs::read_to_string(path)?)
+        Ok(svc_kit::config::load_validated(path, ClusterConfig::validate)?)
     }
 
     /// The file's text.
@@ -298,5 +298,22 @@ mod tests {
         let mut bad = c;
         bad.replication_factor = 4;
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn a_cluster_file_is_validated_on_load_and_errors_name_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("cluster.toml");
+        let c = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000).expect("init");
+        std::fs::write(&path, c.to_toml()).expect("write");
+        assert_eq!(ClusterConfig::from_file(&path).expect("good"), c);
+        std::fs::write(&path, format!("{}\nreplication_factr = 2\n", c.to_toml())).expect("write");
+        let e = ClusterConfig::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:", path.display())) && e.contains("`replication_factr`"), "{e}");
+        let mut bad = c;
+        bad.replication_factor = 4;
+        std::fs::write(&path, bad.to_toml()).expect("write");
+        let e = ClusterConfig::from_file(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: invalid configuration: replication_factor 4", path.display())), "{e}");
     }
 }
