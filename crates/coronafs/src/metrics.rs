@@ -2,9 +2,9 @@
 //! Prometheus text format at `/metrics`.
 
 use crate::proto::request::Command;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+use svc_kit::prom::{Buckets, Kind, Text};
 
 /// Upper bounds of the latency histogram buckets, in microseconds.
 const BUCKETS_US: [u64; 14] = [10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 1_000_000];
@@ -79,60 +79,53 @@ impl Metrics {
 
     /// Renders everything in the Prometheus text exposition format.
     pub fn render(&self) -> String {
-        let mut s = String::with_capacity(8192);
-        let mut family = |name: &str, kind: &str, help: &str, f: &dyn Fn(&OpMetrics) -> u64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        let mut t = Text::new();
+        let per_op = |t: &mut Text, name: &str, help: &str, f: &dyn Fn(&OpMetrics) -> u64| {
+            let mut family = t.family(name, Kind::Counter, help);
             for (op, m) in OPS.iter().zip(&self.ops) {
-                let _ = writeln!(s, "{name}{{op=\"{}\"}} {}", op.name(), f(m));
+                family.sample(&[("op", op.name())], f(m));
             }
         };
-        family("coronafs_nbd_requests_total", "counter", "NBD requests answered.", &|m| m.count.load(Relaxed));
-        family("coronafs_nbd_bytes_total", "counter", "Payload bytes read or written.", &|m| m.bytes.load(Relaxed));
-        family("coronafs_nbd_errors_total", "counter", "NBD requests answered with an error.", &|m| {
+        per_op(&mut t, "coronafs_nbd_requests_total", "NBD requests answered.", &|m| m.count.load(Relaxed));
+        per_op(&mut t, "coronafs_nbd_bytes_total", "Payload bytes read or written.", &|m| m.bytes.load(Relaxed));
+        per_op(&mut t, "coronafs_nbd_errors_total", "NBD requests answered with an error.", &|m| {
             m.errors.load(Relaxed)
         });
-        let name = "coronafs_nbd_request_duration_seconds";
-        let _ = writeln!(s, "# HELP {name} Time from request received to reply ready.\n# TYPE {name} histogram");
+        let bounds = BUCKETS_US.map(|le| le as f64 / 1e6);
+        let mut latency = t.family(
+            "coronafs_nbd_request_duration_seconds",
+            Kind::Histogram,
+            "Time from request received to reply ready.",
+        );
         for (op, m) in OPS.iter().zip(&self.ops) {
-            let mut cum = 0;
-            for (i, le) in BUCKETS_US.iter().enumerate() {
-                cum += m.buckets[i].load(Relaxed);
-                let _ = writeln!(s, "{name}_bucket{{op=\"{}\",le=\"{}\"}} {cum}", op.name(), *le as f64 / 1e6);
-            }
-            cum += m.buckets[BUCKETS_US.len()].load(Relaxed);
-            let _ = writeln!(s, "{name}_bucket{{op=\"{}\",le=\"+Inf\"}} {cum}", op.name());
-            let _ = writeln!(s, "{name}_sum{{op=\"{}\"}} {}", op.name(), m.sum_us.load(Relaxed) as f64 / 1e6);
-            let _ = writeln!(s, "{name}_count{{op=\"{}\"}} {cum}", op.name());
+            let counts = m.buckets.each_ref().map(|b| b.load(Relaxed));
+            let sum = m.sum_us.load(Relaxed) as f64 / 1e6;
+            latency.histogram(&[("op", op.name())], &Buckets { bounds: &bounds, counts: &counts, sum });
         }
-        let gauges: [(&str, &str, i64); 6] = [
-            ("coronafs_nbd_connections", "Open NBD connections.", self.connections.load(Relaxed)),
-            ("coronafs_nbd_inflight_requests", "Requests being served.", self.inflight.load(Relaxed)),
-            (
-                "coronafs_nbd_handshake_failures_total",
-                "Negotiations that failed.",
-                self.handshake_failures.load(Relaxed) as i64,
-            ),
+        t.gauge("coronafs_nbd_connections", "Open NBD connections.", self.connections.load(Relaxed));
+        t.gauge("coronafs_nbd_inflight_requests", "Requests being served.", self.inflight.load(Relaxed));
+        let counters = [
+            ("coronafs_nbd_handshake_failures_total", "Negotiations that failed.", &self.handshake_failures),
             (
                 "coronafs_nbd_protocol_errors_total",
                 "Connections dropped for breaking the protocol.",
-                self.protocol_errors.load(Relaxed) as i64,
+                &self.protocol_errors,
             ),
             (
                 "coronafs_nbd_sendfile_reads_total",
                 "READs sent from the page cache with sendfile, without a copy.",
-                self.sendfile_reads.load(Relaxed) as i64,
+                &self.sendfile_reads,
             ),
             (
                 "coronafs_nbd_fenced_requests_total",
                 "WRITE/TRIM/WRITE_ZEROES refused because a newer epoch fenced the connection.",
-                self.fenced_requests.load(Relaxed) as i64,
+                &self.fenced_requests,
             ),
         ];
-        for (name, help, v) in gauges {
-            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        for (name, help, c) in counters {
+            t.counter(name, help, c.load(Relaxed));
         }
-        s
+        t.finish()
     }
 }
 
@@ -151,5 +144,25 @@ mod tests {
         assert!(text.contains("coronafs_nbd_bytes_total{op=\"read\"} 8192"));
         assert!(text.contains("coronafs_nbd_request_duration_seconds_bucket{op=\"read\",le=\"0.000025\"} 1"));
         assert!(text.contains("coronafs_nbd_request_duration_seconds_bucket{op=\"read\",le=\"+Inf\"} 2"));
+        assert!(text.contains("coronafs_nbd_request_duration_seconds_sum{op=\"read\"} 0.00302\n"), "{text}");
+        assert!(text.contains("coronafs_nbd_request_duration_seconds_count{op=\"read\"} 2\n"), "{text}");
+        assert!(text.contains("coronafs_nbd_request_duration_seconds_bucket{op=\"write\",le=\"1\"} 0\n"), "{text}");
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_once() {
+        let m = Metrics::default();
+        m.connections.fetch_add(3, Relaxed);
+        m.fenced_requests.fetch_add(1, Relaxed);
+        let text = m.render();
+        assert!(text.contains("# TYPE coronafs_nbd_connections gauge\ncoronafs_nbd_connections 3\n"), "{text}");
+        assert!(
+            text.contains("# TYPE coronafs_nbd_fenced_requests_total counter\ncoronafs_nbd_fenced_requests_total 1\n"),
+            "{text}"
+        );
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
+        assert_eq!((types.len(), helps), (10, 10), "{text}");
+        assert_eq!(types.iter().filter(|l| l.ends_with(" histogram")).count(), 1);
     }
 }

@@ -1,7 +1,7 @@
 //! Counters exported at `/metrics` in the Prometheus text format.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+use svc_kit::prom::Text;
 
 /// Process-wide counters of one node.
 #[derive(Debug, Default)]
@@ -50,18 +50,14 @@ impl Metrics {
             ("gc_blocks_deleted_total", "unreferenced blocks deleted", &self.gc_blocks_deleted),
             ("bad_digests_total", "uploads rejected for a digest mismatch", &self.bad_digests),
         ];
-        let mut out = String::new();
+        let mut t = Text::new();
         for (name, help, c) in counters {
-            let _ = writeln!(out, "# HELP lightningstor_{name} {help}");
-            let _ = writeln!(out, "# TYPE lightningstor_{name} counter");
-            let _ = writeln!(out, "lightningstor_{name} {}", c.load(Ordering::Relaxed));
+            t.counter(&format!("lightningstor_{name}"), help, c.load(Ordering::Relaxed));
         }
-        for (name, help, v) in gauges {
-            let _ = writeln!(out, "# HELP lightningstor_{name} {help}");
-            let _ = writeln!(out, "# TYPE lightningstor_{name} gauge");
-            let _ = writeln!(out, "lightningstor_{name} {v}");
+        for &(name, help, v) in gauges {
+            t.gauge(&format!("lightningstor_{name}"), help, v);
         }
-        out
+        t.finish()
     }
 }
 
@@ -76,5 +72,10 @@ mod tests {
         let text = m.render(&[("objects", "objects stored", 5)]);
         assert!(text.contains("lightningstor_requests_total 1\n"));
         assert!(text.contains("# TYPE lightningstor_objects gauge\nlightningstor_objects 5\n"));
+        assert!(text.starts_with(
+            "# HELP lightningstor_requests_total S3 requests handled\n\
+             # TYPE lightningstor_requests_total counter\nlightningstor_requests_total 1\n"
+        ));
+        assert!(text.contains("# HELP lightningstor_objects objects stored\n"));
     }
 }

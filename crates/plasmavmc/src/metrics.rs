@@ -1,7 +1,7 @@
 //! Counters exported at `/metrics` (Prometheus text).
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use svc_kit::prom::Text;
 
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -27,8 +27,9 @@ impl Metrics {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Renders every counter; `gauges` (names without the `plasmavmc_`
+    /// prefix) adds point-in-time values.
     pub fn render(&self, gauges: &[(&str, &str, u64)]) -> String {
-        let mut out = String::new();
         let counters: [(&str, &str, &AtomicU64); 13] = [
             ("plasmavmc_cache_hits_total", "volume creations served by cloning a cached base", &self.cache_hits),
             (
@@ -56,13 +57,34 @@ impl Metrics {
             ("plasmavmc_migrations_total", "VM migrations completed", &self.migrations),
             ("plasmavmc_fenced_writes_total", "writes refused because their epoch was stale", &*self.fenced_writes),
         ];
+        let mut t = Text::new();
         for (name, help, c) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.load(Ordering::Relaxed));
+            t.counter(name, help, c.load(Ordering::Relaxed));
         }
-        for (name, help, v) in gauges {
-            let _ =
-                writeln!(out, "# HELP plasmavmc_{name} {help}\n# TYPE plasmavmc_{name} gauge\nplasmavmc_{name} {v}");
+        for &(name, help, v) in gauges {
+            t.gauge(&format!("plasmavmc_{name}"), help, v);
         }
-        out
+        t.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_gauges_render_with_help_and_type() {
+        let m = Metrics::default();
+        Metrics::inc(&m.cache_hits);
+        m.fenced_writes.fetch_add(2, Ordering::Relaxed);
+        let text = m.render(&[("images", "images by status", 4)]);
+        assert!(text.starts_with(
+            "# HELP plasmavmc_cache_hits_total volume creations served by cloning a cached base\n\
+             # TYPE plasmavmc_cache_hits_total counter\nplasmavmc_cache_hits_total 1\n"
+        ));
+        assert!(text.contains("# TYPE plasmavmc_fenced_writes_total counter\nplasmavmc_fenced_writes_total 2\n"));
+        assert!(text.ends_with(
+            "# HELP plasmavmc_images images by status\n# TYPE plasmavmc_images gauge\nplasmavmc_images 4\n"
+        ));
     }
 }

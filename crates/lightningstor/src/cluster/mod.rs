@@ -42,7 +42,6 @@ pub use node::Node;
 use crate::error::{LightningError, Result};
 use crate::server::{MetricsFn, Running};
 use crate::store::Store;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -69,17 +68,13 @@ pub fn render_metrics(node: &Node) -> String {
         ("divergent_partitions_total", "partitions anti-entropy found divergent", &m.divergent_partitions),
         ("quorum_failures_total", "requests refused for lack of a quorum", &m.quorum_failures),
     ];
+    let mut t = svc_kit::prom::Text::new();
     for (name, help, c) in counters {
-        let _ = writeln!(out, "# HELP lightningstor_{name} {help}");
-        let _ = writeln!(out, "# TYPE lightningstor_{name} counter");
-        let _ = writeln!(out, "lightningstor_{name} {}", c.load(Ordering::Relaxed));
+        t.counter(&format!("lightningstor_{name}"), help, c.load(Ordering::Relaxed));
     }
-    let _ = writeln!(out, "# HELP lightningstor_resync_queue entries waiting in the resync queue");
-    let _ = writeln!(out, "# TYPE lightningstor_resync_queue gauge");
-    let _ = writeln!(out, "lightningstor_resync_queue {}", node.resync.len());
-    let _ = writeln!(out, "# HELP lightningstor_layout_version layout version this node runs");
-    let _ = writeln!(out, "# TYPE lightningstor_layout_version gauge");
-    let _ = writeln!(out, "lightningstor_layout_version {}", node.layout().version);
+    t.gauge("lightningstor_resync_queue", "entries waiting in the resync queue", node.resync.len());
+    t.gauge("lightningstor_layout_version", "layout version this node runs", node.layout().version);
+    out.push_str(&t.finish());
     out
 }
 
