@@ -2,12 +2,14 @@
 //!
 //! A config struct is a serde type with `deny_unknown_fields`. This module
 //! reads the file, parses it, and reports every failure with the file's
-//! path; a parse error also gets the line and column and toml's message,
-//! which for an unknown field names the field:
+//! path; a parse error also gets the line and column, toml's message
+//! (which for an unknown field names the field) and the line it is on
+//! (which names the key of a bad value):
 //!
 //! ```text
 //! cannot read /etc/coronafs.toml: No such file or directory (os error 2)
-//! /etc/coronafs.toml:3:1: unknown field `data-dir`, expected one of `data_dir`, `nbd`, ...
+//! /etc/coronafs.toml:3:1: unknown field `data-dir`, expected one of `data_dir`, ... (in `data-dir = "/srv"`)
+//! /etc/coronafs.toml:2:7: invalid socket address syntax (in `nbd = "10.0.0.1"`)
 //! cluster.toml: invalid configuration: a cluster needs at least one node
 //! ```
 //!
@@ -42,6 +44,9 @@ pub enum ConfigError {
         at: Option<(usize, usize)>,
         /// toml's message, on one line.
         message: String,
+        /// The line the error is on, trimmed (and cut at 80 characters): it
+        /// names the key when toml's message only says what is wrong with a value.
+        excerpt: Option<String>,
     },
     /// The file parsed but breaks a rule of the struct's `validate()`.
     Invalid {
@@ -56,14 +61,19 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConfigError::Read { file, error } => write!(f, "cannot read {file}: {error}"),
-            ConfigError::Parse { file: Some(file), at: Some((line, col)), message } => {
-                write!(f, "{file}:{line}:{col}: {message}")
+            ConfigError::Parse { file, at, message, excerpt } => {
+                match (file, at) {
+                    (Some(file), Some((line, col))) => write!(f, "{file}:{line}:{col}: ")?,
+                    (Some(file), None) => write!(f, "{file}: ")?,
+                    (None, Some((line, col))) => write!(f, "TOML line {line}, column {col}: ")?,
+                    (None, None) => write!(f, "TOML: ")?,
+                }
+                f.write_str(message)?;
+                match excerpt {
+                    Some(excerpt) => write!(f, " (in `{excerpt}`)"),
+                    None => Ok(()),
+                }
             }
-            ConfigError::Parse { file: Some(file), at: None, message } => write!(f, "{file}: {message}"),
-            ConfigError::Parse { file: None, at: Some((line, col)), message } => {
-                write!(f, "TOML line {line}, column {col}: {message}")
-            }
-            ConfigError::Parse { file: None, at: None, message } => write!(f, "TOML: {message}"),
             ConfigError::Invalid { file, message } => write!(f, "{file}: {message}"),
         }
     }
@@ -94,7 +104,19 @@ fn parse_from<T: DeserializeOwned>(file: Option<&str>, text: &str) -> Result<T, 
         file: file.map(str::to_owned),
         at: e.span().map(|span| line_col(text, span.start)),
         message: e.message().trim_end().replace('\n', "; "),
+        excerpt: e.span().and_then(|span| excerpt(text, span.start)),
     })
+}
+
+/// The line holding byte `offset`, trimmed and cut to 80 characters; `None` if blank.
+fn excerpt(text: &str, offset: usize) -> Option<String> {
+    let (line, _) = line_col(text, offset);
+    let whole = text.lines().nth(line - 1)?.trim();
+    let mut cut: String = whole.chars().take(80).collect();
+    if cut.len() < whole.len() {
+        cut.push_str("...");
+    }
+    (!cut.is_empty()).then_some(cut)
 }
 
 /// Reads and parses a config file whose settings flags may still override
@@ -185,6 +207,19 @@ mod tests {
         let text = load::<Settings>(&path).unwrap_err().to_string();
         assert!(text.starts_with(&format!("{}:2:3: ", path.display())), "{text}");
         assert!(text.contains("unknown field `bogus`"), "{text}");
+        assert!(text.ends_with(" (in `bogus = 1`)"), "{text}");
+    }
+
+    #[test]
+    fn a_bad_value_is_shown_with_its_line_so_the_key_is_named() {
+        let e = parse::<Settings>("name = \"a\"\nport = 70000\n").unwrap_err().to_string();
+        assert!(e.starts_with("TOML line 2, column 8: "), "{e}");
+        assert!(e.ends_with(" (in `port = 70000`)"), "{e}");
+        let long = format!("name = \"{}\"\nport = \"x\"\n", "n".repeat(200));
+        let e = parse::<Settings>(&long).unwrap_err().to_string();
+        assert!(e.contains("(in `port = \"x\"`)"), "{e}");
+        assert_eq!(excerpt(&long, 3).map(|x| x.chars().count()), Some(83), "cut at 80 characters and ...");
+        assert_eq!(excerpt("a = 1\n\n", 6), None);
     }
 
     #[test]
