@@ -144,13 +144,13 @@ mod tests {
     fn file_errors_name_the_file_and_the_line() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("coronafs.toml");
-        let e = ServeSettings::from_file(&path).unwrap_err().to_string();
+        let e = ServeSettings::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("cannot read {}: ", path.display())), "{e}");
         std::fs::write(&path, "data_dir = \"/a\"\nread_only = maybe\n").expect("write");
-        let e = ServeSettings::from_file(&path).unwrap_err().to_string();
+        let e = ServeSettings::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("{}:2:", path.display())), "{e}");
         std::fs::write(&path, "data_dir = \"/a\"\nio_engine = \"aio\"\n").expect("write");
-        let e = ServeSettings::from_file(&path).unwrap_err().to_string();
+        let e = ServeSettings::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("{}:2:13: unknown io_engine \"aio\"", path.display())), "{e}");
         std::fs::write(&path, "data_dir = \"/a\"\n").expect("write");
         assert_eq!(ServeSettings::from_file(&path).expect("good").data_dir, Some(PathBuf::from("/a")));

@@ -155,10 +155,10 @@ mod tests {
     fn file_errors_name_the_file_the_line_and_the_field() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("ls.toml");
-        let e = Config::from_file(&path).unwrap_err().to_string();
+        let e = Config::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("cannot read {}: ", path.display())), "{e}");
         std::fs::write(&path, "data_dir = \"/x\"\nbogus = 1\n").expect("write");
-        let e = Config::from_file(&path).unwrap_err().to_string();
+        let e = Config::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("{}:2:1: unknown field `bogus`", path.display())), "{e}");
         // Keys may come from flags or the environment: loading does not validate.
         std::fs::write(&path, "data_dir = \"/x\"\n").expect("write");

@@ -185,11 +185,11 @@ mod tests {
     fn file_errors_name_the_file_the_line_and_the_field() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("plasmavmc.toml");
-        let e = Config::from_file(&path).unwrap_err().to_string();
+        let e = Config::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("cannot read {}: ", path.display())), "{e}");
         std::fs::write(&path, "s3_bucket = \"b\"\n[[workers]]\nname = \"a\"\nurl = \"http://x\"\nport = 1\n")
             .expect("write");
-        let e = Config::from_file(&path).unwrap_err().to_string();
+        let e = Config::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("{}:5:1: unknown field `port`", path.display())), "{e}");
         std::fs::write(&path, "s3_bucket = \"b\"\npart_size = 1\n").expect("write");
         let c = Config::from_file(&path).expect("flags may still fix it: loading does not validate");

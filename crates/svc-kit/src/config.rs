@@ -185,7 +185,7 @@ mod tests {
     fn a_missing_file_names_the_path() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("nowhere.toml");
-        let e = load::<Settings>(&path).unwrap_err();
+        let e = load::<Settings>(&path).expect_err("refused");
         assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
         let text = e.to_string();
         assert!(text.starts_with(&format!("cannot read {}: ", path.display())), "{text}");
@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn a_syntax_error_names_the_path_line_and_column() {
         let (_dir, path) = file_with("name = \"a\"\n\nport = = 3\n");
-        let e = load::<Settings>(&path).unwrap_err();
+        let e = load::<Settings>(&path).expect_err("refused");
         let text = e.to_string();
         assert!(text.starts_with(&format!("{}:3:", path.display())), "{text}");
         assert!(!text.contains('\n'), "one line: {text}");
@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn an_unknown_field_names_the_field_the_path_and_where_it_is() {
         let (_dir, path) = file_with("name = \"a\"\n  bogus = 1\n");
-        let text = load::<Settings>(&path).unwrap_err().to_string();
+        let text = load::<Settings>(&path).expect_err("refused").to_string();
         assert!(text.starts_with(&format!("{}:2:3: ", path.display())), "{text}");
         assert!(text.contains("unknown field `bogus`"), "{text}");
         assert!(text.ends_with(" (in `bogus = 1`)"), "{text}");
@@ -212,11 +212,11 @@ mod tests {
 
     #[test]
     fn a_bad_value_is_shown_with_its_line_so_the_key_is_named() {
-        let e = parse::<Settings>("name = \"a\"\nport = 70000\n").unwrap_err().to_string();
+        let e = parse::<Settings>("name = \"a\"\nport = 70000\n").expect_err("refused").to_string();
         assert!(e.starts_with("TOML line 2, column 8: "), "{e}");
         assert!(e.ends_with(" (in `port = 70000`)"), "{e}");
         let long = format!("name = \"{}\"\nport = \"x\"\n", "n".repeat(200));
-        let e = parse::<Settings>(&long).unwrap_err().to_string();
+        let e = parse::<Settings>(&long).expect_err("refused").to_string();
         assert!(e.contains("(in `port = \"x\"`)"), "{e}");
         assert_eq!(excerpt(&long, 3).map(|x| x.chars().count()), Some(83), "cut at 80 characters and ...");
         assert_eq!(excerpt("a = 1\n\n", 6), None);
@@ -224,9 +224,9 @@ mod tests {
 
     #[test]
     fn a_wrong_type_and_a_missing_field_are_parse_errors() {
-        let e = parse::<Settings>("name = \"a\"\nport = \"x\"\n").unwrap_err();
+        let e = parse::<Settings>("name = \"a\"\nport = \"x\"\n").expect_err("refused");
         assert!(e.to_string().starts_with("TOML line 2, column 8: "), "{e}");
-        let e = parse_named::<Settings>("seed-000", "port = 1\n").unwrap_err();
+        let e = parse_named::<Settings>("seed-000", "port = 1\n").expect_err("refused");
         assert!(e.to_string().starts_with("seed-000"), "{e}");
         assert!(e.to_string().contains("name"), "{e}");
     }
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn a_validation_failure_names_the_path() {
         let (_dir, path) = file_with("name = \"\"\n");
-        let e = load_validated(&path, no_empty_name).unwrap_err();
+        let e = load_validated(&path, no_empty_name).expect_err("refused");
         assert!(matches!(e, ConfigError::Invalid { .. }), "{e:?}");
         assert_eq!(e.to_string(), format!("{}: name must not be empty", path.display()));
         // Only `load_validated` validates: `load` leaves it to the caller.

@@ -308,12 +308,12 @@ mod tests {
         std::fs::write(&path, c.to_toml()).expect("write");
         assert_eq!(ClusterConfig::from_file(&path).expect("good"), c);
         std::fs::write(&path, format!("{}\nreplication_factr = 2\n", c.to_toml())).expect("write");
-        let e = ClusterConfig::from_file(&path).unwrap_err().to_string();
+        let e = ClusterConfig::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("{}:", path.display())) && e.contains("`replication_factr`"), "{e}");
         let mut bad = c;
         bad.replication_factor = 4;
         std::fs::write(&path, bad.to_toml()).expect("write");
-        let e = ClusterConfig::from_file(&path).unwrap_err().to_string();
+        let e = ClusterConfig::from_file(&path).expect_err("refused").to_string();
         assert!(e.starts_with(&format!("{}: invalid configuration: replication_factor 4", path.display())), "{e}");
     }
 }
