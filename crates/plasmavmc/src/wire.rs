@@ -160,7 +160,7 @@ mod tests {
         let a = Attach { vm_id: "vm-1".into(), volume: "v".into(), epoch: 3, io_ops: 0, seq_start: 9 };
         let back: Attach = serde_json::from_str(&serde_json::to_string(&a).expect("encode")).expect("decode");
         assert_eq!(back, a);
-        let e = serde_json::from_str::<FlushReq>(r#"{"pause":true,"bogus":1}"#).unwrap_err();
+        let e = serde_json::from_str::<FlushReq>(r#"{"pause":true,"bogus":1}"#).expect_err("unknown field");
         assert!(e.to_string().contains("bogus"), "{e}");
         let v: VerifyReq = serde_json::from_str(r#"{"log":{"3":7}}"#).expect("defaults");
         assert_eq!((v.log.get(&3), v.adopt), (Some(&7), false));
