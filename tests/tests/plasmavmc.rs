@@ -211,7 +211,7 @@ fn concurrent_first_fills_of_many_images_with_a_small_cache_all_finish_and_respe
 
 fn refused(st: &Stack, req: CreateImage, path: &Path, needle: &str) {
     let label = req.name.clone();
-    let e = st.upload(req, path).unwrap_err();
+    let e = st.upload(req, path).expect_err("refused");
     assert_eq!(e.api_status(), Some(400), "{label}: {e}");
     assert!(e.to_string().contains(needle), "{label}: {e} lacks {needle:?}");
     let list = st.run(st.api.images()).expect("list");
@@ -399,7 +399,7 @@ fn imports_come_from_s3_objects_and_filtered_urls() {
     assert!(img.error_reason.as_deref().is_some_and(|r| r.contains("loopback")), "{img:?}");
     for bad in ["file:///etc/passwd", "ftp://example.com/x", "http://user:pw@example.com/x"] {
         let req = CreateImage { import_url: Some(bad.into()), ..named("bad") };
-        let e = st.run(st.api.create_image(&req)).unwrap_err();
+        let e = st.run(st.api.create_image(&req)).expect_err("refused");
         assert_eq!(e.api_status(), Some(400), "{bad}: {e}");
     }
     drop(st);
@@ -522,15 +522,15 @@ fn bad_requests_get_clear_errors() {
     let img = st.upload_ok("x", &make_raw(&dir, "x.raw", 8));
     let id = img.id.as_str();
     let status = |r: plasmavmc::Result<()>| r.err().and_then(|e| e.api_status());
-    let e = st.run(st.api.upload(id, vec![1, 2, 3].into(), 3, None)).unwrap_err();
+    let e = st.run(st.api.upload(id, vec![1, 2, 3].into(), 3, None)).expect_err("refused");
     assert_eq!(e.api_status(), Some(409), "{e}");
-    let e = st.run(st.api.create_volume(&CreateVolume { image_id: id.into(), size: Some(4096) })).unwrap_err();
+    let e = st.run(st.api.create_volume(&CreateVolume { image_id: id.into(), size: Some(4096) })).expect_err("refused");
     assert_eq!(e.api_status(), Some(400), "{e}");
     let v = st.create_volume(id, None);
     assert_eq!(status(st.run(st.api.delete_image(id))), Some(409));
     st.run(st.api.delete_volume(&v.id)).expect("delete volume");
     st.run(st.api.delete_image(id)).expect("delete image");
-    let e = st.run(st.api.image(id)).unwrap_err();
+    let e = st.run(st.api.image(id)).expect_err("refused");
     assert!(matches!(&e, PlasmaError::Api { status: 404, message } if message.contains("not found")), "{e}");
     st.run(st.api.healthz()).expect("healthz");
 }
@@ -570,7 +570,7 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     // CoronaFS itself holds the fence: the stale source's write is refused
     // there (EPERM), reads still work, and the volume is at epoch 2.
     let before = st.rt.block_on(source.read(0, 65536)).expect("read");
-    let e = st.rt.block_on(source.write(0, &[0x5a; 65536])).unwrap_err();
+    let e = st.rt.block_on(source.write(0, &[0x5a; 65536])).expect_err("refused");
     assert!(matches!(&e, PlasmaError::Fenced { held: 1, .. }), "{e}");
     assert!(e.to_string().contains("fenced at epoch 2"), "{e}");
     assert_eq!(st.rt.block_on(source.read(0, 65536)).expect("read"), before);
@@ -595,10 +595,10 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     assert_eq!((target.worker.as_str(), target.epoch), ("w2", 2));
     st.rt.block_on(target.write(0, &[1; 65536])).expect("target writes");
     // Same worker again is refused; the volume cannot be deleted while attached.
-    assert_eq!(migrate(&st, &id, "w2").unwrap_err().api_status(), Some(400));
-    assert_eq!(st.run(st.api.delete_volume(&vol.id)).unwrap_err().api_status(), Some(409));
+    assert_eq!(migrate(&st, &id, "w2").expect_err("refused").api_status(), Some(400));
+    assert_eq!(st.run(st.api.delete_volume(&vol.id)).expect_err("refused").api_status(), Some(409));
     st.run(st.api.delete_vm(&id)).expect("delete vm");
-    let e = st.rt.block_on(target.write(0, &[2; 65536])).unwrap_err();
+    let e = st.rt.block_on(target.write(0, &[2; 65536])).expect_err("refused");
     assert!(matches!(e, PlasmaError::Fenced { held: 2, .. }), "a deleted VM's attachment still wrote: {e}");
 }
 
@@ -698,7 +698,10 @@ fn a_migration_stalled_on_its_target_does_not_hold_up_other_vms() {
     assert!(done.try_recv().is_err(), "the migration did not stall while vm2 was handled");
     // Released, the target's attach fails and vm1 stays where it was.
     release.send(()).expect("release");
-    let e = done.recv_timeout(Duration::from_secs(30)).expect("the migration never ended").unwrap_err();
+    let e = done
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the migration never ended")
+        .expect_err("the migration failed");
     assert_eq!(e.api_status(), Some(502), "{e}");
     let vm1 = st.run(st.api.vm(&vm1.id)).expect("vm1");
     assert_eq!((vm1.worker.as_str(), vm1.status), ("fast", VmStatus::Running), "{vm1:?}");

@@ -247,7 +247,7 @@ fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_ackno
     let vol = lab.volume(21);
     let name = vol.coronafs_volume.clone();
     // Unknown workers are refused with the configured list.
-    let e = lab.create_vm(&vol, "zz", 0).unwrap_err();
+    let e = lab.create_vm(&vol, "zz", 0).expect_err("refused");
     assert_eq!(e.api_status(), Some(400), "{e}");
     assert!(e.to_string().contains("configured workers"), "{e}");
     // VM on A, migrated to B while its guest writes.
@@ -260,7 +260,7 @@ fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_ackno
     assert!(moved.verified_blocks > 0, "{moved:?}");
     assert!(moved.notice.is_none(), "{moved:?}");
     // A let go of it; B holds it, and its flushed log reads back.
-    let e = lab.run(lab.agents[0].1.report(&id)).unwrap_err();
+    let e = lab.run(lab.agents[0].1.report(&id)).expect_err("refused");
     assert!(matches!(&e, PlasmaError::Worker { message, .. } if message.contains("404")), "{e}");
     let rep = lab.flush(1, &id, false);
     assert_eq!(rep.epoch, 2);
@@ -303,7 +303,7 @@ fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_ackno
     }
     lab.check_log(&id2, &name2, &acked);
     // With A gone, migrating onto it fails cleanly and leaves the first VM on B.
-    let e = lab.migrate(&id, "a").unwrap_err();
+    let e = lab.migrate(&id, "a").expect_err("refused");
     assert_eq!(e.api_status(), Some(502), "{e}");
     assert!(e.to_string().contains("worker a"), "{e}");
     let vm = lab.vm(&id);
