@@ -18,7 +18,10 @@ mod plasmavmc_common;
 
 use aws_sdk_s3::primitives::ByteStream;
 use coronafs::client::NbdClient;
-use plasmavmc::vms::{BLOCK, WriteLog, written_seq};
+use plasmavmc::client::Client;
+use plasmavmc::guest::{BLOCK, written_seq};
+use plasmavmc::model::{CreateVm, MigrateVm, VmStatus};
+use plasmavmc::wire::WriteLog;
 use plasmavmc_common::{Http, make_raw};
 use serde_json::json;
 use stack_tests::{bin, pattern, require, wait_for_port};
@@ -699,31 +702,24 @@ fn log_of(report: &serde_json::Value) -> WriteLog {
 fn lab_vm_migrates_between_workers_survives_a_coronafs_restart_and_a_killed_worker() {
     let lab = Lab::up();
     let http = Http::new();
-    let api = format!("http://{NODE01}:8080");
+    let api = Client::new(&format!("http://{NODE01}:8080"));
     let (w2, w3) = (S3_NODES[0].1, S3_NODES[1].1);
 
     // Image and volume through the control plane.
     let dir = tempfile::tempdir().expect("tempdir");
     let raw = make_raw(dir.path(), "lab.raw", 41);
     let vol = http.image_volume(&api, "lab-image", std::fs::read(&raw).expect("read raw"));
-    let vol_id = vol["id"].as_str().expect("volume id").to_owned();
-    let volume = vol["coronafs_volume"].as_str().expect("coronafs volume").to_owned();
+    let volume = vol.coronafs_volume.clone();
 
     // A VM on node02, migrated to node03 while it writes.
-    let (c, vm) = http.call(
-        "POST",
-        &format!("{api}/v1/vms"),
-        Some(json!({ "volume_id": vol_id, "worker": "node02", "io_ops": 100000 })),
-    );
-    assert_eq!(c, 201, "{vm}");
-    let id = vm["id"].as_str().expect("vm id").to_owned();
+    let req = CreateVm { volume_id: vol.id.clone(), worker: "node02".into(), io_ops: Some(100000) };
+    let id = http.rt.block_on(api.create_vm(&req)).expect("create vm").id;
     wait_writes(&http, w2, &id, 100, "on node02");
     let t = Instant::now();
-    let (c, moved) = http.call("POST", &format!("{api}/v1/vms/{id}/migrate"), Some(json!({ "worker": "node03" })));
-    assert_eq!(c, 200, "{moved}");
-    eprintln!("lab: VM migrated node02 -> node03 in {:.2} s: {moved}", t.elapsed().as_secs_f64());
-    assert_eq!((moved["worker"].as_str(), moved["epoch"].as_u64()), (Some("node03"), Some(2)), "{moved}");
-    assert!(moved["verified_blocks"].as_u64().unwrap_or(0) > 0, "{moved}");
+    let moved = http.rt.block_on(api.migrate_vm(&id, &MigrateVm { worker: "node03".into() })).expect("migrate");
+    eprintln!("lab: VM migrated node02 -> node03 in {:.2} s: {moved:?}", t.elapsed().as_secs_f64());
+    assert_eq!((moved.worker.as_str(), moved.epoch), ("node03", 2), "{moved:?}");
+    assert!(moved.verified_blocks > 0, "{moved:?}");
     assert_eq!(attachment(&http, w2, &id).0, 404, "node02 still holds the VM");
 
     // CoronaFS killed and restarted under the VM, now on node03 (which ran
@@ -799,29 +795,27 @@ fn lab_vm_migrates_between_workers_survives_a_coronafs_restart_and_a_killed_work
     assert_eq!(c, 200, "{flushed}");
     let acked = log_of(&flushed);
     let migrating = {
-        let (api, id) = (api.clone(), id.clone());
+        let (base, id) = (api.base().to_owned(), id.clone());
         std::thread::spawn(move || {
-            Http::new().call("POST", &format!("{api}/v1/vms/{id}/migrate"), Some(json!({ "worker": "node02" })))
+            Http::new().rt.block_on(Client::new(&base).migrate_vm(&id, &MigrateVm { worker: "node02".into() }))
         })
     };
     std::thread::sleep(Duration::from_millis(5));
     must(&mut docker(&["kill", &lab.container("node03-agent")]));
-    let (c, answer) = migrating.join().expect("migrate thread");
-    let (_, now) = http.call("GET", &format!("{api}/v1/vms/{id}"), None);
-    eprintln!("lab: migration with node03's agent killed answered {c}: {answer}; VM now {now}");
-    if c == 200 {
-        assert_eq!((now["worker"].as_str(), now["status"].as_str()), (Some("node02"), Some("running")), "{now}");
-        assert_eq!(now["epoch"], 3, "{now}");
+    let answer = migrating.join().expect("migrate thread");
+    let now = http.rt.block_on(api.vm(&id)).expect("get vm");
+    eprintln!("lab: migration with node03's agent killed answered {answer:?}; VM now {now:?}");
+    if answer.is_ok() {
+        assert_eq!((now.worker.as_str(), now.status, now.epoch), ("node02", VmStatus::Running, 3), "{now:?}");
         // Paused before reading back (the migrated guest runs a few writes).
         let (c, r) =
             http.call("POST", &format!("http://{w2}:8090/v1/attachments/{id}/flush"), Some(json!({ "pause": true })));
         assert_eq!(c, 200, "node02 does not hold the migrated VM: {r}");
     } else {
-        assert!(answer["error"].as_str().is_some_and(|e| !e.is_empty()), "{c}: {answer}");
         assert!(
-            now["status"] == "error" && now["error_reason"].as_str().is_some()
-                || now["status"] == "running" && now["worker"] == "node03",
-            "{now}"
+            now.status == VmStatus::Error && now.error_reason.is_some()
+                || now.status == VmStatus::Running && now.worker == "node03",
+            "{now:?}"
         );
     }
     check_vm_log(&http, &id, &volume, &acked);

@@ -10,9 +10,14 @@ mod plasmavmc_common;
 
 use coronafs::backend::IoEngine;
 use coronafs::client::NbdClient;
-use plasmavmc::vms::{BLOCK, WriteLog, written_seq};
+use plasmavmc::PlasmaError;
+use plasmavmc::client::Client;
+use plasmavmc::guest::{BLOCK, written_seq};
+use plasmavmc::model::{CreateImage, CreateVm, Image, MigrateVm, Status, Vm, VmStatus, Volume};
+use plasmavmc::wire::{FlushReq, Report, WriteLog};
+use plasmavmc::worker::Worker;
+use plasmavmc::worker::remote::{RemoteWorker, http_client};
 use plasmavmc_common::{AK, Http, SK, make_raw, qemu_img};
-use serde_json::{Value, json};
 use stack_tests::{CoronaProc, bin, free_port, wait_for_port};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -85,8 +90,8 @@ struct Lab {
     vmc: Proc,
     vmc_cfg: PathBuf,
     ls_addr: SocketAddr,
-    api: String,
-    agents: Vec<(Option<Proc>, String)>,
+    api: Client,
+    agents: Vec<(Option<Proc>, RemoteWorker)>,
 }
 
 impl Lab {
@@ -136,13 +141,36 @@ impl Lab {
             vmc,
             vmc_cfg: cfg,
             ls_addr,
-            api: format!("http://{vmc_addr}"),
-            agents: vec![(Some(a), format!("http://{a_addr}")), (Some(b), format!("http://{b_addr}"))],
+            api: Client::new(&format!("http://{vmc_addr}")),
+            agents: vec![
+                (Some(a), RemoteWorker::new("a", &format!("http://{a_addr}"), http_client())),
+                (Some(b), RemoteWorker::new("b", &format!("http://{b_addr}"), http_client())),
+            ],
         }
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        self.http.call(method, &format!("{}{path}", self.api), body)
+    /// Runs `f` on the lab's runtime.
+    fn run<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.http.rt.block_on(f)
+    }
+
+    /// A VM on `worker`, running `io_ops` guest writes.
+    fn create_vm(&self, volume: &Volume, worker: &str, io_ops: u64) -> plasmavmc::Result<Vm> {
+        let req = CreateVm { volume_id: volume.id.clone(), worker: worker.into(), io_ops: Some(io_ops) };
+        self.run(self.api.create_vm(&req))
+    }
+
+    fn vm(&self, id: &str) -> Vm {
+        self.run(self.api.vm(id)).expect("get vm")
+    }
+
+    fn migrate(&self, id: &str, to: &str) -> plasmavmc::Result<Vm> {
+        self.run(self.api.migrate_vm(id, &MigrateVm { worker: to.into() }))
+    }
+
+    /// Agent `i`'s flush report of `vm`.
+    fn flush(&self, i: usize, vm: &str, pause: bool) -> Report {
+        self.run(self.agents[i].1.flush(vm, FlushReq { pause })).expect("flush")
     }
 
     /// `plasmavmc serve` killed with SIGKILL and started again on its config.
@@ -150,7 +178,7 @@ impl Lab {
         self.vmc.signal(libc::SIGKILL);
         assert!(self.vmc.wait_exit(Duration::from_secs(10)).is_some(), "plasmavmc did not die");
         self.vmc = spawn(Command::new(plasmavmc()).args(["serve", "--config"]).arg(&self.vmc_cfg));
-        let addr: SocketAddr = self.api.trim_start_matches("http://").parse().expect("addr");
+        let addr: SocketAddr = self.api.base().trim_start_matches("http://").parse().expect("addr");
         wait_for_port(addr, Duration::from_secs(30));
     }
 
@@ -176,12 +204,8 @@ impl Lab {
         })
     }
 
-    fn agent(&self, i: usize, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        self.http.call(method, &format!("{}{path}", self.agents[i].1), body)
-    }
-
     /// A qcow2 image made by qemu-img, uploaded; a volume from it, available.
-    fn volume(&self, seed: u64) -> Value {
+    fn volume(&self, seed: u64) -> Volume {
         let work = self.dir.path().join("work");
         std::fs::create_dir_all(&work).expect("mkdir");
         let raw = make_raw(&work, &format!("d{seed}.raw"), seed);
@@ -193,12 +217,11 @@ impl Lab {
     fn wait_acked(&self, vm: &str, n: u64) {
         let t0 = Instant::now();
         loop {
-            let (c, v) = self.call("GET", &format!("/v1/vms/{vm}"), None);
-            assert_eq!(c, 200, "{v}");
-            if v["writes_acked"].as_u64().unwrap_or(0) >= n {
+            let v = self.vm(vm);
+            if v.writes_acked >= n {
                 return;
             }
-            assert!(t0.elapsed() < Duration::from_secs(60), "guest made no progress: {v}");
+            assert!(t0.elapsed() < Duration::from_secs(60), "guest made no progress: {v:?}");
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -218,37 +241,30 @@ impl Lab {
     }
 }
 
-fn log_of(report: &Value) -> WriteLog {
-    serde_json::from_value(report["log"].clone()).expect("log")
-}
-
 #[test]
 fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_acknowledged() {
     let mut lab = Lab::start();
     let vol = lab.volume(21);
-    let name = vol["coronafs_volume"].as_str().expect("name").to_owned();
+    let name = vol.coronafs_volume.clone();
     // Unknown workers are refused with the configured list.
-    let (c, e) = lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "zz" })));
-    assert_eq!(c, 400, "{e}");
-    assert!(e["error"].as_str().unwrap_or("").contains("configured workers"), "{e}");
+    let e = lab.create_vm(&vol, "zz", 0).expect_err("refused");
+    assert_eq!(e.api_status(), Some(400), "{e}");
+    assert!(e.to_string().contains("configured workers"), "{e}");
     // VM on A, migrated to B while its guest writes.
-    let (c, vm) = lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "a", "io_ops": 4000 })));
-    assert_eq!(c, 201, "{vm}");
-    let id = vm["id"].as_str().expect("id").to_owned();
-    assert_eq!(vm["epoch"], 1);
+    let vm = lab.create_vm(&vol, "a", 4000).expect("create vm");
+    let id = vm.id.clone();
+    assert_eq!((vm.epoch, vm.status), (1, VmStatus::Running), "{vm:?}");
     lab.wait_acked(&id, 50);
-    let (c, moved) = lab.call("POST", &format!("/v1/vms/{id}/migrate"), Some(json!({ "worker": "b" })));
-    assert_eq!(c, 200, "{moved}");
-    assert_eq!((moved["worker"].as_str(), moved["epoch"].as_u64()), (Some("b"), Some(2)), "{moved}");
-    assert!(moved["verified_blocks"].as_u64().unwrap_or(0) > 0, "{moved}");
-    assert!(moved["notice"].is_null(), "{moved}");
+    let moved = lab.migrate(&id, "b").expect("migrate");
+    assert_eq!((moved.worker.as_str(), moved.epoch), ("b", 2), "{moved:?}");
+    assert!(moved.verified_blocks > 0, "{moved:?}");
+    assert!(moved.notice.is_none(), "{moved:?}");
     // A let go of it; B holds it, and its flushed log reads back.
-    let (c, _) = lab.agent(0, "GET", &format!("/v1/attachments/{id}"), None);
-    assert_eq!(c, 404);
-    let (c, rep) = lab.agent(1, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({})));
-    assert_eq!(c, 200, "{rep}");
-    assert_eq!(rep["epoch"], 2);
-    lab.check_log(&id, &name, &log_of(&rep));
+    let e = lab.run(lab.agents[0].1.report(&id)).expect_err("refused");
+    assert!(matches!(&e, PlasmaError::Worker { message, .. } if message.contains("404")), "{e}");
+    let rep = lab.flush(1, &id, false);
+    assert_eq!(rep.epoch, 2);
+    lab.check_log(&id, &name, &rep.log);
     // An open that declares the old epoch is refused by CoronaFS.
     let stale = lab.http.rt.block_on(NbdClient::connect(lab.corona.nbd, &format!("{name};epoch=1")));
     assert!(stale.is_err(), "an epoch-1 open of a volume at epoch 2 was accepted");
@@ -256,47 +272,42 @@ fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_ackno
     // A second VM on A: its acknowledged, flushed log is taken, then A is
     // killed while the VM migrates to B.
     let vol2 = lab.volume(22);
-    let name2 = vol2["coronafs_volume"].as_str().expect("name").to_owned();
-    let (c, vm2) =
-        lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol2["id"], "worker": "a", "io_ops": 100000 })));
-    assert_eq!(c, 201, "{vm2}");
-    let id2 = vm2["id"].as_str().expect("id").to_owned();
+    let name2 = vol2.coronafs_volume.clone();
+    let id2 = lab.create_vm(&vol2, "a", 100000).expect("create vm").id;
     lab.wait_acked(&id2, 100);
-    let (c, flushed) = lab.agent(0, "POST", &format!("/v1/attachments/{id2}/flush"), Some(json!({})));
-    assert_eq!(c, 200, "{flushed}");
-    let acked = log_of(&flushed);
-    lab.wait_acked(&id2, flushed["writes_acked"].as_u64().unwrap_or(0) + 20);
-    let api = lab.api.clone();
+    let flushed = lab.flush(0, &id2, false);
+    let acked = flushed.log.clone();
+    lab.wait_acked(&id2, flushed.writes_acked + 20);
+    let (api, id_) = (lab.api.base().to_owned(), id2.clone());
     let migrating = std::thread::spawn(move || {
-        Http::new().call("POST", &format!("{api}/v1/vms/{id2}/migrate"), Some(json!({ "worker": "b" })))
+        Http::new().rt.block_on(Client::new(&api).migrate_vm(&id_, &MigrateVm { worker: "b".into() }))
     });
     std::thread::sleep(Duration::from_millis(3));
     let mut a = lab.agents[0].0.take().expect("agent a");
     a.signal(libc::SIGKILL);
     let _ = a.wait_exit(Duration::from_secs(10));
-    let (c, after) = migrating.join().expect("migrate thread");
-    let id2 = vm2["id"].as_str().expect("id").to_owned();
-    let (_, now) = lab.call("GET", &format!("/v1/vms/{id2}"), None);
-    if c == 200 {
+    let after = migrating.join().expect("migrate thread");
+    let now = lab.vm(&id2);
+    match after {
         // Completed: running on B at a new epoch (with a notice if A's flush was lost).
-        assert_eq!((now["worker"].as_str(), now["status"].as_str()), (Some("b"), Some("running")), "{now}");
-        assert_eq!(now["epoch"], 2, "{now}");
-    } else {
+        Ok(_) => assert_eq!((now.worker.as_str(), now.status, now.epoch), ("b", VmStatus::Running, 2), "{now:?}"),
         // Or a clear error, never a VM silently half-moved.
-        assert!(after["error"].as_str().is_some_and(|e| !e.is_empty()), "{c}: {after}");
-        assert!(
-            now["status"] == "error" && now["error_reason"].as_str().is_some()
-                || now["status"] == "running" && now["worker"] == "a",
-            "{now}"
-        );
+        Err(e) => {
+            assert!(e.api_status().is_some() && !e.to_string().is_empty(), "{e}");
+            assert!(
+                now.status == VmStatus::Error && now.error_reason.is_some()
+                    || now.status == VmStatus::Running && now.worker == "a",
+                "{now:?}"
+            );
+        }
     }
     lab.check_log(&id2, &name2, &acked);
     // With A gone, migrating onto it fails cleanly and leaves the first VM on B.
-    let (c, e) = lab.call("POST", &format!("/v1/vms/{id}/migrate"), Some(json!({ "worker": "a" })));
-    assert_eq!(c, 502, "{e}");
-    assert!(e["error"].as_str().unwrap_or("").contains("worker a"), "{e}");
-    let (_, vm) = lab.call("GET", &format!("/v1/vms/{id}"), None);
-    assert_eq!((vm["worker"].as_str(), vm["status"].as_str()), (Some("b"), Some("running")), "{vm}");
+    let e = lab.migrate(&id, "a").expect_err("refused");
+    assert_eq!(e.api_status(), Some(502), "{e}");
+    assert!(e.to_string().contains("worker a"), "{e}");
+    let vm = lab.vm(&id);
+    assert_eq!((vm.worker.as_str(), vm.status), ("b", VmStatus::Running), "{vm:?}");
     // The control plane stops cleanly on SIGTERM.
     lab.vmc.signal(libc::SIGTERM);
     let st = lab.vmc.wait_exit(Duration::from_secs(20)).expect("plasmavmc serve did not stop on SIGTERM");
@@ -367,14 +378,11 @@ fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
 fn a_vm_reconnects_when_coronafs_restarts_under_it_and_loses_nothing_flushed() {
     let mut lab = Lab::start();
     let vol = lab.volume(31);
-    let name = vol["coronafs_volume"].as_str().expect("name").to_owned();
-    let (c, vm) = lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "a", "io_ops": 100000 })));
-    assert_eq!(c, 201, "{vm}");
-    let id = vm["id"].as_str().expect("id").to_owned();
+    let name = vol.coronafs_volume.clone();
+    let id = lab.create_vm(&vol, "a", 100000).expect("create vm").id;
     lab.wait_acked(&id, 100);
-    let (c, flushed) = lab.agent(0, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({})));
-    assert_eq!(c, 200, "{flushed}");
-    let before = flushed["writes_acked"].as_u64().expect("writes_acked");
+    let flushed = lab.flush(0, &id, false);
+    let before = flushed.writes_acked;
 
     let (nbd, api) = (lab.corona.nbd, lab.corona.api);
     let _ = lab.corona.child.kill(); // SIGKILL
@@ -386,30 +394,27 @@ fn a_vm_reconnects_when_coronafs_restarts_under_it_and_loses_nothing_flushed() {
     // connection it opened again.
     let t0 = Instant::now();
     let report = loop {
-        let (c, r) = lab.agent(0, "GET", &format!("/v1/attachments/{id}"), None);
-        assert_eq!(c, 200, "{r}");
-        if r["reconnects"].as_u64().unwrap_or(0) >= 1 && r["writes_acked"].as_u64().unwrap_or(0) > before + 200 {
+        let r = lab.run(lab.agents[0].1.report(&id)).expect("report");
+        if r.reconnects >= 1 && r.writes_acked > before + 200 {
             break r;
         }
-        assert!(r["stopped_by"].is_null(), "the guest stopped instead of reconnecting: {r}");
-        assert!(t0.elapsed() < Duration::from_secs(60), "the guest did not resume after the restart: {r}");
+        assert!(r.stopped_by.is_none(), "the guest stopped instead of reconnecting: {r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the guest did not resume after the restart: {r:?}");
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(report["epoch"], 1, "{report}");
+    assert_eq!(report.epoch, 1, "{report:?}");
     // Paused before reading back: a block read while the guest rewrites it
     // could come back torn. The final log holds: on reconnecting the guest
     // dropped what it had not flushed (NBD promises only what a FLUSH
     // covered; CoronaFS drops copy-ups its map never recorded), and its
     // entries from before the kill are a subset of the flushed log's.
-    let (c, last) = lab.agent(0, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({ "pause": true })));
-    assert_eq!(c, 200, "{last}");
-    lab.check_log(&id, &name, &log_of(&flushed));
-    let last = log_of(&last);
+    let last = lab.flush(0, &id, true).log;
+    lab.check_log(&id, &name, &flushed.log);
     lab.check_log(&id, &name, &last);
     // Writes newer than every entry of the flushed log came after that
     // FLUSH (the guest writes one at a time). (The report's next_seq is
     // read before the log is taken, so it can be older than the log.)
-    let flushed = log_of(&flushed);
+    let flushed = flushed.log;
     let before = flushed.values().max().map_or(0, |s| s + 1);
     for (block, seq) in &last {
         assert!(
@@ -434,11 +439,11 @@ fn a_vm_reconnects_when_coronafs_restarts_under_it_and_loses_nothing_flushed() {
 fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
     use std::io::Write;
     let mut lab = Lab::start();
-    let (c, img) = lab.call("POST", "/v1/images", Some(json!({ "name": "cut" })));
-    assert_eq!(c, 201, "{img}");
-    let id = img["id"].as_str().expect("id").to_owned();
+    let img: Image =
+        lab.run(lab.api.create_image(&CreateImage { name: "cut".into(), ..Default::default() })).expect("image");
+    let id = img.id;
     // Announce 64 MiB, send 12 MiB (two 5 MiB parts leave), keep the connection.
-    let mut conn = std::net::TcpStream::connect(lab.api.trim_start_matches("http://")).expect("connect");
+    let mut conn = std::net::TcpStream::connect(lab.api.base().trim_start_matches("http://")).expect("connect");
     write!(conn, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
         .expect("head");
     conn.write_all(&stack_tests::pattern(12 << 20, 9)).expect("body");
@@ -453,8 +458,8 @@ fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
     std::fs::write(scratch.join("img-gone.qcow2"), b"half a fill").expect("write");
     lab.kill9_and_restart_vmc();
     drop(conn);
-    let (c, img) = lab.call("GET", &format!("/v1/images/{id}"), None);
-    assert_eq!((c, img["status"].as_str()), (200, Some("error")), "{img}");
+    let img = lab.run(lab.api.image(&id)).expect("image");
+    assert_eq!(img.status, Status::Error, "{img:?}");
     let t0 = Instant::now();
     while !lab.open_uploads().is_empty() {
         assert!(t0.elapsed() < Duration::from_secs(20), "left in LightningStor: {:?}", lab.open_uploads());
@@ -463,8 +468,7 @@ fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
     assert!(!scratch.join("img-gone.qcow2").exists(), "a scratch file survived the restart");
     // Leftovers found later (a crash the start-up did not see) go with the image.
     std::fs::write(scratch.join(format!("{id}.qcow2")), b"half a fill").expect("write");
-    let (c, body) = lab.call("DELETE", &format!("/v1/images/{id}"), None);
-    assert_eq!(c, 204, "{body}");
+    lab.run(lab.api.delete_image(&id)).expect("delete image");
     assert!(!scratch.join(format!("{id}.qcow2")).exists(), "deleting the image left its scratch file");
     // The server works on.
     lab.volume(31);
@@ -479,21 +483,19 @@ fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
 fn a_flush_does_not_complete_while_coronafs_is_frozen() {
     let lab = Lab::start();
     let vol = lab.volume(41);
-    let name = vol["coronafs_volume"].as_str().expect("name").to_owned();
-    let (c, vm) = lab.call("POST", "/v1/vms", Some(json!({ "volume_id": vol["id"], "worker": "a", "io_ops": 100000 })));
-    assert_eq!(c, 201, "{vm}");
-    let id = vm["id"].as_str().expect("id").to_owned();
+    let name = vol.coronafs_volume.clone();
+    let id = lab.create_vm(&vol, "a", 100000).expect("create vm").id;
     lab.wait_acked(&id, 100);
     let pid = lab.corona.child.id() as i32;
-    let acked = || lab.agent(0, "GET", &format!("/v1/attachments/{id}"), None).1["writes_acked"].as_u64().expect("n");
+    let acked = || lab.run(lab.agents[0].1.report(&id)).expect("report").writes_acked;
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     // Replies already on their way when the signal landed may still arrive.
     std::thread::sleep(Duration::from_millis(300));
     let at_freeze = acked();
     let flush = {
-        let url = format!("{}/v1/attachments/{id}/flush", lab.agents[0].1);
-        std::thread::spawn(move || Http::new().call("POST", &url, Some(json!({}))))
+        let (agent, id) = (lab.agents[0].1.clone(), id.clone());
+        std::thread::spawn(move || Http::new().rt.block_on(agent.flush(&id, FlushReq::default())))
     };
     std::thread::sleep(Duration::from_secs(2));
     let frozen = acked();
@@ -502,11 +504,9 @@ fn a_flush_does_not_complete_while_coronafs_is_frozen() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     assert!(!flush_done_while_frozen, "a FLUSH completed while CoronaFS was frozen");
     assert_eq!(frozen, at_freeze, "writes were acknowledged while CoronaFS was frozen");
-    let (c, report) = flush.join().expect("flush thread");
-    assert_eq!(c, 200, "{report}");
-    assert!(report["writes_acked"].as_u64().expect("n") >= frozen, "{report}");
-    let (c, last) = lab.agent(0, "POST", &format!("/v1/attachments/{id}/flush"), Some(json!({ "pause": true })));
-    assert_eq!(c, 200, "{last}");
-    lab.check_log(&id, &name, &log_of(&report));
-    lab.check_log(&id, &name, &log_of(&last));
+    let report = flush.join().expect("flush thread").expect("flush");
+    assert!(report.writes_acked >= frozen, "{report:?}");
+    let last = lab.flush(0, &id, true);
+    lab.check_log(&id, &name, &report.log);
+    lab.check_log(&id, &name, &last.log);
 }

@@ -275,17 +275,17 @@ fn warm_create_volume_p50_stays_under_100ms_at_4gib_virtual() {
     qemu_img(&["create", "-f", "qcow2", qs, "4G"]);
     qemu_io(&["-f", "qcow2", "-c", "write -P 0x11 0 16M", "-c", "write -P 0x22 4080M 16M", qs]);
     let img = st.upload_ok("warm4g", &q);
-    let id = img["id"].as_str().expect("id");
+    let id = img.id.as_str();
     let t0 = Instant::now();
     let cold = st.create_volume(id, None);
     let cold_s = t0.elapsed().as_secs_f64();
-    assert_eq!(cold["cache_hit"], false, "{cold}");
+    assert!(!cold.cache_hit, "{cold:?}");
     let mut times = Vec::new();
     for _ in 0..21 {
         let t0 = Instant::now();
         let v = st.create_volume(id, None);
         times.push(t0.elapsed().as_secs_f64() * 1000.0);
-        assert_eq!((v["status"].as_str(), v["cache_hit"].as_bool()), (Some("available"), Some(true)), "{v}");
+        assert_eq!((v.status, v.cache_hit), (plasmavmc::model::Status::Available, true), "{v:?}");
     }
     let p50 = median(&times);
     println!("warm CreateVolume 4 GiB virtual: p50 {} ms over 21; the cold one took {cold_s:.2} s", spread(&times));

@@ -1,36 +1,22 @@
-//! `plasmavmc agent`: a worker process holding the NBD connections of the
-//! VMs placed on it and running their guest I/O ([`crate::guest`]). The
-//! control plane (`plasmavmc serve` with `[[workers]]`) drives it over HTTP:
-//!
-//! | method | path | what |
-//! |---|---|---|
-//! | GET | `/healthz` | `ok` and the worker's name |
-//! | GET | `/v1/attachments` | every attachment's [`Report`] |
-//! | POST | `/v1/attachments` | [`Attach`]: connect `VOL;epoch=N`, start `io_ops` writes |
-//! | GET | `/v1/attachments/{vm}` | [`Report`] with the write log |
-//! | POST | `/v1/attachments/{vm}/flush` | [`FlushReq`]: (pause,) take the log, FLUSH; the [`Report`] |
-//! | POST | `/v1/attachments/{vm}/verify` | [`VerifyReq`]: read the log back; [`Verified`] |
-//! | POST | `/v1/attachments/{vm}/io` | [`StartIo`]: run more guest writes |
-//! | DELETE | `/v1/attachments/{vm}` | stop the guest, disconnect |
-//!
-//! Errors answer `{"error": "..."}` with the status of [`PlasmaError::http_status`].
-//! The same [`Agent`] type is the in-process worker the control plane uses
-//! when no `[[workers]]` are configured.
+//! `plasmavmc agent`: a worker process serving one
+//! [`LocalWorker`](crate::worker::local::LocalWorker) over HTTP: the
+//! attachments of the VMs placed on it and their guest I/O. The control
+//! plane (`plasmavmc serve` with `[[workers]]`) drives it through
+//! [`RemoteWorker`](crate::worker::remote::RemoteWorker); the routes and
+//! bodies are in [`crate::wire`].
 
 use crate::error::{PlasmaError, Result};
-use crate::guest::{Attachment, Report, Verified, WriteLog};
-use crate::model::ApiError;
+use crate::wire::{self, ApiError, Attach, FlushReq, Report, StartIo, Verified, VerifyReq};
+use crate::worker::local::LocalWorker;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use serde::Deserialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use tokio::sync::watch;
 
 /// `plasmavmc agent` configuration (TOML file or flags).
@@ -63,7 +49,7 @@ impl AgentConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        crate::vms::check_worker(&self.name).map_err(|e| PlasmaError::Config(format!("name: {e}")))?;
+        wire::check_worker(&self.name).map_err(|e| PlasmaError::Config(format!("name: {e}")))?;
         if self.coronafs_nbd.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
             return Err(PlasmaError::Config(format!("coronafs_nbd {:?} must be host:port", self.coronafs_nbd)));
         }
@@ -71,129 +57,7 @@ impl AgentConfig {
     }
 }
 
-/// Body of `POST /v1/attachments`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Attach {
-    pub vm_id: String,
-    /// CoronaFS volume name.
-    pub volume: String,
-    /// Epoch to declare when opening the export.
-    pub epoch: u64,
-    /// Guest writes to start right away (0: attach only).
-    #[serde(default)]
-    pub io_ops: u64,
-    /// First write's sequence number.
-    #[serde(default)]
-    pub seq_start: u64,
-}
-
-/// Body of `POST /v1/attachments/{vm}/flush`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FlushReq {
-    /// Stop guest I/O first, so the returned log is final.
-    #[serde(default)]
-    pub pause: bool,
-}
-
-/// Body of `POST /v1/attachments/{vm}/verify`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VerifyReq {
-    /// Blocks and the write each must hold (or a later one).
-    pub log: WriteLog,
-    /// Make what was found this guest's log (the target of a migration).
-    #[serde(default)]
-    pub adopt: bool,
-}
-
-/// Body of `POST /v1/attachments/{vm}/io`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StartIo {
-    pub ops: u64,
-    #[serde(default)]
-    pub seq_start: u64,
-}
-
-/// One worker: its attachments by VM id.
-#[derive(Debug)]
-pub struct Agent {
-    pub name: String,
-    pub nbd: String,
-    vms: tokio::sync::Mutex<HashMap<String, Arc<Attachment>>>,
-    /// Guest writes CoronaFS refused as fenced.
-    pub fenced_writes: Arc<AtomicU64>,
-}
-
-impl Agent {
-    pub fn new(name: &str, nbd: &str, fenced_writes: Arc<AtomicU64>) -> Self {
-        Agent { name: name.to_owned(), nbd: nbd.to_owned(), vms: Default::default(), fenced_writes }
-    }
-
-    async fn get(&self, vm: &str) -> Result<Arc<Attachment>> {
-        self.vms.lock().await.get(vm).cloned().ok_or_else(|| PlasmaError::not_found("attachment", vm))
-    }
-
-    /// The attachment of `vm` here, if any (tests reach the guest through it).
-    pub async fn attachment(&self, vm: &str) -> Option<Arc<Attachment>> {
-        self.vms.lock().await.get(vm).cloned()
-    }
-
-    pub async fn attach(&self, req: Attach) -> Result<Report> {
-        let mut vms = self.vms.lock().await;
-        if vms.contains_key(&req.vm_id) {
-            return Err(PlasmaError::Conflict(format!("VM {} is already attached on {}", req.vm_id, self.name)));
-        }
-        let att =
-            Attachment::connect(&self.nbd, &req.vm_id, &self.name, &req.volume, req.epoch, self.fenced_writes.clone())
-                .await?;
-        if req.io_ops > 0 {
-            att.start_io(req.io_ops, req.seq_start).await?;
-        }
-        vms.insert(req.vm_id.clone(), att.clone());
-        tracing::info!(vm = %req.vm_id, volume = %req.volume, epoch = req.epoch, worker = %self.name, "attached");
-        Ok(att.report().await)
-    }
-
-    pub async fn report(&self, vm: &str) -> Result<Report> {
-        Ok(self.get(vm).await?.report().await)
-    }
-
-    pub async fn list(&self) -> Vec<Report> {
-        let atts: Vec<Arc<Attachment>> = self.vms.lock().await.values().cloned().collect();
-        let mut out = Vec::with_capacity(atts.len());
-        for a in atts {
-            out.push(a.report().await);
-        }
-        out
-    }
-
-    pub async fn flush(&self, vm: &str, req: FlushReq) -> Result<Report> {
-        self.get(vm).await?.flush_report(req.pause).await
-    }
-
-    pub async fn verify(&self, vm: &str, req: VerifyReq) -> Result<Verified> {
-        self.get(vm).await?.verify(&req.log, req.adopt).await
-    }
-
-    pub async fn start_io(&self, vm: &str, req: StartIo) -> Result<()> {
-        self.get(vm).await?.start_io(req.ops, req.seq_start).await
-    }
-
-    /// Stops the guest and drops the connection; a missing VM is detached.
-    pub async fn detach(&self, vm: &str) -> Result<()> {
-        let att = self.vms.lock().await.remove(vm);
-        if let Some(att) = att {
-            att.pause().await;
-            tracing::info!(vm, worker = %self.name, "detached");
-        }
-        Ok(())
-    }
-}
-
-type St = State<Arc<Agent>>;
+type St = State<Arc<LocalWorker>>;
 type Res<T> = std::result::Result<T, PlasmaError>;
 
 fn body<T>(b: std::result::Result<Json<T>, JsonRejection>) -> Res<T> {
@@ -201,7 +65,7 @@ fn body<T>(b: std::result::Result<Json<T>, JsonRejection>) -> Res<T> {
 }
 
 /// The agent's HTTP API.
-pub fn router(agent: Arc<Agent>) -> Router {
+pub fn router(agent: Arc<LocalWorker>) -> Router {
     Router::new()
         .route("/healthz", get(|State(a): St| async move { format!("ok {}\n", a.name) }))
         .route("/v1/attachments", get(list).post(attach))
@@ -262,7 +126,7 @@ async fn start_io(
 #[derive(Debug)]
 pub struct AgentServer {
     pub addr: SocketAddr,
-    pub agent: Arc<Agent>,
+    pub agent: Arc<LocalWorker>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -275,7 +139,7 @@ impl AgentServer {
             .await
             .map_err(|e| PlasmaError::Config(format!("cannot listen on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr()?;
-        let agent = Arc::new(Agent::new(&cfg.name, &cfg.coronafs_nbd, Arc::default()));
+        let agent = Arc::new(LocalWorker::new(&cfg.name, &cfg.coronafs_nbd, Arc::default()));
         let (stop, mut stopped) = watch::channel(false);
         let app = router(agent.clone());
         let task = tokio::spawn(async move {
@@ -299,10 +163,7 @@ impl AgentServer {
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
-        let ids: Vec<String> = self.agent.vms.lock().await.keys().cloned().collect();
-        for id in ids {
-            let _ = self.agent.detach(&id).await;
-        }
+        self.agent.detach_all().await;
     }
 }
 

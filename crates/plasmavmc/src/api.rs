@@ -4,7 +4,8 @@
 
 use crate::app::App;
 use crate::error::PlasmaError;
-use crate::model::{ApiError, CreateImage, CreateVm, CreateVolume, MigrateVm};
+use crate::model::{CreateImage, CreateVm, CreateVolume, MigrateVm};
+use crate::wire::ApiError;
 use crate::{cache, images, meta, openapi, vms, volumes};
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;

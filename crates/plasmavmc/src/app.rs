@@ -4,11 +4,12 @@
 use crate::config::Config;
 use crate::corona::Corona;
 use crate::error::Result;
+use crate::locks::KeyedLocks;
 use crate::meta::{self, Meta};
 use crate::metrics::Metrics;
-use crate::model::{Image, Status, Vm, Volume};
+use crate::model::{Image, Status, Vm, VmStatus, Volume};
 use crate::objstore::ObjectStore;
-use crate::workers::Workers;
+use crate::worker::Workers;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ pub struct App {
     /// One eviction pass at a time (see [`crate::cache::evict`]).
     pub evicting: tokio::sync::Mutex<()>,
     pub workers: Workers,
+    /// One lock per VM (see [`crate::vms`]).
+    pub vm_locks: KeyedLocks,
 }
 
 impl App {
@@ -57,6 +60,7 @@ impl App {
             fills: Mutex::default(),
             evicting: tokio::sync::Mutex::default(),
             workers,
+            vm_locks: KeyedLocks::default(),
             cfg,
         };
         app.recover()?;
@@ -87,11 +91,11 @@ impl App {
         for vm in self.meta.list::<Vm>(meta::VMS)? {
             // Agents keep their attachments across a control-plane restart;
             // in-process workers and half-done migrations do not.
-            if !self.cfg.workers.is_empty() && vm.status != "migrating" {
+            if !self.cfg.workers.is_empty() && vm.status != VmStatus::Migrating {
                 continue;
             }
             self.meta.update(meta::VMS, "vm", &vm.id, |x: &mut Vm| {
-                x.status = "error".into();
+                x.status = VmStatus::Error;
                 x.error_reason = Some("the worker attachment was lost when the server restarted".into());
             })?;
         }
@@ -103,7 +107,7 @@ impl App {
     /// marked their images `error`) and conversion scratch files (no fill
     /// survives either). Runs at start, before the API serves.
     pub async fn clean_leftovers(&self) -> Result<()> {
-        let aborted = self.s3.abort_uploads(crate::images::KEY_PREFIX, false).await?;
+        let aborted = self.s3.abort_uploads(crate::objstore::KEY_PREFIX, false).await?;
         let mut removed = 0;
         match std::fs::read_dir(self.scratch_dir()) {
             Ok(entries) => {

@@ -14,10 +14,10 @@
 use crate::app::{App, Progress};
 use crate::convert::{self, Arrivals, Piece, Streamed};
 use crate::error::{PlasmaError, Result};
-use crate::images::object_key;
 use crate::meta;
 use crate::metrics::Metrics;
 use crate::model::{CacheEntry, Image, now_ms};
+use crate::objstore::object_key;
 use crate::probe::DiskFormat;
 use futures::StreamExt;
 use std::os::unix::fs::FileExt;

@@ -133,7 +133,7 @@ impl Config {
         }
         let mut seen = std::collections::HashSet::new();
         for w in &self.workers {
-            crate::vms::check_worker(&w.name).map_err(|e| PlasmaError::Config(format!("workers: {e}")))?;
+            crate::wire::check_worker(&w.name).map_err(|e| PlasmaError::Config(format!("workers: {e}")))?;
             if !seen.insert(w.name.as_str()) {
                 return bad(format!("workers: {:?} is listed twice", w.name));
             }

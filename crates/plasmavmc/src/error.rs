@@ -51,6 +51,13 @@ pub enum PlasmaError {
     /// A config file cannot be read or parsed (the message names it).
     #[error(transparent)]
     ConfigFile(#[from] svc_kit::config::ConfigError),
+    /// A PlasmaVMC API answered an error ([`crate::client::Client`]).
+    #[error("API answered {status}: {message}")]
+    Api { status: u16, message: String },
+    /// A PlasmaVMC API could not be reached, its answer not read, or it did
+    /// not get where it was waited for in time ([`crate::client::Client`]).
+    #[error("client: {0}")]
+    Client(String),
     /// Host I/O.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
@@ -72,8 +79,19 @@ impl PlasmaError {
             PlasmaError::ObjectStore(_)
             | PlasmaError::Volume(_)
             | PlasmaError::Download(_)
-            | PlasmaError::Worker { .. } => 502,
+            | PlasmaError::Worker { .. }
+            | PlasmaError::Client(_) => 502,
+            // A proxy of another PlasmaVMC passes its answer on.
+            PlasmaError::Api { status, .. } => *status,
             PlasmaError::Meta(_) | PlasmaError::Io(_) => 500,
+        }
+    }
+
+    /// The status a PlasmaVMC API answered, for an [`PlasmaError::Api`].
+    pub fn api_status(&self) -> Option<u16> {
+        match self {
+            PlasmaError::Api { status, .. } => Some(*status),
+            _ => None,
         }
     }
 

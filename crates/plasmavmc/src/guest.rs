@@ -21,10 +21,9 @@
 //! about writes it never flushed.
 
 use crate::error::{PlasmaError, Result};
+use crate::wire::{Report, Verified, WriteLog};
 use coronafs::client::NbdClient;
 use coronafs::proto::NbdErrno;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -40,9 +39,6 @@ const FLUSH_EVERY: u64 = 16;
 pub const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 /// Pause between reconnect attempts.
 const RECONNECT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// What the guest has written and had acknowledged: block -> last seq.
-pub type WriteLog = BTreeMap<u64, u64>;
 
 /// The guest's content for `block` at write number `seq`. Pure.
 pub fn pattern(vm_id: &str, block: u64, seq: u64) -> Vec<u8> {
@@ -77,42 +73,6 @@ pub fn written_seq(vm_id: &str, block: u64, data: &[u8]) -> Option<u64> {
 /// The block the guest's write number `seq` goes to, among `blocks`.
 fn block_of(seq: u64, blocks: u64) -> u64 {
     (seq.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 17) % blocks
-}
-
-/// An attachment's state as reported to the control plane.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Report {
-    pub vm_id: String,
-    pub worker: String,
-    /// CoronaFS volume name.
-    pub volume: String,
-    pub epoch: u64,
-    /// Guest I/O is running.
-    pub running: bool,
-    /// Writes acknowledged on this attachment.
-    pub writes_acked: u64,
-    /// The next write's sequence number.
-    pub next_seq: u64,
-    /// Acknowledged writes: block -> seq. After a flush report, all flushed.
-    /// After a reconnect, writes acknowledged since the last FLUSH before it
-    /// are dropped (the server may have lost them).
-    pub log: WriteLog,
-    /// Why the guest stopped early (fenced, I/O error), if it did.
-    pub stopped_by: Option<String>,
-    /// Times the NBD connection broke and was opened again.
-    #[serde(default)]
-    pub reconnects: u64,
-}
-
-/// Result of reading back a log on an attachment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Verified {
-    /// Blocks that hold their logged write or a later one.
-    pub verified: u64,
-    /// Highest seq found on the volume among the checked blocks.
-    pub max_seq: u64,
 }
 
 /// A volume attached on a worker, holding one epoch.

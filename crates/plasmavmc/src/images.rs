@@ -6,8 +6,9 @@ use crate::error::{PlasmaError, Result};
 use crate::meta;
 use crate::metrics::Metrics;
 use crate::model::{CreateImage, Image, S3Source, Status, Volume, new_id, now_secs};
+use crate::objstore::object_key;
 use crate::probe::{DiskFormat, Limits, Prober};
-use crate::urlfilter;
+use crate::{urlfilter, wire};
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use sha2::Digest;
@@ -17,14 +18,6 @@ use tokio::task::JoinSet;
 
 /// Parts uploaded at once (memory: this many parts of `part_size`).
 const PARTS_IN_FLIGHT: usize = 4;
-
-/// Prefix of every artifact's object key.
-pub const KEY_PREFIX: &str = "images/";
-
-/// The object key of an image's artifact.
-pub fn object_key(id: &str) -> String {
-    format!("{KEY_PREFIX}{id}")
-}
 
 fn parse_format(s: Option<&str>) -> Result<Option<DiskFormat>> {
     match s {
@@ -45,9 +38,7 @@ fn check_sha(s: &str) -> Result<String> {
 
 /// `POST /v1/images`: records the image; starts an import if one is asked for.
 pub async fn create(app: &Arc<App>, req: CreateImage) -> Result<Image> {
-    if req.name.is_empty() || req.name.len() > 255 || req.name.chars().any(char::is_control) {
-        return Err(PlasmaError::Invalid("name must be 1..=255 printable characters".into()));
-    }
+    wire::check_image_name(&req.name)?;
     let declared = parse_format(req.disk_format.as_deref())?;
     let expected = req.sha256.as_deref().map(check_sha).transpose()?;
     if req.import_url.is_some() && req.import_s3.is_some() {

@@ -3,7 +3,10 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use plasmavmc::Config;
+use plasmavmc::client::Client;
+use plasmavmc::model::{CreateImage, CreateVm, CreateVolume, MigrateVm, S3Source};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -220,115 +223,52 @@ async fn stop_signal() {
     }
 }
 
-struct Client {
-    http: reqwest::Client,
-    api: String,
-}
-
-impl Client {
-    async fn send(&self, req: reqwest::RequestBuilder) -> Result<serde_json::Value> {
-        let resp = req.send().await.with_context(|| format!("cannot reach {}", self.api))?;
-        let status = resp.status();
-        let text = resp.text().await?;
-        let v: serde_json::Value = if text.is_empty() {
-            serde_json::Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
-        };
-        if !status.is_success() {
-            let msg = v.get("error").and_then(|e| e.as_str()).map(str::to_owned).unwrap_or_else(|| v.to_string());
-            bail!("{status}: {msg}");
-        }
-        Ok(v)
-    }
-    fn url(&self, p: &str) -> String {
-        format!("{}{p}", self.api.trim_end_matches('/'))
-    }
-    async fn get(&self, p: &str) -> Result<serde_json::Value> {
-        self.send(self.http.get(self.url(p))).await
-    }
-    async fn post(&self, p: &str, body: serde_json::Value) -> Result<serde_json::Value> {
-        self.send(self.http.post(self.url(p)).json(&body)).await
-    }
-    async fn delete(&self, p: &str) -> Result<serde_json::Value> {
-        self.send(self.http.delete(self.url(p))).await
-    }
-}
-
-fn print(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
-}
-
-async fn client(api: String, cmd: Cmd) -> Result<()> {
-    let c = Client { http: reqwest::Client::new(), api };
-    let out = match cmd {
-        Cmd::Serve(_) | Cmd::Agent(_) => bail!("serve and agent are not client commands"),
-        Cmd::Image(ImageCmd::Create { name, file, sha256, format }) => {
-            let img = c
-                .post("/v1/images", serde_json::json!({ "name": name, "sha256": sha256, "disk_format": format }))
-                .await?;
-            let id = img["id"].as_str().context("no id in reply")?.to_owned();
-            let f = tokio::fs::File::open(&file).await.with_context(|| format!("cannot open {}", file.display()))?;
-            let len = f.metadata().await?.len();
-            let body = reqwest::Body::wrap_stream(tokio_util_stream(f));
-            c.send(c.http.put(c.url(&format!("/v1/images/{id}/file"))).header("content-length", len).body(body)).await?
-        }
-        Cmd::Image(ImageCmd::Import { name, from, sha256 }) => {
-            let mut body = serde_json::json!({ "name": name, "sha256": sha256 });
-            if let Some(rest) = from.strip_prefix("s3://") {
-                let (bucket, key) = rest.split_once('/').context("s3 source must be s3://bucket/key")?;
-                body["import_s3"] = serde_json::json!({ "bucket": bucket, "key": key });
-            } else {
-                body["import_url"] = from.into();
-            }
-            c.post("/v1/images", body).await?
-        }
-        Cmd::Image(ImageCmd::List) => c.get("/v1/images").await?,
-        Cmd::Image(ImageCmd::Show { id }) => c.get(&format!("/v1/images/{id}")).await?,
-        Cmd::Image(ImageCmd::Delete { id }) => c.delete(&format!("/v1/images/{id}")).await?,
-        Cmd::Volume(VolumeCmd::Create { image, size, no_wait }) => {
-            let mut v = c.post("/v1/volumes", serde_json::json!({ "image_id": image, "size": size })).await?;
-            let id = v["id"].as_str().context("no id in reply")?.to_owned();
-            while !no_wait && matches!(v["status"].as_str(), Some("creating" | "downloading")) {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                v = c.get(&format!("/v1/volumes/{id}")).await?;
-            }
-            v
-        }
-        Cmd::Volume(VolumeCmd::List) => c.get("/v1/volumes").await?,
-        Cmd::Volume(VolumeCmd::Show { id }) => c.get(&format!("/v1/volumes/{id}")).await?,
-        Cmd::Volume(VolumeCmd::Delete { id }) => c.delete(&format!("/v1/volumes/{id}")).await?,
-        Cmd::Vm(VmCmd::Create { volume, worker }) => {
-            c.post("/v1/vms", serde_json::json!({ "volume_id": volume, "worker": worker })).await?
-        }
-        Cmd::Vm(VmCmd::Migrate { id, worker }) => {
-            c.post(&format!("/v1/vms/{id}/migrate"), serde_json::json!({ "worker": worker })).await?
-        }
-        Cmd::Vm(VmCmd::List) => c.get("/v1/vms").await?,
-        Cmd::Vm(VmCmd::Show { id }) => c.get(&format!("/v1/vms/{id}")).await?,
-        Cmd::Vm(VmCmd::Delete { id }) => c.delete(&format!("/v1/vms/{id}")).await?,
-        Cmd::Cache => c.get("/v1/cache").await?,
-    };
-    if !out.is_null() {
-        print(&out);
-    }
+fn print<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
-/// A file as a stream of 1 MiB chunks.
-fn tokio_util_stream(f: tokio::fs::File) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>> {
-    futures::stream::unfold(f, |mut f| async move {
-        use tokio::io::AsyncReadExt;
-        let mut buf = vec![0u8; 1 << 20];
-        match f.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok(bytes::Bytes::from(buf)), f))
-            }
-            Err(e) => Some((Err(e), f)),
+async fn client(api: String, cmd: Cmd) -> Result<()> {
+    let c = Client::new(&api);
+    match cmd {
+        Cmd::Serve(_) | Cmd::Agent(_) => bail!("serve and agent are not client commands"),
+        Cmd::Image(ImageCmd::Create { name, file, sha256, format }) => {
+            let img =
+                c.create_image(&CreateImage { name, sha256, disk_format: Some(format), ..Default::default() }).await?;
+            print(&c.upload_file(&img.id, &file, None).await?)
         }
-    })
+        Cmd::Image(ImageCmd::Import { name, from, sha256 }) => {
+            let mut req = CreateImage { name, sha256, ..Default::default() };
+            if let Some(rest) = from.strip_prefix("s3://") {
+                let (bucket, key) = rest.split_once('/').context("s3 source must be s3://bucket/key")?;
+                req.import_s3 = Some(S3Source { bucket: bucket.into(), key: key.into() });
+            } else {
+                req.import_url = Some(from);
+            }
+            print(&c.create_image(&req).await?)
+        }
+        Cmd::Image(ImageCmd::List) => print(&c.images().await?),
+        Cmd::Image(ImageCmd::Show { id }) => print(&c.image(&id).await?),
+        Cmd::Image(ImageCmd::Delete { id }) => Ok(c.delete_image(&id).await?),
+        Cmd::Volume(VolumeCmd::Create { image, size, no_wait }) => {
+            let v = c.create_volume(&CreateVolume { image_id: image, size }).await?;
+            if no_wait {
+                return print(&v);
+            }
+            print(&c.wait_volume(&v.id, Duration::from_millis(200), Duration::MAX).await?)
+        }
+        Cmd::Volume(VolumeCmd::List) => print(&c.volumes().await?),
+        Cmd::Volume(VolumeCmd::Show { id }) => print(&c.volume(&id).await?),
+        Cmd::Volume(VolumeCmd::Delete { id }) => Ok(c.delete_volume(&id).await?),
+        Cmd::Vm(VmCmd::Create { volume, worker }) => {
+            print(&c.create_vm(&CreateVm { volume_id: volume, worker, io_ops: None }).await?)
+        }
+        Cmd::Vm(VmCmd::Migrate { id, worker }) => print(&c.migrate_vm(&id, &MigrateVm { worker }).await?),
+        Cmd::Vm(VmCmd::List) => print(&c.vms().await?),
+        Cmd::Vm(VmCmd::Show { id }) => print(&c.vm(&id).await?),
+        Cmd::Vm(VmCmd::Delete { id }) => Ok(c.delete_vm(&id).await?),
+        Cmd::Cache => print(&c.cache().await?),
+    }
 }
 
 #[tokio::main]

@@ -25,6 +25,30 @@ pub enum Status {
     Error,
 }
 
+/// Lifecycle of a VM. Lower-case words on the wire and in the database
+/// (they were plain strings before this enum, with the same spelling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmStatus {
+    /// Attached on its worker; the guest may be writing.
+    Running,
+    /// Moving to another worker (see [`crate::vms`]).
+    Migrating,
+    /// A migration failed past the fence, or the attachment was lost; see
+    /// `error_reason`.
+    Error,
+}
+
+impl std::fmt::Display for VmStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VmStatus::Running => "running",
+            VmStatus::Migrating => "migrating",
+            VmStatus::Error => "error",
+        })
+    }
+}
+
 /// A VM image: an artifact in LightningStor plus what its header says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Image {
@@ -81,8 +105,7 @@ pub struct Vm {
     pub worker: String,
     /// Fencing epoch: only the attachment holding this epoch may write.
     pub epoch: u64,
-    /// `running`, `migrating` or `error`.
-    pub status: String,
+    pub status: VmStatus,
     pub migrations: u64,
     /// Writes acknowledged by the volume (all attachments so far).
     pub writes_acked: u64,
@@ -175,12 +198,6 @@ pub struct CacheStats {
     pub bases: Vec<CacheEntry>,
 }
 
-/// The JSON error body of every failing call.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApiError {
-    pub error: String,
-}
-
 /// Unix seconds now.
 pub fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -202,4 +219,33 @@ pub fn new_id(prefix: &str) -> String {
     h.update(std::process::id().to_le_bytes());
     h.update(N.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     format!("{prefix}-{}", &hex::encode(h.finalize())[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VM record as the server stored it while `status` was a String.
+    const STORED_VM: &str = r#"{"id":"vm-0123456789abcdef","volume_id":"vol-1","worker":"w1","epoch":3,"status":"migrating","migrations":1,"writes_acked":10,"writes_acked_earlier":4,"verified_blocks":2,"error_reason":null,"notice":null}"#;
+
+    #[test]
+    fn vm_records_stored_with_string_statuses_still_load_and_save_the_same() {
+        let vm: Vm = serde_json::from_str(STORED_VM).expect("old record");
+        assert_eq!(vm.status, VmStatus::Migrating);
+        assert_eq!(serde_json::to_string(&vm).expect("encode"), STORED_VM);
+        for (s, want) in
+            [("running", VmStatus::Running), ("migrating", VmStatus::Migrating), ("error", VmStatus::Error)]
+        {
+            let v: VmStatus = serde_json::from_value(serde_json::json!(s)).expect(s);
+            assert_eq!((v, v.to_string().as_str()), (want, s));
+        }
+        assert!(serde_json::from_value::<VmStatus>(serde_json::json!("Running")).is_err());
+    }
+
+    #[test]
+    fn a_vm_record_without_the_later_fields_loads_with_defaults() {
+        let old = r#"{"id":"vm-1","volume_id":"vol-1","worker":"w1","epoch":1,"status":"running","migrations":0,"writes_acked":0,"verified_blocks":0,"error_reason":null}"#;
+        let vm: Vm = serde_json::from_str(old).expect("old record");
+        assert_eq!((vm.status, vm.writes_acked_earlier, vm.notice), (VmStatus::Running, 0, None));
+    }
 }

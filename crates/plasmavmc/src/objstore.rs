@@ -8,6 +8,14 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
 
+/// Prefix of every artifact's object key.
+pub const KEY_PREFIX: &str = "images/";
+
+/// The object key of an image's artifact.
+pub fn object_key(image_id: &str) -> String {
+    format!("{KEY_PREFIX}{image_id}")
+}
+
 /// An S3 client bound to the artifact bucket.
 #[derive(Debug, Clone)]
 pub struct ObjectStore {

@@ -1,6 +1,6 @@
-//! Emulated VMs: a volume attached on a worker (an in-process [`Agent`] or
-//! a `plasmavmc agent` process), and migration between workers with
-//! CoronaFS epoch fencing.
+//! Emulated VMs: a volume attached on a [`Worker`] (in this process or a
+//! `plasmavmc agent`), and migration between workers with CoronaFS epoch
+//! fencing.
 //!
 //! Every attachment opens the volume as `VOL;epoch=N`. Attaching a VM and
 //! migrating it each take a fresh epoch and raise the volume's fence in
@@ -17,27 +17,24 @@
 //! guest resumes on the target. A failure after (3) leaves the VM in `error`
 //! with the reason.
 //!
-//! [`Agent`]: crate::agent::Agent
+//! Each VM has its own lock ([`App::vm_locks`], keyed by the VM's id; a
+//! create holds its volume's id, so two creates cannot both take one
+//! volume): the steps of one operation never interleave with another on the
+//! same VM, and a slow worker call stalls only its own VM.
+//!
+//! [`Worker`]: crate::worker::Worker
 
-use crate::agent::Attach;
 use crate::app::App;
 use crate::error::{PlasmaError, Result};
-use crate::guest::{MAX_IO_OPS, Report};
+use crate::guest::MAX_IO_OPS;
 use crate::meta;
 use crate::metrics::Metrics;
-use crate::model::{CreateVm, MigrateVm, Status, Vm, Volume, new_id};
+use crate::model::{CreateVm, MigrateVm, Status, Vm, VmStatus, Volume, new_id};
+use crate::wire::{Attach, FlushReq, Report, StartIo, VerifyReq, WriteLog};
 use std::sync::Arc;
-
-pub use crate::guest::{BLOCK, WriteLog, pattern, written_seq};
 
 /// Guest writes a migrated VM runs on its target.
 const OPS_AFTER_MIGRATION: u64 = 64;
-
-/// Worker names: `[A-Za-z0-9._-]{1,64}`.
-pub fn check_worker(w: &str) -> Result<()> {
-    let ok = !w.is_empty() && w.len() <= 64 && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok { Ok(()) } else { Err(PlasmaError::Invalid(format!("worker {w:?} must match [A-Za-z0-9._-]{{1,64}}"))) }
-}
 
 async fn volume_for(app: &App, id: &str) -> Result<Volume> {
     let v: Volume = app.meta.get(meta::VOLUMES, id)?.ok_or_else(|| PlasmaError::not_found("volume", id))?;
@@ -71,7 +68,7 @@ pub async fn create(app: &Arc<App>, req: CreateVm) -> Result<Vm> {
         return Err(PlasmaError::Invalid(format!("io_ops must be at most {MAX_IO_OPS}")));
     }
     let vol = volume_for(app, &req.volume_id).await?;
-    let _g = app.workers.ops.lock().await;
+    let _g = app.vm_locks.lock(&vol.id).await;
     if let Some(vm) = app.meta.list::<Vm>(meta::VMS)?.into_iter().find(|vm| vm.volume_id == vol.id) {
         return Err(PlasmaError::Conflict(format!("volume {} is already attached to VM {}", vol.id, vm.id)));
     }
@@ -86,7 +83,7 @@ pub async fn create(app: &Arc<App>, req: CreateVm) -> Result<Vm> {
         volume_id: vol.id,
         worker: req.worker,
         epoch,
-        status: "running".into(),
+        status: VmStatus::Running,
         migrations: 0,
         writes_acked: 0,
         writes_acked_earlier: 0,
@@ -106,7 +103,7 @@ fn get_record(app: &App, id: &str) -> Result<Vm> {
 /// remembered); a worker that cannot be reached leaves the stored count.
 pub async fn get(app: &App, id: &str) -> Result<Vm> {
     let mut vm = get_record(app, id)?;
-    if vm.status == "running"
+    if vm.status == VmStatus::Running
         && let Ok(w) = app.workers.get(&vm.worker)
     {
         match w.report(id).await {
@@ -130,7 +127,7 @@ pub async fn list(app: &App) -> Result<Vec<Vm>> {
 
 fn set_error(app: &App, id: &str, reason: &str) {
     let r = app.meta.update(meta::VMS, "vm", id, |v: &mut Vm| {
-        v.status = "error".into();
+        v.status = VmStatus::Error;
         v.error_reason = Some(reason.to_owned());
     });
     if let Err(e) = r {
@@ -141,12 +138,12 @@ fn set_error(app: &App, id: &str, reason: &str) {
 /// `POST /v1/vms/{id}/migrate`: see the module docs for the steps.
 pub async fn migrate(app: &Arc<App>, id: &str, req: MigrateVm) -> Result<Vm> {
     let target = app.workers.get(&req.worker)?;
-    let _g = app.workers.ops.lock().await;
+    let _g = app.vm_locks.lock(id).await;
     let vm = get_record(app, id)?;
     if vm.worker == req.worker {
         return Err(PlasmaError::Invalid(format!("VM {id} already runs on {}", req.worker)));
     }
-    if vm.status != "running" {
+    if vm.status != VmStatus::Running {
         return Err(PlasmaError::Conflict(format!("VM {id} is {}, not running", vm.status)));
     }
     let source = app.workers.get(&vm.worker)?;
@@ -155,9 +152,9 @@ pub async fn migrate(app: &Arc<App>, id: &str, req: MigrateVm) -> Result<Vm> {
     // 1. The target attaches; until the fence its epoch is ahead of the volume's.
     let attach = Attach { vm_id: id.to_owned(), volume: vol.coronafs_volume.clone(), epoch, io_ops: 0, seq_start: 0 };
     target.attach(attach).await?;
-    app.meta.update(meta::VMS, "vm", id, |v: &mut Vm| v.status = "migrating".into())?;
+    app.meta.update(meta::VMS, "vm", id, |v: &mut Vm| v.status = VmStatus::Migrating)?;
     // 2. The source stops and flushes; what it reports is what must survive.
-    let (report, notice) = match source.flush(id, true).await {
+    let (report, notice) = match source.flush(id, FlushReq { pause: true }).await {
         Ok(r) => (r, None),
         Err(e) => {
             let last = app.workers.last(id).unwrap_or_else(|| empty_report(id, &vm, &vol));
@@ -182,7 +179,7 @@ pub async fn migrate(app: &Arc<App>, id: &str, req: MigrateVm) -> Result<Vm> {
         tracing::warn!(vm = id, worker = %vm.worker, error = %e, "source did not detach");
     }
     // 5. Everything acknowledged must read back on the target.
-    let verified = match target.verify(id, report.log.clone(), true).await {
+    let verified = match target.verify(id, VerifyReq { log: report.log.clone(), adopt: true }).await {
         Ok(v) => v,
         Err(e) => {
             let reason = format!("after migrating to {}: {e}", req.worker);
@@ -192,7 +189,7 @@ pub async fn migrate(app: &Arc<App>, id: &str, req: MigrateVm) -> Result<Vm> {
     };
     // 6. The guest resumes on the target.
     let seq = report.next_seq.max(verified.max_seq + 1);
-    if let Err(e) = target.start_io(id, OPS_AFTER_MIGRATION, seq).await {
+    if let Err(e) = target.start_io(id, StartIo { ops: OPS_AFTER_MIGRATION, seq_start: seq }).await {
         let reason = format!("guest did not resume on {}: {e}", req.worker);
         set_error(app, id, &reason);
         return Err(e);
@@ -209,7 +206,7 @@ pub async fn migrate(app: &Arc<App>, id: &str, req: MigrateVm) -> Result<Vm> {
         // The source's count ends here; the target's starts from zero.
         v.writes_acked_earlier += report.writes_acked;
         v.writes_acked = v.writes_acked_earlier;
-        v.status = "running".into();
+        v.status = VmStatus::Running;
         v.error_reason = None;
         v.notice = notice.clone();
     })
@@ -233,7 +230,7 @@ fn empty_report(id: &str, vm: &Vm, vol: &Volume) -> Report {
 /// `DELETE /v1/vms/{id}`: detaches, and fences the volume past the VM's
 /// epoch so that an attachment the worker failed to drop cannot write.
 pub async fn delete(app: &App, id: &str) -> Result<()> {
-    let _g = app.workers.ops.lock().await;
+    let _g = app.vm_locks.lock(id).await;
     let vm = get_record(app, id)?;
     if let Ok(w) = app.workers.get(&vm.worker)
         && let Err(e) = w.detach(id).await

@@ -1,16 +1,21 @@
 //! The whole stack in one process for the PlasmaVMC tests: a LightningStor
 //! node (real HTTP), a CoronaFS server (real NBD + API) and a PlasmaVMC
 //! server on one runtime, plus qemu-img helpers and a small JSON-schema check
-//! for the OpenAPI test.
+//! for the OpenAPI test. The API is driven through its typed client
+//! ([`plasmavmc::client::Client`]); raw requests only send what that client
+//! cannot (malformed bodies, unknown fields) or read raw JSON for the schema
+//! check.
 
 #![allow(dead_code)]
 
 use coronafs::backend::IoEngine;
 use coronafs::client::NbdClient;
+use plasmavmc::client::Client;
+use plasmavmc::model::{CreateImage, CreateVolume, Image, Status, Volume};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const AK: &str = "vmc-test-key";
 pub const SK: &str = "vmc-test-secret-0123456789";
@@ -23,6 +28,8 @@ pub struct Stack {
     pub vmc: Option<plasmavmc::Server>,
     pub http: reqwest::Client,
     pub url: String,
+    /// The typed client of the API.
+    pub api: Client,
     pub s3: aws_sdk_s3::Client,
 }
 
@@ -69,6 +76,7 @@ impl Stack {
             corona: Some(corona),
             vmc: Some(vmc),
             http: reqwest::Client::new(),
+            api: Client::new(&url),
             url,
             s3: aws_sdk_s3::Client::from_conf(conf),
         }
@@ -88,7 +96,13 @@ impl Stack {
         p
     }
 
-    /// A request and its status and JSON body (Null when empty).
+    /// Runs `f` on the stack's runtime.
+    pub fn run<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// A raw request and its status and JSON body (Null when empty): for
+    /// what the typed client cannot send, and for raw JSON.
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let url = format!("{}{path}", self.url);
         self.rt.block_on(async {
@@ -106,6 +120,7 @@ impl Stack {
         })
     }
 
+    /// A raw request with any body.
     pub fn raw_call(&self, method: &str, path: &str, body: Vec<u8>, ctype: &str) -> (u16, Value) {
         let url = format!("{}{path}", self.url);
         self.rt.block_on(async {
@@ -117,46 +132,31 @@ impl Stack {
         })
     }
 
-    /// Creates an image and uploads `path`; returns the upload's answer.
-    pub fn upload(&self, name: &str, path: &Path, extra: Value) -> (u16, Value) {
-        let mut body = serde_json::json!({ "name": name });
-        if let Value::Object(m) = extra {
-            for (k, v) in m {
-                body[k] = v;
-            }
-        }
-        let (s, img) = self.call("POST", "/v1/images", Some(body));
-        assert_eq!(s, 201, "create image: {img}");
-        let id = img["id"].as_str().expect("id").to_owned();
-        let bytes = std::fs::read(path).expect("read artifact");
-        self.raw_call("PUT", &format!("/v1/images/{id}/file"), bytes, "application/octet-stream")
+    /// Creates the image `req` asks for and uploads `path` into it; the
+    /// upload's answer.
+    pub fn upload(&self, req: CreateImage, path: &Path) -> plasmavmc::Result<Image> {
+        self.run(async {
+            let img = self.api.create_image(&req).await.expect("create image");
+            assert_eq!(img.status, Status::Queued, "{img:?}");
+            self.api.upload_file(&img.id, path, None).await
+        })
     }
 
-    pub fn upload_ok(&self, name: &str, path: &Path) -> Value {
-        let (s, img) = self.upload(name, path, Value::Null);
-        assert_eq!(s, 200, "upload {name}: {img}");
-        assert_eq!(img["status"], "active", "{img}");
+    pub fn upload_ok(&self, name: &str, path: &Path) -> Image {
+        let img = self.upload(CreateImage { name: name.into(), ..Default::default() }, path).expect("upload");
+        assert_eq!(img.status, Status::Active, "{img:?}");
         img
     }
 
     /// Polls a volume until it leaves creating/downloading.
-    pub fn wait_volume(&self, id: &str) -> Value {
-        let t0 = Instant::now();
-        loop {
-            let (s, v) = self.call("GET", &format!("/v1/volumes/{id}"), None);
-            assert_eq!(s, 200, "{v}");
-            if !matches!(v["status"].as_str(), Some("creating" | "downloading")) {
-                return v;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(180), "volume {id} stuck: {v}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    pub fn wait_volume(&self, id: &str) -> Volume {
+        self.run(self.api.wait_volume(id, Duration::from_millis(20), Duration::from_secs(180))).expect("wait volume")
     }
 
-    pub fn create_volume(&self, image_id: &str, size: Option<u64>) -> Value {
-        let (s, v) = self.call("POST", "/v1/volumes", Some(serde_json::json!({ "image_id": image_id, "size": size })));
-        assert_eq!(s, 202, "{v}");
-        self.wait_volume(v["id"].as_str().expect("id"))
+    pub fn create_volume(&self, image_id: &str, size: Option<u64>) -> Volume {
+        let v = self.run(self.api.create_volume(&CreateVolume { image_id: image_id.into(), size })).expect("create");
+        assert_eq!(v.status, Status::Creating, "{v:?}");
+        self.wait_volume(&v.id)
     }
 
     /// The whole content of a CoronaFS export, read with our NBD client.
@@ -178,9 +178,7 @@ impl Stack {
     }
 
     pub fn metric(&self, name: &str) -> u64 {
-        let text = self.rt.block_on(async {
-            self.http.get(format!("{}/metrics", self.url)).send().await.expect("send").text().await.expect("text")
-        });
+        let text = self.run(self.api.metrics()).expect("metrics");
         text.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.parse().ok()))
             .unwrap_or_else(|| panic!("metric {name} missing"))
@@ -343,7 +341,8 @@ pub fn validate(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<
     Ok(())
 }
 
-/// JSON over HTTP from a test thread.
+/// HTTP from a test thread: the PlasmaVMC API's typed client, and raw JSON
+/// for the agents' API.
 pub struct Http {
     pub rt: tokio::runtime::Runtime,
     pub c: reqwest::Client,
@@ -368,33 +367,18 @@ impl Http {
         })
     }
 
-    /// Through the PlasmaVMC API at `api`: an image `name` holding `bytes`
+    /// Through the PlasmaVMC API `api`: an image `name` holding `bytes`
     /// (active), then a volume from it, polled until it is available.
-    pub fn image_volume(&self, api: &str, name: &str, bytes: Vec<u8>) -> Value {
-        let (c, img) = self.call("POST", &format!("{api}/v1/images"), Some(serde_json::json!({ "name": name })));
-        assert_eq!(c, 201, "{img}");
-        let id = img["id"].as_str().expect("image id").to_owned();
-        let (c, img) = self.put(&format!("{api}/v1/images/{id}/file"), bytes);
-        assert_eq!((c, img["status"].as_str()), (200, Some("active")), "{img}");
-        let (c, mut v) = self.call("POST", &format!("{api}/v1/volumes"), Some(serde_json::json!({ "image_id": id })));
-        assert_eq!(c, 202, "{v}");
-        let vid = v["id"].as_str().expect("volume id").to_owned();
-        let t0 = Instant::now();
-        while matches!(v["status"].as_str(), Some("creating" | "downloading")) {
-            assert!(t0.elapsed() < Duration::from_secs(120), "volume stuck: {v}");
-            std::thread::sleep(Duration::from_millis(50));
-            v = self.call("GET", &format!("{api}/v1/volumes/{vid}"), None).1;
-        }
-        assert_eq!(v["status"], "available", "{v}");
-        v
-    }
-
-    pub fn put(&self, url: &str, bytes: Vec<u8>) -> (u16, Value) {
+    pub fn image_volume(&self, api: &Client, name: &str, bytes: Vec<u8>) -> Volume {
         self.rt.block_on(async {
-            let resp = self.c.put(url).body(bytes).send().await.expect("send");
-            let status = resp.status().as_u16();
-            let text = resp.text().await.expect("body");
-            (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+            let img = api.create_image(&CreateImage { name: name.into(), ..Default::default() }).await.expect("image");
+            let len = bytes.len() as u64;
+            let img = api.upload(&img.id, bytes.into(), len, None).await.expect("upload");
+            assert_eq!(img.status, Status::Active, "{img:?}");
+            let v = api.create_volume(&CreateVolume { image_id: img.id, size: None }).await.expect("volume");
+            let v = api.wait_volume(&v.id, Duration::from_millis(50), Duration::from_secs(120)).await.expect("wait");
+            assert_eq!(v.status, Status::Available, "{v:?}");
+            v
         })
     }
 }

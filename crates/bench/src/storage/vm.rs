@@ -13,7 +13,9 @@ use super::{Summary, Target, VmImage, WarmCreate};
 use crate::cluster::{CoronaEndpoint, PlasmaEndpoint};
 use crate::qcow2;
 use anyhow::{Context, bail};
-use serde_json::Value;
+use plasmavmc::client::Client;
+use plasmavmc::model::{CreateImage, CreateVolume, Status, Volume};
+use plasmavmc::probe::DiskFormat;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -44,122 +46,16 @@ pub struct VmOptions {
     pub link_rate: Option<u64>,
 }
 
-/// A PlasmaVMC REST client.
-pub struct Api {
-    url: String,
-    http: reqwest::Client,
-}
-
-fn check(v: Value, what: &str) -> anyhow::Result<Value> {
-    if v["status"] == "error" {
-        bail!("{what} ended in error: {}", v["error_reason"]);
+/// One timed `CreateVolume`: request to `available` (polling every `every`).
+async fn timed_volume(api: &Client, image_id: &str, every: Duration) -> anyhow::Result<(f64, Volume)> {
+    let t = Instant::now();
+    let req = CreateVolume { image_id: image_id.to_owned(), size: None };
+    let id = api.create_volume(&req).await?.id;
+    let v = api.wait_volume(&id, every, Duration::from_secs(900)).await?;
+    if v.status != Status::Available {
+        bail!("volume {id} ended {:?}: {}", v.status, v.error_reason.unwrap_or_default());
     }
-    Ok(v)
-}
-
-impl Api {
-    pub fn new(p: &PlasmaEndpoint) -> anyhow::Result<Api> {
-        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
-        Ok(Api { url: p.url.trim_end_matches('/').to_owned(), http })
-    }
-
-    async fn json(&self, r: reqwest::RequestBuilder, what: &str) -> anyhow::Result<Value> {
-        let resp = r.send().await.with_context(|| format!("{what}: no answer from PlasmaVMC at {}", self.url))?;
-        let status = resp.status();
-        let body = resp.bytes().await.with_context(|| format!("{what}: reading the answer"))?;
-        if !status.is_success() {
-            bail!("{what}: {status} {}", String::from_utf8_lossy(&body));
-        }
-        serde_json::from_slice(&body).with_context(|| format!("{what}: the answer is not JSON"))
-    }
-
-    /// `POST /v1/images`; returns the image id.
-    pub async fn create_image(&self, name: &str) -> anyhow::Result<String> {
-        let v = self
-            .json(
-                self.http.post(format!("{}/v1/images", self.url)).json(&serde_json::json!({"name": name})),
-                "POST /v1/images",
-            )
-            .await?;
-        v["id"].as_str().map(str::to_owned).context("POST /v1/images: no id in the answer")
-    }
-
-    /// `PUT /v1/images/{id}/file` from a file, streamed; returns the image.
-    pub async fn upload(&self, id: &str, path: &Path, timeout: Duration) -> anyhow::Result<Value> {
-        let len = std::fs::metadata(path)?.len();
-        let file = tokio::fs::File::open(path).await.with_context(|| path.display().to_string())?;
-        let stream = futures::stream::try_unfold(file, |mut f| async move {
-            use tokio::io::AsyncReadExt;
-            let mut buf = vec![0u8; 1 << 20];
-            let n = f.read(&mut buf).await?;
-            if n == 0 {
-                return Ok::<_, std::io::Error>(None);
-            }
-            buf.truncate(n);
-            Ok(Some((bytes::Bytes::from(buf), f)))
-        });
-        let r = self
-            .http
-            .put(format!("{}/v1/images/{id}/file", self.url))
-            .header(reqwest::header::CONTENT_LENGTH, len)
-            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-            .timeout(timeout)
-            .body(reqwest::Body::wrap_stream(stream));
-        check(self.json(r, "PUT /v1/images/{id}/file").await?, "the upload")
-    }
-
-    /// `POST /v1/volumes`; returns the volume id.
-    pub async fn create_volume(&self, image_id: &str) -> anyhow::Result<String> {
-        let v = self
-            .json(
-                self.http.post(format!("{}/v1/volumes", self.url)).json(&serde_json::json!({"image_id": image_id})),
-                "POST /v1/volumes",
-            )
-            .await?;
-        v["id"].as_str().map(str::to_owned).context("POST /v1/volumes: no id in the answer")
-    }
-
-    /// Polls `GET /v1/volumes/{id}` every `every` until it is available.
-    pub async fn wait_volume(&self, id: &str, every: Duration, timeout: Duration) -> anyhow::Result<Value> {
-        let t = Instant::now();
-        loop {
-            let v = check(
-                self.json(self.http.get(format!("{}/v1/volumes/{id}", self.url)), "GET /v1/volumes/{id}").await?,
-                &format!("volume {id}"),
-            )?;
-            if v["status"] == "available" {
-                return Ok(v);
-            }
-            if t.elapsed() > timeout {
-                bail!("volume {id} not available after {timeout:?} (status {})", v["status"]);
-            }
-            tokio::time::sleep(every).await;
-        }
-    }
-
-    /// One timed `CreateVolume`: request to `available`.
-    pub async fn timed_volume(&self, image_id: &str, every: Duration) -> anyhow::Result<(f64, Value)> {
-        let t = Instant::now();
-        let id = self.create_volume(image_id).await?;
-        let v = self.wait_volume(&id, every, Duration::from_secs(900)).await?;
-        Ok((t.elapsed().as_secs_f64(), v))
-    }
-
-    async fn delete(&self, what: &str, id: &str) -> anyhow::Result<()> {
-        let resp = self.http.delete(format!("{}/v1/{what}/{id}", self.url)).send().await?;
-        if !resp.status().is_success() {
-            bail!("DELETE /v1/{what}/{id}: {} {}", resp.status(), resp.text().await.unwrap_or_default());
-        }
-        Ok(())
-    }
-
-    pub async fn delete_volume(&self, id: &str) -> anyhow::Result<()> {
-        self.delete("volumes", id).await
-    }
-
-    pub async fn delete_image(&self, id: &str) -> anyhow::Result<()> {
-        self.delete("images", id).await
-    }
+    Ok((t.elapsed().as_secs_f64(), v))
 }
 
 /// A test image on disk.
@@ -177,33 +73,33 @@ fn make_image(dir: &Path, virtual_size: u64, data: u64, seed: u64) -> anyhow::Re
 }
 
 /// Uploads `img` as a new image; returns (id, seconds).
-async fn create_image(api: &Api, img: &TestImage, name: &str, timeout: Duration) -> anyhow::Result<(String, f64)> {
+async fn create_image(api: &Client, img: &TestImage, name: &str, timeout: Duration) -> anyhow::Result<(String, f64)> {
     let t = Instant::now();
-    let id = api.create_image(name).await?;
-    let v = api.upload(&id, &img.path, timeout).await?;
+    let id = api.create_image(&CreateImage { name: name.into(), ..Default::default() }).await?.id;
+    let v = api.upload_file(&id, &img.path, Some(timeout)).await?;
     let secs = t.elapsed().as_secs_f64();
-    if v["status"] != "active" {
-        bail!("image {id} is {} after its upload", v["status"]);
+    if v.status != Status::Active {
+        bail!("image {id} is {:?} after its upload: {}", v.status, v.error_reason.unwrap_or_default());
     }
-    if v["size"].as_u64() != Some(img.written.file_size) || v["virtual_size"].as_u64() != Some(img.spec.virtual_size) {
+    if v.size != Some(img.written.file_size) || v.virtual_size != Some(img.spec.virtual_size) {
         bail!(
-            "image {id}: PlasmaVMC reports size {} and virtual size {}, the file has {} and {}",
-            v["size"],
-            v["virtual_size"],
+            "image {id}: PlasmaVMC reports size {:?} and virtual size {:?}, the file has {} and {}",
+            v.size,
+            v.virtual_size,
             img.written.file_size,
             img.spec.virtual_size
         );
     }
-    if v["disk_format"] != "qcow2" {
-        bail!("image {id} was detected as {}, not qcow2", v["disk_format"]);
+    if v.disk_format != Some(DiskFormat::Qcow2) {
+        bail!("image {id} was detected as {:?}, not qcow2", v.disk_format);
     }
     Ok((id, secs))
 }
 
 /// Reads an allocated extent and a hole of the volume back over NBD and
 /// compares them with what the image holds.
-async fn verify(c: &CoronaEndpoint, volume: &Value, img: &TestImage) -> anyhow::Result<()> {
-    let export = volume["coronafs_volume"].as_str().context("volume has no coronafs_volume")?;
+async fn verify(c: &CoronaEndpoint, volume: &Volume, img: &TestImage) -> anyhow::Result<()> {
+    let export = volume.coronafs_volume.as_str();
     let nbd = coronafs::client::NbdClient::connect(c.nbd.as_str(), export).await.context("NBD connect")?;
     let mut want = vec![0u8; qcow2::CLUSTER as usize];
     let last = *img.written.extents.last().context("no extents")?;
@@ -245,7 +141,7 @@ pub async fn measure(
     placement: &str,
     mut step: impl FnMut(&str),
 ) -> anyhow::Result<VmImage> {
-    let api = Api::new(plasma)?;
+    let api = Client::new(&plasma.url);
     let dir = scratch.join("vm-images");
     std::fs::create_dir_all(&dir)?;
     let r = run(&api, verify_on, opts, &dir, placement, &mut step).await;
@@ -254,7 +150,7 @@ pub async fn measure(
 }
 
 async fn run(
-    api: &Api,
+    api: &Client,
     verify_on: Option<&CoronaEndpoint>,
     opts: &VmOptions,
     dir: &Path,
@@ -293,22 +189,22 @@ async fn run(
             let (id, secs) = create_image(api, main, &format!("bench-main-{i}"), upload_timeout(artifact)).await?;
             made_images.push(id.clone());
             up_s.push(secs);
-            let (cold, v) = api.timed_volume(&id, Duration::from_millis(10)).await?;
-            if v["cache_hit"] != false {
+            let (cold, v) = timed_volume(api, &id, Duration::from_millis(10)).await?;
+            if v.cache_hit {
                 bail!("the first CreateVolume of image {id} was a cache hit");
             }
-            volumes.push(v["id"].as_str().unwrap_or_default().to_owned());
+            volumes.push(v.id.clone());
             if i == 0
                 && let Some(c) = verify_on
             {
                 verify(c, &v, main).await?;
             }
             cold_s.push(cold);
-            let (second, v) = api.timed_volume(&id, Duration::from_millis(2)).await?;
-            if v["cache_hit"] != true {
+            let (second, v) = timed_volume(api, &id, Duration::from_millis(2)).await?;
+            if !v.cache_hit {
                 bail!("the second CreateVolume of image {id} missed the cache");
             }
-            volumes.push(v["id"].as_str().unwrap_or_default().to_owned());
+            volumes.push(v.id.clone());
             second_s.push(second);
         }
         // Warm CreateVolume for 1, 4 and 16 GiB virtual images, interleaved.
@@ -327,28 +223,26 @@ async fn run(
             let (id, _) =
                 create_image(api, img, &format!("bench-warm-{k}"), upload_timeout(img.written.file_size)).await?;
             made_images.push(id.clone());
-            let (cold, v) = api.timed_volume(&id, Duration::from_millis(10)).await?;
-            volumes.push(v["id"].as_str().unwrap_or_default().to_owned());
+            let (cold, v) = timed_volume(api, &id, Duration::from_millis(10)).await?;
+            volumes.push(v.id.clone());
             warm_images.push((id, img, Some(cold)));
         }
         let mut times = vec![Vec::new(); WARM_SIZES.len()];
         for _ in 0..opts.warm_count {
             for (k, (id, _, _)) in warm_images.iter().enumerate() {
-                let (s, v) = api.timed_volume(id, Duration::from_millis(2)).await?;
-                if v["cache_hit"] != true {
+                let (s, v) = timed_volume(api, id, Duration::from_millis(2)).await?;
+                if !v.cache_hit {
                     bail!("a warm CreateVolume of image {id} missed the cache");
                 }
                 times[k].push(s * 1000.0);
-                if let Some(vid) = v["id"].as_str() {
-                    api.delete_volume(vid).await?;
-                }
+                api.delete_volume(&v.id).await?;
             }
         }
         if let Some(c) = verify_on {
             // A clone of the 16 GiB image reads the image's bytes too.
             let (id, img, _) = &warm_images[2];
-            let (_, v) = api.timed_volume(id, Duration::from_millis(2)).await?;
-            volumes.push(v["id"].as_str().unwrap_or_default().to_owned());
+            let (_, v) = timed_volume(api, id, Duration::from_millis(2)).await?;
+            volumes.push(v.id.clone());
             verify(c, &v, img).await?;
         } else {
             verified = false;
