@@ -164,7 +164,7 @@ fn info_names_the_engine_and_file_system_and_evict_empties_the_page_cache_of_a_c
 
         let e = &c.srv().volumes;
         e.snapshot("img", "gold").await.expect("snapshot");
-        e.clone_from("vm", "img@gold", None).await.expect("clone");
+        e.clone_snapshot("vm", "img@gold", None).await.expect("clone");
         let vm = NbdClient::connect(c.addr(), "vm").await.expect("connect vm");
         vm.write(0, &pattern(MIB as usize, 7), false).await.expect("write vm");
         // Reading the rest through the clone caches its parent's pages.
@@ -206,7 +206,7 @@ fn clone_setup(c: &Corona) {
         n.flush().await.expect("flush");
         let e = &c.srv().volumes;
         e.snapshot("img", "gold").await.expect("snapshot");
-        e.clone_from("vm", "img@gold", None).await.expect("clone");
+        e.clone_snapshot("vm", "img@gold", None).await.expect("clone");
     });
 }
 
@@ -305,7 +305,7 @@ async fn churn(api_url: String, nbd: std::net::SocketAddr, round: u64, acks: Arc
     let api = ApiClient::new(&api_url);
     for i in 0..1000u64 {
         let name = format!("c{round}-{i}");
-        if api.clone_from(&name, "img@gold", None).await.is_err() {
+        if api.clone_snapshot(&name, "img@gold", None).await.is_err() {
             return;
         }
         acks.lock().expect("acks").clones.push((name.clone(), Vec::new()));
@@ -613,7 +613,7 @@ fn a_volume_larger_than_the_file_system_allows_is_507_and_blocks_no_later_change
         assert_eq!(layers, if status == 201 { 1 } else { 0 }, "a refused create leaves no file");
         api.create("small", MIB).await.expect("a later create");
         api.snapshot("small", "s").await.expect("a later snapshot");
-        api.clone_from("c", "small@s", None).await.expect("a later clone");
+        api.clone_snapshot("c", "small@s", None).await.expect("a later clone");
     });
     if let Err(e) = c.srv().volumes.verify() {
         panic!("{e}");

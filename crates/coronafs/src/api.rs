@@ -106,7 +106,7 @@ async fn show(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse
 async fn create(State(s): S, b: Result<Json<CreateVolume>, JsonRejection>) -> Result<Response, CoronaError> {
     let req = body(b)?;
     let info = match (&req.from_snapshot, req.size) {
-        (Some(from), size) => Volumes::clone_from(&s.volumes, &req.name, from, size).await?,
+        (Some(from), size) => s.volumes.clone_snapshot(&req.name, from, size).await?,
         (None, Some(size)) => s.volumes.create(&req.name, size).await?,
         (None, None) => return Err(CoronaError::BadRequest("size is required unless from_snapshot is given".into())),
     };

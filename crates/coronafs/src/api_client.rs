@@ -56,7 +56,7 @@ impl ApiClient {
 
     /// `POST /v1/volumes {name, from_snapshot, size?}`: an O(1) clone of
     /// `VOL@SNAP` (the snapshot's size unless `size` is given).
-    pub async fn clone_from(&self, name: &str, snapshot: &str, size: Option<u64>) -> Result<VolumeInfo> {
+    pub async fn clone_snapshot(&self, name: &str, snapshot: &str, size: Option<u64>) -> Result<VolumeInfo> {
         self.create_volume(&CreateVolume { name: name.to_owned(), size, from_snapshot: Some(snapshot.to_owned()) })
             .await
     }

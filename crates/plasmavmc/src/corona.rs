@@ -63,7 +63,7 @@ impl Corona {
 
     /// `POST /v1/volumes {name, from_snapshot, size?}`: an O(1) clone.
     pub async fn clone_from(&self, name: &str, snapshot: &str, size: Option<u64>) -> Result<VolumeInfo, CallError> {
-        Ok(self.api.clone_from(name, snapshot, size).await?)
+        Ok(self.api.clone_snapshot(name, snapshot, size).await?)
     }
 
     pub async fn get(&self, name: &str) -> Result<VolumeInfo, CallError> {

@@ -1,7 +1,8 @@
-//! An in-process LightningStor cluster for tests, and the transport faults
-//! it runs under: every node in this process, talking through the
-//! in-process transport wrapped in shared [`Faults`], so a test can
-//! partition, cut, delay, pause or drop traffic between nodes.
+//! An in-process LightningStor cluster for tests, and the transports it
+//! runs over: every node in this process ([`Hub`]), talking through the
+//! in-process transport ([`InProcess`]) wrapped in shared [`Faults`]
+//! ([`Faulty`]), so a test can partition, cut, delay, pause or drop traffic
+//! between nodes.
 //!
 //! Test doubles live here, outside `lightningstor`, so they are never
 //! compiled into its release binary; they use only its public traits
@@ -12,17 +13,67 @@ use lightningstor::cluster::config::ClusterConfig;
 use lightningstor::cluster::node::Node;
 use lightningstor::cluster::rpc::{Msg, Req, Resp};
 use lightningstor::cluster::s3::ClusterS3;
-use lightningstor::cluster::transport::{Handler, Hub, InProcess, Transport};
+use lightningstor::cluster::transport::{Handler, Transport};
 use lightningstor::error::{LightningError, Result};
 use lightningstor::store::Store;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 fn unreachable(to: NodeId, why: &str) -> LightningError {
     LightningError::Unavailable(format!("node {to} unreachable: {why}"))
+}
+
+/// Nodes of one process, by id.
+#[derive(Default)]
+pub struct Hub {
+    nodes: RwLock<HashMap<NodeId, Weak<dyn Handler>>>,
+}
+
+impl Hub {
+    /// An empty hub.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Hub::default())
+    }
+
+    /// Registers node `id` (replacing an earlier registration).
+    pub fn register(&self, id: NodeId, h: Weak<dyn Handler>) {
+        if let Ok(mut n) = self.nodes.write() {
+            n.insert(id, h);
+        }
+    }
+
+    /// Removes node `id` (it looks down from then on).
+    pub fn unregister(&self, id: NodeId) {
+        if let Ok(mut n) = self.nodes.write() {
+            n.remove(&id);
+        }
+    }
+}
+
+/// In-process transport: calls the other node's handler directly.
+pub struct InProcess {
+    hub: Arc<Hub>,
+}
+
+impl InProcess {
+    /// A transport over `hub`.
+    pub fn new(hub: Arc<Hub>) -> Self {
+        InProcess { hub }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for InProcess {
+    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
+        let h = self.hub.nodes.read().ok().and_then(|n| n.get(&to).and_then(Weak::upgrade));
+        match h {
+            Some(h) => Ok(h.handle(req).await),
+            None => Err(unreachable(to, "not running")),
+        }
+    }
 }
 
 /// Faults applied to traffic, shared by every node of a test cluster.

@@ -355,7 +355,7 @@ impl Volumes {
 
     /// Creates `name` as a copy-on-write clone of `VOL@SNAP`: O(1) whatever
     /// the size. `size` defaults to the snapshot's and may only be larger.
-    pub async fn clone_from(&self, name: &str, from: &str, size: Option<u64>) -> Result<VolumeInfo> {
+    pub async fn clone_snapshot(&self, name: &str, from: &str, size: Option<u64>) -> Result<VolumeInfo> {
         validate_name(name)?;
         let (v, s) = parse_snap(from)?;
         self.writable()?;

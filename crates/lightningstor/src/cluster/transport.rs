@@ -1,8 +1,9 @@
-//! The transport between nodes: a small trait with an in-process
-//! implementation (clusters inside one test process) and a TCP one (spawned
-//! processes). The fault-injecting wrapper that drops, delays and
-//! partitions traffic for tests is a test double outside this crate
-//! (`testkit::lightningstor::Faulty`), over the same trait.
+//! The transport between nodes: a small trait ([`Transport`], and
+//! [`Handler`] for the receiving node) with a TCP implementation. The
+//! in-process transport (a cluster inside one test process) and the
+//! fault-injecting wrapper that drops, delays and partitions its traffic
+//! are test doubles outside this crate (`testkit::lightningstor`), over the
+//! same traits.
 
 use super::NodeId;
 use super::rpc::{self, Msg, Req, Resp};
@@ -10,7 +11,7 @@ use crate::error::{LightningError, Result};
 use bytes::BytesMut;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -33,56 +34,6 @@ pub trait Transport: Send + Sync + 'static {
 
 fn unreachable(to: NodeId, why: &str) -> LightningError {
     LightningError::Unavailable(format!("node {to} unreachable: {why}"))
-}
-
-/// Nodes of one process, by id.
-#[derive(Default)]
-pub struct Hub {
-    nodes: RwLock<HashMap<NodeId, Weak<dyn Handler>>>,
-}
-
-impl Hub {
-    /// An empty hub.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Hub::default())
-    }
-
-    /// Registers node `id` (replacing an earlier registration).
-    pub fn register(&self, id: NodeId, h: Weak<dyn Handler>) {
-        if let Ok(mut n) = self.nodes.write() {
-            n.insert(id, h);
-        }
-    }
-
-    /// Removes node `id` (it looks down from then on).
-    pub fn unregister(&self, id: NodeId) {
-        if let Ok(mut n) = self.nodes.write() {
-            n.remove(&id);
-        }
-    }
-}
-
-/// In-process transport: calls the other node's handler directly.
-pub struct InProcess {
-    hub: Arc<Hub>,
-}
-
-impl InProcess {
-    /// A transport over `hub`.
-    pub fn new(hub: Arc<Hub>) -> Self {
-        InProcess { hub }
-    }
-}
-
-#[async_trait::async_trait]
-impl Transport for InProcess {
-    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
-        let h = self.hub.nodes.read().ok().and_then(|n| n.get(&to).and_then(Weak::upgrade));
-        match h {
-            Some(h) => Ok(h.handle(req).await),
-            None => Err(unreachable(to, "not running")),
-        }
-    }
 }
 
 /// TCP transport: pooled connections, one request at a time per connection.
