@@ -209,6 +209,9 @@ fn rand_byte() -> u8 {
     (h.finish() & 0xff) as u8
 }
 
+/// A started node and its background tasks.
+type RunningNode = (Arc<Node>, Vec<tokio::task::JoinHandle<()>>);
+
 /// Nodes of one cluster in this process.
 pub struct TestCluster {
     /// The cluster file the nodes run with.
@@ -216,7 +219,7 @@ pub struct TestCluster {
     /// Traffic faults (shared by every node).
     pub faults: Arc<Faults>,
     hub: Arc<Hub>,
-    nodes: Mutex<HashMap<NodeId, (Arc<Node>, Vec<tokio::task::JoinHandle<()>>)>>,
+    nodes: Mutex<HashMap<NodeId, RunningNode>>,
 }
 
 impl std::fmt::Debug for TestCluster {
