@@ -3,7 +3,8 @@
 //! the test, it never skips), and running servers in-process or as processes.
 
 use coronafs::backend::IoEngine;
-use coronafs::server::{self, RunningServer, ServerConfig};
+use coronafs::config::ServerConfig;
+use coronafs::service::{self, RunningServer};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -143,7 +144,7 @@ impl Corona {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         let mut cfg = ServerConfig::ephemeral(dir.path(), engine);
         cfg.read_only = read_only;
-        let srv = rt.block_on(server::start(cfg)).expect("start coronafs");
+        let srv = rt.block_on(service::start(cfg)).expect("start coronafs");
         assert_eq!(srv.engine, engine, "engine fell back unexpectedly");
         Corona { rt, srv: Some(srv), dir }
     }
@@ -154,7 +155,7 @@ impl Corona {
 
     /// Creates a thin volume through the volume manager.
     pub fn create(&self, name: &str, size: u64) {
-        self.rt.block_on(self.srv().shared.exports.create(name, size)).expect("create volume");
+        self.rt.block_on(self.srv().volumes.create(name, size)).expect("create volume");
     }
 
     pub fn uri(&self, name: &str) -> String {
@@ -167,7 +168,7 @@ impl Corona {
 
     /// The data file a volume's writes land in.
     pub fn path(&self, name: &str) -> PathBuf {
-        self.srv().shared.exports.head_path(name).expect("volume path")
+        self.srv().volumes.head_path(name).expect("volume path")
     }
 }
 

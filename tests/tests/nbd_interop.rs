@@ -93,7 +93,7 @@ fn nbdcopy_with_multi_conn_copies_in_and_out(engine: IoEngine) {
     let back = tmp.path().join("back.raw");
     run(Command::new("nbdcopy").args(["--connections=4"]).arg(c.uri("disk")).arg(&back));
     assert!(std::fs::read(&back).expect("read back") == data, "round trip through nbdcopy differs");
-    let m = &c.srv().shared.metrics;
+    let m = &c.srv().metrics;
     assert!(m.count(coronafs::proto::request::Command::Write) >= 32, "writes were split across requests");
 }
 
@@ -190,7 +190,7 @@ fn nbdsh_zero_length_requests_are_answered_and_keep_the_connection(engine: IoEng
     c.create("disk", 4 * MIB);
     let out = run(nbdsh().args(["--base-allocation", "-u", &c.uri("disk"), "-c", NBDSH_ZERO_LENGTH]));
     assert!(String::from_utf8_lossy(&out.stdout).contains("zero-length requests answered"));
-    let m = &c.srv().shared.metrics;
+    let m = &c.srv().metrics;
     assert_eq!(m.protocol_errors.load(std::sync::atomic::Ordering::Relaxed), 0, "no connection was dropped");
 }
 

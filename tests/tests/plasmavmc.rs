@@ -203,7 +203,7 @@ fn concurrent_first_fills_of_many_images_with_a_small_cache_all_finish_and_respe
             "round {round}: every eviction removed a distinct base: {cache:?}"
         );
         // CoronaFS holds exactly the cached bases.
-        let corona = st.corona.as_ref().expect("running").shared.exports.list().expect("list");
+        let corona = st.corona.as_ref().expect("running").volumes.list().expect("list");
         let base_vols = corona.iter().filter(|v| v.name.starts_with("base-")).count();
         assert_eq!(base_vols, bases, "round {round}: bases in CoronaFS vs the cache: {cache:?}");
     }

@@ -3,6 +3,7 @@
 //! --map), resize on reconnect, and kill -9 in the middle of snapshot, clone,
 //! resize and delete.
 
+use coronafs::api_client::ApiClient;
 use coronafs::backend::IoEngine;
 use coronafs::client::NbdClient;
 use coronafs::volume::Volumes;
@@ -14,7 +15,9 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
-/// One call to the control API: status and JSON body (Null when empty).
+/// One raw call to the control API: status and JSON body (Null when empty).
+/// For the contract itself (field names, bodies and queries the typed
+/// client cannot send); everything else goes through `ApiClient`.
 async fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
     let http = reqwest::Client::new();
     let url = format!("{base}{path}");
@@ -108,14 +111,14 @@ fn the_api_follows_the_contract_and_answers_every_error_case() {
         assert_eq!(doc["openapi"], "3.0.3");
         assert!(doc["paths"]["/v1/volumes/{name}/snapshots/{snap}"]["delete"].is_object());
     });
-    c.srv().shared.exports.verify().expect("files match metadata");
+    c.srv().volumes.verify().expect("files match metadata");
 }
 
 #[test]
 fn info_names_the_engine_and_file_system_and_evict_empties_the_page_cache_of_a_clone_and_its_parents() {
     let c = Corona::start(IoEngine::Threads);
     let base = c.srv().api_url();
-    let client = coronafs::api_client::ApiClient::new(&base);
+    let client = ApiClient::new(&base);
     let fs_type = c.rt.block_on(async {
         let (s, v) = api(&base, "GET", "/v1/info", None).await;
         assert_eq!(s, 200, "{v}");
@@ -159,9 +162,9 @@ fn info_names_the_engine_and_file_system_and_evict_empties_the_page_cache_of_a_c
         );
         n.disconnect().await.expect("disconnect");
 
-        let e = &c.srv().shared.exports;
+        let e = &c.srv().volumes;
         e.snapshot("img", "gold").await.expect("snapshot");
-        e.clone_from("vm", "img@gold", None).await.expect("clone");
+        e.clone_snapshot("vm", "img@gold", None).await.expect("clone");
         let vm = NbdClient::connect(c.addr(), "vm").await.expect("connect vm");
         vm.write(0, &pattern(MIB as usize, 7), false).await.expect("write vm");
         // Reading the rest through the clone caches its parent's pages.
@@ -201,9 +204,9 @@ fn clone_setup(c: &Corona) {
         n.write(0, &pattern(4 * MIB as usize, 1), false).await.expect("write");
         n.write(16 * MIB, &pattern(MIB as usize, 2), false).await.expect("write");
         n.flush().await.expect("flush");
-        let e = &c.srv().shared.exports;
+        let e = &c.srv().volumes;
         e.snapshot("img", "gold").await.expect("snapshot");
-        e.clone_from("vm", "img@gold", None).await.expect("clone");
+        e.clone_snapshot("vm", "img@gold", None).await.expect("clone");
     });
 }
 
@@ -255,7 +258,7 @@ fn nbdinfo_map_shows_the_allocation_a_clone_inherits() {
     assert!(rows.contains(&(16 * MIB, MIB, 0)), "inherited data at 16M:\n{map}");
     assert!(rows.iter().any(|r| r.0 == 4 * MIB && r.2 == 3), "a hole after it:\n{map}");
     assert_eq!(rows.iter().map(|r| r.1).sum::<u64>(), 32 * MIB);
-    let info = c.srv().shared.exports.info("vm").expect("info");
+    let info = c.srv().volumes.info("vm").expect("info");
     assert!(info.allocated_bytes < MIB, "inherited data costs the clone nothing: {info:?}");
 }
 
@@ -270,7 +273,7 @@ fn a_resize_is_seen_by_new_connections() {
     let c = Corona::start(IoEngine::Threads);
     clone_setup(&c);
     assert_eq!(nbd_size(&c.uri("vm")), 32 * MIB);
-    c.rt.block_on(c.srv().shared.exports.resize("vm", 48 * MIB, false)).expect("grow");
+    c.rt.block_on(c.srv().volumes.resize("vm", 48 * MIB, false)).expect("grow");
     assert_eq!(nbd_size(&c.uri("vm")), 48 * MIB);
     c.rt.block_on(async {
         let n = NbdClient::connect(c.addr(), "vm").await.expect("connect");
@@ -278,9 +281,9 @@ fn a_resize_is_seen_by_new_connections() {
         n.write(47 * MIB, &[9; 4096], true).await.expect("write grown part");
     });
     // Shrink below the inherited data at 16 MiB, grow again: it stays gone.
-    c.rt.block_on(c.srv().shared.exports.resize("vm", 8 * MIB, true)).expect("shrink");
+    c.rt.block_on(c.srv().volumes.resize("vm", 8 * MIB, true)).expect("shrink");
     assert_eq!(nbd_size(&c.uri("vm")), 8 * MIB);
-    c.rt.block_on(c.srv().shared.exports.resize("vm", 32 * MIB, false)).expect("grow again");
+    c.rt.block_on(c.srv().volumes.resize("vm", 32 * MIB, false)).expect("grow again");
     c.rt.block_on(async {
         let n = NbdClient::connect(c.addr(), "vm").await.expect("connect");
         assert_eq!(n.read(16 * MIB, 4096).await.expect("read"), vec![0; 4096], "the parent shows through no more");
@@ -299,11 +302,10 @@ struct Acks {
 }
 
 async fn churn(api_url: String, nbd: std::net::SocketAddr, round: u64, acks: Arc<Mutex<Acks>>) {
+    let api = ApiClient::new(&api_url);
     for i in 0..1000u64 {
         let name = format!("c{round}-{i}");
-        let (s, _) =
-            api(&api_url, "POST", "/v1/volumes", Some(json!({"name": name, "from_snapshot": "img@gold"}))).await;
-        if s != 201 {
+        if api.clone_snapshot(&name, "img@gold", None).await.is_err() {
             return;
         }
         acks.lock().expect("acks").clones.push((name.clone(), Vec::new()));
@@ -317,18 +319,13 @@ async fn churn(api_url: String, nbd: std::net::SocketAddr, round: u64, acks: Arc
             c.1.push((off, data));
         }
         drop(n);
-        let snap = format!("/v1/volumes/{name}/snapshots");
-        if api(&api_url, "POST", &snap, Some(json!({"name": "s"}))).await.0 != 201 {
-            return;
-        }
-        if api(&api_url, "POST", &format!("/v1/volumes/{name}/resize"), Some(json!({"size": 40 * MIB}))).await.0 != 200
-        {
+        if api.snapshot(&name, "s").await.is_err() || api.resize(&name, 40 * MIB, false).await.is_err() {
             return;
         }
         if i % 2 == 1 {
             let victim = format!("c{round}-{}", i - 1);
             acks.lock().expect("acks").deleting.push(victim.clone());
-            if api(&api_url, "DELETE", &format!("/v1/volumes/{victim}?force=true"), None).await.0 != 204 {
+            if api.delete(&victim, true).await.is_err() {
                 return;
             }
         }
@@ -342,12 +339,12 @@ fn kill_9_during_snapshot_clone_resize_and_delete_loses_nothing_acknowledged() {
     let gold = pattern(4 * MIB as usize, 77);
     {
         let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
-        let base = format!("http://{}", p.api);
+        let api = ApiClient::new(&format!("http://{}", p.api));
         rt.block_on(async {
-            assert_eq!(api(&base, "POST", "/v1/volumes", Some(json!({"name": "img", "size": 32 * MIB}))).await.0, 201);
+            api.create("img", 32 * MIB).await.expect("create");
             let n = NbdClient::connect(p.nbd, "img").await.expect("connect");
             n.write(MIB, &gold, true).await.expect("write");
-            assert_eq!(api(&base, "POST", "/v1/volumes/img/snapshots", Some(json!({"name": "gold"}))).await.0, 201);
+            api.snapshot("img", "gold").await.expect("snapshot");
         });
         p.kill9();
     }
@@ -486,8 +483,8 @@ fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
         // target attaches before the fence).
         let old = NbdClient::connect(c.addr(), "f;epoch=1").await.expect("epoch 1");
         old.write(4096, &[0x33; 4096], false).await.expect("epoch 1 writes at epoch 0");
-        let (s, v) = api(&base, "POST", "/v1/volumes/f/fence", Some(json!({ "epoch": 2 }))).await;
-        assert_eq!((s, v["epoch"].as_u64()), (200, Some(2)), "{v}");
+        let v = ApiClient::new(&base).fence("f", 2).await.expect("fence");
+        assert_eq!(v.epoch, 2, "{v:?}");
         for e in
             [old.write(4096, &[0x44; 4096], false).await, old.write_zeroes(0, 4096, 0).await, old.trim(0, 4096).await]
         {
@@ -538,10 +535,9 @@ fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tmp");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
-    let base = format!("http://{}", p.api);
+    let api = ApiClient::new(&format!("http://{}", p.api));
     rt.block_on(async {
-        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({ "name": "d", "size": 16 * MIB }))).await;
-        assert_eq!(s, 201, "{v}");
+        api.create("d", 16 * MIB).await.expect("create");
         let old = Arc::new(NbdClient::connect(p.nbd, "d;epoch=1").await.expect("connect"));
         // Many writes in flight from the old epoch while the fence is raised.
         let mut writers = Vec::new();
@@ -560,8 +556,7 @@ fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
             }));
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
-        let (s, v) = api(&base, "POST", "/v1/volumes/d/fence", Some(json!({ "epoch": 2 }))).await;
-        assert_eq!(s, 200, "{v}");
+        api.fence("d", 2).await.expect("fence");
         // Whatever the volume holds now is final: no stale write lands after.
         let reader = NbdClient::connect(p.nbd, "d;epoch=2").await.expect("connect");
         let at_fence = reader.read(0, (16 * MIB) as usize).await.expect("read");
@@ -575,10 +570,10 @@ fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
     });
     p.kill9();
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
-    let base = format!("http://{}", p.api);
+    let api = ApiClient::new(&format!("http://{}", p.api));
     rt.block_on(async {
-        let (s, v) = api(&base, "GET", "/v1/volumes/d", None).await;
-        assert_eq!((s, v["epoch"].as_u64()), (200, Some(2)), "{v}");
+        let v = api.get("d").await.expect("get");
+        assert_eq!(v.epoch, 2, "{v:?}");
         assert!(NbdClient::connect(p.nbd, "d;epoch=1").await.is_err(), "epoch 1 opened after a restart");
         let c = NbdClient::connect(p.nbd, "d;epoch=2").await.expect("epoch 2 after a restart");
         c.write(0, &[9; 4096], true).await.expect("write");
@@ -600,25 +595,27 @@ fn a_volume_larger_than_the_file_system_allows_is_507_and_blocks_no_later_change
         rc == 0 && st.f_type == libc::EXT4_SUPER_MAGIC
     };
     let c = Corona::start_in(dir, IoEngine::Threads, false);
-    let base = c.srv().api_url();
+    let api = ApiClient::new(&c.srv().api_url());
     c.rt.block_on(async {
-        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({"name": "big", "size": 17u64 << 40}))).await;
+        let r = api.create("big", 17u64 << 40).await;
+        let status = match &r {
+            Ok(_) => 201,
+            Err(coronafs::CoronaError::Api { status: Some(s), .. }) => *s,
+            Err(e) => panic!("{e}"),
+        };
         if ext4 {
-            assert_eq!(s, 507, "{v}");
-            assert!(v.to_string().contains("file system"), "the message says why: {v}");
+            assert_eq!(status, 507, "{r:?}");
+            assert!(format!("{r:?}").contains("file system"), "the message says why: {r:?}");
         } else {
-            assert!(s == 201 || s == 507, "{s} {v}");
+            assert!(status == 201 || status == 507, "{r:?}");
         }
         let layers = std::fs::read_dir(c.dir.path().join("layers")).expect("layers").count();
-        assert_eq!(layers, if s == 201 { 1 } else { 0 }, "a refused create leaves no file");
-        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({"name": "small", "size": MIB}))).await;
-        assert_eq!(s, 201, "a later create: {v}");
-        let (s, v) = api(&base, "POST", "/v1/volumes/small/snapshots", Some(json!({"name": "s"}))).await;
-        assert_eq!(s, 201, "a later snapshot: {v}");
-        let (s, v) = api(&base, "POST", "/v1/volumes", Some(json!({"name": "c", "from_snapshot": "small@s"}))).await;
-        assert_eq!(s, 201, "a later clone: {v}");
+        assert_eq!(layers, if status == 201 { 1 } else { 0 }, "a refused create leaves no file");
+        api.create("small", MIB).await.expect("a later create");
+        api.snapshot("small", "s").await.expect("a later snapshot");
+        api.clone_snapshot("c", "small@s", None).await.expect("a later clone");
     });
-    if let Err(e) = c.srv().shared.exports.verify() {
+    if let Err(e) = c.srv().volumes.verify() {
         panic!("{e}");
     }
 }

@@ -92,9 +92,9 @@ fn plasmavmc(c: &mut Criterion) {
 fn nbd_round_trip(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = coronafs::server::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Threads);
-    let srv = rt.block_on(coronafs::server::start(cfg)).expect("server");
-    rt.block_on(srv.shared.exports.create("bench", 64 << 20)).expect("volume");
+    let cfg = coronafs::config::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Threads);
+    let srv = rt.block_on(coronafs::service::start(cfg)).expect("server");
+    rt.block_on(srv.volumes.create("bench", 64 << 20)).expect("volume");
     let client = Arc::new(rt.block_on(coronafs::client::NbdClient::connect(srv.nbd_addr, "bench")).expect("connect"));
     let data = vec![0xA5u8; 4096];
     rt.block_on(client.write(0, &data, false)).expect("write");

@@ -157,7 +157,7 @@ struct Side {
 /// What a run started and must stop, whatever happens in between.
 #[derive(Default)]
 struct Resources {
-    export: Option<(tempfile::TempDir, coronafs::server::RunningServer, BgRuntime)>,
+    export: Option<(tempfile::TempDir, coronafs::service::RunningServer, BgRuntime)>,
     shaper: Option<crate::shaper::Shaper>,
     sides: Vec<Side>,
     scratch: Option<tempfile::TempDir>,
@@ -199,9 +199,9 @@ async fn own_export(res: &mut Resources, size: u64, cpus: Option<Vec<usize>>) ->
     }
     let srt = BgRuntime(Some(b.build()?));
     // The engine `coronafs serve` uses by default.
-    let cfg = coronafs::server::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Threads);
-    let srv = srt.handle().spawn(coronafs::server::start(cfg)).await??;
-    srv.shared.exports.create("accuracy", size).await?;
+    let cfg = coronafs::config::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Threads);
+    let srv = srt.handle().spawn(coronafs::service::start(cfg)).await??;
+    srv.volumes.create("accuracy", size).await?;
     let ep = crate::cluster::CoronaEndpoint { nbd: srv.nbd_addr.to_string(), api: srv.api_url() };
     crate::storage::measure::prefill(&ep, "accuracy", size).await?;
     let spec = TargetSpec::Nbd { addr: srv.nbd_addr.to_string(), export: "accuracy".into() };

@@ -229,9 +229,9 @@ impl Drop for PeerProc {
 pub fn serve_coronafs(dir: &Path, addr: SocketAddr, engine: IoEngine) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
-        let mut cfg = coronafs::server::ServerConfig::ephemeral(dir, engine);
+        let mut cfg = coronafs::config::ServerConfig::ephemeral(dir, engine);
         cfg.nbd = addr;
-        let srv = coronafs::server::start(cfg).await?;
+        let srv = coronafs::service::start(cfg).await?;
         srv.run_until_signal().await;
         Ok(())
     })

@@ -16,99 +16,19 @@
 //! | DELETE | `/v1/volumes/{name}/snapshots/{snap}` | delete (`?force=true`) |
 //!
 //! Every error is `{"error": "..."}` with 400, 403, 404, 409, 500, 503 or 507.
+//! The bodies are [`crate::dto`]'s; [`crate::api_client`] is the client.
 
-use crate::backend::IoEngine;
+use crate::dto::{ApiError, BUFFERED_NOTE, CreateSnapshot, CreateVolume, FenceVolume, Force, ResizeVolume, ServerInfo};
 use crate::error::CoronaError;
-use crate::server::Shared;
+use crate::metrics::Metrics;
+use crate::volume::Volumes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-
-/// Body of `POST /v1/volumes`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateVolume {
-    /// Volume name (see [`crate::util::validate_name`]).
-    pub name: String,
-    /// Size in bytes; required unless cloning (then it defaults to the snapshot's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<u64>,
-    /// `VOL@SNAP` to clone from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_snapshot: Option<String>,
-}
-
-/// Body of `POST /v1/volumes/{name}/resize`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResizeVolume {
-    /// New size in bytes.
-    pub size: u64,
-    /// Allow a size below the current one (the data past it is lost).
-    #[serde(default)]
-    pub allow_shrink: bool,
-}
-
-/// Body of `POST /v1/volumes/{name}/fence`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FenceVolume {
-    /// The new write epoch (at least the current one).
-    pub epoch: u64,
-}
-
-/// Body of `POST /v1/volumes/{name}/snapshots`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateSnapshot {
-    /// Snapshot name (same rules as volume names).
-    pub name: String,
-}
-
-/// Query of the DELETE calls.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Force {
-    /// Delete even if in use or cloned.
-    #[serde(default)]
-    pub force: bool,
-}
-
-/// Answer of `GET /v1/info`: what a report needs to say about the server
-/// its figures came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerInfo {
-    /// The server's version (`CARGO_PKG_VERSION`).
-    pub version: String,
-    /// The data path engine in use, after any fallback from `uring`.
-    pub engine: IoEngine,
-    /// The data dir, as given to the server.
-    pub data_dir: String,
-    /// The file system and device under the data dir.
-    pub fs: hostinfo::FsInfo,
-    /// Whether volume files are opened with `O_DIRECT`. They are not: both
-    /// engines do buffered I/O through the page cache (see `note`).
-    pub o_direct: bool,
-    /// How volume data reaches the disk, in words.
-    pub note: String,
-    /// The machine the server runs on.
-    pub host: hostinfo::Host,
-}
-
-/// [`ServerInfo::note`]: the data path as the code has it.
-pub const BUFFERED_NOTE: &str = "buffered: volume files are opened without O_DIRECT, so reads and writes go \
-     through the server's page cache; FLUSH and FUA make writes durable with fdatasync and RWF_DSYNC";
-
-/// The JSON error body every failing call returns.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApiError {
-    pub error: String,
-}
 
 impl IntoResponse for CoronaError {
     fn into_response(self) -> Response {
@@ -117,7 +37,15 @@ impl IntoResponse for CoronaError {
     }
 }
 
-pub fn router(shared: Arc<Shared>) -> Router {
+/// What the handlers work on: the volumes and the counters to render.
+#[derive(Debug)]
+pub struct ApiState {
+    pub volumes: Arc<Volumes>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The API's routes over `volumes`, rendering `counters` at `/metrics`.
+pub fn router(volumes: Arc<Volumes>, counters: Arc<Metrics>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
@@ -131,10 +59,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/volumes/{name}/evict", post(evict))
         .route("/v1/volumes/{name}/snapshots", get(snapshots).post(snapshot))
         .route("/v1/volumes/{name}/snapshots/{snap}", delete(remove_snapshot))
-        .with_state(shared)
+        .with_state(Arc::new(ApiState { volumes, metrics: counters }))
 }
 
-type S = State<Arc<Shared>>;
+type S = State<Arc<ApiState>>;
 
 /// A JSON body, or a 400 that says what is wrong with it.
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, CoronaError> {
@@ -150,8 +78,8 @@ async fn metrics(State(s): S) -> impl IntoResponse {
 }
 
 async fn info(State(s): S) -> Result<impl IntoResponse, CoronaError> {
-    let dir = s.exports.dir().to_owned();
-    let engine = s.exports.opener().engine();
+    let dir = s.volumes.dir().to_owned();
+    let engine = s.volumes.opener().engine();
     // Reads /proc and the mount table: small, but off the async threads.
     let (fs, host) = tokio::task::spawn_blocking(move || (hostinfo::fs_of(&dir), hostinfo::host()))
         .await
@@ -159,7 +87,7 @@ async fn info(State(s): S) -> Result<impl IntoResponse, CoronaError> {
     Ok(Json(ServerInfo {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         engine,
-        data_dir: s.exports.dir().display().to_string(),
+        data_dir: s.volumes.dir().display().to_string(),
         fs,
         o_direct: false,
         note: BUFFERED_NOTE.to_owned(),
@@ -168,18 +96,18 @@ async fn info(State(s): S) -> Result<impl IntoResponse, CoronaError> {
 }
 
 async fn list(State(s): S) -> Result<impl IntoResponse, CoronaError> {
-    Ok(Json(s.exports.list()?))
+    Ok(Json(s.volumes.list()?))
 }
 
 async fn show(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
-    Ok(Json(s.exports.info(&name)?))
+    Ok(Json(s.volumes.info(&name)?))
 }
 
 async fn create(State(s): S, b: Result<Json<CreateVolume>, JsonRejection>) -> Result<Response, CoronaError> {
     let req = body(b)?;
     let info = match (&req.from_snapshot, req.size) {
-        (Some(from), size) => s.exports.clone_from(&req.name, from, size).await?,
-        (None, Some(size)) => s.exports.create(&req.name, size).await?,
+        (Some(from), size) => s.volumes.clone_snapshot(&req.name, from, size).await?,
+        (None, Some(size)) => s.volumes.create(&req.name, size).await?,
         (None, None) => return Err(CoronaError::BadRequest("size is required unless from_snapshot is given".into())),
     };
     Ok((StatusCode::CREATED, Json(info)).into_response())
@@ -190,7 +118,7 @@ async fn remove(
     Path(name): Path<String>,
     q: Result<Query<Force>, axum::extract::rejection::QueryRejection>,
 ) -> Result<StatusCode, CoronaError> {
-    s.exports.delete(&name, query(q)?).await?;
+    s.volumes.delete(&name, query(q)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -200,11 +128,11 @@ async fn resize(
     b: Result<Json<ResizeVolume>, JsonRejection>,
 ) -> Result<impl IntoResponse, CoronaError> {
     let req = body(b)?;
-    Ok(Json(s.exports.resize(&name, req.size, req.allow_shrink).await?))
+    Ok(Json(s.volumes.resize(&name, req.size, req.allow_shrink).await?))
 }
 
 async fn flatten(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
-    Ok(Json(s.exports.flatten(&name).await?))
+    Ok(Json(s.volumes.flatten(&name).await?))
 }
 
 async fn fence(
@@ -213,15 +141,15 @@ async fn fence(
     b: Result<Json<FenceVolume>, JsonRejection>,
 ) -> Result<impl IntoResponse, CoronaError> {
     let req = body(b)?;
-    Ok(Json(s.exports.fence(&name, req.epoch).await?))
+    Ok(Json(s.volumes.fence(&name, req.epoch).await?))
 }
 
 async fn evict(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
-    Ok(Json(s.exports.evict(&name).await?))
+    Ok(Json(s.volumes.evict(&name).await?))
 }
 
 async fn snapshots(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
-    Ok(Json(s.exports.snapshots(&name)?))
+    Ok(Json(s.volumes.snapshots(&name)?))
 }
 
 async fn snapshot(
@@ -230,7 +158,7 @@ async fn snapshot(
     b: Result<Json<CreateSnapshot>, JsonRejection>,
 ) -> Result<Response, CoronaError> {
     let req = body(b)?;
-    let info = s.exports.snapshot(&name, &req.name).await?;
+    let info = s.volumes.snapshot(&name, &req.name).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
@@ -239,6 +167,6 @@ async fn remove_snapshot(
     Path((name, snap)): Path<(String, String)>,
     q: Result<Query<Force>, axum::extract::rejection::QueryRejection>,
 ) -> Result<StatusCode, CoronaError> {
-    s.exports.delete_snapshot(&name, &snap, query(q)?).await?;
+    s.volumes.delete_snapshot(&name, &snap, query(q)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,12 +1,14 @@
-//! A typed client of the control API's server-level calls: what the bench
-//! and the CLI use to read a server's conditions (`GET /v1/info`) and to
-//! drop a volume from its page cache (`POST /v1/volumes/{name}/evict`).
-//! Failures are [`CoronaError::Api`] with the HTTP status and the server's
+//! The typed client of the control API, built on the server's own bodies
+//! ([`crate::dto`]): what the `coronafs` CLI, PlasmaVMC, the bench and the
+//! tests use. One method per route; failures are [`CoronaError::Api`] with
+//! the HTTP status (none when the server was not reached) and the server's
 //! `{"error"}` message.
 
-use crate::api::{ApiError, ServerInfo};
+use crate::dto::{
+    ApiError, CreateSnapshot, CreateVolume, EvictReport, FenceVolume, ResizeVolume, ServerInfo, SnapshotInfo,
+    VolumeInfo,
+};
 use crate::error::{CoronaError, Result};
-use crate::volume::EvictReport;
 use serde::de::DeserializeOwned;
 
 /// The control API of one server.
@@ -27,29 +29,116 @@ impl ApiClient {
         &self.base
     }
 
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
     /// `GET /v1/info`: version, engine in use, data dir and its file
     /// system, whether O_DIRECT is used, host.
     pub async fn info(&self) -> Result<ServerInfo> {
-        self.call(self.http.get(format!("{}/v1/info", self.base))).await
+        self.call(self.http.get(self.url("/v1/info"))).await
+    }
+
+    /// `GET /v1/volumes`: every volume, sorted by name.
+    pub async fn list(&self) -> Result<Vec<VolumeInfo>> {
+        self.call(self.http.get(self.url("/v1/volumes"))).await
+    }
+
+    /// `POST /v1/volumes {name, size, from_snapshot}` as given.
+    pub async fn create_volume(&self, body: &CreateVolume) -> Result<VolumeInfo> {
+        self.call(self.http.post(self.url("/v1/volumes")).json(body)).await
+    }
+
+    /// `POST /v1/volumes {name, size}`: an empty thin volume.
+    pub async fn create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.create_volume(&CreateVolume { name: name.to_owned(), size: Some(size), from_snapshot: None }).await
+    }
+
+    /// `POST /v1/volumes {name, from_snapshot, size?}`: an O(1) clone of
+    /// `VOL@SNAP` (the snapshot's size unless `size` is given).
+    pub async fn clone_snapshot(&self, name: &str, snapshot: &str, size: Option<u64>) -> Result<VolumeInfo> {
+        self.create_volume(&CreateVolume { name: name.to_owned(), size, from_snapshot: Some(snapshot.to_owned()) })
+            .await
+    }
+
+    /// `GET /v1/volumes/{name}`.
+    pub async fn get(&self, name: &str) -> Result<VolumeInfo> {
+        self.call(self.http.get(self.url(&format!("/v1/volumes/{name}")))).await
+    }
+
+    /// `DELETE /v1/volumes/{name}?force=`: with `force`, even in use or cloned.
+    pub async fn delete(&self, name: &str, force: bool) -> Result<()> {
+        self.call_empty(self.http.delete(self.url(&format!("/v1/volumes/{name}?force={force}")))).await
+    }
+
+    /// `POST /v1/volumes/{name}/resize {size, allow_shrink}`.
+    pub async fn resize(&self, name: &str, size: u64, allow_shrink: bool) -> Result<VolumeInfo> {
+        let body = ResizeVolume { size, allow_shrink };
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/resize"))).json(&body)).await
+    }
+
+    /// `POST /v1/volumes/{name}/flatten`: copies the inherited data in and
+    /// detaches the clone from its snapshot.
+    pub async fn flatten(&self, name: &str) -> Result<VolumeInfo> {
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/flatten")))).await
+    }
+
+    /// `POST /v1/volumes/{name}/fence {epoch}`: returns once no write of an
+    /// older epoch is in flight.
+    pub async fn fence(&self, name: &str, epoch: u64) -> Result<VolumeInfo> {
+        let body = FenceVolume { epoch };
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/fence"))).json(&body)).await
     }
 
     /// `POST /v1/volumes/{name}/evict`: syncs the volume's files and drops
     /// them from the server's page cache; says how much was resident.
     pub async fn evict(&self, volume: &str) -> Result<EvictReport> {
-        self.call(self.http.post(format!("{}/v1/volumes/{volume}/evict", self.base))).await
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{volume}/evict")))).await
     }
 
-    async fn call<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
-        let err = |status: Option<u16>, message: String| CoronaError::Api { url: self.base.clone(), status, message };
-        let resp = req.send().await.map_err(|e| err(None, format!("unreachable: {e}")))?;
+    /// `GET /v1/volumes/{volume}/snapshots`, sorted by name.
+    pub async fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
+        self.call(self.http.get(self.url(&format!("/v1/volumes/{volume}/snapshots")))).await
+    }
+
+    /// `POST /v1/volumes/{volume}/snapshots {name}`: snapshot `VOL@SNAP`.
+    pub async fn snapshot(&self, volume: &str, snap: &str) -> Result<SnapshotInfo> {
+        let body = CreateSnapshot { name: snap.to_owned() };
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{volume}/snapshots"))).json(&body)).await
+    }
+
+    /// `DELETE /v1/volumes/{volume}/snapshots/{snap}?force=`: with `force`,
+    /// even if it has clones.
+    pub async fn delete_snapshot(&self, volume: &str, snap: &str, force: bool) -> Result<()> {
+        self.call_empty(self.http.delete(self.url(&format!("/v1/volumes/{volume}/snapshots/{snap}?force={force}"))))
+            .await
+    }
+
+    fn error(&self, status: Option<u16>, message: String) -> CoronaError {
+        CoronaError::Api { url: self.base.clone(), status, message }
+    }
+
+    /// Sends `req`; the body of a 2xx answer, or the error it carries.
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, Vec<u8>)> {
+        let resp = req.send().await.map_err(|e| self.error(None, e.to_string()))?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| err(Some(status.as_u16()), e.to_string()))?;
+        let body = resp.bytes().await.map_err(|e| self.error(Some(status.as_u16()), e.to_string()))?;
         if !status.is_success() {
             let message = serde_json::from_slice::<ApiError>(&body)
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
-            return Err(err(Some(status.as_u16()), message));
+            return Err(self.error(Some(status.as_u16()), message));
         }
-        serde_json::from_slice(&body).map_err(|e| err(Some(status.as_u16()), format!("unexpected answer: {e}")))
+        Ok((status.as_u16(), body.to_vec()))
+    }
+
+    async fn call<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
+        let (status, body) = self.send(req).await?;
+        serde_json::from_slice(&body).map_err(|e| self.error(Some(status), format!("unexpected answer: {e}")))
+    }
+
+    /// A call answered with no body (204).
+    async fn call_empty(&self, req: reqwest::RequestBuilder) -> Result<()> {
+        self.send(req).await.map(drop)
     }
 }

@@ -14,7 +14,6 @@
 
 use crate::backend::IoEngine;
 use crate::error::{CoronaError, Result};
-use crate::server::ServerConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,6 +22,35 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_NBD: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10809);
 /// Default control API listen address.
 pub const DEFAULT_API: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7070);
+
+/// How to run a server: the settings with every default filled in, what
+/// [`crate::service::start`] takes.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Directory holding the metadata store and the layer files.
+    pub data_dir: PathBuf,
+    /// NBD listen address (port 0 picks a free port).
+    pub nbd: SocketAddr,
+    /// HTTP control API listen address (port 0 picks a free port).
+    pub api: SocketAddr,
+    /// Data path engine.
+    pub engine: IoEngine,
+    /// Export every volume read-only.
+    pub read_only: bool,
+}
+
+impl ServerConfig {
+    /// A config on loopback with OS-chosen ports: what tests and the bench use.
+    pub fn ephemeral(data_dir: impl Into<PathBuf>, engine: IoEngine) -> Self {
+        ServerConfig {
+            data_dir: data_dir.into(),
+            nbd: SocketAddr::from(([127, 0, 0, 1], 0)),
+            api: SocketAddr::from(([127, 0, 0, 1], 0)),
+            engine,
+            read_only: false,
+        }
+    }
+}
 
 /// The settings of `coronafs serve`, from a file or from flags.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

@@ -42,8 +42,9 @@ pub enum CoronaError {
     /// A fence raised the epoch, but writes of older epochs did not finish in time.
     #[error("volume {volume:?} is fenced at epoch {epoch}, but {inflight} older write(s) are still in flight")]
     DrainTimeout { volume: String, epoch: u64, inflight: u64 },
-    /// A request to the control API failed.
-    #[error("control API at {url}: {message}")]
+    /// A request to the control API failed: not answered (`status` none)
+    /// or answered with an error.
+    #[error("{}", api_message(.url, .status, .message))]
     Api { url: String, status: Option<u16>, message: String },
     /// The NBD server answered a request with an error.
     #[error("NBD server replied {errno}: {message}")]
@@ -92,3 +93,11 @@ impl CoronaError {
 }
 
 pub type Result<T, E = CoronaError> = std::result::Result<T, E>;
+
+/// The message of [`CoronaError::Api`].
+fn api_message(url: &str, status: &Option<u16>, message: &str) -> String {
+    match status {
+        Some(s) => format!("control API at {url} answered {s}: {message}"),
+        None => format!("cannot reach the control API at {url}: {message}"),
+    }
+}

@@ -1,27 +1,38 @@
 //! CoronaFS: shared block volumes for VM disks, exported over NBD.
 //!
-//! The crate is layered the way data flows:
+//! The modules form layers; each imports only from layers below it:
 //! - [`proto`]: the sans-IO NBD codec (negotiation, requests, replies);
+//!   [`error`], [`util`] (names and sizes) and [`metrics`] beside it;
 //! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
-//!   (io_uring, thread pool, memory, crash injection, copy-on-write layering);
-//! - [`volume`]: volumes, snapshots and clones over layered backends, with
-//!   their metadata in redb;
-//! - [`server`]: the async NBD server and the export table;
-//! - [`api`]: the HTTP control API and `/metrics`;
-//! - [`api_client`]: a typed client of its server-level calls (info, evict);
+//!   (io_uring, thread pool, memory, copy-on-write layering);
+//! - [`dto`]: the control API's JSON bodies; [`api_client`], the typed
+//!   client over them; [`client`], an async pipelined NBD client;
+//! - [`volume`]: volumes, snapshots and clones over layered backends, their
+//!   metadata in redb, and the open exports ([`volume::export`]);
+//! - [`server`]: the async NBD server over those exports, and [`api`]: the
+//!   HTTP control API and `/metrics` over the volumes (neither imports the
+//!   other);
 //! - [`config`]: the settings of `coronafs serve` (TOML file and flags);
-//! - [`client`]: an async, pipelined NBD client (used by the bench and PlasmaVMC).
+//! - [`service`]: start-up and shutdown, building the engine, the volumes,
+//!   the NBD server and the API from a [`config::ServerConfig`];
+//! - `main.rs`: the `coronafs` command (server and CLI).
+//!
+//! Test doubles (the crash and fault backends, fail points in volume
+//! changes) are compiled only for the crate's own tests or with the
+//! `testing` feature.
 
 pub mod api;
 pub mod api_client;
 pub mod backend;
 pub mod client;
 pub mod config;
+pub mod dto;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
 pub mod proto;
 pub mod server;
+pub mod service;
 pub mod util;
 pub mod volume;
 

@@ -2,11 +2,11 @@
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use coronafs::api::{ApiError, CreateSnapshot, CreateVolume, FenceVolume, ResizeVolume};
+use coronafs::api_client::ApiClient;
 use coronafs::backend::IoEngine;
 use coronafs::config::ServeSettings;
-use coronafs::server;
-use coronafs::volume::{SnapshotInfo, VolumeInfo};
+use coronafs::dto::{CreateVolume, VolumeInfo};
+use coronafs::service;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -169,22 +169,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let flags = ServeSettings { data_dir, nbd, api, io_engine, read_only: read_only.then_some(true) };
             let cfg = file.overridden_by(flags).into_server_config()?;
-            let srv = server::start(cfg).await.context("starting the server")?;
+            let srv = service::start(cfg).await.context("starting the server")?;
             srv.run_until_signal().await;
             Ok(())
         }
-        Cmd::Volume { cmd, api } => volume(cmd, api.trim_end_matches('/')).await,
-        Cmd::Snapshot { cmd, api } => snapshot(cmd, api.trim_end_matches('/')).await,
+        Cmd::Volume { cmd, api } => volume(cmd, &ApiClient::new(&api)).await,
+        Cmd::Snapshot { cmd, api } => snapshot(cmd, &ApiClient::new(&api)).await,
     }
-}
-
-/// One call to the control API; the answer's error message on failure.
-async fn call<T: serde::de::DeserializeOwned>(req: reqwest::RequestBuilder, api: &str) -> anyhow::Result<Option<T>> {
-    let resp = req.send().await.with_context(|| format!("cannot reach the control API at {api}"))?;
-    if resp.status() == reqwest::StatusCode::NO_CONTENT {
-        return Ok(None);
-    }
-    answer(resp).await.map(Some)
 }
 
 fn print_volumes(list: &[VolumeInfo]) {
@@ -195,56 +186,39 @@ fn print_volumes(list: &[VolumeInfo]) {
     }
 }
 
-async fn volume(cmd: VolumeCmd, api: &str) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
-    let url = |p: &str| format!("{api}/v1/volumes{p}");
+async fn volume(cmd: VolumeCmd, api: &ApiClient) -> anyhow::Result<()> {
     match cmd {
         VolumeCmd::Create { name, size, from_snapshot } => {
             let size = size.map(|s| coronafs::util::parse_size(&s)).transpose()?;
             if size.is_none() && from_snapshot.is_none() {
                 bail!("--size is required unless --from-snapshot is given");
             }
-            let body = CreateVolume { name, size, from_snapshot };
-            let v: Option<VolumeInfo> = call(http.post(url("")).json(&body), api).await?;
-            if let Some(v) = v {
-                match &v.parent {
-                    Some(p) => println!(
-                        "created {} ({} bytes) as a clone of {p}, export nbd://<server>/{}",
-                        v.name, v.size, v.nbd_export
-                    ),
-                    None => println!("created {} ({} bytes), export nbd://<server>/{}", v.name, v.size, v.nbd_export),
-                }
+            let v = api.create_volume(&CreateVolume { name, size, from_snapshot }).await?;
+            match &v.parent {
+                Some(p) => println!(
+                    "created {} ({} bytes) as a clone of {p}, export nbd://<server>/{}",
+                    v.name, v.size, v.nbd_export
+                ),
+                None => println!("created {} ({} bytes), export nbd://<server>/{}", v.name, v.size, v.nbd_export),
             }
         }
-        VolumeCmd::List => {
-            let list: Option<Vec<VolumeInfo>> = call(http.get(url("")), api).await?;
-            print_volumes(&list.unwrap_or_default());
-        }
-        VolumeCmd::Show { name } => {
-            let v: Option<VolumeInfo> = call(http.get(url(&format!("/{name}"))), api).await?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
-        }
+        VolumeCmd::List => print_volumes(&api.list().await?),
+        VolumeCmd::Show { name } => println!("{}", serde_json::to_string_pretty(&api.get(&name).await?)?),
         VolumeCmd::Delete { name, force } => {
-            call::<serde_json::Value>(http.delete(url(&format!("/{name}?force={force}"))), api).await?;
+            api.delete(&name, force).await?;
             println!("deleted {name}");
         }
         VolumeCmd::Resize { name, size, allow_shrink } => {
             let size = coronafs::util::parse_size(&size)?;
-            let body = ResizeVolume { size, allow_shrink };
-            let v: Option<VolumeInfo> = call(http.post(url(&format!("/{name}/resize"))).json(&body), api).await?;
-            if let Some(v) = v {
-                println!("resized {} to {} bytes (clients see it when they reconnect)", v.name, v.size);
-            }
+            let v = api.resize(&name, size, allow_shrink).await?;
+            println!("resized {} to {} bytes (clients see it when they reconnect)", v.name, v.size);
         }
         VolumeCmd::Fence { name, epoch } => {
-            let v: Option<VolumeInfo> =
-                call(http.post(url(&format!("/{name}/fence"))).json(&FenceVolume { epoch }), api).await?;
-            if let Some(v) = v {
-                println!("{} is at epoch {}; no older write is in flight", v.name, v.epoch);
-            }
+            let v = api.fence(&name, epoch).await?;
+            println!("{} is at epoch {}; no older write is in flight", v.name, v.epoch);
         }
         VolumeCmd::Evict { name } => {
-            let r = coronafs::api_client::ApiClient::new(api).evict(&name).await?;
+            let r = api.evict(&name).await?;
             println!(
                 "evicted {}: {} files, {} bytes; {} bytes cached before, {} after",
                 r.volume,
@@ -255,62 +229,34 @@ async fn volume(cmd: VolumeCmd, api: &str) -> anyhow::Result<()> {
             );
         }
         VolumeCmd::Flatten { name } => {
-            let v: Option<VolumeInfo> = call(http.post(url(&format!("/{name}/flatten"))), api).await?;
-            if let Some(v) = v {
-                println!("flattened {} ({} bytes allocated, no parent)", v.name, v.allocated_bytes);
-            }
+            let v = api.flatten(&name).await?;
+            println!("flattened {} ({} bytes allocated, no parent)", v.name, v.allocated_bytes);
         }
     }
     Ok(())
 }
 
-async fn snapshot(cmd: SnapshotCmd, api: &str) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
-    let split = |spec: &str| -> anyhow::Result<(String, String)> {
-        let (v, s) = coronafs::volume::parse_snap(spec)?;
-        Ok((v.to_owned(), s.to_owned()))
-    };
+async fn snapshot(cmd: SnapshotCmd, api: &ApiClient) -> anyhow::Result<()> {
     match cmd {
         SnapshotCmd::Create { spec } => {
-            let (vol, name) = split(&spec)?;
-            let url = format!("{api}/v1/volumes/{vol}/snapshots");
-            let s: Option<SnapshotInfo> = call(http.post(url).json(&CreateSnapshot { name }), api).await?;
-            if let Some(s) = s {
-                println!(
-                    "snapshot {} taken ({} bytes), read-only export nbd://<server>/{}",
-                    s.nbd_export, s.size, s.nbd_export
-                );
-            }
+            let (vol, name) = coronafs::volume::parse_snap(&spec)?;
+            let s = api.snapshot(vol, name).await?;
+            println!(
+                "snapshot {} taken ({} bytes), read-only export nbd://<server>/{}",
+                s.nbd_export, s.size, s.nbd_export
+            );
         }
         SnapshotCmd::List { volume } => {
-            let list: Option<Vec<SnapshotInfo>> =
-                call(http.get(format!("{api}/v1/volumes/{volume}/snapshots")), api).await?;
             println!("{:<48} {:>16} {:>16}  CLONES", "SNAPSHOT", "SIZE", "ALLOCATED");
-            for s in list.unwrap_or_default() {
+            for s in api.snapshots(&volume).await? {
                 println!("{:<48} {:>16} {:>16}  {}", s.nbd_export, s.size, s.allocated_bytes, s.clones.join(","));
             }
         }
         SnapshotCmd::Delete { spec, force } => {
-            let (vol, name) = split(&spec)?;
-            call::<serde_json::Value>(
-                http.delete(format!("{api}/v1/volumes/{vol}/snapshots/{name}?force={force}")),
-                api,
-            )
-            .await?;
+            let (vol, name) = coronafs::volume::parse_snap(&spec)?;
+            api.delete_snapshot(vol, name, force).await?;
             println!("deleted {spec}");
         }
     }
     Ok(())
-}
-
-async fn answer<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> anyhow::Result<T> {
-    let status = resp.status();
-    let body = resp.bytes().await?;
-    if !status.is_success() {
-        let msg = serde_json::from_slice::<ApiError>(&body)
-            .map(|e| e.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
-        bail!("{msg} (HTTP {status})");
-    }
-    Ok(serde_json::from_slice(&body)?)
 }

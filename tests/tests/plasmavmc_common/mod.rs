@@ -24,7 +24,7 @@ pub struct Stack {
     pub rt: tokio::runtime::Runtime,
     pub dir: tempfile::TempDir,
     pub ls: Option<lightningstor::server::Running>,
-    pub corona: Option<coronafs::server::RunningServer>,
+    pub corona: Option<coronafs::service::RunningServer>,
     pub vmc: Option<plasmavmc::Server>,
     pub http: reqwest::Client,
     pub url: String,
@@ -45,8 +45,8 @@ impl Stack {
         lcfg.listen = "127.0.0.1:0".parse().expect("addr");
         lcfg.fsync = false;
         let (ls, _) = rt.block_on(lightningstor::server::start(lcfg)).expect("lightningstor");
-        let ccfg = coronafs::server::ServerConfig::ephemeral(dir.path().join("corona"), IoEngine::Threads);
-        let corona = rt.block_on(coronafs::server::start(ccfg)).expect("coronafs");
+        let ccfg = coronafs::config::ServerConfig::ephemeral(dir.path().join("corona"), IoEngine::Threads);
+        let corona = rt.block_on(coronafs::service::start(ccfg)).expect("coronafs");
         let mut cfg = plasmavmc::Config {
             listen: "127.0.0.1:0".parse().expect("addr"),
             data_dir: dir.path().join("vmc"),

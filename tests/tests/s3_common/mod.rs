@@ -231,7 +231,7 @@ pub fn block_files(data_dir: &Path) -> Vec<PathBuf> {
 /// next node in turn, so consecutive operations have different coordinators.
 pub struct InCluster {
     pub dir: tempfile::TempDir,
-    pub cluster: lightningstor::cluster::testing::TestCluster,
+    pub cluster: testkit::lightningstor::TestCluster,
 }
 
 impl InCluster {
@@ -243,7 +243,7 @@ impl InCluster {
     /// `n` nodes with the cluster file adjusted by `f`.
     pub fn with(n: usize, f: impl FnOnce(&mut lightningstor::cluster::ClusterConfig)) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cluster = lightningstor::cluster::testing::TestCluster::start(dir.path(), n, |c| {
+        let cluster = testkit::lightningstor::TestCluster::start(dir.path(), n, |c| {
             c.access_key = Some(AK.into());
             c.secret_key = Some(SK.into());
             c.anonymous = false;

@@ -17,7 +17,7 @@ use coronafs::proto::reply;
 use coronafs::proto::request::{Command, REQUEST_LEN, Request};
 use coronafs::server::Shared;
 use coronafs::server::conn::Loopback;
-use coronafs::server::exports::Exports;
+use coronafs::volume::Volumes;
 use std::hint::black_box;
 use std::sync::Arc;
 
@@ -97,13 +97,10 @@ impl NbdRequest {
     pub fn new(command: Command, len: u32) -> Self {
         let rt = runtime();
         let dir = tempfile::tempdir().expect("tempdir");
-        let shared = Arc::new(Shared {
-            exports: Exports::load(dir.path().to_path_buf(), Opener::Threads, false).expect("exports"),
-            metrics: Default::default(),
-            pool: Default::default(),
-        });
+        let volumes = Volumes::load(dir.path().to_path_buf(), Opener::Threads, false).expect("volumes");
+        let shared = Arc::new(Shared::new(Arc::new(volumes), Default::default()));
         let backend = AnyBackend::Memory(MemBackend::new(64 << 20));
-        let volume = shared.exports.insert("gate", backend, false).expect("volume");
+        let volume = shared.volumes.insert("gate", backend, false).expect("volume");
         let conn = Loopback::new(shared, volume, true);
         let header = Request { flags: 0, command, cookie: 42, offset: 8 << 20, length: len }.encode();
         let payload = if command == Command::Write { pattern(len as usize, 1) } else { Vec::new() };

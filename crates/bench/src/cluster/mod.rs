@@ -240,7 +240,7 @@ pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
 
 struct Embedded {
     dir: tempfile::TempDir,
-    corona: coronafs::server::RunningServer,
+    corona: coronafs::service::RunningServer,
     /// The LightningStor nodes (child processes), shared with the fault driver.
     s3: embedded::EmbeddedFaults,
     plasma: plasmavmc::Server,
@@ -392,8 +392,8 @@ impl Cluster {
     pub async fn embedded(link: LinkSpec) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("fresh-bench-storage-").tempdir()?;
         let token = embedded::random_token()?;
-        let cfg = coronafs::server::ServerConfig::ephemeral(dir.path().join("coronafs"), IoEngine::Uring);
-        let corona = coronafs::server::start(cfg).await.context("starting CoronaFS")?;
+        let cfg = coronafs::config::ServerConfig::ephemeral(dir.path().join("coronafs"), IoEngine::Uring);
+        let corona = coronafs::service::start(cfg).await.context("starting CoronaFS")?;
         let (s3, s3_config) = match start_s3_cluster(&dir.path().join("lightningstor")).await {
             Ok(x) => x,
             Err(e) => {
@@ -679,15 +679,10 @@ impl Cluster {
 
 /// Creates a CoronaFS volume through the control API.
 pub async fn create_volume(api: &str, name: &str, size: u64) -> anyhow::Result<()> {
-    let resp = reqwest::Client::new()
-        .post(format!("{api}/v1/volumes"))
-        .json(&coronafs::api::CreateVolume { name: name.into(), size: Some(size), from_snapshot: None })
-        .send()
+    coronafs::api_client::ApiClient::new(api)
+        .create(name, size)
         .await
-        .with_context(|| format!("POST {api}/v1/volumes"))?;
-    if !resp.status().is_success() {
-        bail!("creating volume {name}: {} {}", resp.status(), resp.text().await.unwrap_or_default());
-    }
+        .with_context(|| format!("creating volume {name}"))?;
     Ok(())
 }
 

@@ -7,7 +7,7 @@
 //! writing back on its own, including torn multi-page writes). After that
 //! every call fails with EIO, and tests reopen from [`CrashBackend::durable`].
 
-use super::{BlockBackend, BufResult, Extent64};
+use super::traits::{BlockBackend, BufResult, Extent64};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

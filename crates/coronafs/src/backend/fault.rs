@@ -3,7 +3,7 @@
 //! order or fail with a given errno, deterministically.
 
 use super::memory::MemBackend;
-use super::{BlockBackend, BufResult, Extent64};
+use super::traits::{BlockBackend, BufResult, Extent64};
 use std::io;
 use std::ops::Range;
 use std::sync::Mutex;

@@ -5,7 +5,7 @@
 //! a hot VM disk) that costs one syscall and no thread hand-off. Anything that
 //! would block goes to tokio's blocking pool.
 
-use super::{BlockBackend, BufResult, Extent64, SpliceSource};
+use super::traits::{BlockBackend, BufResult, Extent64, SpliceSource};
 use crate::proto::state;
 use std::fs::File;
 use std::io;

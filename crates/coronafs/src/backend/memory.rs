@@ -1,7 +1,7 @@
 //! An in-memory backend with a 4 KiB allocation map: the reference the
 //! other backends are tested against, and a fast device for protocol tests.
 
-use super::{BlockBackend, BufResult, Extent64};
+use super::traits::{BlockBackend, BufResult, Extent64};
 use crate::proto::state;
 use std::io;
 use std::sync::RwLock;

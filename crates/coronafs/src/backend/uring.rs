@@ -12,7 +12,7 @@
 //! `io_uring_setup` is refused, as under Docker's default seccomp profile.
 
 use super::file::{self, FileBackend};
-use super::{BlockBackend, BufResult, Extent64, SpliceSource};
+use super::traits::{BlockBackend, BufResult, Extent64, SpliceSource};
 use std::collections::HashMap;
 use std::io;
 use std::rc::Rc;

@@ -3,7 +3,7 @@
 //!
 //! Nothing in here performs I/O or knows about tokio: every function takes or
 //! fills byte buffers, so the codec can be property-tested and fuzzed on its own.
-//! The async server in [`crate::server`] is the only place that touches sockets.
+//! The async NBD server above it is the only place that touches sockets.
 
 pub mod handshake;
 pub mod reply;

@@ -7,14 +7,14 @@
 //! counted in bytes caps the data a connection may hold in flight, so a slow
 //! reader of replies only slows itself down.
 
-use super::Shared;
 use super::bufpool::{BufPool, PooledBuf};
+use super::shared::Shared;
 use crate::backend::{BlockBackend, SpliceSource};
 use crate::proto::handshake::{self, Negotiated, Negotiator, Step};
 use crate::proto::reply::{self, Extent, Head};
 use crate::proto::request::{Command, REQUEST_LEN, Request};
 use crate::proto::{BASE_ALLOCATION_ID, MAX_OPTION_LEN, NbdErrno, cmd_flags, rep};
-use crate::server::exports::Volume;
+use crate::volume::export::{Export, MAX_BLOCK};
 use crate::volume::fence::Writer;
 use std::io::{self, IoSlice};
 use std::sync::Arc;
@@ -64,7 +64,7 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
             return;
         }
     };
-    let (volume, declared) = match shared.exports.open_export(&negotiated.export.name) {
+    let (volume, declared) = match shared.volumes.open_export(&negotiated.export.name) {
         Ok(v) => v,
         Err(e) => {
             tracing::warn!(?peer, error = %e, "export vanished after negotiation");
@@ -113,7 +113,7 @@ async fn negotiate(
         }
         data.resize(len as usize, 0);
         rd.read_exact(&mut data).await?;
-        let step = neg.handle(code, &data, &shared.exports, &mut out);
+        let step = neg.handle(code, &data, &*shared.volumes, &mut out);
         wr.write_all(&out).await?;
         match step {
             Step::Continue => {}
@@ -138,7 +138,7 @@ struct Reply {
 /// Per-connection state shared by the request tasks.
 struct Ctx {
     shared: Arc<Shared>,
-    volume: Arc<Volume>,
+    volume: Arc<Export>,
     structured: bool,
     base_allocation: bool,
     max_block: u32,
@@ -153,7 +153,7 @@ async fn transmit(
     mut rd: BufReader<OwnedReadHalf>,
     wr: OwnedWriteHalf,
     shared: &Arc<Shared>,
-    volume: &Arc<Volume>,
+    volume: &Arc<Export>,
     fence_writer: Arc<Writer>,
     n: &Negotiated,
 ) -> io::Result<()> {
@@ -558,7 +558,7 @@ impl std::fmt::Debug for Loopback {
 impl Loopback {
     /// A connection in the transmission phase to `volume`, as a client that
     /// declared no epoch and negotiated structured replies (or not).
-    pub fn new(shared: Arc<Shared>, volume: Arc<Volume>, structured: bool) -> Self {
+    pub fn new(shared: Arc<Shared>, volume: Arc<Export>, structured: bool) -> Self {
         // Replies are returned, never sent: the receiver is not needed.
         let (tx, _) = mpsc::unbounded_channel();
         let ctx = Arc::new(Ctx {
@@ -568,7 +568,7 @@ impl Loopback {
             volume,
             structured,
             base_allocation: structured,
-            max_block: super::exports::MAX_BLOCK,
+            max_block: MAX_BLOCK,
             tx,
         });
         Loopback { ctx, budget: Arc::new(Semaphore::new(INFLIGHT_BYTES as usize)) }

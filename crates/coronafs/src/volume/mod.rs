@@ -1,7 +1,8 @@
 //! Volumes, snapshots and clones: the control plane over layered backends.
 //!
 //! [`Volumes`] owns the metadata store ([`meta`]), the layer files
-//! ([`files`]) and the open exports. Every change follows one order so that
+//! ([`files`]) and the open exports ([`export`]), which the NBD server
+//! above uses. Every change follows one order so that
 //! a crash at any point leaves a state the next start repairs:
 //!
 //! 1. create new files and fsync them (and the directory);
@@ -14,19 +15,21 @@
 //! (fixed when the layer opens). See docs/design/volumes.md.
 
 pub mod catalog;
+pub mod export;
 pub mod faults;
 pub mod fence;
 pub mod files;
 pub mod meta;
 
 use crate::backend::layered::{Layer, Layered, MAX_DEPTH, map};
-use crate::backend::{AnyBackend, Opener, pagecache};
+use crate::backend::{AnyBackend, BlockBackend, Opener, pagecache};
+use crate::dto::{EvictReport, SnapshotInfo, VolumeInfo};
 use crate::error::{CoronaError, Result};
-use crate::server::exports::Volume;
+use crate::proto::handshake::{ExportCatalog, ExportDesc};
 use crate::util::validate_name;
 use catalog::{Catalog, LayerRec, SnapRec, VolumeRec, snap_key};
+use export::{Export, MAX_BLOCK, PREF_BLOCK};
 use meta::Meta;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -38,51 +41,6 @@ pub const MAX_SIZE: u64 = 1 << 50;
 
 /// How long a fence waits for writes of older epochs still in flight.
 pub const FENCE_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// A volume as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct VolumeInfo {
-    pub name: String,
-    pub size: u64,
-    /// Bytes this volume's own layer holds (inherited data is not counted).
-    pub allocated_bytes: u64,
-    /// `VOL@SNAP` this volume was cloned from, until flattened.
-    pub parent: Option<String>,
-    pub snapshots: Vec<String>,
-    pub connections: usize,
-    pub read_only: bool,
-    pub nbd_export: String,
-    /// Write epoch: exports opened as `VOL;epoch=N` with a lower N cannot write.
-    #[serde(default)]
-    pub epoch: u64,
-}
-
-/// A snapshot as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SnapshotInfo {
-    pub volume: String,
-    pub name: String,
-    pub size: u64,
-    pub allocated_bytes: u64,
-    pub clones: Vec<String>,
-    pub nbd_export: String,
-}
-
-/// What evicting a volume from the page cache did (`POST /v1/volumes/{name}/evict`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct EvictReport {
-    pub volume: String,
-    /// Every file of the volume's layer chain (its head, then each parent):
-    /// data files and, for layers with a parent, their maps.
-    pub files: Vec<String>,
-    /// Their total length in bytes (sparse files count at their full length).
-    pub bytes: u64,
-    /// Bytes of those files in the server's page cache before the eviction.
-    pub resident_before: u64,
-    /// Bytes still there after it (pages someone has mapped or locked, or
-    /// read back in meanwhile by a client).
-    pub resident_after: u64,
-}
 
 /// The volume manager of one data dir.
 #[derive(Debug)]
@@ -96,7 +54,7 @@ pub struct Volumes {
     control: tokio::sync::Mutex<()>,
     /// Open exports (`VOL` and `VOL@SNAP`). Kept open until deleted or the
     /// server stops, so map bits are never dropped unflushed.
-    open: Mutex<HashMap<String, Arc<Volume>>>,
+    open: Mutex<HashMap<String, Arc<Export>>>,
     /// Fault injection at each step of a change (tests; a no-op otherwise).
     pub faults: faults::Faults,
 }
@@ -181,18 +139,19 @@ impl Volumes {
         if self.read_only { Err(CoronaError::ReadOnly("volumes cannot be changed")) } else { Ok(()) }
     }
 
-    /// Serves `backend` as export `name` until the server stops (tests:
-    /// in-memory and fault-injecting volumes).
-    pub fn insert(&self, name: &str, backend: AnyBackend, read_only: bool) -> Result<Arc<Volume>> {
+    /// Serves `backend` as export `name` until the server stops, without
+    /// metadata: in-memory volumes for the bench's instruction-count gate
+    /// and fault-injecting ones for the server's own tests.
+    pub fn insert(&self, name: &str, backend: AnyBackend, read_only: bool) -> Result<Arc<Export>> {
         validate_name(name)?;
-        let size = crate::backend::BlockBackend::size(&backend);
-        let v = Arc::new(Volume::new(name, Layered::new(Layer::base(0, size, backend)), read_only, 0));
+        let size = BlockBackend::size(&backend);
+        let v = Arc::new(Export::new(name, Layered::new(Layer::base(0, size, backend)), read_only, 0));
         self.open.lock().map_err(|_| poisoned())?.insert(name.to_owned(), v.clone());
         Ok(v)
     }
 
     /// Opens (or shares the open) export `VOL` or `VOL@SNAP`.
-    pub fn open(&self, name: &str) -> Result<Arc<Volume>> {
+    pub fn open(&self, name: &str) -> Result<Arc<Export>> {
         let mut open = self.open.lock().map_err(|_| poisoned())?;
         if let Some(v) = open.get(name) {
             return Ok(v.clone());
@@ -209,14 +168,14 @@ impl Volumes {
                 files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None, &self.faults)?;
             (layer, self.read_only, rec.epoch)
         };
-        let v = Arc::new(Volume::new(name, Layered::new(layer), ro, epoch));
+        let v = Arc::new(Export::new(name, Layered::new(layer), ro, epoch));
         open.insert(name.to_owned(), v.clone());
         Ok(v)
     }
 
     /// Opens the export an NBD client named: `VOL`, `VOL@SNAP` or
     /// `VOL;epoch=N`, with the epoch it declares.
-    pub fn open_export(&self, name: &str) -> Result<(Arc<Volume>, Option<u64>)> {
+    pub fn open_export(&self, name: &str) -> Result<(Arc<Export>, Option<u64>)> {
         let (base, epoch) = fence::parse_export(name).map_err(CoronaError::BadRequest)?;
         if epoch.is_some() && base.contains('@') {
             return Err(CoronaError::BadRequest(format!(
@@ -283,14 +242,14 @@ impl Volumes {
     /// Drops open exports (flushing them first); `kill` makes their
     /// connections fail from now on (the volume is gone).
     async fn close(&self, names: &[String], kill: bool) {
-        let vols: Vec<Arc<Volume>> = match self.open.lock() {
+        let vols: Vec<Arc<Export>> = match self.open.lock() {
             Ok(mut o) => names.iter().filter_map(|n| o.remove(n)).collect(),
             Err(_) => Vec::new(),
         };
         for v in vols {
             if kill {
                 v.backend.kill();
-            } else if let Err(e) = crate::backend::BlockBackend::flush(&v.backend).await {
+            } else if let Err(e) = BlockBackend::flush(&v.backend).await {
                 tracing::warn!(volume = %v.name, error = %e, "flush on close failed");
             }
         }
@@ -298,10 +257,10 @@ impl Volumes {
 
     /// Flushes every open volume (server shutdown).
     pub async fn flush_all(&self) {
-        let vols: Vec<Arc<Volume>> = self.open.lock().map(|o| o.values().cloned().collect()).unwrap_or_default();
+        let vols: Vec<Arc<Export>> = self.open.lock().map(|o| o.values().cloned().collect()).unwrap_or_default();
         for v in vols {
             if !v.read_only
-                && let Err(e) = crate::backend::BlockBackend::flush(&v.backend).await
+                && let Err(e) = BlockBackend::flush(&v.backend).await
             {
                 tracing::warn!(volume = %v.name, error = %e, "flush at shutdown failed");
             }
@@ -396,7 +355,7 @@ impl Volumes {
 
     /// Creates `name` as a copy-on-write clone of `VOL@SNAP`: O(1) whatever
     /// the size. `size` defaults to the snapshot's and may only be larger.
-    pub async fn clone_from(&self, name: &str, from: &str, size: Option<u64>) -> Result<VolumeInfo> {
+    pub async fn clone_snapshot(&self, name: &str, from: &str, size: Option<u64>) -> Result<VolumeInfo> {
         validate_name(name)?;
         let (v, s) = parse_snap(from)?;
         self.writable()?;
@@ -733,6 +692,40 @@ impl Volumes {
         let v = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
         let l = cat.layers.get(&v.head).ok_or_else(|| CoronaError::Meta(format!("layer {} is missing", v.head)))?;
         Ok(self.dir.join(&l.file))
+    }
+}
+
+/// The exports an NBD negotiation may name: every volume and snapshot, and
+/// `VOL;epoch=N` (refused below the volume's fence).
+impl ExportCatalog for Volumes {
+    fn lookup(&self, name: &str) -> std::result::Result<ExportDesc, String> {
+        let (v, declared) = self.open_export(name).map_err(|e| e.to_string())?;
+        let current = v.fence.current();
+        if let Some(e) = declared
+            && e < current
+        {
+            return Err(format!("export {name:?} declares epoch {e}, but the volume is fenced at epoch {current}"));
+        }
+        // A client that declares no epoch holds epoch 0: once the volume has
+        // been fenced it may only read, so it is told the export is read-only.
+        let read_only = v.read_only || (declared.is_none() && current > 0);
+        Ok(ExportDesc {
+            name: name.to_owned(),
+            size: v.backend.size(),
+            read_only,
+            description: if v.read_only && name.contains('@') {
+                format!("CoronaFS snapshot {name}")
+            } else {
+                format!("CoronaFS volume {name}")
+            },
+            min_block: 1,
+            pref_block: PREF_BLOCK,
+            max_block: MAX_BLOCK,
+        })
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.export_names()
     }
 }
 

@@ -100,7 +100,7 @@ proptest! {
                         let c = format!("c{n}");
                         let mut m = snaps[&key].clone();
                         let size = m.len() as u64 + grow;
-                        let info = v.clone_from(&c, &key, Some(size)).await.expect("clone");
+                        let info = v.clone_snapshot(&c, &key, Some(size)).await.expect("clone");
                         assert_eq!(info.parent.as_deref(), Some(key.as_str()));
                         m.resize(size as usize, 0);
                         vols.insert(c, m);
@@ -162,12 +162,12 @@ fn errors_name_the_problem() {
         assert_eq!(status(v.create("a", 1 << 20).await), 409);
         assert_eq!(status(v.create("../x", 1 << 20).await), 400);
         assert_eq!(status(v.create("b", 0).await), 400);
-        assert_eq!(status(v.clone_from("b", "a@none", None).await), 404);
-        assert_eq!(status(v.clone_from("b", "no-at-sign", None).await), 400);
+        assert_eq!(status(v.clone_snapshot("b", "a@none", None).await), 404);
+        assert_eq!(status(v.clone_snapshot("b", "no-at-sign", None).await), 400);
         v.snapshot("a", "s").await.expect("snapshot");
         assert_eq!(v.snapshot("a", "s").await.expect_err("dup").http_status(), 409);
-        assert_eq!(status(v.clone_from("b", "a@s", Some(1000)).await), 400, "smaller than the snapshot");
-        v.clone_from("b", "a@s", None).await.expect("clone");
+        assert_eq!(status(v.clone_snapshot("b", "a@s", Some(1000)).await), 400, "smaller than the snapshot");
+        v.clone_snapshot("b", "a@s", None).await.expect("clone");
         assert_eq!(status(v.resize("a", 4096, false).await), 400, "shrink needs allow_shrink");
         let e = v.delete("a", false).await.expect_err("has clones");
         assert_eq!(e.http_status(), 409);
@@ -200,7 +200,7 @@ fn a_4_gib_clone_is_made_in_well_under_100_ms() {
         write(&v, "img", 1 << 30, vec![5; 1 << 20]).await;
         v.snapshot("img", "gold").await.expect("snapshot");
         let t = std::time::Instant::now();
-        let info = v.clone_from("vm", "img@gold", None).await.expect("clone");
+        let info = v.clone_snapshot("vm", "img@gold", None).await.expect("clone");
         let took = t.elapsed();
         assert!(took < std::time::Duration::from_millis(100), "clone took {took:?}");
         assert_eq!(info.size, 4 << 30);
@@ -232,7 +232,7 @@ fn a_fence_is_persisted_never_goes_back_and_survives_snapshots_and_restarts() {
         assert!(v.open_export("vm@s;epoch=3").is_err(), "snapshots take no epoch");
         assert!(v.open_export("vm;epoch=x").is_err());
         assert!(matches!(v.fence("nope", 1).await, Err(CoronaError::NotFound(_))));
-        v.clone_from("c", "vm@s", None).await.expect("clone");
+        v.clone_snapshot("c", "vm@s", None).await.expect("clone");
         assert_eq!(v.info("c").expect("info").epoch, 0, "a clone starts its own epochs");
     });
     let v = load(dir.path());
@@ -257,7 +257,7 @@ async fn fault_fixture(v: &Volumes) {
     write(v, "a", 1000, vec![1; 70 * KIB as usize]).await;
     v.snapshot("a", "s").await.expect("snapshot");
     write(v, "a", 0, vec![2; 4096]).await;
-    v.clone_from("c", "a@s", None).await.expect("clone");
+    v.clone_snapshot("c", "a@s", None).await.expect("clone");
     write(v, "c", 128 * KIB, vec![3; 4096]).await;
 }
 
@@ -265,7 +265,7 @@ type Change = for<'a> fn(&'a Volumes) -> std::pin::Pin<Box<dyn std::future::Futu
 
 const CHANGES: [(&str, Change); 7] = [
     ("create", |v| Box::pin(async { v.create("n", 128 * KIB).await.map(|_| ()) })),
-    ("clone", |v| Box::pin(async { v.clone_from("n", "a@s", Some(300 * KIB)).await.map(|_| ()) })),
+    ("clone", |v| Box::pin(async { v.clone_snapshot("n", "a@s", Some(300 * KIB)).await.map(|_| ()) })),
     ("snapshot", |v| Box::pin(async { v.snapshot("c", "t").await.map(|_| ()) })),
     ("flatten", |v| Box::pin(async { v.flatten("c").await.map(|_| ()) })),
     ("resize", |v| Box::pin(async { v.resize("a", 192 * KIB, true).await.map(|_| ()) })),
@@ -304,7 +304,7 @@ fn a_change_failing_at_any_step_leaves_catalog_and_files_in_agreement_and_blocks
                 // Later changes go through, and the same change can be retried.
                 v.create("later", 64 * KIB).await.unwrap_or_else(|e| panic!("{ctx}: later create: {e}"));
                 v.snapshot("later", "x").await.unwrap_or_else(|e| panic!("{ctx}: later snapshot: {e}"));
-                v.clone_from("later2", "later@x", None).await.unwrap_or_else(|e| panic!("{ctx}: later clone: {e}"));
+                v.clone_snapshot("later2", "later@x", None).await.unwrap_or_else(|e| panic!("{ctx}: later clone: {e}"));
                 if r.is_err() {
                     change(&v).await.unwrap_or_else(|e| panic!("{ctx}: retry: {e}"));
                 }
@@ -348,7 +348,7 @@ fn a_volume_too_large_for_the_file_system_is_refused_with_507_and_leaves_nothing
         }
         v.create("big", 1 << 20).await.expect("a later create");
         v.snapshot("big", "s").await.expect("a later snapshot");
-        v.clone_from("c", "big@s", None).await.expect("a later clone");
+        v.clone_snapshot("c", "big@s", None).await.expect("a later clone");
         if let Err(e) = v.verify() {
             panic!("{e}");
         }

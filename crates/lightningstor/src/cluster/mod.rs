@@ -7,7 +7,7 @@
 //! - [`placement`]: partitions -> nodes, behind the [`placement::Replication`] trait;
 //! - [`hlc`]: hybrid logical clock row versions;
 //! - [`rpc`]: node-to-node messages and framing (sans-IO);
-//! - [`transport`]: the [`transport::Transport`] trait, in-process, TCP and fault-injecting;
+//! - [`transport`]: the [`transport::Transport`] trait, in-process and TCP;
 //! - [`resync`]: the persistent queue of replicas to catch up;
 //! - [`node`]: a node and the replica side of every request;
 //! - [`coord`]: the coordinator side (quorum writes and reads, read repair);
@@ -16,8 +16,10 @@
 //! - [`locks`]: key leases that make conditional writes atomic;
 //! - [`repair`]: resync worker, scrub, anti-entropy, tombstones, rebalance;
 //! - [`s3`]: `impl S3` for a cluster node;
-//! - [`admin`]: status and layout change for the CLI;
-//! - [`testing`]: an in-process cluster for tests.
+//! - [`admin`]: status and layout change for the CLI.
+//!
+//! The in-process test cluster and the faulty transport are test doubles
+//! outside this crate: `testkit::lightningstor` (crates/testkit).
 
 pub mod admin;
 pub mod buckets;
@@ -33,7 +35,6 @@ pub mod repair;
 pub mod resync;
 pub mod rpc;
 pub mod s3;
-pub mod testing;
 pub mod transport;
 
 pub use config::{ClusterConfig, Consistency};

@@ -1,15 +1,17 @@
-//! The transport between nodes: a small trait with an in-process
-//! implementation (clusters inside one test process), a TCP one (spawned
-//! processes), and a fault-injecting wrapper that can drop, delay and
-//! partition traffic for tests.
+//! The transport between nodes: a small trait ([`Transport`], and
+//! [`Handler`] for the receiving node) with a TCP implementation. The
+//! in-process transport (a cluster inside one test process) and the
+//! fault-injecting wrapper that drops, delays and partitions its traffic
+//! are test doubles outside this crate (`testkit::lightningstor`), over the
+//! same traits.
 
 use super::NodeId;
 use super::rpc::{self, Msg, Req, Resp};
 use crate::error::{LightningError, Result};
 use bytes::BytesMut;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,189 +34,6 @@ pub trait Transport: Send + Sync + 'static {
 
 fn unreachable(to: NodeId, why: &str) -> LightningError {
     LightningError::Unavailable(format!("node {to} unreachable: {why}"))
-}
-
-/// Nodes of one process, by id.
-#[derive(Default)]
-pub struct Hub {
-    nodes: RwLock<HashMap<NodeId, Weak<dyn Handler>>>,
-}
-
-impl Hub {
-    /// An empty hub.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Hub::default())
-    }
-
-    /// Registers node `id` (replacing an earlier registration).
-    pub fn register(&self, id: NodeId, h: Weak<dyn Handler>) {
-        if let Ok(mut n) = self.nodes.write() {
-            n.insert(id, h);
-        }
-    }
-
-    /// Removes node `id` (it looks down from then on).
-    pub fn unregister(&self, id: NodeId) {
-        if let Ok(mut n) = self.nodes.write() {
-            n.remove(&id);
-        }
-    }
-}
-
-/// In-process transport: calls the other node's handler directly.
-pub struct InProcess {
-    hub: Arc<Hub>,
-}
-
-impl InProcess {
-    /// A transport over `hub`.
-    pub fn new(hub: Arc<Hub>) -> Self {
-        InProcess { hub }
-    }
-}
-
-#[async_trait::async_trait]
-impl Transport for InProcess {
-    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
-        let h = self.hub.nodes.read().ok().and_then(|n| n.get(&to).and_then(Weak::upgrade));
-        match h {
-            Some(h) => Ok(h.handle(req).await),
-            None => Err(unreachable(to, "not running")),
-        }
-    }
-}
-
-/// Faults applied to traffic, shared by every node of a test cluster.
-#[derive(Debug, Default)]
-pub struct Faults {
-    /// Nodes cut off from every other node (both directions).
-    isolated: Mutex<HashSet<NodeId>>,
-    /// Directed links that drop everything.
-    cut: Mutex<HashSet<(NodeId, NodeId)>>,
-    /// Delay added to every message.
-    delay_ms: std::sync::atomic::AtomicU64,
-    /// Percentage of messages dropped at random.
-    drop_percent: std::sync::atomic::AtomicU64,
-    /// Paused nodes: messages to them wait until they resume.
-    paused: Mutex<HashSet<NodeId>>,
-}
-
-impl Faults {
-    /// No faults.
-    pub fn new() -> Arc<Self> {
-        Arc::new(Faults::default())
-    }
-
-    /// Cuts `n` off from every other node.
-    pub fn isolate(&self, n: NodeId) {
-        if let Ok(mut s) = self.isolated.lock() {
-            s.insert(n);
-        }
-    }
-
-    /// Drops the one-way link `from -> to`.
-    pub fn cut(&self, from: NodeId, to: NodeId) {
-        if let Ok(mut s) = self.cut.lock() {
-            s.insert((from, to));
-        }
-    }
-
-    /// Removes every partition and cut.
-    pub fn heal(&self) {
-        if let Ok(mut s) = self.isolated.lock() {
-            s.clear();
-        }
-        if let Ok(mut s) = self.cut.lock() {
-            s.clear();
-        }
-    }
-
-    /// Delays every message by `ms`.
-    pub fn set_delay_ms(&self, ms: u64) {
-        self.delay_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Pauses node `n` (as `docker pause` or SIGSTOP would): it takes
-    /// messages but answers none until [`Faults::resume`].
-    pub fn pause(&self, n: NodeId) {
-        if let Ok(mut p) = self.paused.lock() {
-            p.insert(n);
-        }
-    }
-
-    /// Lets a paused node answer again (what waited goes on).
-    pub fn resume(&self, n: NodeId) {
-        if let Ok(mut p) = self.paused.lock() {
-            p.remove(&n);
-        }
-    }
-
-    fn is_paused(&self, n: NodeId) -> bool {
-        self.paused.lock().map(|p| p.contains(&n)).unwrap_or(false)
-    }
-
-    /// Drops `p` percent of messages.
-    pub fn set_drop_percent(&self, p: u64) {
-        self.drop_percent.store(p.min(100), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn blocks(&self, from: NodeId, to: NodeId) -> bool {
-        let iso = self.isolated.lock().map(|s| s.contains(&from) || s.contains(&to)).unwrap_or(false);
-        let cut = self.cut.lock().map(|s| s.contains(&(from, to))).unwrap_or(false);
-        iso || cut
-    }
-}
-
-/// Wraps a transport with [`Faults`].
-pub struct Faulty<T> {
-    inner: T,
-    me: NodeId,
-    faults: Arc<Faults>,
-}
-
-impl<T> Faulty<T> {
-    /// `inner` as seen from node `me` under `faults`.
-    pub fn new(inner: T, me: NodeId, faults: Arc<Faults>) -> Self {
-        Faulty { inner, me, faults }
-    }
-}
-
-#[async_trait::async_trait]
-impl<T: Transport> Transport for Faulty<T> {
-    async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let delay = self.faults.delay_ms.load(Relaxed);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        if self.faults.blocks(self.me, to) {
-            return Err(unreachable(to, "partitioned (test fault)"));
-        }
-        let p = self.faults.drop_percent.load(Relaxed);
-        if p > 0 && u64::from(rand_byte()) * 100 / 256 < p {
-            return Err(unreachable(to, "message dropped (test fault)"));
-        }
-        while self.faults.is_paused(to) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let r = self.inner.call(to, req).await;
-        // A reply can be lost too: the request ran, the caller sees an error.
-        if self.faults.blocks(to, self.me) {
-            return Err(unreachable(to, "reply lost to a partition (test fault)"));
-        }
-        r
-    }
-
-    fn set_peers(&self, peers: HashMap<NodeId, SocketAddr>) {
-        self.inner.set_peers(peers);
-    }
-}
-
-fn rand_byte() -> u8 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    (h.finish() & 0xff) as u8
 }
 
 /// TCP transport: pooled connections, one request at a time per connection.

@@ -17,7 +17,7 @@
 //! 4096: bitmap, little-endian u64 words, bit g%64 of word g/64 = granule g
 //! ```
 
-use crate::backend::BlockBackend;
+use crate::backend::traits::BlockBackend;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

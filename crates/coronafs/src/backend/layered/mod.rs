@@ -14,7 +14,7 @@
 
 pub mod map;
 
-use super::{BlockBackend, BufResult, Extent64, SpliceSource};
+use crate::backend::traits::{BlockBackend, BufResult, Extent64, SpliceSource};
 use crate::proto::state;
 use map::{GRANULE, GranuleMap};
 use std::io;

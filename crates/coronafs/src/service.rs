@@ -1,0 +1,90 @@
+//! Start-up and shutdown of a CoronaFS server: builds the data path engine
+//! ([`crate::backend::Opener`]), loads the volumes, binds the NBD listener
+//! ([`crate::server`]) and the control API ([`crate::api`]) beside it from a
+//! [`ServerConfig`], and stops them again.
+
+use crate::backend::{IoEngine, Opener};
+use crate::config::ServerConfig;
+use crate::error::Result;
+use crate::metrics::Metrics;
+use crate::server::Shared;
+use crate::volume::Volumes;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// A started server. Dropping it without [`RunningServer::shutdown`] leaves
+/// it running until the runtime ends.
+#[derive(Debug)]
+pub struct RunningServer {
+    pub nbd_addr: SocketAddr,
+    pub api_addr: SocketAddr,
+    /// The engine in use (may differ from the one asked for after a fallback).
+    pub engine: IoEngine,
+    /// The volume manager both the NBD server and the API work on.
+    pub volumes: Arc<Volumes>,
+    /// The server's counters (rendered at `/metrics`).
+    pub metrics: Arc<Metrics>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl RunningServer {
+    /// `nbd://host:port/NAME` for a volume.
+    pub fn nbd_uri(&self, name: &str) -> String {
+        format!("nbd://{}/{}", self.nbd_addr, name)
+    }
+
+    /// `http://host:port` of the control API.
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.api_addr)
+    }
+
+    /// Stops accepting, drops every connection and waits for the tasks to end.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        self.volumes.flush_all().await;
+    }
+
+    /// Runs until ctrl-c or SIGTERM, then shuts down.
+    pub async fn run_until_signal(self) {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await;
+    }
+}
+
+/// Loads the volumes, binds both listeners and starts serving.
+pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    let opener = Opener::start(cfg.engine);
+    let engine = opener.engine();
+    let volumes = Arc::new(Volumes::load(cfg.data_dir.clone(), opener, cfg.read_only)?);
+    let metrics = Arc::new(Metrics::default());
+    let nbd = TcpListener::bind(cfg.nbd).await?;
+    let api = TcpListener::bind(cfg.api).await?;
+    let (nbd_addr, api_addr) = (nbd.local_addr()?, api.local_addr()?);
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    let shared = Arc::new(Shared::new(volumes.clone(), metrics.clone()));
+    tasks.spawn(crate::server::serve(nbd, shared, stopped.clone()));
+    let app = crate::api::router(volumes.clone(), metrics.clone());
+    let mut api_stop = stopped;
+    tasks.spawn(async move {
+        let shutdown = async move {
+            let _ = api_stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(api, app).with_graceful_shutdown(shutdown).await {
+            tracing::error!(error = %e, "control API stopped");
+        }
+    });
+    tracing::info!(%nbd_addr, %api_addr, %engine, dir = %cfg.data_dir.display(), "coronafs serving");
+    Ok(RunningServer { nbd_addr, api_addr, engine, volumes, metrics, stop, tasks })
+}

@@ -1,0 +1,14 @@
+//! Test doubles of the services, in a crate of their own so that no release
+//! build compiles them and no test has to turn on a feature of a service
+//! crate (which would build it twice, with and without the feature). Only
+//! the tests crate (`stack-tests`) depends on it, as a dev-dependency.
+//!
+//! - [`lightningstor`]: the fault-injecting transport and the in-process
+//!   cluster it connects.
+//!
+//! CoronaFS's doubles (the crash and fault backends, fail points in volume
+//! changes) stay inside `coronafs` behind `cfg(any(test, feature = "testing"))`:
+//! the server serves them through its `AnyBackend` enum, which a crate
+//! outside cannot extend, and only coronafs's own unit tests use them.
+
+pub mod lightningstor;
