@@ -1597,7 +1597,9 @@ async fn slow_and_oversized_requests_are_cut_off_while_others_are_served(svc: s3
     // Expect: 100-continue gets "100 Continue" before the body is sent.
     let target = presigned_put_target(&c, "slow", "continued").await;
     let mut s = std::net::TcpStream::connect(addr)?;
-    s.write_all(format!("PUT {target} HTTP/1.1\r\n{host}Content-Length: 5\r\nExpect: 100-continue\r\n\r\n").as_bytes())?;
+    s.write_all(
+        format!("PUT {target} HTTP/1.1\r\n{host}Content-Length: 5\r\nExpect: 100-continue\r\n\r\n").as_bytes(),
+    )?;
     let (interim, s) = tokio::task::spawn_blocking(move || {
         use std::io::Read;
         s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");

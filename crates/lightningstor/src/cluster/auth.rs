@@ -121,7 +121,11 @@ pub fn parse_hello(msg: &[u8; HELLO_LEN]) -> Result<[u8; NONCE_LEN]> {
 }
 
 /// The caller's answer to a greeting.
-pub fn answer(secret: &RpcSecret, listener_nonce: &[u8; NONCE_LEN], caller_nonce: &[u8; NONCE_LEN]) -> [u8; ANSWER_LEN] {
+pub fn answer(
+    secret: &RpcSecret,
+    listener_nonce: &[u8; NONCE_LEN],
+    caller_nonce: &[u8; NONCE_LEN],
+) -> [u8; ANSWER_LEN] {
     let tag = secret.tag(b"caller", listener_nonce, caller_nonce).finalize().into_bytes();
     let mut out = [0u8; ANSWER_LEN];
     out[..NONCE_LEN].copy_from_slice(caller_nonce);

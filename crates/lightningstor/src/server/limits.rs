@@ -11,7 +11,7 @@
 //! read.
 
 use bytes::Bytes;
-use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::body::{Frame, Incoming, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
