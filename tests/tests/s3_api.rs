@@ -1550,3 +1550,127 @@ async fn a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_s
     assert_eq!(code(&e), "InvalidRequest");
     Ok(())
 }
+
+/// Raw HTTP/1.1 over TCP: what the server sends back until it closes or
+/// `within` passes (the limit is what is asserted by the caller).
+fn read_reply(s: &mut std::net::TcpStream, within: Duration) -> (String, bool) {
+    use std::io::Read;
+    s.set_read_timeout(Some(within)).expect("timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset) => break true,
+            Err(_) => break false,
+        }
+    };
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// The path and query of a presigned PUT (its body is not signed, so the
+/// server reads it as it comes: what a slow uploader looks like).
+async fn presigned_put_target(c: &aws_sdk_s3::Client, bucket: &str, key: &str) -> String {
+    let p = c
+        .put_object()
+        .bucket(bucket)
+        .key(key)
+        .presigned(PresigningConfig::expires_in(Duration::from_secs(300)).expect("config"))
+        .await
+        .expect("presign");
+    let uri: http::Uri = p.uri().parse().expect("uri");
+    uri.path_and_query().expect("path").to_string()
+}
+
+/// The HTTP front end's limits, the same for a single node and a cluster
+/// (both are served by `server::serve_with_limits`): a header that stalls
+/// and a body that stalls end their connection after their timeouts, nothing
+/// of the stalled PUT is stored, a PUT declaring more than 5 GiB is refused
+/// with EntityTooLarge before its body is sent, `Expect: 100-continue` gets
+/// its interim answer, and a normal client is served all along.
+async fn slow_and_oversized_requests_are_cut_off_while_others_are_served(svc: s3s::service::S3Service) -> R {
+    use std::io::Write;
+    let limits = lightningstor::server::Limits {
+        header_timeout: Duration::from_secs(1),
+        body_idle_timeout: Duration::from_secs(1),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let metrics: lightningstor::server::MetricsFn = std::sync::Arc::new(String::new);
+    let running = lightningstor::server::serve_with_limits(listener, svc, metrics, limits)?;
+    let addr = running.addr;
+    let c = aws_sdk_s3::Client::from_conf(sdk_config(&format!("http://{addr}"), AK, SK).build());
+    c.create_bucket().bucket("slow").send().await?;
+    let host = format!("Host: {addr}\r\n");
+
+    // A header that never ends, and a presigned PUT whose body stops after 10 of 100 bytes.
+    let mut header_stall = std::net::TcpStream::connect(addr)?;
+    header_stall.write_all(format!("PUT /slow/a HTTP/1.1\r\n{host}x-partial: ").as_bytes())?;
+    let target = presigned_put_target(&c, "slow", "stalled").await;
+    let mut body_stall = std::net::TcpStream::connect(addr)?;
+    body_stall.write_all(format!("PUT {target} HTTP/1.1\r\n{host}Content-Length: 100\r\n\r\n0123456789").as_bytes())?;
+
+    // Meanwhile a normal client is served.
+    put(&c, "slow", "ok", b"served").await;
+
+    let started = std::time::Instant::now();
+    let (h, b) = tokio::task::spawn_blocking(move || {
+        (read_reply(&mut header_stall, Duration::from_secs(10)), read_reply(&mut body_stall, Duration::from_secs(10)))
+    })
+    .await?;
+    assert!(h.1, "a stalled header keeps its connection open past 10 s: {:?}", h.0);
+    assert!(b.1 || !b.0.starts_with("HTTP/1.1 200"), "a stalled body was accepted: {:?}", b.0);
+    assert!(b.1, "a stalled body keeps its connection open past 10 s: {:?}", b.0);
+    assert!(started.elapsed() < Duration::from_secs(8), "cut off after {:?}", started.elapsed());
+    let gone = c.head_object().bucket("slow").key("stalled").send().await;
+    assert!(gone.is_err(), "nothing of the stalled PUT may be stored");
+
+    // 6 GB declared: refused before the body, and the connection closed.
+    let mut big = std::net::TcpStream::connect(addr)?;
+    big.write_all(format!("PUT /slow/big HTTP/1.1\r\n{host}Content-Length: 6000000000\r\n\r\n").as_bytes())?;
+    let (text, closed) = tokio::task::spawn_blocking(move || read_reply(&mut big, Duration::from_secs(10))).await?;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("<Code>EntityTooLarge</Code>") && text.contains("<ProposedSize>6000000000<"), "{text}");
+    assert!(closed, "the unread body must not be taken for the next request");
+
+    // Expect: 100-continue gets "100 Continue" before the body is sent.
+    let target = presigned_put_target(&c, "slow", "continued").await;
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.write_all(
+        format!("PUT {target} HTTP/1.1\r\n{host}Content-Length: 5\r\nExpect: 100-continue\r\n\r\n").as_bytes(),
+    )?;
+    let (interim, s) = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap_or(0);
+        (String::from_utf8_lossy(&buf[..n]).into_owned(), s)
+    })
+    .await?;
+    assert!(interim.starts_with("HTTP/1.1 100 Continue"), "{interim:?}");
+    let mut s = s;
+    s.write_all(b"hello")?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(&mut s), &mut line)?;
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    let out = c.get_object().bucket("slow").key("continued").send().await?;
+    assert_eq!(body_of(out).await, b"hello");
+    assert_eq!(body_of(c.get_object().bucket("slow").key("ok").send().await?).await, b"served");
+    running.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_oversized_requests_single_node() -> R {
+    let s = InProcess::new();
+    slow_and_oversized_requests_are_cut_off_while_others_are_served(s.service.clone()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_oversized_requests_three_node_cluster() -> R {
+    let s = InCluster::new(3);
+    let nodes = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
+    let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
+    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config);
+    slow_and_oversized_requests_are_cut_off_while_others_are_served(svc).await
+}

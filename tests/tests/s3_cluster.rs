@@ -1195,3 +1195,81 @@ async fn concurrent_conditional_puts_through_different_nodes_let_exactly_one_win
     assert_eq!(get(&clients[2], "bkt", "once").await?, pseudo_random(700, winners[0]));
     Ok(())
 }
+
+/// A process that can reach a node's RPC port but lacks the cluster's
+/// `rpc_secret` gets nothing done: an old-style client that sends a
+/// `ChangeLayout` frame straight away, a handshake with a made-up answer, and
+/// the operator CLI run with a cluster file holding another secret (a
+/// separate process, as an intruder's would be) are all refused, and the
+/// nodes keep their layout and keep serving.
+#[test]
+fn node_rpc_refuses_every_peer_without_the_cluster_secret() {
+    use std::io::{Read, Write};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cluster = SpawnedCluster::start(3, |c| {
+        c.scrub_blocks_per_sec = 0;
+        c.anti_entropy_secs = 0;
+    });
+    let rpc = cluster.config.nodes[0].rpc;
+    let read_to_end = |s: &mut std::net::TcpStream| -> Vec<u8> {
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        got
+    };
+
+    // 1. A client of the unauthenticated protocol: a ChangeLayout frame at once.
+    let mut shrunk = cluster.config.clone();
+    shrunk.nodes.truncate(1);
+    shrunk.replication_factor = 1;
+    shrunk.layout_version = 9;
+    let frame = lightningstor::cluster::rpc::encode(&lightningstor::cluster::rpc::Msg::new(
+        lightningstor::cluster::rpc::Req::ChangeLayout { old: cluster.config.to_toml(), new: shrunk.to_toml() },
+    ))
+    .expect("frame");
+    let mut s = std::net::TcpStream::connect(rpc).expect("connect");
+    s.write_all(&frame).expect("send");
+    let got = read_to_end(&mut s);
+    assert!(got.starts_with(b"LSRPC"), "the node greets first: {got:?}");
+    assert_eq!(got.len(), lightningstor::cluster::auth::HELLO_LEN, "and says nothing more before it closes");
+
+    // 2. A handshake with a made-up answer.
+    let mut s = std::net::TcpStream::connect(rpc).expect("connect");
+    let mut hello = [0u8; lightningstor::cluster::auth::HELLO_LEN];
+    s.read_exact(&mut hello).expect("hello");
+    s.write_all(&[0x5a; lightningstor::cluster::auth::ANSWER_LEN]).expect("answer");
+    assert!(read_to_end(&mut s).is_empty(), "no proof for a caller without the secret");
+
+    // 3. The operator CLI with a file that holds another secret.
+    let mut rogue = cluster.config.clone();
+    rogue.rpc_secret = Some(lightningstor::cluster::auth::RpcSecret::random().expect("random").to_hex());
+    let rogue_path = cluster.dir.path().join("rogue.toml");
+    std::fs::write(&rogue_path, rogue.to_toml()).expect("write rogue file");
+    let rogue_path = rogue_path.to_string_lossy().into_owned();
+    let (ok, out, err) = cluster.cli(&["cluster", "status", "--config", &rogue_path]);
+    assert!(!ok, "status with another secret must fail: {out}");
+    assert!(err.contains("rpc handshake refused"), "{err}");
+    let mut rogue_shrunk = shrunk.clone();
+    rogue_shrunk.rpc_secret = rogue.rpc_secret.clone();
+    std::fs::write(cluster.dir.path().join("rogue-shrunk.toml"), rogue_shrunk.to_toml()).expect("write");
+    let shrunk_path = cluster.dir.path().join("rogue-shrunk.toml").to_string_lossy().into_owned();
+    let (ok, _, err) = cluster.cli(&["cluster", "layout", "apply", "--config", &shrunk_path]);
+    assert!(!ok, "layout apply with another secret must fail");
+    assert!(err.contains("rpc handshake refused"), "{err}");
+
+    // The cluster is unharmed: every node up at layout 1, and it serves.
+    let path = cluster.config_path.to_string_lossy().into_owned();
+    let (ok, out, err) = cluster.cli(&["cluster", "status", "--config", &path]);
+    assert!(ok, "status failed: {err}");
+    assert_eq!(
+        status_lines(&out),
+        ["n1", "n2", "n3"].map(|n| (n.to_owned(), "up".to_owned(), "1".to_owned())),
+        "{out}"
+    );
+    let c = cluster.client(0);
+    rt.block_on(async {
+        c.create_bucket().bucket("bkt").send().await.expect("bucket");
+        put(&c, "bkt", "k", b"still here").await.expect("put");
+        assert_eq!(get(&cluster.client(2), "bkt", "k").await.expect("get"), b"still here");
+    });
+}

@@ -7,6 +7,7 @@ use crate::store::Store;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
+pub use limits::Limits;
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::host::{S3Host, VirtualHost};
@@ -16,6 +17,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+mod limits;
 
 /// Virtual-hosted-style parsing: `BUCKET.DOMAIN[:port]` names a bucket; any
 /// other host (an IP, `DOMAIN` itself, an unknown name) means path style.
@@ -190,13 +193,20 @@ pub fn serve(listener: TcpListener, store: Arc<Store>) -> Result<Running> {
     serve_with(listener, svc, metrics)
 }
 
-/// Serves an s3s service and `/metrics` on an already bound listener.
+/// Serves an s3s service and `/metrics` on an already bound listener, with
+/// the default [`Limits`].
 pub fn serve_with(listener: TcpListener, svc: S3Service, metrics: MetricsFn) -> Result<Running> {
+    serve_with_limits(listener, svc, metrics, Limits::default())
+}
+
+/// [`serve_with`] with the given limits on slow and oversized requests.
+pub fn serve_with_limits(listener: TcpListener, svc: S3Service, metrics: MetricsFn, limits: Limits) -> Result<Running> {
     let addr = listener.local_addr()?;
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-        let builder = ConnBuilder::new(TokioExecutor::new());
+        let mut builder = ConnBuilder::new(TokioExecutor::new());
+        builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
         loop {
             let (sock, _) = tokio::select! {
                 r = listener.accept() => match r {
@@ -219,7 +229,11 @@ pub fn serve_with(listener: TcpListener, svc: S3Service, metrics: MetricsFn) -> 
                     if is_metrics(&req) {
                         return Ok::<_, HttpError>(metrics_response(metrics()));
                     }
-                    hyper::service::Service::call(&svc, req).await
+                    if let Some(size) = limits::oversized(req.headers()) {
+                        return Ok(limits::entity_too_large(size));
+                    }
+                    let idle = limits.body_idle_timeout;
+                    svc.call(req.map(|b| s3s::Body::http_body_unsync(limits::IdleBody::new(b, idle)))).await
                 }
             });
             let conn = builder.serve_connection(TokioIo::new(sock), handler).into_owned();

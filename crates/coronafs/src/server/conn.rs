@@ -192,29 +192,20 @@ async fn read_requests(rd: &mut BufReader<OwnedReadHalf>, ctx: &Arc<Ctx>, budget
             return Ok(());
         }
         let started = Instant::now();
-        if let Err(errno) = req.validate(size, ctx.read_only, ctx.max_block) {
-            // Keep the stream in step: a refused WRITE's payload is still on the wire.
-            let skip = req.payload_len() as u64;
-            if skip > 0 {
-                let n = tokio::io::copy(&mut (&mut *rd).take(skip), &mut tokio::io::sink()).await?;
-                if n < skip {
-                    return Err(io::ErrorKind::UnexpectedEof.into());
+        let cost = match admit(ctx, &req, size, started) {
+            Ok(cost) => cost,
+            Err(refusal) => {
+                // Keep the stream in step: a refused WRITE's payload is still on the wire.
+                let skip = req.payload_len() as u64;
+                if skip > 0 {
+                    let n = tokio::io::copy(&mut (&mut *rd).take(skip), &mut tokio::io::sink()).await?;
+                    if n < skip {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
                 }
+                ctx.send(refusal);
+                continue;
             }
-            let msg = format!("{} of {} bytes at offset {} refused", req.command.name(), req.length, req.offset);
-            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
-            ctx.send(error_reply(ctx, &req, errno, &msg, None));
-            continue;
-        }
-        if req.command == Command::BlockStatus && !ctx.base_allocation {
-            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
-            let msg = "BLOCK_STATUS needs the base:allocation context to be negotiated";
-            ctx.send(error_reply(ctx, &req, NbdErrno::Inval, msg, None));
-            continue;
-        }
-        let cost = match req.command {
-            Command::Read | Command::Write => req.length.max(MIN_COST),
-            _ => MIN_COST,
         };
         let permit = budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
         let payload = if req.command == Command::Write {
@@ -253,6 +244,28 @@ impl Ctx {
             }
         }
     }
+}
+
+/// The checks every decoded request passes before it may touch the backend
+/// (range, flags, permissions, negotiated contexts): its cost against the
+/// connection's in-flight budget, or the error reply that refuses it (and is
+/// counted as a failed request).
+#[allow(clippy::result_large_err)]
+fn admit(ctx: &Ctx, req: &Request, size: u64, started: Instant) -> Result<u32, Reply> {
+    let refusal = if let Err(errno) = req.validate(size, ctx.read_only, ctx.max_block) {
+        let msg = format!("{} of {} bytes at offset {} refused", req.command.name(), req.length, req.offset);
+        error_reply(ctx, req, errno, &msg, None)
+    } else if req.command == Command::BlockStatus && !ctx.base_allocation {
+        let msg = "BLOCK_STATUS needs the base:allocation context to be negotiated";
+        error_reply(ctx, req, NbdErrno::Inval, msg, None)
+    } else {
+        return Ok(match req.command {
+            Command::Read | Command::Write => req.length.max(MIN_COST),
+            _ => MIN_COST,
+        });
+    };
+    ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
+    Err(refusal)
 }
 
 /// The header that precedes READ data.
@@ -539,11 +552,11 @@ async fn write_all_vectored(wr: &mut OwnedWriteHalf, mut slices: &mut [IoSlice<'
 }
 
 /// One connection's request path without its socket: a request header (and
-/// a WRITE's payload) goes through the same steps as in [`read_requests`]
-/// (decode, validate, the inline answer, else [`execute`]) and the reply's
-/// parts come out in the order the writer would send them. For the bench
-/// crate's instruction-count gate, which measures the server's per-request
-/// cost without the network; keep it in step with `read_requests`.
+/// a WRITE's payload) goes through the same functions as in
+/// [`read_requests`] (decode, [`admit`], [`answer_now`], else [`execute`])
+/// and the reply's parts come out in the order the writer would send them.
+/// For the bench crate's instruction-count gate, which measures the
+/// server's per-request cost without the network.
 pub struct Loopback {
     ctx: Arc<Ctx>,
     budget: Arc<Semaphore>,
@@ -591,28 +604,19 @@ impl Loopback {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "payload length does not match the header"));
         }
         let started = Instant::now();
-        let reply = if let Err(errno) = req.validate(ctx.volume.backend.size(), ctx.read_only, ctx.max_block) {
-            let msg = format!("{} of {} bytes at offset {} refused", req.command.name(), req.length, req.offset);
-            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
-            error_reply(ctx, &req, errno, &msg, None)
-        } else if req.command == Command::BlockStatus && !ctx.base_allocation {
-            ctx.shared.metrics.record(req.command, 0, false, started.elapsed());
-            let msg = "BLOCK_STATUS needs the base:allocation context to be negotiated";
-            error_reply(ctx, &req, NbdErrno::Inval, msg, None)
-        } else {
-            let cost = match req.command {
-                Command::Read | Command::Write => req.length.max(MIN_COST),
-                _ => MIN_COST,
-            };
-            let permit = self.budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
-            let payload = (req.command == Command::Write).then(|| {
-                let mut buf = ctx.shared.pool.get(req.length as usize);
-                buf.copy_from_slice(payload);
-                buf
-            });
-            match answer_now(ctx, &req, payload, permit, started) {
-                Ok(reply) => reply,
-                Err((payload, permit)) => execute(ctx, req, payload, permit, started).await,
+        let reply = match admit(ctx, &req, ctx.volume.backend.size(), started) {
+            Err(refusal) => refusal,
+            Ok(cost) => {
+                let permit = self.budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
+                let payload = (req.command == Command::Write).then(|| {
+                    let mut buf = ctx.shared.pool.get(req.length as usize);
+                    buf.copy_from_slice(payload);
+                    buf
+                });
+                match answer_now(ctx, &req, payload, permit, started) {
+                    Ok(reply) => reply,
+                    Err((payload, permit)) => execute(ctx, req, payload, permit, started).await,
+                }
             }
         };
         for part in [reply.head.as_bytes(), reply.data.as_deref().unwrap_or(&[])] {

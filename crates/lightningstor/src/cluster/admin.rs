@@ -25,8 +25,8 @@ use std::time::Duration;
 /// pushed its rows; more than one is needed only when writes race the move).
 const MAX_ROUNDS: usize = 10;
 
-fn tcp(nodes: &[NodeConfig], timeout: Duration) -> Tcp {
-    Tcp::new(nodes.iter().map(|n| (n.id, n.rpc)).collect(), timeout)
+fn tcp(c: &ClusterConfig, nodes: &[NodeConfig], timeout: Duration) -> Result<Tcp> {
+    Ok(Tcp::new(nodes.iter().map(|n| (n.id, n.rpc)).collect(), timeout, c.rpc_secret()?))
 }
 
 /// Asks every node of `c` for its status; `Err` holds why a node did not
@@ -35,7 +35,7 @@ pub async fn status(
     c: &ClusterConfig,
     timeout: Duration,
 ) -> Result<Vec<(NodeConfig, std::result::Result<NodeStatus, String>)>> {
-    let t = tcp(&c.nodes, timeout);
+    let t = tcp(c, &c.nodes, timeout)?;
     let calls = c.nodes.iter().map(|n| {
         let t = &t;
         async move {
@@ -60,7 +60,7 @@ pub async fn status(
 /// The cluster file the running cluster uses, from the first node of
 /// `c` that answers.
 pub async fn running_config(c: &ClusterConfig, timeout: Duration) -> Result<ClusterConfig> {
-    let t = tcp(&c.nodes, timeout);
+    let t = tcp(c, &c.nodes, timeout)?;
     let mut last = String::from("no nodes in the file");
     for n in &c.nodes {
         match t.call(n.id, Msg::new(Req::GetConfig)).await.and_then(Msg::ok).map(|m| m.head) {
@@ -87,7 +87,12 @@ pub async fn apply_layout(new: ClusterConfig, timeout: Duration, progress: impl 
     let mut all: BTreeMap<u8, NodeConfig> = old.nodes.iter().map(|n| (n.id, n.clone())).collect();
     all.extend(new.nodes.iter().map(|n| (n.id, n.clone())));
     let nodes: Vec<NodeConfig> = all.into_values().collect();
-    let t = tcp(&nodes, timeout);
+    if old.rpc_secret != new.rpc_secret {
+        return Err(LightningError::Config(
+            "the new file's rpc_secret differs from the running cluster's: a layout change keeps the secret".into(),
+        ));
+    }
+    let t = tcp(&new, &nodes, timeout)?;
     let (old_text, new_text) = (old.to_toml(), new.to_toml());
     let every = |make: &dyn Fn() -> Req| {
         let calls = nodes.iter().map(|n| {

@@ -114,6 +114,11 @@ pub struct ClusterConfig {
     /// Accept unsigned requests.
     #[serde(default)]
     pub anonymous: bool,
+    /// The secret every node proves it holds before node-to-node RPC (64 hex
+    /// digits, the same on every node; `cluster init` writes a random one).
+    /// Required: without it a node refuses to start.
+    #[serde(default)]
+    pub rpc_secret: Option<String>,
     /// Region reported to clients.
     #[serde(default = "default_region")]
     pub region: String,
@@ -200,7 +205,21 @@ impl ClusterConfig {
                 return bad(format!("node {} has capacity 0", n.name));
             }
         }
+        self.rpc_secret()?;
         self.node_config(&self.nodes[0].name)?.validate()
+    }
+
+    /// The cluster's RPC secret.
+    pub fn rpc_secret(&self) -> Result<crate::cluster::auth::RpcSecret> {
+        match &self.rpc_secret {
+            Some(hex) => crate::cluster::auth::RpcSecret::parse(hex),
+            None => Err(LightningError::Config(
+                "the cluster file has no rpc_secret: nodes accept RPC only from holders of it; add \
+                 rpc_secret = \"<64 hex digits>\" (e.g. from `openssl rand -hex 32`) to every node's file, \
+                 or let `lightningstor cluster init` write one"
+                    .into(),
+            )),
+        }
     }
 
     /// The node called `name`.
@@ -257,6 +276,7 @@ impl ClusterConfig {
             access_key: None,
             secret_key: None,
             anonymous: true,
+            rpc_secret: Some(crate::cluster::auth::RpcSecret::random()?.to_hex()),
             region: default_region(),
             fsync: true,
             tombstone_secs: default_tombstone_secs(),

@@ -22,6 +22,7 @@
 //! outside this crate: `testkit::lightningstor` (crates/testkit).
 
 pub mod admin;
+pub mod auth;
 pub mod buckets;
 pub mod config;
 pub mod coord;
@@ -117,9 +118,10 @@ pub async fn start(config: ClusterConfig, name: &str) -> Result<RunningNode> {
         .await
         .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
     let peers = config.nodes.iter().map(|n| (n.id, n.rpc)).collect();
-    let transport = Arc::new(transport::Tcp::new(peers, RPC_TIMEOUT));
+    let secret = config.rpc_secret()?;
+    let transport = Arc::new(transport::Tcp::new(peers, RPC_TIMEOUT, secret.clone()));
     let node = Node::new(config, name, store.clone(), transport)?;
-    let mut tasks = vec![transport::serve_tcp(rpc_listener, node.clone())];
+    let mut tasks = vec![transport::serve_tcp(rpc_listener, node.clone(), secret)];
     tasks.extend(node.spawn_background());
     let svc = crate::server::service_for(s3::ClusterS3::new(node.clone()), &store.config);
     let n = node.clone();

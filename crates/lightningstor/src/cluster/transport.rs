@@ -6,6 +6,7 @@
 //! same traits.
 
 use super::NodeId;
+use super::auth::{self, RpcSecret};
 use super::rpc::{self, Msg, Req, Resp};
 use crate::error::{LightningError, Result};
 use bytes::BytesMut;
@@ -36,20 +37,56 @@ fn unreachable(to: NodeId, why: &str) -> LightningError {
     LightningError::Unavailable(format!("node {to} unreachable: {why}"))
 }
 
-/// TCP transport: pooled connections, one request at a time per connection.
+/// TCP transport: pooled connections, one request at a time per connection,
+/// each opened with the mutual [`auth`] handshake.
 pub struct Tcp {
     peers: RwLock<HashMap<NodeId, SocketAddr>>,
     pool: Mutex<HashMap<NodeId, Vec<TcpStream>>>,
     timeout: Duration,
+    secret: RpcSecret,
+}
+
+/// Time a peer has to complete the handshake (a connection that stalls in
+/// it is closed, so it cannot hold a listener's resources).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The caller's side of the handshake.
+async fn handshake_as_caller(s: &mut TcpStream, secret: &RpcSecret) -> Result<()> {
+    let mut hello = [0u8; auth::HELLO_LEN];
+    s.read_exact(&mut hello).await?;
+    let listener_nonce = auth::parse_hello(&hello)?;
+    let caller_nonce = auth::nonce()?;
+    s.write_all(&auth::answer(secret, &listener_nonce, &caller_nonce)).await?;
+    let mut proof = [0u8; auth::PROOF_LEN];
+    s.read_exact(&mut proof).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => LightningError::Unavailable(
+            "rpc handshake refused: the node closed the connection (is rpc_secret the same in every node's cluster file?)"
+                .into(),
+        ),
+        _ => e.into(),
+    })?;
+    auth::check_proof(secret, &caller_nonce, &listener_nonce, &proof)
+}
+
+/// The listener's side of the handshake.
+async fn handshake_as_listener(s: &mut TcpStream, secret: &RpcSecret) -> Result<()> {
+    let listener_nonce = auth::nonce()?;
+    s.write_all(&auth::hello(&listener_nonce)).await?;
+    let mut answer = [0u8; auth::ANSWER_LEN];
+    s.read_exact(&mut answer).await?;
+    let caller_nonce = auth::check_answer(secret, &listener_nonce, &answer)?;
+    s.write_all(&auth::proof(secret, &caller_nonce, &listener_nonce)).await?;
+    Ok(())
 }
 
 /// Idle connections kept per peer.
 const POOL_PER_PEER: usize = 32;
 
 impl Tcp {
-    /// A transport to `peers`; each call must finish within `timeout`.
-    pub fn new(peers: HashMap<NodeId, SocketAddr>, timeout: Duration) -> Self {
-        Tcp { peers: RwLock::new(peers), pool: Mutex::new(HashMap::new()), timeout }
+    /// A transport to `peers`, authenticated with `secret`; each call must
+    /// finish within `timeout`.
+    pub fn new(peers: HashMap<NodeId, SocketAddr>, timeout: Duration, secret: RpcSecret) -> Self {
+        Tcp { peers: RwLock::new(peers), pool: Mutex::new(HashMap::new()), timeout, secret }
     }
 
     async fn connection(&self, to: NodeId) -> Result<TcpStream> {
@@ -62,11 +99,15 @@ impl Tcp {
             .ok()
             .and_then(|p| p.get(&to).copied())
             .ok_or_else(|| unreachable(to, "no address in the layout"))?;
-        let s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+        let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
             .await
             .map_err(|_| unreachable(to, "connect timed out"))?
             .map_err(|e| unreachable(to, &e.to_string()))?;
         let _ = s.set_nodelay(true);
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_as_caller(&mut s, &self.secret))
+            .await
+            .map_err(|_| unreachable(to, "rpc handshake timed out"))?
+            .map_err(|e| unreachable(to, &e.to_string()))?;
         Ok(s)
     }
 
@@ -129,10 +170,13 @@ async fn read_msg<T: for<'de> serde::Deserialize<'de>>(s: &mut TcpStream) -> Res
 }
 
 /// Serves node-to-node requests on `listener` until the task is aborted.
-pub fn serve_tcp(listener: TcpListener, handler: Arc<dyn Handler>) -> tokio::task::JoinHandle<()> {
+/// A connection whose peer fails the [`auth`] handshake is closed before
+/// any request of it is read.
+pub fn serve_tcp(listener: TcpListener, handler: Arc<dyn Handler>, secret: RpcSecret) -> tokio::task::JoinHandle<()> {
+    let secret = Arc::new(secret);
     tokio::spawn(async move {
         loop {
-            let (mut sock, _) = match listener.accept().await {
+            let (mut sock, peer) = match listener.accept().await {
                 Ok(x) => x,
                 Err(e) => {
                     tracing::warn!(error = %e, "rpc accept failed");
@@ -142,7 +186,19 @@ pub fn serve_tcp(listener: TcpListener, handler: Arc<dyn Handler>) -> tokio::tas
             };
             let _ = sock.set_nodelay(true);
             let h = handler.clone();
+            let secret = secret.clone();
             tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_as_listener(&mut sock, &secret)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(%peer, error = %e, "rpc connection refused");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(%peer, "rpc connection refused: handshake timed out");
+                        return;
+                    }
+                }
                 loop {
                     let req: Msg<Req> = match read_msg(&mut sock).await {
                         Ok(Some(r)) => r,
