@@ -52,6 +52,7 @@ single_node_and_cluster!(
     conditional_deletes_keep_the_object_when_a_condition_fails,
     a_repeated_complete_multipart_upload_gets_the_same_answer,
     a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays,
+    replies_carry_a_request_id_and_error_xml_repeats_it,
 );
 
 /// Tests that send raw signed requests, run against a single node and a
@@ -730,8 +731,22 @@ async fn multipart_uploads_complete_with_an_s3_style_etag(c: aws_sdk_s3::Client)
         .copy_part_result()
         .and_then(|r| r.e_tag().map(str::to_owned))
         .expect("e3");
-    // A copy range must lie inside the source; it is not clamped like a GET range.
-    for bad in [format!("bytes=100-{}", src.len()), "bytes=100-".to_owned(), "bytes=-10".to_owned()] {
+    // A copy range must lie inside the source; it is not clamped like a GET
+    // range. One past the end is InvalidRange (416), other forms InvalidArgument.
+    let past = format!("bytes=100-{}", src.len());
+    let e = c
+        .upload_part_copy()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .part_number(4)
+        .copy_source("bkt/source")
+        .copy_source_range(&past)
+        .send()
+        .await
+        .expect_err(&past);
+    assert_eq!((code(&e).as_str(), status(&e)), ("InvalidRange", 416), "{past}");
+    for bad in ["bytes=100-".to_owned(), "bytes=-10".to_owned()] {
         let e = c
             .upload_part_copy()
             .bucket("bkt")
@@ -1509,5 +1524,31 @@ async fn a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_s
         .await
         .expect_err("no checksum algorithm on this upload");
     assert_eq!(code(&e), "InvalidRequest");
+    Ok(())
+}
+
+/// Every reply names its request in `x-amz-request-id` (16 hex digits, a
+/// new one per request), and an error's XML body carries the same id as
+/// `<RequestId>`, as S3 answers.
+async fn replies_carry_a_request_id_and_error_xml_repeats_it(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::operation::RequestId as _;
+    let is_id = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    c.create_bucket().bucket("bkt").send().await?;
+    let a = c.put_object().bucket("bkt").key("k").body(ByteStream::from_static(b"v")).send().await?;
+    let b = c.head_object().bucket("bkt").key("k").send().await?;
+    let (a, b) = (a.request_id().expect("id on PUT"), b.request_id().expect("id on HEAD"));
+    assert!(is_id(a) && is_id(b), "{a} {b}");
+    assert_ne!(a, b, "two requests share an id");
+
+    let e = c.get_object().bucket("bkt").key("missing").send().await.expect_err("missing");
+    let raw = e.raw_response().expect("raw reply");
+    let id = raw.headers().get("x-amz-request-id").expect("x-amz-request-id on an error").to_owned();
+    assert!(is_id(&id), "{id}");
+    let body = std::str::from_utf8(raw.body().bytes().expect("the error body in memory"))?;
+    assert!(body.contains("<Code>NoSuchKey</Code>"), "{body}");
+    assert!(body.contains(&format!("<RequestId>{id}</RequestId>")), "{body}");
+    // A 404 to HEAD has no body, but still the header.
+    let e = c.head_object().bucket("bkt").key("missing").send().await.expect_err("missing");
+    assert!(e.raw_response().and_then(|r| r.headers().get("x-amz-request-id")).is_some_and(is_id));
     Ok(())
 }

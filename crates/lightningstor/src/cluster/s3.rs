@@ -51,7 +51,7 @@ impl ClusterS3 {
     fn finish<T>(&self, r: Result<T>) -> S3Result<S3Response<T>> {
         let m = &self.nodes[0].store.metrics;
         m.inc(&m.requests);
-        match r {
+        crate::error::with_request_id(match r {
             Ok(v) => Ok(S3Response::new(v)),
             Err(e) => {
                 m.inc(&m.request_errors);
@@ -60,7 +60,7 @@ impl ClusterS3 {
                 }
                 Err(e.to_s3_error())
             }
-        }
+        })
     }
 }
 
