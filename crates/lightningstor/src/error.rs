@@ -59,6 +59,9 @@ pub enum LightningError {
     /// current object; the 304 reply carries them, as RFC 9110 §15.4.5 asks.
     #[error("not modified")]
     NotModified { etag: String, last_modified: i64 },
+    /// Refused to this requester (an SSE-C key that is not the object's).
+    #[error("access denied: {0}")]
+    AccessDenied(String),
     /// A request argument is malformed (bad continuation token, part number, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -143,6 +146,7 @@ impl LightningError {
             E::PreconditionFailed => S3ErrorCode::PreconditionFailed,
             E::NotModified { .. } => S3ErrorCode::NotModified,
             E::InvalidArgument(_) => S3ErrorCode::InvalidArgument,
+            E::AccessDenied(_) => S3ErrorCode::AccessDenied,
             E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
             E::MalformedXml(_) => S3ErrorCode::MalformedXML,
             E::NotImplemented(_) => S3ErrorCode::NotImplemented,
