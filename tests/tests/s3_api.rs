@@ -52,6 +52,8 @@ single_node_and_cluster!(
     conditional_deletes_keep_the_object_when_a_condition_fails,
     a_repeated_complete_multipart_upload_gets_the_same_answer,
     a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays,
+    replies_carry_a_request_id_and_error_xml_repeats_it,
+    sse_c_objects_are_served_only_with_their_key,
 );
 
 /// Tests that send raw signed requests, run against a single node and a
@@ -415,17 +417,18 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
     c.create_bucket().bucket("bkt").send().await?;
     let key = base64(&[7u8; 32]);
     let key_md5 = base64(&md5::Md5::digest([7u8; 32]));
+    // SSE-C is served on PUT/GET/HEAD (sse_c_objects_are_served_only_with_their_key),
+    // not on multipart uploads and copies.
     let e = c
-        .put_object()
+        .create_multipart_upload()
         .bucket("bkt")
         .key("secret")
         .sse_customer_algorithm("AES256")
         .sse_customer_key(&key)
         .sse_customer_key_md5(&key_md5)
-        .body(ByteStream::from_static(b"plaintext"))
         .send()
         .await
-        .expect_err("an SSE-C PUT must not be stored unencrypted");
+        .expect_err("SSE-C multipart");
     assert_eq!(code(&e), "NotImplemented");
     let e = c
         .put_object()
@@ -462,9 +465,9 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
     let uploads = c.list_multipart_uploads().bucket("bkt").send().await?;
     assert!(uploads.uploads().is_empty());
 
-    // What we do implement still works, and a GET naming an SSE-C key or a
-    // version other than "null" is refused rather than answered with the
-    // current plaintext object.
+    // What we do implement still works, and a GET naming an SSE-C key (of
+    // an object stored without) or a version other than "null" is refused
+    // rather than answered with the current plaintext object.
     put(&c, "bkt", "plain", b"v").await;
     c.put_object()
         .bucket("bkt")
@@ -484,7 +487,7 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
         .send()
         .await
         .expect_err("SSE-C GET");
-    assert_eq!(code(&e), "NotImplemented");
+    assert_eq!(code(&e), "InvalidRequest");
     let e = c.get_object().bucket("bkt").key("plain").version_id("v2").send().await.expect_err("versionId");
     assert_eq!(code(&e), "NotImplemented");
     let got = c.get_object().bucket("bkt").key("plain").version_id("null").send().await?;
@@ -730,8 +733,22 @@ async fn multipart_uploads_complete_with_an_s3_style_etag(c: aws_sdk_s3::Client)
         .copy_part_result()
         .and_then(|r| r.e_tag().map(str::to_owned))
         .expect("e3");
-    // A copy range must lie inside the source; it is not clamped like a GET range.
-    for bad in [format!("bytes=100-{}", src.len()), "bytes=100-".to_owned(), "bytes=-10".to_owned()] {
+    // A copy range must lie inside the source; it is not clamped like a GET
+    // range. One past the end is InvalidRange (416), other forms InvalidArgument.
+    let past = format!("bytes=100-{}", src.len());
+    let e = c
+        .upload_part_copy()
+        .bucket("bkt")
+        .key("big")
+        .upload_id(&id)
+        .part_number(4)
+        .copy_source("bkt/source")
+        .copy_source_range(&past)
+        .send()
+        .await
+        .expect_err(&past);
+    assert_eq!((code(&e).as_str(), status(&e)), ("InvalidRange", 416), "{past}");
+    for bad in ["bytes=100-".to_owned(), "bytes=-10".to_owned()] {
         let e = c
             .upload_part_copy()
             .bucket("bkt")
@@ -1673,4 +1690,146 @@ async fn slow_and_oversized_requests_three_node_cluster() -> R {
     let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
     let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config);
     slow_and_oversized_requests_are_cut_off_while_others_are_served(svc).await
+
+/// Every reply names its request in `x-amz-request-id` (16 hex digits, a
+/// new one per request), and an error's XML body carries the same id as
+/// `<RequestId>`, as S3 answers.
+async fn replies_carry_a_request_id_and_error_xml_repeats_it(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::operation::RequestId as _;
+    let is_id = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    c.create_bucket().bucket("bkt").send().await?;
+    let a = c.put_object().bucket("bkt").key("k").body(ByteStream::from_static(b"v")).send().await?;
+    let b = c.head_object().bucket("bkt").key("k").send().await?;
+    let (a, b) = (a.request_id().expect("id on PUT"), b.request_id().expect("id on HEAD"));
+    assert!(is_id(a) && is_id(b), "{a} {b}");
+    assert_ne!(a, b, "two requests share an id");
+
+    let e = c.get_object().bucket("bkt").key("missing").send().await.expect_err("missing");
+    let raw = e.raw_response().expect("raw reply");
+    let id = raw.headers().get("x-amz-request-id").expect("x-amz-request-id on an error").to_owned();
+    assert!(is_id(&id), "{id}");
+    let body = std::str::from_utf8(raw.body().bytes().expect("the error body in memory"))?;
+    assert!(body.contains("<Code>NoSuchKey</Code>"), "{body}");
+    assert!(body.contains(&format!("<RequestId>{id}</RequestId>")), "{body}");
+    // A 404 to HEAD has no body, but still the header.
+    let e = c.head_object().bucket("bkt").key("missing").send().await.expect_err("missing");
+    assert!(e.raw_response().and_then(|r| r.headers().get("x-amz-request-id")).is_some_and(is_id));
+    Ok(())
+}
+
+/// SSE-C: a PUT with a customer key stores the object encrypted; GET and
+/// HEAD need that key (none: 400 InvalidRequest; another: 403 AccessDenied)
+/// and echo its algorithm and MD5; ranges decrypt at any offset; a key whose
+/// MD5 does not match is 400 InvalidArgument and stores nothing; the ETag is
+/// no MD5 of the plaintext; a copy from an SSE-C object without its key is
+/// refused.
+async fn sse_c_objects_are_served_only_with_their_key(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("bkt").send().await?;
+    let ssec = |k: u8| (base64(&[k; 32]), base64(&md5::Md5::digest([k; 32])));
+    let ((k1, m1), (k2, m2)) = (ssec(1), ssec(2));
+    let big = pseudo_random(2 * 1024 * 1024 + 999, 9);
+    for (name, data) in [("small", b"top secret".to_vec()), ("big", big.clone())] {
+        let out = c
+            .put_object()
+            .bucket("bkt")
+            .key(name)
+            .sse_customer_algorithm("AES256")
+            .sse_customer_key(&k1)
+            .sse_customer_key_md5(&m1)
+            .body(ByteStream::from(data.clone()))
+            .send()
+            .await?;
+        assert_eq!(out.sse_customer_algorithm(), Some("AES256"));
+        assert_eq!(out.sse_customer_key_md5(), Some(m1.as_str()));
+        let plain_md5 = format!("\"{}\"", hex::encode(md5::Md5::digest(&data)));
+        assert_ne!(out.e_tag(), Some(plain_md5.as_str()), "the ETag gives away the plaintext's MD5");
+
+        let e = c.get_object().bucket("bkt").key(name).send().await.expect_err("GET without the key");
+        assert_eq!((code(&e).as_str(), status(&e)), ("InvalidRequest", 400), "{name}");
+        let e = c.head_object().bucket("bkt").key(name).send().await.expect_err("HEAD without the key");
+        assert_eq!(status(&e), 400, "{name}");
+        let e = c
+            .get_object()
+            .bucket("bkt")
+            .key(name)
+            .sse_customer_algorithm("AES256")
+            .sse_customer_key(&k2)
+            .sse_customer_key_md5(&m2)
+            .send()
+            .await
+            .expect_err("GET with another key");
+        assert_eq!((code(&e).as_str(), status(&e)), ("AccessDenied", 403), "{name}");
+        let e = c
+            .head_object()
+            .bucket("bkt")
+            .key(name)
+            .sse_customer_algorithm("AES256")
+            .sse_customer_key(&k2)
+            .sse_customer_key_md5(&m2)
+            .send()
+            .await
+            .expect_err("HEAD with another key");
+        assert_eq!(status(&e), 403, "{name}");
+
+        let out = c
+            .get_object()
+            .bucket("bkt")
+            .key(name)
+            .sse_customer_algorithm("AES256")
+            .sse_customer_key(&k1)
+            .sse_customer_key_md5(&m1)
+            .send()
+            .await?;
+        assert_eq!(out.sse_customer_algorithm(), Some("AES256"));
+        assert_eq!(out.sse_customer_key_md5(), Some(m1.as_str()));
+        assert_eq!(body_of(out).await, data, "{name}");
+        let head = c
+            .head_object()
+            .bucket("bkt")
+            .key(name)
+            .sse_customer_algorithm("AES256")
+            .sse_customer_key(&k1)
+            .sse_customer_key_md5(&m1)
+            .send()
+            .await?;
+        assert_eq!(head.content_length(), Some(data.len() as i64));
+        assert_eq!(head.sse_customer_key_md5(), Some(m1.as_str()));
+    }
+    // Ranges start and end inside AES blocks and cross a store block.
+    for (first, last) in [(3usize, 20usize), (1_048_570, 1_048_600), (17, big.len() - 1)] {
+        let out = c
+            .get_object()
+            .bucket("bkt")
+            .key("big")
+            .range(format!("bytes={first}-{last}"))
+            .sse_customer_algorithm("AES256")
+            .sse_customer_key(&k1)
+            .sse_customer_key_md5(&m1)
+            .send()
+            .await?;
+        assert_eq!(body_of(out).await, &big[first..=last], "{first}-{last}");
+    }
+    // A key whose MD5 is not the one given: refused, nothing stored.
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("wrong-md5")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m2)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("wrong key MD5");
+    assert_eq!((code(&e).as_str(), status(&e)), ("InvalidArgument", 400));
+    assert_eq!(status(&c.head_object().bucket("bkt").key("wrong-md5").send().await.expect_err("absent")), 404);
+    // A copy of an SSE-C object without its key would hand out its bytes.
+    let e = c.copy_object().bucket("bkt").key("copy").copy_source("bkt/small").send().await.expect_err("copy");
+    assert_eq!(status(&e), 400);
+    assert_eq!(status(&c.head_object().bucket("bkt").key("copy").send().await.expect_err("absent")), 404);
+    // Plain objects stay plain; listing shows both.
+    put(&c, "bkt", "plain", b"v").await;
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("plain").send().await?).await, b"v");
+    assert_eq!(c.list_objects_v2().bucket("bkt").send().await?.key_count(), Some(3));
+    Ok(())
 }

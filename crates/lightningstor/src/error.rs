@@ -4,7 +4,7 @@
 //! layer converts it with [`LightningError::to_s3_error`], so the wire code
 //! and HTTP status of each failure are decided in exactly one match.
 
-use s3s::{S3Error, S3ErrorCode};
+use s3s::{S3Error, S3ErrorCode, S3Response, S3Result};
 
 /// Everything that can go wrong in LightningStor.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +59,9 @@ pub enum LightningError {
     /// current object; the 304 reply carries them, as RFC 9110 §15.4.5 asks.
     #[error("not modified")]
     NotModified { etag: String, last_modified: i64 },
+    /// Refused to this requester (an SSE-C key that is not the object's).
+    #[error("access denied: {0}")]
+    AccessDenied(String),
     /// A request argument is malformed (bad continuation token, part number, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -146,6 +149,7 @@ impl LightningError {
             E::PreconditionFailed => S3ErrorCode::PreconditionFailed,
             E::NotModified { .. } => S3ErrorCode::NotModified,
             E::InvalidArgument(_) => S3ErrorCode::InvalidArgument,
+            E::AccessDenied(_) => S3ErrorCode::AccessDenied,
             E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
             E::MalformedXml(_) => S3ErrorCode::MalformedXML,
             E::NotImplemented(_) => S3ErrorCode::NotImplemented,
@@ -178,6 +182,45 @@ impl LightningError {
         e
     }
 }
+
+/// A request id as S3 writes them: 16 uppercase hex digits, unique within
+/// this process (a counter from a start that differs per process).
+pub fn request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        AtomicU64::new(nanos ^ (u64::from(std::process::id()) << 40))
+    });
+    format!("{:016X}", next.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Tags a reply with a fresh request id: the `x-amz-request-id` header on
+/// every reply, and on an error also the `<RequestId>` of its XML body, the
+/// same value, as S3 answers (s3s sets neither). Both front ends pass every
+/// reply through here; errors s3s answers before a handler runs (signature,
+/// request parsing) go without one.
+pub fn with_request_id<T>(r: S3Result<S3Response<T>>) -> S3Result<S3Response<T>> {
+    let id = request_id();
+    let Ok(value) = http::HeaderValue::from_str(&id) else { return r };
+    match r {
+        Ok(mut resp) => {
+            resp.headers.insert(REQUEST_ID, value);
+            Ok(resp)
+        }
+        Err(mut e) => {
+            let mut headers = e.headers().cloned().unwrap_or_default();
+            headers.insert(REQUEST_ID, value);
+            e.set_headers(headers);
+            e.set_request_id(id);
+            Err(e)
+        }
+    }
+}
+
+const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-amz-request-id");
 
 /// The ETag and Last-Modified headers of a 304 reply.
 fn not_modified_headers(etag: &str, last_modified: i64) -> http::HeaderMap {

@@ -6,6 +6,7 @@
 //! - [`meta`]: metadata tables in redb with a group-committing writer;
 //! - [`checksum`], [`listing`], [`conditions`]: pure protocol logic;
 //! - [`store`]: the engine that streams bodies into blocks and commits rows;
+//! - [`sse`]: SSE-C (AES-256-CTR under the customer's key);
 //! - [`s3`]: `impl S3`, one method per operation;
 //! - [`server`]: hyper serving, auth, virtual hosts, `/metrics`;
 //! - [`cluster`]: replication across nodes (placement, quorums, repair).
@@ -21,6 +22,7 @@ pub mod meta;
 pub mod metrics;
 pub mod s3;
 pub mod server;
+pub mod sse;
 pub mod store;
 
 pub use config::Config;

@@ -471,6 +471,7 @@ mod tests {
             checksum: None,
             parts: vec![],
             data: ing.data.clone(),
+            sse_c: None,
         }
     }
 

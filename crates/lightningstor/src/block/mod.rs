@@ -64,6 +64,37 @@ pub fn verify(hash: &BlockHash, data: &[u8]) -> Result<()> {
     if BlockHash::of(data) == *hash { Ok(()) } else { Err(LightningError::CorruptBlock { hash: hash.to_hex() }) }
 }
 
+/// What scrub makes of one local block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scrubbed {
+    /// Present and whole.
+    Good,
+    /// Not there (any more): deleted since it was listed.
+    Gone,
+    /// Present, and its bytes do not hash to its name, twice in a row.
+    Corrupt,
+}
+
+/// Re-hashes a local block for scrub. A read that fails verification is
+/// read again before the block is called corrupt: a delete that runs while
+/// the read does (the file store truncates a deleted block's file and may
+/// reuse it for another block) leaves that read with short or foreign bytes
+/// although nothing is damaged, and the second read then finds the block gone
+/// (or whole again, if it was written anew). Only a block that is still there
+/// and still bad is [`Scrubbed::Corrupt`].
+pub fn scrub_one(store: &dyn BlockStore, hash: &BlockHash) -> Result<Scrubbed> {
+    for attempt in 0..2 {
+        match store.get(hash) {
+            Ok(_) => return Ok(Scrubbed::Good),
+            Err(LightningError::MissingBlock { .. }) => return Ok(Scrubbed::Gone),
+            Err(LightningError::CorruptBlock { .. }) if attempt == 0 => {}
+            Err(LightningError::CorruptBlock { .. }) => return Ok(Scrubbed::Corrupt),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Scrubbed::Corrupt)
+}
+
 /// How a store writes block data: what `cluster status` reports, so a
 /// measurement says whether writes went through the page cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -132,5 +163,61 @@ mod tests {
         let h = BlockHash::of(b"hello");
         assert!(verify(&h, b"hello").is_ok());
         assert!(matches!(verify(&h, b"hellO"), Err(LightningError::CorruptBlock { .. })));
+    }
+
+    /// A store whose first read of a block races a delete: it sees the
+    /// file already truncated, and the block is gone afterwards (or, with
+    /// `rewrite`, written again whole, as when the same data is uploaded anew).
+    struct DeletedWhileRead {
+        inner: memory::MemoryBlockStore,
+        rewrite: bool,
+        raced: std::sync::atomic::AtomicBool,
+    }
+
+    impl BlockStore for DeletedWhileRead {
+        fn put_parts(&self, hash: &BlockHash, parts: &[Bytes]) -> Result<()> {
+            self.inner.put_parts(hash, parts)
+        }
+        fn read_raw(&self, hash: &BlockHash) -> Result<Vec<u8>> {
+            if self.raced.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return self.inner.read_raw(hash);
+            }
+            let data = self.inner.read_raw(hash)?;
+            self.inner.delete(hash)?;
+            if self.rewrite {
+                self.inner.put(hash, &data)?;
+            }
+            Ok(data[..data.len() / 2].to_vec())
+        }
+        fn delete(&self, hash: &BlockHash) -> Result<()> {
+            self.inner.delete(hash)
+        }
+        fn contains(&self, hash: &BlockHash) -> Result<bool> {
+            self.inner.contains(hash)
+        }
+        fn list(&self) -> Result<Vec<BlockHash>> {
+            self.inner.list()
+        }
+        fn flush(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn scrub_calls_a_block_deleted_under_its_read_gone_and_only_a_lasting_bad_copy_corrupt() {
+        let data = b"block contents".to_vec();
+        let h = BlockHash::of(&data);
+        for rewrite in [false, true] {
+            let s = DeletedWhileRead { inner: memory::MemoryBlockStore::new(), rewrite, raced: false.into() };
+            s.put(&h, &data).unwrap();
+            let want = if rewrite { Scrubbed::Good } else { Scrubbed::Gone };
+            assert_eq!(scrub_one(&s, &h).unwrap(), want, "rewrite={rewrite}");
+        }
+        let m = memory::MemoryBlockStore::new();
+        assert_eq!(scrub_one(&m, &h).unwrap(), Scrubbed::Gone);
+        m.put(&h, &data).unwrap();
+        assert_eq!(scrub_one(&m, &h).unwrap(), Scrubbed::Good);
+        m.corrupt(&h, b"block contentS".to_vec());
+        assert_eq!(scrub_one(&m, &h).unwrap(), Scrubbed::Corrupt);
     }
 }

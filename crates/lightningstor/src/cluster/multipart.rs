@@ -395,6 +395,7 @@ pub(super) async fn upload_part_copy(
     let (upload, _) = node.upload_state(&i.bucket, &i.key, &i.upload_id, false).await?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let (src, holders) = super::s3::load(node, &sb, &sk).await?;
+    crate::sse::open(src.sse_c.as_ref(), None)?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
         if_none_match: i.copy_source_if_none_match,

@@ -7,7 +7,7 @@ use super::node::{ClusterMetrics, Node};
 use super::placement::{Replication, partition_of};
 use super::resync::Entry;
 use super::rpc::{Msg, Req, Resp};
-use crate::block::BlockHash;
+use crate::block::{BlockHash, Scrubbed, scrub_one};
 use crate::error::{LightningError, Result};
 use crate::meta::ops;
 use std::collections::{BTreeMap, HashMap};
@@ -91,13 +91,15 @@ impl Node {
     }
 
     /// Re-hashes `batch`; a corrupt block is replaced from another node. A
-    /// block deleted since it was listed is skipped.
+    /// block deleted since it was listed, even while scrub read it, is
+    /// skipped without an alarm ([`scrub_one`]).
     async fn scrub_blocks(self: &Arc<Self>, batch: Vec<BlockHash>) -> Result<()> {
         for hash in batch {
             let store = self.store.clone();
-            let r = tokio::task::spawn_blocking(move || store.blocks.get(&hash)).await.map_err(join_err)?;
+            let r =
+                tokio::task::spawn_blocking(move || scrub_one(store.blocks.as_ref(), &hash)).await.map_err(join_err)?;
             self.metrics.scrubbed_blocks.fetch_add(1, Ordering::Relaxed);
-            if let Err(LightningError::CorruptBlock { .. }) = r {
+            if let Ok(Scrubbed::Corrupt) = r {
                 ClusterMetrics::inc(&self.metrics.bad_copies_found);
                 self.store.metrics.inc(&self.store.metrics.corrupt_blocks);
                 tracing::warn!(block = %hash, "scrub found a corrupt block; fetching a good copy");

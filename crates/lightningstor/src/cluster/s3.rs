@@ -16,6 +16,7 @@ use crate::s3::convert::{
 use crate::s3::list::{v1_output, v1_query, v2_output, v2_query};
 use crate::s3::object::{copy_source, get_output, head_output, preconditions, select_meta};
 use crate::s3::options::Supported;
+use crate::sse::WithCustomerKey as _;
 use bytes::Bytes;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
@@ -51,7 +52,7 @@ impl ClusterS3 {
     fn finish<T>(&self, r: Result<T>) -> S3Result<S3Response<T>> {
         let m = &self.nodes[0].store.metrics;
         m.inc(&m.requests);
-        match r {
+        crate::error::with_request_id(match r {
             Ok(v) => Ok(S3Response::new(v)),
             Err(e) => {
                 m.inc(&m.request_errors);
@@ -60,7 +61,7 @@ impl ClusterS3 {
                 }
                 Err(e.to_s3_error())
             }
-        }
+        })
     }
 }
 
@@ -96,6 +97,7 @@ pub(super) async fn check_write_conditions(
 async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
     let S3Request { input, headers, trailing_headers, .. } = req;
     check_key(&input.key)?;
+    let sealing = input.customer_key()?.map(|k| k.seal()).transpose()?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
         input.content_md5.as_deref(),
@@ -114,11 +116,20 @@ async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<
         check_write_conditions(node, &input.bucket, &input.key, if_match.as_ref(), if_none_match.as_ref()).await?;
     }
     let (bucket, key) = (input.bucket.clone(), input.key.clone());
-    let staged = match input.body {
-        Some(body) => node.stage(&bucket, key.as_bytes(), body, plan.algo, true).await?,
+    let (staged, plain) = match &sealing {
         None => {
-            let empty = futures::stream::empty::<std::result::Result<Bytes, String>>();
-            node.stage(&bucket, key.as_bytes(), empty, plan.algo, true).await?
+            let staged = match input.body {
+                Some(body) => node.stage(&bucket, key.as_bytes(), body, plan.algo, true).await?,
+                None => {
+                    let empty = futures::stream::empty::<std::result::Result<Bytes, String>>();
+                    node.stage(&bucket, key.as_bytes(), empty, plan.algo, true).await?
+                }
+            };
+            (staged, None)
+        }
+        Some((_, cipher)) => {
+            let (body, digest) = crate::sse::seal_blob(cipher.clone(), plan.algo, input.body);
+            (node.stage(&bucket, key.as_bytes(), body, None, true).await?, Some(digest))
         }
     };
     if let Some(declared) = input.content_length
@@ -130,7 +141,14 @@ async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<
         });
     }
     let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
-    plan.verify(&staged.md5, staged.checksum.as_ref(), trailer.as_deref())?;
+    // Under SSE-C the store hashed the ciphertext: the client's digests are
+    // of the plaintext, and the ETag is the ciphertext's MD5 (as in S3, the
+    // ETag of an SSE-C object is no MD5 of its data).
+    let (md5, checksum) = match &plain {
+        Some(d) => d.finish()?,
+        None => (staged.md5, staged.checksum.clone()),
+    };
+    plan.verify(&md5, checksum.as_ref(), trailer.as_deref())?;
     let meta = ObjectMeta {
         version: node.hlc.now(),
         size: staged.size,
@@ -145,9 +163,10 @@ async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<
             input.expires.as_ref(),
             input.metadata,
         ),
-        checksum: staged.checksum.clone(),
+        checksum,
         parts: Vec::new(),
         data: staged.data.clone(),
+        sse_c: sealing.map(|(s, _)| s),
     };
     let meta = if conditional {
         node.with_key_lease(&bucket, key.as_bytes(), async {
@@ -173,6 +192,8 @@ async fn put_object(node: &Arc<Node>, req: S3Request<PutObjectInput>) -> Result<
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
         size: i64::try_from(meta.size).ok(),
+        sse_customer_algorithm: meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
         ..Default::default()
     })
 }
@@ -186,8 +207,9 @@ async fn get_object(node: &Arc<Node>, req: S3Request<GetObjectInput>) -> Result<
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
+    let cipher = crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
-    let body = node.read_body(&s.meta, s.range.clone(), holders);
+    let body = crate::sse::decrypting(cipher, s.range.start, node.read_body(&s.meta, s.range.clone(), holders));
     Ok(get_output(i, &s, body))
 }
 
@@ -200,6 +222,7 @@ async fn head_object(node: &Arc<Node>, req: S3Request<HeadObjectInput>) -> Resul
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
+    crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     Ok(head_output(i, &s))
 }
@@ -286,6 +309,7 @@ async fn copy_object(node: &Arc<Node>, req: S3Request<CopyObjectInput>) -> Resul
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let (src, holders) = load(node, &sb, &sk).await?;
+    crate::sse::open(src.sse_c.as_ref(), None)?;
     preconditions(
         i.copy_source_if_match,
         i.copy_source_if_none_match,

@@ -324,6 +324,7 @@ pub fn assemble_upload(
         checksum,
         parts: chosen.iter().map(|p| p.size).collect(),
         data: ObjectData::Blocks(blocks),
+        sse_c: None,
     })
 }
 

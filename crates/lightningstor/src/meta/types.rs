@@ -94,6 +94,25 @@ pub struct ObjectMeta {
     pub parts: Vec<u64>,
     /// The bytes.
     pub data: ObjectData,
+    /// SSE-C: the data is encrypted under the customer's key (see [`crate::sse`]).
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub sse_c: Option<SseC>,
+}
+
+/// Rows written before SSE-C existed end before `sse_c`: postcard finds no
+/// byte left for it, which means none. (A stored row is one whole value, so
+/// the end of the input is the end of the row.)
+fn none_past_the_end<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SseC>, D::Error> {
+    Ok(Option::<SseC>::deserialize(d).ok().flatten())
+}
+
+/// What an SSE-C object keeps about its encryption (never the key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SseC {
+    /// MD5 of the customer's key: a request's key must hash to it.
+    pub key_md5: [u8; 16],
+    /// The CTR mode's initial counter block, random per object.
+    pub iv: [u8; 16],
 }
 
 impl ObjectMeta {
@@ -193,7 +212,15 @@ mod tests {
             checksum: None,
             parts: vec![],
             data: ObjectData::Inline(b"xyz".to_vec()),
+            sse_c: None,
         };
+        let bytes = postcard::to_allocvec(&meta).expect("encode");
+        // A row of a build before SSE-C (no `sse_c` byte) decodes as plain.
+        let old: ObjectMeta = postcard::from_bytes(&bytes[..bytes.len() - 1]).expect("decode an old row");
+        assert_eq!(old, meta);
+        let sealed = ObjectMeta { sse_c: Some(SseC { key_md5: [1; 16], iv: [2; 16] }), ..meta.clone() };
+        let back: ObjectMeta = postcard::from_bytes(&postcard::to_allocvec(&sealed).expect("encode")).expect("decode");
+        assert_eq!(back, sealed);
         let bytes = postcard::to_allocvec(&meta).expect("encode");
         let (s, _) = postcard::take_from_bytes::<ObjectSummary>(&bytes).expect("decode");
         assert_eq!(s.version, 7);

@@ -197,6 +197,8 @@ pub fn part_range(meta: &ObjectMeta, n: i32) -> Result<std::ops::Range<u64>> {
 
 /// `x-amz-copy-source-range` of UploadPartCopy: `bytes=first-last`, both
 /// inside a source of `size` bytes (unlike a GET range, it is not clamped).
+/// A well-formed range reaching past the source's end is InvalidRange, as S3
+/// and the compatibility suite have it; any other form is InvalidArgument.
 pub fn copy_source_range(r: &str, size: u64) -> Result<std::ops::Range<u64>> {
     let bad = || {
         LightningError::InvalidArgument(format!(
@@ -205,6 +207,7 @@ pub fn copy_source_range(r: &str, size: u64) -> Result<std::ops::Range<u64>> {
     };
     match dto::Range::parse(r).map_err(|_| bad())? {
         dto::Range::Int { first, last: Some(last) } if first <= last && last < size => Ok(first..last + 1),
+        dto::Range::Int { first, last: Some(last) } if first <= last => Err(LightningError::InvalidRange),
         _ => Err(bad()),
     }
 }
@@ -217,7 +220,10 @@ mod tests {
     fn copy_source_ranges_must_lie_inside_the_source() {
         assert_eq!(copy_source_range("bytes=0-9", 10).ok(), Some(0..10));
         assert_eq!(copy_source_range("bytes=5-5", 10).ok(), Some(5..6));
-        for bad in ["bytes=0-10", "bytes=5-", "bytes=-3", "bytes=6-5", "0-3", "bytes=10-10"] {
+        for past in ["bytes=0-10", "bytes=10-10"] {
+            assert!(matches!(copy_source_range(past, 10), Err(LightningError::InvalidRange)), "{past}");
+        }
+        for bad in ["bytes=5-", "bytes=-3", "bytes=6-5", "0-3"] {
             assert!(matches!(copy_source_range(bad, 10), Err(LightningError::InvalidArgument(_))), "{bad}");
         }
     }

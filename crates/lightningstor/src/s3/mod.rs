@@ -38,7 +38,7 @@ impl LightningS3 {
     fn finish<T>(&self, r: Result<T>) -> S3Result<S3Response<T>> {
         let m = &self.store.metrics;
         m.inc(&m.requests);
-        match r {
+        crate::error::with_request_id(match r {
             Ok(v) => Ok(S3Response::new(v)),
             Err(e) => {
                 m.inc(&m.request_errors);
@@ -47,7 +47,7 @@ impl LightningS3 {
                 }
                 Err(e.to_s3_error())
             }
-        }
+        })
     }
 }
 

@@ -159,6 +159,7 @@ pub(super) async fn upload_part_copy(
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let src = load(store, &sb, &sk)?;
+    crate::sse::open(src.sse_c.as_ref(), None)?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
         if_none_match: i.copy_source_if_none_match,

@@ -10,6 +10,7 @@ use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
 use crate::meta::ops::{self, WriteConditions};
 use crate::meta::types::ObjectMeta;
+use crate::sse::WithCustomerKey as _;
 use crate::store::Store;
 use bytes::Bytes;
 use futures::stream::BoxStream;
@@ -59,6 +60,7 @@ pub(super) fn load(store: &Store, bucket: &str, key: &str) -> Result<ObjectMeta>
 pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
     let S3Request { input, headers, trailing_headers, .. } = req;
     check_key(&input.key)?;
+    let sealing = input.customer_key()?.map(|k| k.seal()).transpose()?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
         input.content_md5.as_deref(),
@@ -81,9 +83,22 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
             &input.key,
         )?;
     }
-    let ing = match input.body {
-        Some(body) => store.ingest(body, plan.algo, true).await?,
-        None => store.ingest(futures::stream::empty::<std::result::Result<Bytes, String>>(), plan.algo, true).await?,
+    let (ing, plain) = match &sealing {
+        None => {
+            let ing = match input.body {
+                Some(body) => store.ingest(body, plan.algo, true).await?,
+                None => {
+                    store
+                        .ingest(futures::stream::empty::<std::result::Result<Bytes, String>>(), plan.algo, true)
+                        .await?
+                }
+            };
+            (ing, None)
+        }
+        Some((_, cipher)) => {
+            let (body, digest) = crate::sse::seal_blob(cipher.clone(), plan.algo, input.body);
+            (store.ingest(body, None, true).await?, Some(digest))
+        }
     };
     if let Some(declared) = input.content_length
         && u64::try_from(declared).ok() != Some(ing.size)
@@ -91,7 +106,14 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
         return Err(LightningError::IncompleteBody { declared: u64::try_from(declared).unwrap_or(0), got: ing.size });
     }
     let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
-    plan.verify(&ing.md5, ing.checksum.as_ref(), trailer.as_deref())?;
+    // Under SSE-C the store hashed the ciphertext: the client's digests are
+    // of the plaintext, and the ETag is the ciphertext's MD5 (as in S3, the
+    // ETag of an SSE-C object is no MD5 of its data).
+    let (md5, checksum) = match &plain {
+        Some(d) => d.finish()?,
+        None => (ing.md5, ing.checksum.clone()),
+    };
+    plan.verify(&md5, checksum.as_ref(), trailer.as_deref())?;
 
     let meta = ObjectMeta {
         version: store.meta.next_version(),
@@ -107,9 +129,10 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
             input.expires.as_ref(),
             input.metadata,
         ),
-        checksum: ing.checksum.clone(),
+        checksum,
         parts: Vec::new(),
         data: ing.data.clone(),
+        sse_c: sealing.map(|(s, _)| s),
     };
     let (bucket, key) = (input.bucket, input.key);
     let row = meta.clone();
@@ -126,6 +149,8 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
         size: i64::try_from(meta.size).ok(),
+        sse_customer_algorithm: meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
         ..Default::default()
     })
 }
@@ -135,17 +160,6 @@ pub(crate) struct Selected {
     pub(crate) meta: ObjectMeta,
     pub(crate) range: std::ops::Range<u64>,
     partial: bool,
-}
-
-fn select(
-    store: &Store,
-    bucket: &str,
-    key: &str,
-    pre: &Preconditions,
-    range: Option<&Range>,
-    part_number: Option<i32>,
-) -> Result<Selected> {
-    select_meta(load(store, bucket, key)?, pre, range, part_number)
 }
 
 /// Checks read preconditions on `meta` and resolves the range asked for.
@@ -198,8 +212,10 @@ pub(super) async fn get_object(store: &Arc<Store>, req: S3Request<GetObjectInput
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    let s = select(store, &i.bucket, &i.key, &pre, i.range.as_ref(), i.part_number)?;
-    let body = store.read(&s.meta, s.range.clone());
+    let meta = load(store, &i.bucket, &i.key)?;
+    let cipher = crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
+    let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
+    let body = crate::sse::decrypting(cipher, s.range.start, store.read(&s.meta, s.range.clone()));
     Ok(get_output(i, &s, body))
 }
 
@@ -232,6 +248,8 @@ pub(crate) fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'stati
         checksum_sha1: c.sha1,
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
+        sse_customer_algorithm: s.meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: s.meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
         ..Default::default()
     }
 }
@@ -244,7 +262,9 @@ pub(super) async fn head_object(store: &Arc<Store>, req: S3Request<HeadObjectInp
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    let s = select(store, &i.bucket, &i.key, &pre, i.range.as_ref(), i.part_number)?;
+    let meta = load(store, &i.bucket, &i.key)?;
+    crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
+    let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     Ok(head_output(i, &s))
 }
 
@@ -276,6 +296,8 @@ pub(crate) fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput 
         checksum_sha1: c.sha1,
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
+        sse_customer_algorithm: s.meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: s.meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
         ..Default::default()
     }
 }
@@ -370,6 +392,7 @@ pub(super) async fn copy_object(store: &Arc<Store>, req: S3Request<CopyObjectInp
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let src = load(store, &sb, &sk)?;
+    crate::sse::open(src.sse_c.as_ref(), None)?;
     preconditions(
         i.copy_source_if_match,
         i.copy_source_if_none_match,

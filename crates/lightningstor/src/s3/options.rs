@@ -10,7 +10,8 @@
 //! that no handler implements and answers `NotImplemented` naming it.
 //!
 //! Both front ends (the single node's `LightningS3` and the cluster's
-//! `ClusterS3`) call it, so they refuse the same things; the tests in
+//! `ClusterS3`) call it, so they refuse the same things (SSE-C is served on
+//! PUT, GET and HEAD, refused on copies and multipart uploads); the tests in
 //! `tests/tests/s3_api.rs` run against both.
 
 use crate::error::{LightningError, Result};
@@ -59,8 +60,8 @@ macro_rules! refuse_some {
     };
 }
 
-/// The server-side encryption request headers (SSE-C, SSE-KMS and SSE-S3).
-macro_rules! sse {
+/// The SSE-KMS and SSE-S3 request headers.
+macro_rules! sse_kms_s3 {
     ($i:expr) => {
         refuse_some!($i;
             server_side_encryption => "x-amz-server-side-encryption (SSE-S3/SSE-KMS)",
@@ -68,6 +69,14 @@ macro_rules! sse {
             ssekms_encryption_context => "x-amz-server-side-encryption-context (SSE-KMS)",
             bucket_key_enabled => "x-amz-server-side-encryption-bucket-key-enabled (SSE-KMS)",
         );
+    };
+}
+
+/// The server-side encryption request headers (SSE-C, SSE-KMS and SSE-S3),
+/// where SSE-C is not implemented either (copies and multipart uploads).
+macro_rules! sse {
+    ($i:expr) => {
+        sse_kms_s3!($i);
         sse_c!($i);
     };
 }
@@ -105,7 +114,8 @@ macro_rules! object_options {
 
 impl Supported for PutObjectInput {
     fn check_supported(&self) -> Result<()> {
-        sse!(self);
+        // SSE-C is implemented for single PUTs and their GET/HEAD (`crate::sse`).
+        sse_kms_s3!(self);
         object_options!(self);
         refuse_some!(self; write_offset_bytes => "x-amz-write-offset-bytes (appends)");
         Ok(())
@@ -178,7 +188,6 @@ impl Supported for CompleteMultipartUploadInput {
 
 impl Supported for GetObjectInput {
     fn check_supported(&self) -> Result<()> {
-        sse_c!(self);
         refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
         version(self.version_id.as_deref())
     }
@@ -186,7 +195,6 @@ impl Supported for GetObjectInput {
 
 impl Supported for HeadObjectInput {
     fn check_supported(&self) -> Result<()> {
-        sse_c!(self);
         refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
         version(self.version_id.as_deref())
     }
@@ -268,11 +276,14 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_put_is_supported_and_each_sse_kind_is_refused() {
+    fn a_plain_or_sse_c_put_is_supported_and_sse_kms_and_s3_are_refused() {
         assert!(put().check_supported().is_ok());
         let mut i = put();
         i.sse_customer_algorithm = Some("AES256".into());
-        assert!(not_implemented(i.check_supported()).contains("SSE-C"));
+        assert!(i.check_supported().is_ok());
+        let mut c = CreateMultipartUploadInput::builder().bucket("b".into()).key("k".into()).build().unwrap();
+        c.sse_customer_algorithm = Some("AES256".into());
+        assert!(not_implemented(c.check_supported()).contains("SSE-C"));
         let mut i = put();
         i.server_side_encryption = Some(ServerSideEncryption::from_static(ServerSideEncryption::AES256));
         assert!(not_implemented(i.check_supported()).contains("SSE-S3"));
