@@ -1690,6 +1690,7 @@ async fn slow_and_oversized_requests_three_node_cluster() -> R {
     let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
     let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config);
     slow_and_oversized_requests_are_cut_off_while_others_are_served(svc).await
+}
 
 /// Every reply names its request in `x-amz-request-id` (16 hex digits, a
 /// new one per request), and an error's XML body carries the same id as
