@@ -84,11 +84,13 @@ async fn run(app: &Arc<App>, vol: Volume, img: Image, t0: Instant) -> Result<()>
     }
     let snap = format!("{}@{}", entry.base_volume, entry.snapshot);
     let cloned = app.corona.clone_from(&vol.coronafs_volume, &snap, Some(vol.size)).await;
-    // The base has its clone: let it go before evicting others.
+    // The base has its clone: let it go before evicting others. Every
+    // create evicts, not only the one that filled: an eviction pass skips
+    // bases whose fill lock another create holds, so the last create to let
+    // go of its lock must be the one that brings the cache within its
+    // limits (a pass within the limits returns at once).
     drop(pin);
-    if outcome == Outcome::Miss {
-        cache::evict(app, &img.id).await;
-    }
+    cache::evict(app, &img.id).await;
     cloned?;
     let (done, total) = progress.get();
     let uri = app.corona.nbd_uri(&vol.coronafs_volume);
