@@ -232,8 +232,17 @@ pub fn serve_with_limits(listener: TcpListener, svc: S3Service, metrics: Metrics
                     if let Some(size) = limits::oversized(req.headers()) {
                         return Ok(limits::entity_too_large(size));
                     }
+                    // Only a request that carries a body gets the idle timer
+                    // (a boxed timer per request); a GET keeps s3s's direct path.
                     let idle = limits.body_idle_timeout;
-                    svc.call(req.map(|b| s3s::Body::http_body_unsync(limits::IdleBody::new(b, idle)))).await
+                    let req = req.map(|b| {
+                        if hyper::body::Body::is_end_stream(&b) {
+                            s3s::Body::from(b)
+                        } else {
+                            s3s::Body::http_body_unsync(limits::IdleBody::new(b, idle))
+                        }
+                    });
+                    svc.call(req).await
                 }
             });
             let conn = builder.serve_connection(TokioIo::new(sock), handler).into_owned();
