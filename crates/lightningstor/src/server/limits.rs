@@ -44,19 +44,36 @@ pub fn oversized(headers: &http::HeaderMap) -> Option<u64> {
     (declared > MAX_PUT_SIZE).then_some(declared)
 }
 
-/// The EntityTooLarge reply. The body is not read, so the connection is
-/// closed after the reply instead of being kept for another request.
+/// The EntityTooLarge reply (see [`early_error`]).
 pub fn entity_too_large(size: u64) -> http::Response<s3s::Body> {
+    early_error(
+        http::StatusCode::BAD_REQUEST,
+        "EntityTooLarge",
+        "Your proposed upload exceeds the maximum allowed size",
+        &format!("<ProposedSize>{size}</ProposedSize><MaxSizeAllowed>{MAX_PUT_SIZE}</MaxSizeAllowed>"),
+    )
+}
+
+/// An S3 error answered by the front end before s3s reads the request,
+/// with a request id in `x-amz-request-id` and the same in its XML, as
+/// every handler's reply has them (`error::with_request_id`). The body may
+/// be unread, so the connection is closed after the reply instead of being
+/// kept for another request. `extra` is more XML inside `<Error>`.
+pub fn early_error(status: http::StatusCode, code: &str, message: &str, extra: &str) -> http::Response<s3s::Body> {
+    let id = crate::error::request_id();
+    let message = message.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
     let xml = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>EntityTooLarge</Code>\
-         <Message>Your proposed upload exceeds the maximum allowed size</Message>\
-         <ProposedSize>{size}</ProposedSize><MaxSizeAllowed>{MAX_PUT_SIZE}</MaxSizeAllowed></Error>"
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message>\
+         {extra}<RequestId>{id}</RequestId></Error>"
     );
     let mut resp = http::Response::new(s3s::Body::from(xml));
-    *resp.status_mut() = http::StatusCode::BAD_REQUEST;
+    *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
     h.insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+    if let Ok(v) = http::HeaderValue::from_str(&id) {
+        h.insert("x-amz-request-id", v);
+    }
     resp
 }
 
@@ -136,5 +153,11 @@ mod tests {
         let r = entity_too_large(6_000_000_000);
         assert_eq!(r.status(), 400);
         assert_eq!(r.headers()["connection"], "close");
+        let id = r.headers()["x-amz-request-id"].to_str().expect("ascii").to_owned();
+        assert_eq!(id.len(), 16);
+        let body = r.into_body().bytes().expect("a body in memory");
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains(&format!("<RequestId>{id}</RequestId>")), "{text}");
+        assert!(text.contains("<MaxSizeAllowed>5368709120</MaxSizeAllowed>"), "{text}");
     }
 }
