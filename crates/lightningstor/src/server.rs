@@ -252,14 +252,15 @@ pub fn serve_with_limits(listener: TcpListener, svc: S3Service, metrics: Metrics
                     } else {
                         s3s::Body::http_body_unsync(limits::IdleBody::new(body, idle))
                     };
-                    match post::form_boundary(&parts.method, &parts.headers) {
-                        None => svc.call(http::Request::from_parts(parts, body)).await,
+                    let resp = match post::form_boundary(&parts.method, &parts.headers) {
+                        None => svc.call(http::Request::from_parts(parts, body)).await?,
                         Some(boundary) => {
                             let body = post::with_filename(&mut parts, body, &boundary).await;
                             let resp = svc.call(http::Request::from_parts(parts, body)).await?;
-                            Ok(post::policy_violation_is_access_denied(resp))
+                            post::policy_violation_is_access_denied(resp)
                         }
-                    }
+                    };
+                    Ok(limits::tag_reply(resp))
                 }
             });
             let conn = builder.serve_connection(TokioIo::new(sock), handler).into_owned();

@@ -77,6 +77,36 @@ pub fn early_error(status: http::StatusCode, code: &str, message: &str, extra: &
     resp
 }
 
+/// Gives a reply that has no request id one: s3s answers some errors
+/// itself before any handler runs (a bad signature, an unparsable request,
+/// a POST policy), without `x-amz-request-id` or `<RequestId>`. The header
+/// is added, and an error's XML body (in memory) gets the same id.
+pub fn tag_reply(mut resp: http::Response<s3s::Body>) -> http::Response<s3s::Body> {
+    if resp.headers().contains_key("x-amz-request-id") {
+        return resp;
+    }
+    let id = crate::error::request_id();
+    let Ok(value) = http::HeaderValue::from_str(&id) else { return resp };
+    resp.headers_mut().insert("x-amz-request-id", value);
+    if resp.status().as_u16() < 300 {
+        return resp;
+    }
+    let Some(body) = resp.body().bytes() else { return resp };
+    let Some(end) = body.windows(8).rposition(|w| w == b"</Error>") else { return resp };
+    if body.windows(11).any(|w| w == b"<RequestId>") {
+        return resp;
+    }
+    let mut xml = Vec::with_capacity(body.len() + 48);
+    xml.extend_from_slice(&body[..end]);
+    xml.extend_from_slice(format!("<RequestId>{id}</RequestId>").as_bytes());
+    xml.extend_from_slice(&body[end..]);
+    if resp.headers().contains_key(http::header::CONTENT_LENGTH) {
+        resp.headers_mut().insert(http::header::CONTENT_LENGTH, xml.len().into());
+    }
+    *resp.body_mut() = s3s::Body::from(xml);
+    resp
+}
+
 /// A request body that fails when no data arrives for `idle`.
 pub struct IdleBody {
     inner: Incoming,
@@ -146,6 +176,24 @@ mod tests {
         assert_eq!(oversized(&chunked), None);
         let big = headers(&[("content-length", "100"), ("x-amz-decoded-content-length", "6000000000")]);
         assert_eq!(oversized(&big), Some(6_000_000_000));
+    }
+
+    #[test]
+    fn an_error_s3s_answered_gets_a_request_id_in_the_header_and_the_xml() {
+        let xml = "<?xml version=\"1.0\"?><Error><Code>SignatureDoesNotMatch</Code><Message>m</Message></Error>";
+        let mut r = http::Response::new(s3s::Body::from(xml.to_owned()));
+        *r.status_mut() = http::StatusCode::FORBIDDEN;
+        r.headers_mut().insert(http::header::CONTENT_LENGTH, xml.len().into());
+        let r = tag_reply(r);
+        let id = r.headers()["x-amz-request-id"].to_str().expect("ascii").to_owned();
+        let len: usize = r.headers()[http::header::CONTENT_LENGTH].to_str().expect("ascii").parse().expect("number");
+        let body = r.into_body().bytes().expect("in memory");
+        assert_eq!(len, body.len());
+        assert!(String::from_utf8_lossy(&body).ends_with(&format!("<RequestId>{id}</RequestId></Error>")));
+        // A reply that has one keeps it.
+        let mut ok = http::Response::new(s3s::Body::empty());
+        ok.headers_mut().insert("x-amz-request-id", http::HeaderValue::from_static("0123456789ABCDEF"));
+        assert_eq!(tag_reply(ok).headers()["x-amz-request-id"], "0123456789ABCDEF");
     }
 
     #[test]
