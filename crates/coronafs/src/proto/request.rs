@@ -1,10 +1,13 @@
-//! Transmission-phase requests: the 28-byte header and the checks that need
-//! nothing but the header and the export's geometry.
+//! Transmission-phase requests: the compact 28-byte header, the extended
+//! 32-byte one (64-bit length, negotiated with `NBD_OPT_EXTENDED_HEADERS`),
+//! and the checks that need nothing but the header and the export's geometry.
 
 use super::*;
 
-/// Size of a request header.
+/// Size of a compact request header.
 pub const REQUEST_LEN: usize = 28;
+/// Size of an extended request header.
+pub const EXT_REQUEST_LEN: usize = 32;
 
 /// The command of a request. Unknown commands are kept so the server can
 /// answer them with `EINVAL` instead of dropping the connection.
@@ -66,33 +69,70 @@ impl Command {
     }
 }
 
-/// A decoded request header.
+/// A decoded request header, compact or extended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
+    /// Command flags. `NBD_CMD_FLAG_PAYLOAD_LEN` of an extended header is
+    /// taken out into `payload`; in a compact header it stays here, where
+    /// [`Request::validate`] refuses it.
     pub flags: u16,
     pub command: Command,
     pub cookie: u64,
     pub offset: u64,
-    pub length: u32,
+    /// The effect length, or with `payload` the payload's length. Compact
+    /// headers carry 32 bits of it, extended headers 64.
+    pub length: u64,
+    /// `length` bytes of payload follow the header: always for a compact
+    /// WRITE (and never for anything else); with extended headers, whenever
+    /// the client set `NBD_CMD_FLAG_PAYLOAD_LEN`.
+    pub payload: bool,
 }
 
 impl Request {
-    /// Decodes a header. Only a wrong magic is an error: everything else is a
-    /// request the server answers, whatever its values.
+    /// A request as a compact-header client sends it (only a WRITE carries a payload).
+    pub fn new(command: Command, flags: u16, cookie: u64, offset: u64, length: u64) -> Self {
+        Request { flags, command, cookie, offset, length, payload: command == Command::Write }
+    }
+
+    /// Decodes a compact header. Only a wrong magic is an error: everything
+    /// else is a request the server answers, whatever its values.
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, ProtoError> {
         let magic = be_u32(b, 0);
         if magic != REQUEST_MAGIC {
             return Err(ProtoError::BadMagic { expected: REQUEST_MAGIC as u64, found: magic as u64 });
         }
+        let command = Command::from_wire(be_u16(b, 6));
         Ok(Request {
             flags: be_u16(b, 4),
-            command: Command::from_wire(be_u16(b, 6)),
+            command,
             cookie: be_u64(b, 8),
             offset: be_u64(b, 16),
-            length: be_u32(b, 24),
+            length: be_u32(b, 24) as u64,
+            payload: command == Command::Write,
         })
     }
 
+    /// Decodes an extended header (after `NBD_OPT_EXTENDED_HEADERS`). As
+    /// with [`Request::decode`], only a wrong magic is an error.
+    pub fn decode_ext(b: &[u8; EXT_REQUEST_LEN]) -> Result<Self, ProtoError> {
+        let magic = be_u32(b, 0);
+        if magic != EXTENDED_REQUEST_MAGIC {
+            return Err(ProtoError::BadMagic { expected: EXTENDED_REQUEST_MAGIC as u64, found: magic as u64 });
+        }
+        let flags = be_u16(b, 4);
+        Ok(Request {
+            flags: flags & !cmd_flags::PAYLOAD_LEN,
+            command: Command::from_wire(be_u16(b, 6)),
+            cookie: be_u64(b, 8),
+            offset: be_u64(b, 16),
+            length: be_u64(b, 24),
+            payload: flags & cmd_flags::PAYLOAD_LEN != 0,
+        })
+    }
+
+    /// Encodes a compact header: `length` is cut to 32 bits and `payload`
+    /// is implied by the command, so only a request [`Request::new`] could
+    /// build round-trips.
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
@@ -100,13 +140,26 @@ impl Request {
         b[6..8].copy_from_slice(&self.command.to_wire().to_be_bytes());
         b[8..16].copy_from_slice(&self.cookie.to_be_bytes());
         b[16..24].copy_from_slice(&self.offset.to_be_bytes());
-        b[24..28].copy_from_slice(&self.length.to_be_bytes());
+        b[24..28].copy_from_slice(&(self.length as u32).to_be_bytes());
+        b
+    }
+
+    /// Encodes an extended header (`payload` becomes `NBD_CMD_FLAG_PAYLOAD_LEN`).
+    pub fn encode_ext(&self) -> [u8; EXT_REQUEST_LEN] {
+        let mut b = [0u8; EXT_REQUEST_LEN];
+        let flags = if self.payload { self.flags | cmd_flags::PAYLOAD_LEN } else { self.flags };
+        b[0..4].copy_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
+        b[4..6].copy_from_slice(&flags.to_be_bytes());
+        b[6..8].copy_from_slice(&self.command.to_wire().to_be_bytes());
+        b[8..16].copy_from_slice(&self.cookie.to_be_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_be_bytes());
+        b[24..32].copy_from_slice(&self.length.to_be_bytes());
         b
     }
 
     /// Bytes of payload that follow this header on the wire.
-    pub fn payload_len(&self) -> u32 {
-        if self.command == Command::Write { self.length } else { 0 }
+    pub fn payload_len(&self) -> u64 {
+        if self.payload { self.length } else { 0 }
     }
 
     /// A data command of zero bytes: valid, and answered with success
@@ -125,11 +178,17 @@ impl Request {
 
     /// Checks the request against the export, returning the errno to answer
     /// with when it cannot be served. The checks follow the spec's order of
-    /// concerns: unknown command, flags, permission, size limit, range.
+    /// concerns: unknown command, flags (and a payload where none belongs,
+    /// or none where one must be), permission, size limit, range.
     /// Zero-length requests inside the export are valid (see
     /// [`Request::is_no_op`]), except BLOCK_STATUS, which is EINVAL.
+    /// Lengths past 32 bits (extended headers) are served for the commands
+    /// without a payload; a READ or WRITE longer than `max_block` is refused.
     pub fn validate(&self, size: u64, read_only: bool, max_block: u32) -> Result<(), NbdErrno> {
         use cmd_flags::*;
+        if self.payload != (self.command == Command::Write) {
+            return Err(NbdErrno::Inval);
+        }
         let allowed = match self.command {
             Command::Read => DF,
             Command::Write => FUA,
@@ -146,13 +205,13 @@ impl Request {
         if writes && read_only {
             return Err(NbdErrno::Perm);
         }
-        if matches!(self.command, Command::Read | Command::Write) && self.length > max_block {
+        if matches!(self.command, Command::Read | Command::Write) && self.length > max_block as u64 {
             return Err(if self.command == Command::Read { NbdErrno::Overflow } else { NbdErrno::Inval });
         }
         if matches!(self.command, Command::Flush | Command::Disc) {
             return Ok(());
         }
-        let end = self.offset.checked_add(self.length as u64);
+        let end = self.offset.checked_add(self.length);
         match end {
             // A BLOCK_STATUS reply must describe at least one extent, and a
             // zero-length range has none: refused, as the spec allows.
@@ -171,8 +230,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn req(command: Command, flags: u16, offset: u64, length: u32) -> Request {
-        Request { flags, command, cookie: 7, offset, length }
+    fn req(command: Command, flags: u16, offset: u64, length: u64) -> Request {
+        Request::new(command, flags, 7, offset, length)
     }
 
     #[test]
@@ -219,11 +278,62 @@ mod tests {
         assert!(!req(Command::Read, 0, 0, 1).is_no_op());
     }
 
+    #[test]
+    fn extended_lengths_past_32_bits_are_served_without_payload_and_refused_with_one() {
+        let size = 16u64 << 30;
+        let big = 5u64 << 30;
+        let ext = |command, flags, length, payload| Request { flags, command, cookie: 1, offset: 0, length, payload };
+        for c in [Command::Trim, Command::WriteZeroes, Command::Cache, Command::BlockStatus] {
+            assert_eq!(ext(c, 0, big, false).validate(size, false, 1 << 25), Ok(()), "{c:?}");
+            // Past the end is still out of range, however long.
+            assert!(ext(c, 0, u64::MAX, false).validate(size, false, 1 << 25).is_err(), "{c:?}");
+        }
+        assert_eq!(ext(Command::Read, 0, big, false).validate(size, false, 1 << 25), Err(NbdErrno::Overflow));
+        assert_eq!(ext(Command::Write, 0, big, true).validate(size, false, 1 << 25), Err(NbdErrno::Inval));
+    }
+
+    #[test]
+    fn a_payload_where_none_belongs_or_none_on_a_write_is_einval() {
+        // Extended headers: a WRITE must say PAYLOAD_LEN, nothing else may.
+        let mut w = Request::decode_ext(&req(Command::Write, 0, 0, 512).encode_ext()).unwrap();
+        assert_eq!(w.validate(4096, false, 4096), Ok(()));
+        w.payload = false;
+        assert_eq!(w.validate(4096, false, 4096), Err(NbdErrno::Inval));
+        let mut r = req(Command::Read, 0, 0, 512);
+        r.payload = true;
+        let d = Request::decode_ext(&r.encode_ext()).unwrap();
+        assert_eq!((d.payload, d.payload_len()), (true, 512), "the payload is still consumed");
+        assert_eq!(d.validate(4096, false, 4096), Err(NbdErrno::Inval));
+        // Compact headers: PAYLOAD_LEN is not a flag there.
+        let c = Request::decode(&req(Command::Write, cmd_flags::PAYLOAD_LEN, 0, 512).encode()).unwrap();
+        assert_eq!(c.validate(4096, false, 4096), Err(NbdErrno::Inval));
+    }
+
+    #[test]
+    fn a_compact_header_is_refused_in_extended_mode_and_back() {
+        let r = req(Command::Read, 0, 0, 512);
+        let mut ext = [0u8; EXT_REQUEST_LEN];
+        ext[..REQUEST_LEN].copy_from_slice(&r.encode());
+        assert!(matches!(Request::decode_ext(&ext), Err(ProtoError::BadMagic { .. })));
+        let e = r.encode_ext();
+        let compact: &[u8; REQUEST_LEN] = e[..REQUEST_LEN].try_into().unwrap();
+        assert!(matches!(Request::decode(compact), Err(ProtoError::BadMagic { .. })));
+    }
+
     proptest! {
         #[test]
         fn request_roundtrips(flags: u16, c: u16, cookie: u64, offset: u64, length: u32) {
-            let r = Request { flags, command: Command::from_wire(c), cookie, offset, length };
+            let r = Request::new(Command::from_wire(c), flags, cookie, offset, length as u64);
             prop_assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        }
+
+        #[test]
+        fn extended_request_roundtrips(flags: u16, c: u16, cookie: u64, offset: u64, length: u64, payload: bool) {
+            let flags = flags & !cmd_flags::PAYLOAD_LEN;
+            let r = Request { flags, command: Command::from_wire(c), cookie, offset, length, payload };
+            let b = r.encode_ext();
+            prop_assert_eq!(Request::decode_ext(&b).unwrap(), r);
+            prop_assert_eq!(be_u64(&b, 24), length);
         }
 
         #[test]
@@ -231,6 +341,14 @@ mod tests {
             if let Ok(r) = Request::decode(&bytes) {
                 let _ = r.validate(1 << 30, false, 1 << 25);
                 prop_assert_eq!(r.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn any_extended_header_decodes_or_errors(bytes in prop::array::uniform32(any::<u8>())) {
+            if let Ok(r) = Request::decode_ext(&bytes) {
+                let _ = r.validate(1 << 40, false, 1 << 25);
+                prop_assert_eq!(r.encode_ext(), bytes);
             }
         }
     }
