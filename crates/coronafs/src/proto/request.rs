@@ -82,9 +82,9 @@ pub struct Request {
     /// The effect length, or with `payload` the payload's length. Compact
     /// headers carry 32 bits of it, extended headers 64.
     pub length: u64,
-    /// `length` bytes of payload follow the header: always for a compact
-    /// WRITE (and never for anything else); with extended headers, whenever
-    /// the client set `NBD_CMD_FLAG_PAYLOAD_LEN`.
+    /// `length` bytes of payload follow the header: always for a WRITE;
+    /// for another command only with extended headers, when the client set
+    /// `NBD_CMD_FLAG_PAYLOAD_LEN` (a payload we then read and refuse).
     pub payload: bool,
 }
 
@@ -120,13 +120,17 @@ impl Request {
             return Err(ProtoError::BadMagic { expected: EXTENDED_REQUEST_MAGIC as u64, found: magic as u64 });
         }
         let flags = be_u16(b, 4);
+        let command = Command::from_wire(be_u16(b, 6));
         Ok(Request {
             flags: flags & !cmd_flags::PAYLOAD_LEN,
-            command: Command::from_wire(be_u16(b, 6)),
+            command,
             cookie: be_u64(b, 8),
             offset: be_u64(b, 16),
             length: be_u64(b, 24),
-            payload: flags & cmd_flags::PAYLOAD_LEN != 0,
+            // The spec's draft wanted the flag on every WRITE; qemu sends
+            // WRITEs without it, and its server (like this one) takes a
+            // WRITE's length as its payload either way.
+            payload: flags & cmd_flags::PAYLOAD_LEN != 0 || command == Command::Write,
         })
     }
 
@@ -144,7 +148,8 @@ impl Request {
         b
     }
 
-    /// Encodes an extended header (`payload` becomes `NBD_CMD_FLAG_PAYLOAD_LEN`).
+    /// Encodes an extended header (`payload` becomes `NBD_CMD_FLAG_PAYLOAD_LEN`,
+    /// which a WRITE carries as libnbd sends it).
     pub fn encode_ext(&self) -> [u8; EXT_REQUEST_LEN] {
         let mut b = [0u8; EXT_REQUEST_LEN];
         let flags = if self.payload { self.flags | cmd_flags::PAYLOAD_LEN } else { self.flags };
@@ -293,12 +298,16 @@ mod tests {
     }
 
     #[test]
-    fn a_payload_where_none_belongs_or_none_on_a_write_is_einval() {
-        // Extended headers: a WRITE must say PAYLOAD_LEN, nothing else may.
-        let mut w = Request::decode_ext(&req(Command::Write, 0, 0, 512).encode_ext()).unwrap();
+    fn a_payload_where_none_belongs_is_einval_and_a_write_has_one_with_or_without_the_flag() {
+        // Extended headers: a WRITE's length is its payload, flagged (libnbd)
+        // or not (qemu); any other command's payload is refused.
+        let w = Request::decode_ext(&req(Command::Write, 0, 0, 512).encode_ext()).unwrap();
+        assert_eq!((w.payload, w.flags, w.validate(4096, false, 4096)), (true, 0, Ok(())));
+        let mut bare = req(Command::Write, cmd_flags::FUA, 0, 512).encode_ext();
+        bare[4..6].copy_from_slice(&cmd_flags::FUA.to_be_bytes());
+        let w = Request::decode_ext(&bare).unwrap();
+        assert_eq!((w.payload, w.payload_len(), w.fua()), (true, 512, true), "qemu's unflagged WRITE");
         assert_eq!(w.validate(4096, false, 4096), Ok(()));
-        w.payload = false;
-        assert_eq!(w.validate(4096, false, 4096), Err(NbdErrno::Inval));
         let mut r = req(Command::Read, 0, 0, 512);
         r.payload = true;
         let d = Request::decode_ext(&r.encode_ext()).unwrap();
@@ -330,7 +339,8 @@ mod tests {
         #[test]
         fn extended_request_roundtrips(flags: u16, c: u16, cookie: u64, offset: u64, length: u64, payload: bool) {
             let flags = flags & !cmd_flags::PAYLOAD_LEN;
-            let r = Request { flags, command: Command::from_wire(c), cookie, offset, length, payload };
+            let command = Command::from_wire(c);
+            let r = Request { flags, command, cookie, offset, length, payload: payload || command == Command::Write };
             let b = r.encode_ext();
             prop_assert_eq!(Request::decode_ext(&b).unwrap(), r);
             prop_assert_eq!(be_u64(&b, 24), length);
@@ -348,7 +358,12 @@ mod tests {
         fn any_extended_header_decodes_or_errors(bytes in prop::array::uniform32(any::<u8>())) {
             if let Ok(r) = Request::decode_ext(&bytes) {
                 let _ = r.validate(1 << 40, false, 1 << 25);
-                prop_assert_eq!(r.encode_ext(), bytes);
+                let mut again = r.encode_ext();
+                if r.command == Command::Write {
+                    // An unflagged WRITE comes back flagged; nothing else changes.
+                    again[5] = (again[5] & !(cmd_flags::PAYLOAD_LEN as u8)) | (bytes[5] & cmd_flags::PAYLOAD_LEN as u8);
+                }
+                prop_assert_eq!(again, bytes);
             }
         }
     }
