@@ -242,14 +242,16 @@ mod tests {
         assert_eq!(c, TlsConfig { mode: TlsMode::Require, certificates: Some("/pki".into()), verify_peer: true });
         let on = ServeSettings::from_toml("data_dir = \"/a\"\ntls = \"on\"\ntls_certificates = \"/pki\"\n");
         assert_eq!(on.expect("parse").into_server_config().expect("valid").tls.mode, TlsMode::Allow, "nbdkit's on");
-        let e = ServeSettings::from_toml("tls = \"maybe\"\n").unwrap_err();
+        let e = ServeSettings::from_toml("tls = \"maybe\"\n").expect_err("refused");
         assert!(e.to_string().contains("maybe"), "{e}");
         let base = || ServeSettings { data_dir: Some("/a".into()), ..Default::default() };
-        let e = ServeSettings { tls: Some(TlsMode::Require), ..base() }.into_server_config().unwrap_err();
+        let e = ServeSettings { tls: Some(TlsMode::Require), ..base() }.into_server_config().expect_err("refused");
         assert!(e.to_string().contains("--tls-certificates"), "{e}");
-        let e = ServeSettings { tls_certificates: Some("/pki".into()), ..base() }.into_server_config().unwrap_err();
+        let e = ServeSettings { tls_certificates: Some("/pki".into()), ..base() }
+            .into_server_config()
+            .expect_err("refused");
         assert!(e.to_string().contains("TLS is off"), "{e}");
-        let e = ServeSettings { tls_verify_peer: Some(true), ..base() }.into_server_config().unwrap_err();
+        let e = ServeSettings { tls_verify_peer: Some(true), ..base() }.into_server_config().expect_err("refused");
         assert!(e.to_string().contains("TLS is off"), "{e}");
         let psk = ServeSettings {
             tls: Some(TlsMode::Require),
@@ -257,7 +259,7 @@ mod tests {
             tls_certificates: Some("/pki".into()),
             ..base()
         };
-        let e = psk.into_server_config().unwrap_err().to_string();
+        let e = psk.into_server_config().expect_err("refused").to_string();
         assert!(e.contains("--tls-psk /k/keys.psk is not implemented"), "{e}");
         assert_eq!(base().into_server_config().expect("valid").tls, TlsConfig::default(), "TLS is off by default");
     }

@@ -289,7 +289,7 @@ pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<Extent>), ProtoError> {
 /// Decodes a `BLOCK_STATUS_EXT` payload into (context id, extents); a
 /// nonzero descriptor count must match the payload.
 pub fn decode_block_status_ext(p: &[u8]) -> Result<(u32, Vec<ExtentExt>), ProtoError> {
-    if p.len() < 24 || (p.len() - 8) % 16 != 0 {
+    if p.len() < 24 || !(p.len() - 8).is_multiple_of(16) {
         return Err(ProtoError::BadLength("extended block status payload is not 8 + 16n bytes"));
     }
     let count = be_u32(p, 4) as usize;
@@ -316,7 +316,7 @@ mod tests {
         let h = read_head(7, ReplyMode::Simple, 4096, 0);
         assert_eq!(ReplyHeader::decode(h.as_bytes()).unwrap(), ReplyHeader::Simple { cookie: 7, error: 0 });
         let h = read_head(7, ReplyMode::Extended, 4096, 0);
-        let d = ReplyHeader::decode(h.as_bytes()).unwrap();
+        let d = ReplyHeader::decode(h.as_bytes()).expect("decodes");
         let none =
             ReplyHeader::Extended { cookie: 7, flags: chunk::FLAG_DONE, ty: chunk::NONE, offset: 4096, length: 0 };
         assert_eq!(d, none);
@@ -326,12 +326,12 @@ mod tests {
     #[test]
     fn extended_headers_never_get_a_simple_reply() {
         // Success without payload is a final NONE chunk echoing the offset.
-        let d = ReplyHeader::decode(done_head(9, ReplyMode::Extended, 1 << 40).as_bytes()).unwrap();
+        let d = ReplyHeader::decode(done_head(9, ReplyMode::Extended, 1 << 40).as_bytes()).expect("decodes");
         let none =
             ReplyHeader::Extended { cookie: 9, flags: chunk::FLAG_DONE, ty: chunk::NONE, offset: 1 << 40, length: 0 };
         assert_eq!(d, none);
         for mode in [ReplyMode::Simple, ReplyMode::Structured] {
-            let d = ReplyHeader::decode(done_head(9, mode, 1 << 40).as_bytes()).unwrap();
+            let d = ReplyHeader::decode(done_head(9, mode, 1 << 40).as_bytes()).expect("decodes");
             assert_eq!(d, ReplyHeader::Simple { cookie: 9, error: 0 });
         }
     }
@@ -339,10 +339,10 @@ mod tests {
     proptest! {
         #[test]
         fn read_head_of_data_is_one_final_data_chunk(cookie: u64, offset: u64, len in 1u32..(1 << 25)) {
-            let d = ReplyHeader::decode(read_head(cookie, ReplyMode::Structured, offset, len).as_bytes()).unwrap();
+            let d = ReplyHeader::decode(read_head(cookie, ReplyMode::Structured, offset, len).as_bytes()).expect("decodes");
             prop_assert_eq!(d, ReplyHeader::Chunk { cookie, flags: chunk::FLAG_DONE, ty: chunk::OFFSET_DATA, length: len + 8 });
             let h = read_head(cookie, ReplyMode::Extended, offset, len);
-            let d = ReplyHeader::decode(h.as_bytes()).unwrap();
+            let d = ReplyHeader::decode(h.as_bytes()).expect("decodes");
             let length = len as u64 + 8;
             prop_assert_eq!(d, ReplyHeader::Extended { cookie, flags: chunk::FLAG_DONE, ty: chunk::OFFSET_DATA, offset, length });
             prop_assert_eq!(h.as_bytes().len(), EXT_DATA_CHUNK_LEN);
@@ -351,7 +351,7 @@ mod tests {
 
         #[test]
         fn ext_chunk_roundtrips(cookie: u64, flags: u16, ty: u16, offset: u64, length: u64) {
-            let d = ReplyHeader::decode(ext_chunk(cookie, flags, ty, offset, length).as_bytes()).unwrap();
+            let d = ReplyHeader::decode(ext_chunk(cookie, flags, ty, offset, length).as_bytes()).expect("decodes");
             prop_assert_eq!(d, ReplyHeader::Extended { cookie, flags, ty, offset, length });
             prop_assert_eq!(d.cookie(), cookie);
         }
@@ -361,18 +361,18 @@ mod tests {
             let ext: Vec<ExtentExt> = ext.into_iter().map(|(length, flags)| ExtentExt { length, flags: flags as u64 }).collect();
             let mut out = Vec::new();
             ext_block_status_chunk(cookie, offset, ctx, &ext, &mut out);
-            let ReplyHeader::Extended { length, ty, offset: o, .. } = ReplyHeader::decode(&out).unwrap() else { panic!() };
+            let ReplyHeader::Extended { length, ty, offset: o, .. } = ReplyHeader::decode(&out).expect("decodes") else { panic!() };
             prop_assert_eq!((length as usize, ty, o), (out.len() - EXT_CHUNK_LEN, chunk::BLOCK_STATUS_EXT, offset));
-            prop_assert_eq!(decode_block_status_ext(&out[EXT_CHUNK_LEN..]).unwrap(), (ctx, ext));
+            prop_assert_eq!(decode_block_status_ext(&out[EXT_CHUNK_LEN..]).expect("decodes"), (ctx, ext));
         }
 
         #[test]
         fn ext_error_chunk_roundtrips(cookie: u64, offset: u64, msg in ".{0,100}") {
             let mut out = Vec::new();
             ext_error_chunk(cookie, offset, NbdErrno::Overflow, &msg, &mut out);
-            let ReplyHeader::Extended { length, ty, flags, .. } = ReplyHeader::decode(&out).unwrap() else { panic!() };
+            let ReplyHeader::Extended { length, ty, flags, .. } = ReplyHeader::decode(&out).expect("decodes") else { panic!() };
             prop_assert_eq!((length as usize, ty, flags), (out.len() - EXT_CHUNK_LEN, chunk::ERROR, chunk::FLAG_DONE));
-            prop_assert_eq!(decode_error_payload(&out[EXT_CHUNK_LEN..]).unwrap(), (75, msg));
+            prop_assert_eq!(decode_error_payload(&out[EXT_CHUNK_LEN..]).expect("decodes"), (75, msg));
         }
 
         #[test]

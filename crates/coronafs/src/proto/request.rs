@@ -301,20 +301,20 @@ mod tests {
     fn a_payload_where_none_belongs_is_einval_and_a_write_has_one_with_or_without_the_flag() {
         // Extended headers: a WRITE's length is its payload, flagged (libnbd)
         // or not (qemu); any other command's payload is refused.
-        let w = Request::decode_ext(&req(Command::Write, 0, 0, 512).encode_ext()).unwrap();
+        let w = Request::decode_ext(&req(Command::Write, 0, 0, 512).encode_ext()).expect("decodes");
         assert_eq!((w.payload, w.flags, w.validate(4096, false, 4096)), (true, 0, Ok(())));
         let mut bare = req(Command::Write, cmd_flags::FUA, 0, 512).encode_ext();
         bare[4..6].copy_from_slice(&cmd_flags::FUA.to_be_bytes());
-        let w = Request::decode_ext(&bare).unwrap();
+        let w = Request::decode_ext(&bare).expect("decodes");
         assert_eq!((w.payload, w.payload_len(), w.fua()), (true, 512, true), "qemu's unflagged WRITE");
         assert_eq!(w.validate(4096, false, 4096), Ok(()));
         let mut r = req(Command::Read, 0, 0, 512);
         r.payload = true;
-        let d = Request::decode_ext(&r.encode_ext()).unwrap();
+        let d = Request::decode_ext(&r.encode_ext()).expect("decodes");
         assert_eq!((d.payload, d.payload_len()), (true, 512), "the payload is still consumed");
         assert_eq!(d.validate(4096, false, 4096), Err(NbdErrno::Inval));
         // Compact headers: PAYLOAD_LEN is not a flag there.
-        let c = Request::decode(&req(Command::Write, cmd_flags::PAYLOAD_LEN, 0, 512).encode()).unwrap();
+        let c = Request::decode(&req(Command::Write, cmd_flags::PAYLOAD_LEN, 0, 512).encode()).expect("decodes");
         assert_eq!(c.validate(4096, false, 4096), Err(NbdErrno::Inval));
     }
 
@@ -325,7 +325,7 @@ mod tests {
         ext[..REQUEST_LEN].copy_from_slice(&r.encode());
         assert!(matches!(Request::decode_ext(&ext), Err(ProtoError::BadMagic { .. })));
         let e = r.encode_ext();
-        let compact: &[u8; REQUEST_LEN] = e[..REQUEST_LEN].try_into().unwrap();
+        let compact: &[u8; REQUEST_LEN] = e[..REQUEST_LEN].try_into().expect("decodes");
         assert!(matches!(Request::decode(compact), Err(ProtoError::BadMagic { .. })));
     }
 
@@ -342,7 +342,7 @@ mod tests {
             let command = Command::from_wire(c);
             let r = Request { flags, command, cookie, offset, length, payload: payload || command == Command::Write };
             let b = r.encode_ext();
-            prop_assert_eq!(Request::decode_ext(&b).unwrap(), r);
+            prop_assert_eq!(Request::decode_ext(&b).expect("decodes"), r);
             prop_assert_eq!(be_u64(&b, 24), length);
         }
 
