@@ -358,7 +358,11 @@ fn extended_headers_serve_64_bit_lengths_and_refuse_what_we_do_not_serve() {
     let c = Corona::start(IoEngine::Threads);
     c.create("big", 16 * GIB);
     let mut s = ext_transmission(c.addr(), "big");
-    let ext = |command, cookie, offset, length, payload| Request { flags: 0, command, cookie, offset, length, payload };
+    // `payload` on anything but a WRITE (which always has one) is NBD_CMD_FLAG_PAYLOAD_LEN.
+    let ext = |command, cookie, offset, length, payload: bool| {
+        let flags = if payload && command != Command::Write { cmd_flags::PAYLOAD_LEN } else { 0 };
+        Request::new(command, flags, cookie, offset, length)
+    };
     let expect_done = |s: &mut TcpStream, cookie: u64, offset: u64| {
         let (h, _) = ext_reply(s);
         let done = ReplyHeader::Extended { cookie, flags: chunk::FLAG_DONE, ty: chunk::NONE, offset, length: 0 };

@@ -38,17 +38,20 @@ pub struct Head {
 }
 
 impl Head {
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len as usize]
     }
 }
 
 /// A zero-length header, for replies whose bytes are all in a tail buffer.
+#[inline]
 pub fn empty() -> Head {
     Head { buf: [0u8; EXT_DATA_CHUNK_LEN], len: 0 }
 }
 
 /// A simple reply header (`error` 0 for success).
+#[inline]
 pub fn simple(cookie: u64, error: u32) -> Head {
     let mut buf = [0u8; EXT_DATA_CHUNK_LEN];
     buf[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
@@ -58,6 +61,7 @@ pub fn simple(cookie: u64, error: u32) -> Head {
 }
 
 /// A structured chunk header with a payload of `len` bytes.
+#[inline]
 pub fn chunk(cookie: u64, flags: u16, ty: u16, len: u32) -> Head {
     let mut buf = [0u8; EXT_DATA_CHUNK_LEN];
     write_chunk(&mut buf, cookie, flags, ty, len);
@@ -66,6 +70,7 @@ pub fn chunk(cookie: u64, flags: u16, ty: u16, len: u32) -> Head {
 
 /// An extended chunk header answering a request at `offset`, with a
 /// payload of `len` bytes.
+#[inline]
 pub fn ext_chunk(cookie: u64, flags: u16, ty: u16, offset: u64, len: u64) -> Head {
     let mut buf = [0u8; EXT_DATA_CHUNK_LEN];
     write_ext_chunk(&mut buf, cookie, flags, ty, offset, len);
@@ -84,6 +89,7 @@ fn write_ext_chunk(buf: &mut [u8], cookie: u64, flags: u16, ty: u16, offset: u64
 /// The header of a complete reply without payload to a request at
 /// `offset`: a simple reply with `error` 0, or with extended headers (which
 /// allow no simple replies) a final `NONE` chunk.
+#[inline]
 pub fn done_head(cookie: u64, mode: ReplyMode, offset: u64) -> Head {
     match mode {
         ReplyMode::Extended => ext_chunk(cookie, chunk::FLAG_DONE, chunk::NONE, offset, 0),
@@ -100,6 +106,7 @@ fn write_chunk(buf: &mut [u8], cookie: u64, flags: u16, ty: u16, len: u32) {
 }
 
 /// The header of an `OFFSET_DATA` chunk carrying `data_len` bytes read at `offset`.
+#[inline]
 pub fn data_chunk(cookie: u64, done: bool, offset: u64, data_len: u32) -> Head {
     let mut buf = [0u8; EXT_DATA_CHUNK_LEN];
     let flags = if done { chunk::FLAG_DONE } else { 0 };
@@ -110,6 +117,7 @@ pub fn data_chunk(cookie: u64, done: bool, offset: u64, data_len: u32) -> Head {
 
 /// The header of an extended final `OFFSET_DATA` chunk carrying `data_len`
 /// bytes read at `offset` (the request's offset too: the data is never split).
+#[inline]
 pub fn ext_data_chunk(cookie: u64, offset: u64, data_len: u32) -> Head {
     let mut buf = [0u8; EXT_DATA_CHUNK_LEN];
     write_ext_chunk(&mut buf, cookie, chunk::FLAG_DONE, chunk::OFFSET_DATA, offset, data_len as u64 + 8);
@@ -121,6 +129,7 @@ pub fn ext_data_chunk(cookie: u64, offset: u64, data_len: u32) -> Head {
 /// `offset`: a simple reply, or with structured replies or extended headers
 /// a final `OFFSET_DATA` chunk. An `OFFSET_DATA` chunk must carry at least
 /// one byte, so a zero-length READ gets a final `NONE` chunk instead.
+#[inline]
 pub fn read_head(cookie: u64, mode: ReplyMode, offset: u64, len: u32) -> Head {
     match (mode, len) {
         (ReplyMode::Simple, _) => simple(cookie, 0),

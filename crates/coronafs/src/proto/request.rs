@@ -70,73 +70,70 @@ impl Command {
 }
 
 /// A decoded request header, compact or extended.
+///
+/// Whether a payload follows depends on the header style negotiated (see
+/// [`Request::payload_len`]): a WRITE always carries one; with extended
+/// headers any other command may announce one with
+/// `NBD_CMD_FLAG_PAYLOAD_LEN`, which stays in `flags` so that
+/// [`Request::validate`] refuses it (no command here takes a payload but
+/// WRITE). A WRITE's own `PAYLOAD_LEN` is taken out when decoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
-    /// Command flags. `NBD_CMD_FLAG_PAYLOAD_LEN` of an extended header is
-    /// taken out into `payload`; in a compact header it stays here, where
-    /// [`Request::validate`] refuses it.
     pub flags: u16,
     pub command: Command,
     pub cookie: u64,
     pub offset: u64,
-    /// The effect length, or with `payload` the payload's length. Compact
-    /// headers carry 32 bits of it, extended headers 64.
+    /// The effect length, or the payload's length. Compact headers carry
+    /// 32 bits of it, extended headers 64.
     pub length: u64,
-    /// `length` bytes of payload follow the header: always for a WRITE;
-    /// for another command only with extended headers, when the client set
-    /// `NBD_CMD_FLAG_PAYLOAD_LEN` (a payload we then read and refuse).
-    pub payload: bool,
 }
 
 impl Request {
-    /// A request as a compact-header client sends it (only a WRITE carries a payload).
+    #[inline]
     pub fn new(command: Command, flags: u16, cookie: u64, offset: u64, length: u64) -> Self {
-        Request { flags, command, cookie, offset, length, payload: command == Command::Write }
+        Request { flags, command, cookie, offset, length }
     }
 
     /// Decodes a compact header. Only a wrong magic is an error: everything
     /// else is a request the server answers, whatever its values.
+    #[inline]
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, ProtoError> {
         let magic = be_u32(b, 0);
         if magic != REQUEST_MAGIC {
             return Err(ProtoError::BadMagic { expected: REQUEST_MAGIC as u64, found: magic as u64 });
         }
-        let command = Command::from_wire(be_u16(b, 6));
         Ok(Request {
             flags: be_u16(b, 4),
-            command,
+            command: Command::from_wire(be_u16(b, 6)),
             cookie: be_u64(b, 8),
             offset: be_u64(b, 16),
             length: be_u32(b, 24) as u64,
-            payload: command == Command::Write,
         })
     }
 
     /// Decodes an extended header (after `NBD_OPT_EXTENDED_HEADERS`). As
     /// with [`Request::decode`], only a wrong magic is an error.
+    #[inline]
     pub fn decode_ext(b: &[u8; EXT_REQUEST_LEN]) -> Result<Self, ProtoError> {
         let magic = be_u32(b, 0);
         if magic != EXTENDED_REQUEST_MAGIC {
             return Err(ProtoError::BadMagic { expected: EXTENDED_REQUEST_MAGIC as u64, found: magic as u64 });
         }
-        let flags = be_u16(b, 4);
         let command = Command::from_wire(be_u16(b, 6));
+        let flags = be_u16(b, 4);
         Ok(Request {
-            flags: flags & !cmd_flags::PAYLOAD_LEN,
+            // The spec's draft wanted the flag on every WRITE; qemu sends
+            // WRITEs without it, and its server (like this one) takes a
+            // WRITE's length as its payload either way.
+            flags: if command == Command::Write { flags & !cmd_flags::PAYLOAD_LEN } else { flags },
             command,
             cookie: be_u64(b, 8),
             offset: be_u64(b, 16),
             length: be_u64(b, 24),
-            // The spec's draft wanted the flag on every WRITE; qemu sends
-            // WRITEs without it, and its server (like this one) takes a
-            // WRITE's length as its payload either way.
-            payload: flags & cmd_flags::PAYLOAD_LEN != 0 || command == Command::Write,
         })
     }
 
-    /// Encodes a compact header: `length` is cut to 32 bits and `payload`
-    /// is implied by the command, so only a request [`Request::new`] could
-    /// build round-trips.
+    /// Encodes a compact header (`length` cut to 32 bits).
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
@@ -148,11 +145,11 @@ impl Request {
         b
     }
 
-    /// Encodes an extended header (`payload` becomes `NBD_CMD_FLAG_PAYLOAD_LEN`,
-    /// which a WRITE carries as libnbd sends it).
+    /// Encodes an extended header; a WRITE gets `NBD_CMD_FLAG_PAYLOAD_LEN`,
+    /// as libnbd sends it.
     pub fn encode_ext(&self) -> [u8; EXT_REQUEST_LEN] {
         let mut b = [0u8; EXT_REQUEST_LEN];
-        let flags = if self.payload { self.flags | cmd_flags::PAYLOAD_LEN } else { self.flags };
+        let flags = if self.command == Command::Write { self.flags | cmd_flags::PAYLOAD_LEN } else { self.flags };
         b[0..4].copy_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
         b[4..6].copy_from_slice(&flags.to_be_bytes());
         b[6..8].copy_from_slice(&self.command.to_wire().to_be_bytes());
@@ -162,9 +159,16 @@ impl Request {
         b
     }
 
-    /// Bytes of payload that follow this header on the wire.
-    pub fn payload_len(&self) -> u64 {
-        if self.payload { self.length } else { 0 }
+    /// Bytes of payload that follow this header on the wire: a WRITE's
+    /// length; with `extended` headers also the length of any request
+    /// flagged `NBD_CMD_FLAG_PAYLOAD_LEN` (which compact headers do not know).
+    #[inline]
+    pub fn payload_len(&self, extended: bool) -> u64 {
+        if self.command == Command::Write || (extended && self.flags & cmd_flags::PAYLOAD_LEN != 0) {
+            self.length
+        } else {
+            0
+        }
     }
 
     /// A data command of zero bytes: valid, and answered with success
@@ -183,17 +187,15 @@ impl Request {
 
     /// Checks the request against the export, returning the errno to answer
     /// with when it cannot be served. The checks follow the spec's order of
-    /// concerns: unknown command, flags (and a payload where none belongs,
-    /// or none where one must be), permission, size limit, range.
+    /// concerns: unknown command, flags (`NBD_CMD_FLAG_PAYLOAD_LEN`, a
+    /// payload where none belongs, among them), permission, size limit, range.
     /// Zero-length requests inside the export are valid (see
     /// [`Request::is_no_op`]), except BLOCK_STATUS, which is EINVAL.
     /// Lengths past 32 bits (extended headers) are served for the commands
     /// without a payload; a READ or WRITE longer than `max_block` is refused.
+    #[inline]
     pub fn validate(&self, size: u64, read_only: bool, max_block: u32) -> Result<(), NbdErrno> {
         use cmd_flags::*;
-        if self.payload != (self.command == Command::Write) {
-            return Err(NbdErrno::Inval);
-        }
         let allowed = match self.command {
             Command::Read => DF,
             Command::Write => FUA,
@@ -287,14 +289,13 @@ mod tests {
     fn extended_lengths_past_32_bits_are_served_without_payload_and_refused_with_one() {
         let size = 16u64 << 30;
         let big = 5u64 << 30;
-        let ext = |command, flags, length, payload| Request { flags, command, cookie: 1, offset: 0, length, payload };
         for c in [Command::Trim, Command::WriteZeroes, Command::Cache, Command::BlockStatus] {
-            assert_eq!(ext(c, 0, big, false).validate(size, false, 1 << 25), Ok(()), "{c:?}");
+            assert_eq!(req(c, 0, 0, big).validate(size, false, 1 << 25), Ok(()), "{c:?}");
             // Past the end is still out of range, however long.
-            assert!(ext(c, 0, u64::MAX, false).validate(size, false, 1 << 25).is_err(), "{c:?}");
+            assert!(req(c, 0, 0, u64::MAX).validate(size, false, 1 << 25).is_err(), "{c:?}");
         }
-        assert_eq!(ext(Command::Read, 0, big, false).validate(size, false, 1 << 25), Err(NbdErrno::Overflow));
-        assert_eq!(ext(Command::Write, 0, big, true).validate(size, false, 1 << 25), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::Read, 0, 0, big).validate(size, false, 1 << 25), Err(NbdErrno::Overflow));
+        assert_eq!(req(Command::Write, 0, 0, big).validate(size, false, 1 << 25), Err(NbdErrno::Inval));
     }
 
     #[test]
@@ -302,20 +303,21 @@ mod tests {
         // Extended headers: a WRITE's length is its payload, flagged (libnbd)
         // or not (qemu); any other command's payload is refused.
         let w = Request::decode_ext(&req(Command::Write, 0, 0, 512).encode_ext()).expect("decodes");
-        assert_eq!((w.payload, w.flags, w.validate(4096, false, 4096)), (true, 0, Ok(())));
+        assert_eq!((w.payload_len(true), w.flags, w.validate(4096, false, 4096)), (512, 0, Ok(())));
         let mut bare = req(Command::Write, cmd_flags::FUA, 0, 512).encode_ext();
         bare[4..6].copy_from_slice(&cmd_flags::FUA.to_be_bytes());
         let w = Request::decode_ext(&bare).expect("decodes");
-        assert_eq!((w.payload, w.payload_len(), w.fua()), (true, 512, true), "qemu's unflagged WRITE");
+        assert_eq!((w.payload_len(true), w.fua()), (512, true), "qemu's unflagged WRITE");
         assert_eq!(w.validate(4096, false, 4096), Ok(()));
-        let mut r = req(Command::Read, 0, 0, 512);
-        r.payload = true;
+        let r = req(Command::Read, cmd_flags::PAYLOAD_LEN, 0, 512);
         let d = Request::decode_ext(&r.encode_ext()).expect("decodes");
-        assert_eq!((d.payload, d.payload_len()), (true, 512), "the payload is still consumed");
+        assert_eq!(d.payload_len(true), 512, "the payload is still consumed");
         assert_eq!(d.validate(4096, false, 4096), Err(NbdErrno::Inval));
-        // Compact headers: PAYLOAD_LEN is not a flag there.
+        // Compact headers: PAYLOAD_LEN is not a flag there, and frames nothing.
+        let c = Request::decode(&req(Command::Read, cmd_flags::PAYLOAD_LEN, 0, 512).encode()).expect("decodes");
+        assert_eq!((c.payload_len(false), c.validate(4096, false, 4096)), (0, Err(NbdErrno::Inval)));
         let c = Request::decode(&req(Command::Write, cmd_flags::PAYLOAD_LEN, 0, 512).encode()).expect("decodes");
-        assert_eq!(c.validate(4096, false, 4096), Err(NbdErrno::Inval));
+        assert_eq!((c.payload_len(false), c.validate(4096, false, 4096)), (512, Err(NbdErrno::Inval)));
     }
 
     #[test]
@@ -337,10 +339,10 @@ mod tests {
         }
 
         #[test]
-        fn extended_request_roundtrips(flags: u16, c: u16, cookie: u64, offset: u64, length: u64, payload: bool) {
-            let flags = flags & !cmd_flags::PAYLOAD_LEN;
+        fn extended_request_roundtrips(flags: u16, c: u16, cookie: u64, offset: u64, length: u64) {
             let command = Command::from_wire(c);
-            let r = Request { flags, command, cookie, offset, length, payload: payload || command == Command::Write };
+            let flags = if command == Command::Write { flags & !cmd_flags::PAYLOAD_LEN } else { flags };
+            let r = Request::new(command, flags, cookie, offset, length);
             let b = r.encode_ext();
             prop_assert_eq!(Request::decode_ext(&b).expect("decodes"), r);
             prop_assert_eq!(be_u64(&b, 24), length);

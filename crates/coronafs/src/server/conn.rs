@@ -310,7 +310,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Ok(cost) => cost,
             Err(refusal) => {
                 // Keep the stream in step: a refused WRITE's payload is still on the wire.
-                let skip = req.payload_len();
+                let skip = req.payload_len(extended);
                 if skip > u32::MAX as u64 {
                     // Only an extended header can announce this much; the
                     // spec lets the server hang up rather than read it all.
@@ -327,7 +327,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             }
         };
         let permit = budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
-        let payload = if req.payload {
+        let payload = if req.command == Command::Write {
             let mut buf = ctx.shared.pool.get(req.length as usize);
             if let Err(e) = rd.read_exact(&mut buf).await {
                 ctx.shared.pool.put(buf);
@@ -455,19 +455,15 @@ fn ok_reply(ctx: &Ctx, req: &Request, permit: Option<OwnedSemaphorePermit>) -> R
 }
 
 fn error_reply(ctx: &Ctx, req: &Request, errno: NbdErrno, msg: &str, permit: Option<OwnedSemaphorePermit>) -> Reply {
+    if ctx.mode == ReplyMode::Simple {
+        let head = reply::simple(req.cookie, errno as u32);
+        return Reply { head, data: None, file: None, tail: Vec::new(), _permit: permit };
+    }
     let mut tail = Vec::with_capacity(48 + msg.len());
-    match ctx.mode {
-        ReplyMode::Simple => {
-            return Reply {
-                head: reply::simple(req.cookie, errno as u32),
-                data: None,
-                file: None,
-                tail,
-                _permit: permit,
-            };
-        }
-        ReplyMode::Structured => reply::error_chunk(req.cookie, errno, msg, &mut tail),
-        ReplyMode::Extended => reply::ext_error_chunk(req.cookie, req.offset, errno, msg, &mut tail),
+    if ctx.mode == ReplyMode::Extended {
+        reply::ext_error_chunk(req.cookie, req.offset, errno, msg, &mut tail);
+    } else {
+        reply::error_chunk(req.cookie, errno, msg, &mut tail);
     }
     // The whole chunk is in `tail`; an empty head keeps the writer simple.
     Reply { head: reply::empty(), data: None, file: None, tail, _permit: permit }
@@ -736,7 +732,7 @@ impl Loopback {
         if req.command == Command::Disc {
             return Ok(());
         }
-        if payload.len() as u64 != req.payload_len() {
+        if payload.len() as u64 != req.payload_len(false) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "payload length does not match the header"));
         }
         let started = Instant::now();
@@ -744,7 +740,7 @@ impl Loopback {
             Err(refusal) => refusal,
             Ok(cost) => {
                 let permit = self.budget.clone().acquire_many_owned(cost).await.map_err(io::Error::other)?;
-                let payload = req.payload.then(|| {
+                let payload = (req.command == Command::Write).then(|| {
                     let mut buf = ctx.shared.pool.get(req.length as usize);
                     buf.copy_from_slice(payload);
                     buf
