@@ -96,7 +96,6 @@ impl Request {
 
     /// Decodes a compact header. Only a wrong magic is an error: everything
     /// else is a request the server answers, whatever its values.
-    #[inline]
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, ProtoError> {
         let magic = be_u32(b, 0);
         if magic != REQUEST_MAGIC {
@@ -193,7 +192,6 @@ impl Request {
     /// [`Request::is_no_op`]), except BLOCK_STATUS, which is EINVAL.
     /// Lengths past 32 bits (extended headers) are served for the commands
     /// without a payload; a READ or WRITE longer than `max_block` is refused.
-    #[inline]
     pub fn validate(&self, size: u64, read_only: bool, max_block: u32) -> Result<(), NbdErrno> {
         use cmd_flags::*;
         let allowed = match self.command {
