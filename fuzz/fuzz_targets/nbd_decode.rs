@@ -2,7 +2,7 @@
 //! state machine: each must return a value or an error, never panic.
 #![no_main]
 
-use coronafs::proto::handshake::{self, ClientOption, ExportCatalog, ExportDesc, Negotiator};
+use coronafs::proto::handshake::{self, ClientOption, ExportCatalog, ExportDesc, Negotiator, TlsMode};
 use coronafs::proto::reply::{self, ReplyHeader};
 use coronafs::proto::request::Request;
 use libfuzzer_sys::fuzz_target;
@@ -33,14 +33,22 @@ fuzz_target!(|data: &[u8]| {
             let _ = r.validate(1 << 30, false, 32 << 20);
         }
     }
+    if let Ok(h) = <&[u8; 32]>::try_from(data.get(..32).unwrap_or(&[])) {
+        if let Ok(r) = Request::decode_ext(h) {
+            let _ = r.validate(1 << 40, false, 32 << 20);
+        }
+    }
     let _ = ReplyHeader::decode(data);
     let _ = reply::decode_block_status(data);
+    let _ = reply::decode_block_status_ext(data);
     let _ = reply::decode_error_payload(data);
     let _ = handshake::decode_info(data);
     if data.len() >= 4 {
         let code = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) % 16;
         let _ = ClientOption::parse(code, &data[4..]);
-        let mut n = Negotiator::new(0);
+        // The TLS policy from the first byte, so every mode is fuzzed.
+        let tls = [TlsMode::Off, TlsMode::Allow, TlsMode::Require][data[0] as usize % 3];
+        let mut n = Negotiator::with_tls(u32::from(data[1] & 3), tls);
         let mut out = Vec::new();
         // Feed the rest as a sequence of options: [code u8][len u8][payload].
         let mut rest = &data[4..];

@@ -141,9 +141,18 @@ impl Corona {
     }
 
     pub fn start_in(dir: tempfile::TempDir, engine: IoEngine, read_only: bool) -> Self {
+        Self::start_configured(dir, engine, |cfg| cfg.read_only = read_only)
+    }
+
+    /// A server whose config `configure` adjusts first (TLS, say).
+    pub fn start_configured(
+        dir: tempfile::TempDir,
+        engine: IoEngine,
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         let mut cfg = ServerConfig::ephemeral(dir.path(), engine);
-        cfg.read_only = read_only;
+        configure(&mut cfg);
         let srv = rt.block_on(service::start(cfg)).expect("start coronafs");
         assert_eq!(srv.engine, engine, "engine fell back unexpectedly");
         Corona { rt, srv: Some(srv), dir }

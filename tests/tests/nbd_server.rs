@@ -200,7 +200,7 @@ fn garbage_vanishing_and_stalled_clients_do_not_disturb_others() {
     abusers.push(s);
     // Vanishes in the middle of a write payload.
     let mut s = raw_transmission(addr, "disk");
-    let req = Request { flags: 0, command: Command::Write, cookie: 1, offset: 0, length: 1 << 20 };
+    let req = Request::new(Command::Write, 0, 1, 0, 1 << 20);
     s.write_all(&req.encode()).expect("header");
     s.write_all(&[0xEE; 1000]).expect("partial payload");
     drop(s);
@@ -211,7 +211,7 @@ fn garbage_vanishing_and_stalled_clients_do_not_disturb_others() {
     // Sends many reads and never reads a reply: its socket buffers fill up.
     let mut stalled = raw_transmission(addr, "disk");
     for i in 0..512u64 {
-        let req = Request { flags: 0, command: Command::Read, cookie: i, offset: 0, length: 1 << 20 };
+        let req = Request::new(Command::Read, 0, i, 0, 1 << 20);
         if stalled.write_all(&req.encode()).is_err() {
             break;
         }
@@ -281,7 +281,7 @@ fn large_reads_from_the_page_cache_use_sendfile_and_return_the_right_bytes() {
         // Simple (unstructured) replies take the same path.
         let mut s = raw_transmission(addr, "big");
         let before = sendfile();
-        let req = Request { command: Command::Read, flags: 0, cookie: 9, offset: 3 * MIB, length: MIB as u32 };
+        let req = Request::new(Command::Read, 0, 9, 3 * MIB, MIB);
         s.write_all(&req.encode()).expect("send read");
         let mut reply = [0u8; 16];
         s.read_exact(&mut reply).expect("reply header");
@@ -293,4 +293,143 @@ fn large_reads_from_the_page_cache_use_sendfile_and_return_the_right_bytes() {
         // The reads after eviction brought those pages back into the cache.
         assert!(sendfile() > before, "{engine}: the simple-reply read should also use sendfile");
     }
+}
+
+/// Reads option replies up to the final one, returning their types.
+fn option_replies(s: &mut TcpStream) -> Vec<u32> {
+    use coronafs::proto::handshake::{OPTION_REPLY_HEADER_LEN, decode_option_reply_header};
+    let mut types = Vec::new();
+    loop {
+        let mut h = [0u8; OPTION_REPLY_HEADER_LEN];
+        s.read_exact(&mut h).expect("option reply");
+        let (_, ty, len) = decode_option_reply_header(&h).expect("reply magic");
+        let mut data = vec![0u8; len as usize];
+        s.read_exact(&mut data).expect("reply payload");
+        types.push(ty);
+        if ty != coronafs::proto::rep::INFO && ty != coronafs::proto::rep::META_CONTEXT {
+            return types;
+        }
+    }
+}
+
+/// Negotiates extended headers and `base:allocation` by hand and enters
+/// transmission on `export` with NBD_OPT_GO.
+fn ext_transmission(addr: std::net::SocketAddr, export: &str) -> TcpStream {
+    use coronafs::proto::handshake::{ClientOption, encode_option};
+    use coronafs::proto::{BASE_ALLOCATION, rep};
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("greeting");
+    s.write_all(&3u32.to_be_bytes()).expect("flags");
+    let options = [
+        ClientOption::ExtendedHeaders,
+        ClientOption::SetMetaContext { name: export.into(), queries: vec![BASE_ALLOCATION.into()] },
+        ClientOption::Go { name: export.into(), requests: vec![] },
+    ];
+    for o in options {
+        let (code, data) = o.encode_payload();
+        let mut msg = Vec::new();
+        encode_option(code, &data, &mut msg);
+        s.write_all(&msg).expect("option");
+        assert_eq!(option_replies(&mut s).last(), Some(&rep::ACK), "{o:?}");
+    }
+    s
+}
+
+/// Reads one extended reply chunk: its header and payload.
+fn ext_reply(s: &mut TcpStream) -> (coronafs::proto::reply::ReplyHeader, Vec<u8>) {
+    use coronafs::proto::reply::{EXT_CHUNK_LEN, ReplyHeader};
+    let mut h = [0u8; EXT_CHUNK_LEN];
+    s.read_exact(&mut h).expect("extended reply header");
+    let header = ReplyHeader::decode(&h).expect("decode");
+    let ReplyHeader::Extended { length, .. } = header else { panic!("not an extended reply: {header:?}") };
+    assert!(length < 64 << 20, "reply payload of {length} bytes");
+    let mut payload = vec![0u8; length as usize];
+    s.read_exact(&mut payload).expect("reply payload");
+    (header, payload)
+}
+
+#[test]
+fn extended_headers_serve_64_bit_lengths_and_refuse_what_we_do_not_serve() {
+    use coronafs::proto::chunk;
+    use coronafs::proto::reply::{ReplyHeader, decode_block_status_ext, decode_error_payload};
+    const GIB: u64 = 1 << 30;
+    let c = Corona::start(IoEngine::Threads);
+    c.create("big", 16 * GIB);
+    let mut s = ext_transmission(c.addr(), "big");
+    // `payload` on anything but a WRITE (which always has one) is NBD_CMD_FLAG_PAYLOAD_LEN.
+    let ext = |command, cookie, offset, length, payload: bool| {
+        let flags = if payload && command != Command::Write { cmd_flags::PAYLOAD_LEN } else { 0 };
+        Request::new(command, flags, cookie, offset, length)
+    };
+    let expect_done = |s: &mut TcpStream, cookie: u64, offset: u64| {
+        let (h, _) = ext_reply(s);
+        let done = ReplyHeader::Extended { cookie, flags: chunk::FLAG_DONE, ty: chunk::NONE, offset, length: 0 };
+        assert_eq!(h, done, "cookie {cookie}: a final NONE chunk, never a simple reply");
+    };
+    let expect_error = |s: &mut TcpStream, cookie: u64, errno: u32| {
+        let (h, p) = ext_reply(s);
+        let ReplyHeader::Extended { cookie: got, ty, flags, .. } = h else { unreachable!() };
+        assert_eq!((got, ty, flags), (cookie, chunk::ERROR, chunk::FLAG_DONE), "cookie {cookie}");
+        let (e, msg) = decode_error_payload(&p).expect("error payload");
+        assert_eq!(e, errno, "cookie {cookie}: {msg}");
+    };
+    // A write and a read at 5 GiB, past any 32-bit offset.
+    let data = pattern(4096, 5);
+    s.write_all(&ext(Command::Write, 1, 5 * GIB, 4096, true).encode_ext()).expect("write");
+    s.write_all(&data).expect("payload");
+    expect_done(&mut s, 1, 5 * GIB);
+    s.write_all(&ext(Command::Read, 2, 5 * GIB, 4096, false).encode_ext()).expect("read");
+    let (h, p) = ext_reply(&mut s);
+    let ReplyHeader::Extended { ty, offset, length, .. } = h else { unreachable!() };
+    assert_eq!((ty, offset, length), (chunk::OFFSET_DATA, 5 * GIB, 4096 + 8));
+    assert_eq!(u64::from_be_bytes(p[..8].try_into().expect("8")), 5 * GIB);
+    assert!(p[8..] == data[..], "read back at 5 GiB");
+    // Block status over 6 GiB in one request: the hole before the data is
+    // one extent longer than 32 bits can say.
+    s.write_all(&ext(Command::BlockStatus, 3, 0, 6 * GIB, false).encode_ext()).expect("block status");
+    let (h, p) = ext_reply(&mut s);
+    let ReplyHeader::Extended { ty, .. } = h else { unreachable!() };
+    assert_eq!(ty, chunk::BLOCK_STATUS_EXT);
+    let (ctx, extents) = decode_block_status_ext(&p).expect("extents");
+    assert_eq!(ctx, coronafs::proto::BASE_ALLOCATION_ID);
+    assert_eq!((extents[0].length, extents[0].flags), (5 * GIB, 3), "one hole of 5 GiB: {extents:?}");
+    assert_eq!(extents[1].flags, 0, "then data: {extents:?}");
+    // A 64-bit TRIM and WRITE_ZEROES are served in one request each.
+    s.write_all(&ext(Command::Trim, 4, 0, 5 * GIB + 4096, false).encode_ext()).expect("trim");
+    expect_done(&mut s, 4, 0);
+    s.write_all(&ext(Command::WriteZeroes, 5, GIB, 10 * GIB, false).encode_ext()).expect("zero");
+    expect_done(&mut s, 5, GIB);
+    s.write_all(&ext(Command::Read, 6, 5 * GIB, 4096, false).encode_ext()).expect("read");
+    let (_, p) = ext_reply(&mut s);
+    assert!(p[8..].iter().all(|&b| b == 0), "trimmed");
+    // A WRITE without NBD_CMD_FLAG_PAYLOAD_LEN, as qemu sends it, still
+    // carries its payload.
+    let mut bare = ext(Command::Write, 8, 7 * GIB, 4096, true).encode_ext();
+    bare[4..6].copy_from_slice(&0u16.to_be_bytes());
+    s.write_all(&bare).expect("unflagged write");
+    s.write_all(&data).expect("payload");
+    expect_done(&mut s, 8, 7 * GIB);
+    s.write_all(&ext(Command::Read, 13, 7 * GIB, 4096, false).encode_ext()).expect("read");
+    let (_, p) = ext_reply(&mut s);
+    assert!(p[8..] == data[..], "the unflagged write landed");
+    // What we do not serve is refused, and the connection goes on:
+    // a READ longer than the block size limit,
+    s.write_all(&ext(Command::Read, 7, 0, 5 * GIB, false).encode_ext()).expect("huge read");
+    expect_error(&mut s, 7, NbdErrno::Overflow as u32);
+    // a payload on a READ (read and dropped),
+    s.write_all(&ext(Command::Read, 9, 0, 16, true).encode_ext()).expect("read with payload");
+    s.write_all(&[0xAB; 16]).expect("its payload");
+    expect_error(&mut s, 9, NbdErrno::Inval as u32);
+    // a range past the end.
+    s.write_all(&ext(Command::Trim, 10, 8 * GIB, 9 * GIB, false).encode_ext()).expect("trim past the end");
+    expect_error(&mut s, 10, NbdErrno::Inval as u32);
+    s.write_all(&ext(Command::Flush, 11, 0, 0, false).encode_ext()).expect("flush");
+    expect_done(&mut s, 11, 0);
+    // A payload over 4 GiB is not read: the server hangs up.
+    s.write_all(&ext(Command::Write, 12, 0, 8 * GIB, true).encode_ext()).expect("huge write");
+    let mut b = [0u8; 1];
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "the connection is closed");
+    assert!(c.srv().metrics.extended_sessions.load(std::sync::atomic::Ordering::Relaxed) >= 1);
 }

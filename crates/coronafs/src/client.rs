@@ -267,7 +267,7 @@ impl NbdClient {
             .lock()
             .map_err(|_| CoronaError::Disconnected)?
             .insert(cookie, Pending { kind, error: None, tx });
-        let hdr = Request { flags, command, cookie, offset, length }.encode();
+        let hdr = Request::new(command, flags, cookie, offset, length as u64).encode();
         {
             let mut wr = self.wr.lock().await;
             let mut slices = [IoSlice::new(&hdr), IoSlice::new(payload)];
@@ -345,7 +345,7 @@ impl NbdClient {
     /// Sends `NBD_CMD_DISC` after waiting for nothing: callers should let
     /// their requests finish first.
     pub async fn disconnect(self) -> Result<()> {
-        let hdr = Request { flags: 0, command: Command::Disc, cookie: 0, offset: 0, length: 0 }.encode();
+        let hdr = Request::new(Command::Disc, 0, 0, 0, 0).encode();
         let mut wr = self.wr.lock().await;
         wr.write_all(&hdr).await?;
         let _ = wr.shutdown().await;
@@ -406,6 +406,10 @@ async fn reply_loop(rd: &mut BufReader<OwnedReadHalf>, shared: &Shared) -> Resul
             Err(e) => return Err(e.into()),
         }
         let hlen = ReplyHeader::header_len(u32::from_be_bytes(magic))?;
+        if hlen > reply::CHUNK_LEN {
+            // This client never asks for extended headers.
+            return Err(ProtoError::Unexpected("extended reply without extended headers".into()).into());
+        }
         let mut h = [0u8; reply::CHUNK_LEN];
         h[..4].copy_from_slice(&magic);
         rd.read_exact(&mut h[4..hlen]).await.map_err(eof)?;
@@ -424,6 +428,9 @@ async fn reply_loop(rd: &mut BufReader<OwnedReadHalf>, shared: &Shared) -> Resul
                 // socket runs dry): it usually sends its next request, so
                 // the pipeline stays as deep as the caller keeps it.
                 tokio::task::yield_now().await;
+            }
+            ReplyHeader::Extended { .. } => {
+                return Err(ProtoError::Unexpected("extended reply without extended headers".into()).into());
             }
             ReplyHeader::Chunk { flags, ty, length, cookie } => {
                 match (ty, &mut p.kind) {

@@ -14,6 +14,7 @@
 
 use crate::backend::IoEngine;
 use crate::error::{CoronaError, Result};
+use crate::proto::handshake::TlsMode;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,20 @@ pub struct ServerConfig {
     pub engine: IoEngine,
     /// Export every volume read-only.
     pub read_only: bool,
+    /// NBD over TLS (STARTTLS).
+    pub tls: TlsConfig,
+}
+
+/// NBD over TLS, as nbdkit's `--tls`, `--tls-certificates` and `--tls-verify-peer`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// Off, offered, or required before any other option.
+    pub mode: TlsMode,
+    /// Directory with `ca-cert.pem`, `server-cert.pem` and `server-key.pem`
+    /// (see [`crate::server::tls`]); required unless `mode` is off.
+    pub certificates: Option<PathBuf>,
+    /// Clients must present a certificate signed by `ca-cert.pem`.
+    pub verify_peer: bool,
 }
 
 impl ServerConfig {
@@ -48,6 +63,7 @@ impl ServerConfig {
             api: SocketAddr::from(([127, 0, 0, 1], 0)),
             engine,
             read_only: false,
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -67,6 +83,22 @@ pub struct ServeSettings {
     pub io_engine: Option<IoEngine>,
     /// Export every volume read-only [default: false].
     pub read_only: Option<bool>,
+    /// NBD over TLS: `require`, `allow` (or `on`) or `off` [default: off].
+    #[serde(default, deserialize_with = "tls_mode")]
+    pub tls: Option<TlsMode>,
+    /// Directory holding ca-cert.pem, server-cert.pem and server-key.pem
+    /// (nbdkit's layout). Required when `tls` is not off.
+    pub tls_certificates: Option<PathBuf>,
+    /// nbdkit's TLS-PSK key file (`username:hexkey` lines). Not implemented:
+    /// refused with the reason.
+    pub tls_psk: Option<PathBuf>,
+    /// Require client certificates signed by ca-cert.pem [default: false].
+    pub tls_verify_peer: Option<bool>,
+}
+
+fn tls_mode<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<TlsMode>, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 fn engine<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<IoEngine>, D::Error> {
@@ -97,21 +129,53 @@ impl ServeSettings {
             api: over.api.or(self.api),
             io_engine: over.io_engine.or(self.io_engine),
             read_only: over.read_only.or(self.read_only),
+            tls: over.tls.or(self.tls),
+            tls_certificates: over.tls_certificates.or(self.tls_certificates),
+            tls_psk: over.tls_psk.or(self.tls_psk),
+            tls_verify_peer: over.tls_verify_peer.or(self.tls_verify_peer),
         }
     }
 
-    /// The server configuration, defaults filled in; `data_dir` is required
-    /// and the two listen addresses must differ.
+    /// The server configuration, defaults filled in; `data_dir` is required,
+    /// the two listen addresses must differ, TLS needs a certificate
+    /// directory (and TLS settings without TLS on are refused, not ignored),
+    /// and `tls_psk` is refused as not implemented.
     pub fn into_server_config(self) -> Result<ServerConfig> {
         let data_dir = self.data_dir.ok_or_else(|| {
             CoronaError::Config("no data directory: give --data-dir or data_dir in the --config file".into())
         })?;
+        if let Some(psk) = &self.tls_psk {
+            return Err(crate::server::tls::psk_unsupported(psk));
+        }
+        let tls = TlsConfig {
+            mode: self.tls.unwrap_or_default(),
+            certificates: self.tls_certificates,
+            verify_peer: self.tls_verify_peer.unwrap_or(false),
+        };
+        match (tls.mode, &tls.certificates) {
+            (TlsMode::Off, Some(dir)) => {
+                return Err(CoronaError::Config(format!(
+                    "--tls-certificates {} given but TLS is off: add --tls require (or allow)",
+                    dir.display()
+                )));
+            }
+            (TlsMode::Off, None) if tls.verify_peer => {
+                return Err(CoronaError::Config("--tls-verify-peer given but TLS is off".into()));
+            }
+            (mode @ (TlsMode::Allow | TlsMode::Require), None) => {
+                return Err(CoronaError::Config(format!(
+                    "--tls {mode} needs --tls-certificates DIR (ca-cert.pem, server-cert.pem, server-key.pem)"
+                )));
+            }
+            _ => {}
+        }
         let cfg = ServerConfig {
             data_dir,
             nbd: self.nbd.unwrap_or(DEFAULT_NBD),
             api: self.api.unwrap_or(DEFAULT_API),
             engine: self.io_engine.unwrap_or(IoEngine::Threads),
             read_only: self.read_only.unwrap_or(false),
+            tls,
         };
         if cfg.nbd == cfg.api && cfg.nbd.port() != 0 {
             return Err(CoronaError::Config(format!("nbd and api both listen on {}", cfg.nbd)));
@@ -166,6 +230,38 @@ mod tests {
             ..Default::default()
         };
         assert!(same.into_server_config().is_err());
+    }
+
+    #[test]
+    fn tls_settings_need_each_other_and_psk_is_refused_as_not_implemented() {
+        let s = ServeSettings::from_toml(
+            "data_dir = \"/a\"\ntls = \"require\"\ntls_certificates = \"/pki\"\ntls_verify_peer = true\n",
+        )
+        .expect("parse");
+        let c = s.into_server_config().expect("valid").tls;
+        assert_eq!(c, TlsConfig { mode: TlsMode::Require, certificates: Some("/pki".into()), verify_peer: true });
+        let on = ServeSettings::from_toml("data_dir = \"/a\"\ntls = \"on\"\ntls_certificates = \"/pki\"\n");
+        assert_eq!(on.expect("parse").into_server_config().expect("valid").tls.mode, TlsMode::Allow, "nbdkit's on");
+        let e = ServeSettings::from_toml("tls = \"maybe\"\n").expect_err("refused");
+        assert!(e.to_string().contains("maybe"), "{e}");
+        let base = || ServeSettings { data_dir: Some("/a".into()), ..Default::default() };
+        let e = ServeSettings { tls: Some(TlsMode::Require), ..base() }.into_server_config().expect_err("refused");
+        assert!(e.to_string().contains("--tls-certificates"), "{e}");
+        let e = ServeSettings { tls_certificates: Some("/pki".into()), ..base() }
+            .into_server_config()
+            .expect_err("refused");
+        assert!(e.to_string().contains("TLS is off"), "{e}");
+        let e = ServeSettings { tls_verify_peer: Some(true), ..base() }.into_server_config().expect_err("refused");
+        assert!(e.to_string().contains("TLS is off"), "{e}");
+        let psk = ServeSettings {
+            tls: Some(TlsMode::Require),
+            tls_psk: Some("/k/keys.psk".into()),
+            tls_certificates: Some("/pki".into()),
+            ..base()
+        };
+        let e = psk.into_server_config().expect_err("refused").to_string();
+        assert!(e.contains("--tls-psk /k/keys.psk is not implemented"), "{e}");
+        assert_eq!(base().into_server_config().expect("valid").tls, TlsConfig::default(), "TLS is off by default");
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub enum CoronaError {
     /// A settings file or flag is invalid (`coronafs serve --config`).
     #[error("configuration: {0}")]
     Config(String),
+    /// The TLS credentials (`--tls-certificates DIR`) cannot be loaded, or
+    /// a TLS setting cannot be served (the message says which file or why).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The `--config` file cannot be read or parsed (the message names it).
     #[error(transparent)]
     ConfigFile(#[from] svc_kit::config::ConfigError),
@@ -74,7 +78,7 @@ impl CoronaError {
     pub fn http_status(&self) -> u16 {
         match self {
             CoronaError::InvalidName { .. } | CoronaError::InvalidSize { .. } | CoronaError::BadRequest(_) => 400,
-            CoronaError::Config(_) | CoronaError::ConfigFile(_) => 500,
+            CoronaError::Config(_) | CoronaError::ConfigFile(_) | CoronaError::Tls(_) => 500,
             CoronaError::AlreadyExists(_) | CoronaError::SnapshotExists(_) | CoronaError::Conflict(_) => 409,
             CoronaError::NotFound(_) | CoronaError::SnapshotNotFound(_) => 404,
             CoronaError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => 507,

@@ -6,6 +6,7 @@ use coronafs::api_client::ApiClient;
 use coronafs::backend::IoEngine;
 use coronafs::config::ServeSettings;
 use coronafs::dto::{CreateVolume, VolumeInfo};
+use coronafs::proto::handshake::TlsMode;
 use coronafs::service;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,7 +16,8 @@ use std::path::PathBuf;
 /// Run `coronafs serve` on the storage node, then create volumes through its
 /// control API with `coronafs volume create`. Every volume is reachable as
 /// nbd://HOST:PORT/NAME by qemu, libnbd tools, fio's nbd engine or the kernel
-/// nbd client; every snapshot, read-only, as nbd://HOST:PORT/NAME@SNAP.
+/// nbd client (nbds:// with `serve --tls`); every snapshot, read-only, as
+/// nbd://HOST:PORT/NAME@SNAP.
 /// Snapshots take O(1) time and space; so do clones of them
 /// (`coronafs volume create NEW --from-snapshot NAME@SNAP`).
 #[derive(Parser, Debug)]
@@ -32,7 +34,7 @@ enum Cmd {
     /// Settings come from --config (TOML, unknown fields refused; see
     /// docs/deploy.md) and from flags; a flag wins over the file.
     #[command(
-        after_help = "Examples:\n  coronafs serve --data-dir /var/lib/coronafs\n  coronafs serve --config /etc/photoncloud/coronafs.toml\n\nThe file's fields: data_dir, nbd, api, io_engine, read_only (as the flags)."
+        after_help = "Examples:\n  coronafs serve --data-dir /var/lib/coronafs\n  coronafs serve --config /etc/photoncloud/coronafs.toml\n  coronafs serve --data-dir /var/lib/coronafs --tls require --tls-certificates /etc/pki/coronafs\n    (clients: nbdinfo 'nbds://HOST/NAME?tls-certificates=DIR', DIR holding ca-cert.pem)\n\nThe file's fields: data_dir, nbd, api, io_engine, read_only, tls, tls_certificates,\ntls_verify_peer, tls_psk (as the flags)."
     )]
     Serve {
         /// TOML settings file with the same fields as the flags
@@ -61,6 +63,29 @@ enum Cmd {
         /// Export every volume read-only (writes are answered with EPERM).
         #[arg(long)]
         read_only: bool,
+        /// NBD over TLS (STARTTLS), as nbdkit's --tls [default: off].
+        /// `require`: every option before STARTTLS is refused with
+        /// NBD_REP_ERR_TLS_REQD, so only nbds:// clients get in; `allow`
+        /// (nbdkit's `on`): TLS at the client's choice, plain clients too;
+        /// `off`: STARTTLS answers NBD_REP_ERR_UNSUP.
+        #[arg(long, value_name = "require|allow|off")]
+        tls: Option<TlsMode>,
+        /// Directory with the X.509 files, named as nbdkit's:
+        /// server-cert.pem (the chain, leaf first), server-key.pem, and
+        /// ca-cert.pem (used with --tls-verify-peer). Required with --tls
+        /// require or allow.
+        #[arg(long, value_name = "DIR")]
+        tls_certificates: Option<PathBuf>,
+        /// Require client certificates signed by DIR/ca-cert.pem (and not
+        /// revoked by DIR/ca-crl.pem if present), as nbdkit's
+        /// --tls-verify-peer. Without it client certificates are not asked for.
+        #[arg(long)]
+        tls_verify_peer: bool,
+        /// TLS with pre-shared keys from FILE (nbdkit's psktool format,
+        /// username:hexkey). NOT IMPLEMENTED: refused at start, because
+        /// rustls has no TLS-PSK; use --tls-certificates.
+        #[arg(long, value_name = "FILE")]
+        tls_psk: Option<PathBuf>,
     },
     /// Manage volumes through a running server's control API.
     Volume {
@@ -162,12 +187,33 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
-        Cmd::Serve { config, data_dir, nbd, api, io_engine, read_only } => {
+        Cmd::Serve {
+            config,
+            data_dir,
+            nbd,
+            api,
+            io_engine,
+            read_only,
+            tls,
+            tls_certificates,
+            tls_verify_peer,
+            tls_psk,
+        } => {
             let file = match &config {
                 Some(path) => ServeSettings::from_file(path)?,
                 None => ServeSettings::default(),
             };
-            let flags = ServeSettings { data_dir, nbd, api, io_engine, read_only: read_only.then_some(true) };
+            let flags = ServeSettings {
+                data_dir,
+                nbd,
+                api,
+                io_engine,
+                read_only: read_only.then_some(true),
+                tls,
+                tls_certificates,
+                tls_psk,
+                tls_verify_peer: tls_verify_peer.then_some(true),
+            };
             let cfg = file.overridden_by(flags).into_server_config()?;
             let srv = service::start(cfg).await.context("starting the server")?;
             srv.run_until_signal().await;

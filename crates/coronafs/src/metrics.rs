@@ -46,6 +46,10 @@ pub struct Metrics {
     pub sendfile_reads: AtomicU64,
     /// Mutating requests refused because their connection's epoch was fenced.
     pub fenced_requests: AtomicU64,
+    /// Connections upgraded to TLS with STARTTLS (the TLS handshake done).
+    pub tls_sessions: AtomicU64,
+    /// Connections that entered transmission with extended headers.
+    pub extended_sessions: AtomicU64,
 }
 
 fn index(c: Command) -> usize {
@@ -121,6 +125,12 @@ impl Metrics {
                 "WRITE/TRIM/WRITE_ZEROES refused because a newer epoch fenced the connection.",
                 &self.fenced_requests,
             ),
+            ("coronafs_nbd_tls_sessions_total", "Connections upgraded to TLS with STARTTLS.", &self.tls_sessions),
+            (
+                "coronafs_nbd_extended_header_sessions_total",
+                "Connections in transmission with extended (64-bit) headers.",
+                &self.extended_sessions,
+            ),
         ];
         for (name, help, c) in counters {
             t.counter(name, help, c.load(Relaxed));
@@ -162,7 +172,7 @@ mod tests {
         );
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!((types.len(), helps), (10, 10), "{text}");
+        assert_eq!((types.len(), helps), (12, 12), "{text}");
         assert_eq!(types.iter().filter(|l| l.ends_with(" histogram")).count(), 1);
     }
 }

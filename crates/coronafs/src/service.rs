@@ -7,6 +7,7 @@ use crate::backend::{IoEngine, Opener};
 use crate::config::ServerConfig;
 use crate::error::Result;
 use crate::metrics::Metrics;
+use crate::proto::handshake::TlsMode;
 use crate::server::Shared;
 use crate::volume::Volumes;
 use std::net::SocketAddr;
@@ -61,8 +62,16 @@ impl RunningServer {
     }
 }
 
-/// Loads the volumes, binds both listeners and starts serving.
+/// Loads the TLS credentials and the volumes, binds both listeners and
+/// starts serving.
 pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
+    let tls = match (cfg.tls.mode, &cfg.tls.certificates) {
+        (TlsMode::Off, _) => None,
+        (mode, Some(dir)) => Some((mode, crate::server::tls::acceptor(dir, cfg.tls.verify_peer)?)),
+        (mode, None) => {
+            return Err(crate::CoronaError::Config(format!("--tls {mode} needs --tls-certificates DIR")));
+        }
+    };
     std::fs::create_dir_all(&cfg.data_dir)?;
     let opener = Opener::start(cfg.engine);
     let engine = opener.engine();
@@ -73,7 +82,11 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     let (nbd_addr, api_addr) = (nbd.local_addr()?, api.local_addr()?);
     let (stop, stopped) = watch::channel(false);
     let mut tasks = JoinSet::new();
-    let shared = Arc::new(Shared::new(volumes.clone(), metrics.clone()));
+    let mut shared = Shared::new(volumes.clone(), metrics.clone());
+    if let Some((mode, acceptor)) = tls {
+        shared = shared.with_tls(mode, acceptor);
+    }
+    let shared = Arc::new(shared);
     tasks.spawn(crate::server::serve(nbd, shared, stopped.clone()));
     let app = crate::api::router(volumes.clone(), metrics.clone());
     let mut api_stop = stopped;
@@ -85,6 +98,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
             tracing::error!(error = %e, "control API stopped");
         }
     });
-    tracing::info!(%nbd_addr, %api_addr, %engine, dir = %cfg.data_dir.display(), "coronafs serving");
+    let tls = cfg.tls.mode;
+    tracing::info!(%nbd_addr, %api_addr, %engine, %tls, dir = %cfg.data_dir.display(), "coronafs serving");
     Ok(RunningServer { nbd_addr, api_addr, engine, volumes, metrics, stop, tasks })
 }

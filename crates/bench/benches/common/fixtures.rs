@@ -44,8 +44,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// FUA, flush, trim, block status; and one that fails validation.
 pub fn request_headers() -> Vec<[u8; REQUEST_LEN]> {
     use coronafs::proto::cmd_flags::{FUA, REQ_ONE};
-    let r =
-        |command, flags, offset, length| Request { flags, command, cookie: offset ^ 0x5eed, offset, length }.encode();
+    let r = |command, flags, offset, length| Request::new(command, flags, offset ^ 0x5eed, offset, length).encode();
     vec![
         r(Command::Read, 0, 1 << 30, 4096),
         r(Command::Read, 0, 7 << 20, 1 << 20),
@@ -102,11 +101,11 @@ impl NbdRequest {
         let backend = AnyBackend::Memory(MemBackend::new(64 << 20));
         let volume = shared.volumes.insert("gate", backend, false).expect("volume");
         let conn = Loopback::new(shared, volume, true);
-        let header = Request { flags: 0, command, cookie: 42, offset: 8 << 20, length: len }.encode();
+        let header = Request::new(command, 0, 42, 8 << 20, len as u64).encode();
         let payload = if command == Command::Write { pattern(len as usize, 1) } else { Vec::new() };
         let mut f = NbdRequest { rt, _dir: dir, conn, header, payload };
         // Warm: the range is written once and the buffer pool holds a buffer.
-        let write = Request { flags: 0, command: Command::Write, cookie: 1, offset: 8 << 20, length: len }.encode();
+        let write = Request::new(Command::Write, 0, 1, 8 << 20, len as u64).encode();
         let data = pattern(len as usize, 2);
         f.rt.block_on(f.conn.request(&write, &data, |_| {})).expect("warm write");
         f.run();

@@ -3,8 +3,12 @@
 //!
 //! The negotiator is pure: it is fed one option (code and payload) at a time
 //! and appends the bytes to send back to an output buffer, telling the caller
-//! whether to keep negotiating, enter transmission or close.
+//! whether to keep negotiating, start TLS, enter transmission or close. TLS
+//! follows the spec's modes: [`TlsMode::Off`] is NOTLS, [`TlsMode::Require`]
+//! is FORCEDTLS and [`TlsMode::Allow`] is SELECTIVETLS with no TLS-only
+//! export (nbdkit's `--tls=off|require|on`).
 
+use super::reply::ReplyMode;
 use super::*;
 
 /// Size of the server greeting (`NBDMAGIC`, `IHAVEOPT`, handshake flags).
@@ -90,6 +94,7 @@ pub enum ClientOption {
     StructuredReply,
     ListMetaContext { name: String, queries: Vec<String> },
     SetMetaContext { name: String, queries: Vec<String> },
+    ExtendedHeaders,
     Unknown(u32),
 }
 
@@ -112,6 +117,7 @@ impl ClientOption {
             opt::LIST => empty(ClientOption::List),
             opt::STARTTLS => empty(ClientOption::StartTls),
             opt::STRUCTURED_REPLY => empty(ClientOption::StructuredReply),
+            opt::EXTENDED_HEADERS => empty(ClientOption::ExtendedHeaders),
             opt::INFO | opt::GO => {
                 let mut pos = 0;
                 let name = take_string(data, &mut pos)?;
@@ -188,6 +194,7 @@ impl ClientOption {
             ClientOption::List => (opt::LIST, vec![]),
             ClientOption::StartTls => (opt::STARTTLS, vec![]),
             ClientOption::StructuredReply => (opt::STRUCTURED_REPLY, vec![]),
+            ClientOption::ExtendedHeaders => (opt::EXTENDED_HEADERS, vec![]),
             ClientOption::Info { name, requests } => (opt::INFO, name_and_requests(name, requests)),
             ClientOption::Go { name, requests } => (opt::GO, name_and_requests(name, requests)),
             ClientOption::ListMetaContext { name, queries } => {
@@ -239,10 +246,51 @@ pub trait ExportCatalog {
 pub enum Step {
     /// Send the output and read the next option.
     Continue,
+    /// Send the output (the `NBD_REP_ACK` of `NBD_OPT_STARTTLS`), then run
+    /// a TLS handshake as the server; the next option comes inside TLS. If
+    /// the handshake fails, close.
+    StartTls,
     /// Send the output and enter transmission on this export.
     Transmit(ExportDesc),
     /// Send the output (if any) and close the connection.
     Close,
+}
+
+/// Whether the server offers TLS, and whether it insists on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// No TLS: `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_UNSUP` (NOTLS).
+    #[default]
+    Off,
+    /// TLS at the client's choice; plain clients are served too (SELECTIVETLS).
+    Allow,
+    /// Every option but `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` gets
+    /// `NBD_REP_ERR_TLS_REQD` until TLS runs (FORCEDTLS).
+    Require,
+}
+
+impl std::str::FromStr for TlsMode {
+    type Err = String;
+
+    /// `off`, `allow` (or nbdkit's `on`) and `require`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(TlsMode::Off),
+            "allow" | "on" => Ok(TlsMode::Allow),
+            "require" => Ok(TlsMode::Require),
+            other => Err(format!("unknown TLS mode {other:?}: expected \"require\", \"allow\" or \"off\"")),
+        }
+    }
+}
+
+impl std::fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TlsMode::Off => "off",
+            TlsMode::Allow => "allow",
+            TlsMode::Require => "require",
+        })
+    }
 }
 
 /// The server's negotiation state for one connection.
@@ -252,25 +300,56 @@ pub struct Negotiator {
     pub no_zeroes: bool,
     /// Structured replies were negotiated.
     pub structured: bool,
+    /// Extended headers were negotiated (they imply structured replies).
+    pub extended: bool,
     /// `base:allocation` was selected, and for which export name.
     pub meta_export: Option<String>,
+    /// The TLS policy for this connection.
+    pub tls: TlsMode,
+    /// `NBD_OPT_STARTTLS` was acknowledged: everything since runs in TLS.
+    pub tls_active: bool,
 }
 
 /// Outcome of negotiation that transmission needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Negotiated {
     pub export: ExportDesc,
-    pub structured: bool,
+    /// Simple, structured or extended replies (and request headers).
+    pub mode: ReplyMode,
     pub base_allocation: bool,
+    /// The connection runs in TLS.
+    pub tls: bool,
 }
 
 impl Negotiator {
+    /// A negotiation without TLS.
     pub fn new(client_flags: u32) -> Self {
-        Negotiator { no_zeroes: client_flags & client_flags::NO_ZEROES != 0, ..Default::default() }
+        Self::with_tls(client_flags, TlsMode::Off)
+    }
+
+    /// A negotiation under a TLS policy. A client that did not answer fixed
+    /// newstyle may not be offered TLS (the spec's NOTLS rule): under
+    /// `Allow` it negotiates as with `Off`; under `Require` it is refused.
+    pub fn with_tls(client_flags: u32, tls: TlsMode) -> Self {
+        let fixed = client_flags & client_flags::FIXED_NEWSTYLE != 0;
+        let tls = if !fixed && tls == TlsMode::Allow { TlsMode::Off } else { tls };
+        Negotiator { no_zeroes: client_flags & client_flags::NO_ZEROES != 0, tls, ..Default::default() }
     }
 
     /// Handles one option, appending any reply to `out`.
     pub fn handle(&mut self, code: u32, data: &[u8], cat: &dyn ExportCatalog, out: &mut Vec<u8>) -> Step {
+        if self.tls == TlsMode::Require && !self.tls_active {
+            match code {
+                opt::STARTTLS | opt::ABORT => {}
+                // NBD_OPT_EXPORT_NAME cannot be answered with an error: the spec says to close.
+                opt::EXPORT_NAME => return Step::Close,
+                _ => {
+                    let msg = "this server requires TLS: send NBD_OPT_STARTTLS first (an nbds:// URI)";
+                    error_reply(code, rep::ERR_TLS_REQD, msg, out);
+                    return Step::Continue;
+                }
+            }
+        }
         let parsed = match ClientOption::parse(code, data) {
             Ok(o) => o,
             Err(e) => {
@@ -310,11 +389,34 @@ impl Negotiator {
                 Step::Continue
             }
             ClientOption::StartTls => {
-                error_reply(code, rep::ERR_UNSUP, "TLS is not supported by this server", out);
-                Step::Continue
+                if self.tls == TlsMode::Off {
+                    error_reply(code, rep::ERR_UNSUP, "TLS is off on this server (coronafs serve --tls)", out);
+                    return Step::Continue;
+                }
+                if self.tls_active {
+                    error_reply(code, rep::ERR_INVALID, "TLS is already running", out);
+                    return Step::Continue;
+                }
+                // Nothing negotiated in the clear survives the upgrade (the spec's rule).
+                self.structured = false;
+                self.extended = false;
+                self.meta_export = None;
+                self.tls_active = true;
+                encode_option_reply(code, rep::ACK, &[], out);
+                Step::StartTls
             }
             ClientOption::StructuredReply => {
+                if self.extended {
+                    let msg = "extended headers are already negotiated and take precedence";
+                    error_reply(code, rep::ERR_EXT_HEADER_REQD, msg, out);
+                    return Step::Continue;
+                }
                 self.structured = true;
+                encode_option_reply(code, rep::ACK, &[], out);
+                Step::Continue
+            }
+            ClientOption::ExtendedHeaders => {
+                self.extended = true;
                 encode_option_reply(code, rep::ACK, &[], out);
                 Step::Continue
             }
@@ -337,8 +439,9 @@ impl Negotiator {
             }
             ClientOption::ListMetaContext { name, queries } | ClientOption::SetMetaContext { name, queries } => {
                 let set = code == opt::SET_META_CONTEXT;
-                if set && !self.structured {
-                    error_reply(code, rep::ERR_INVALID, "structured replies must be negotiated first", out);
+                if set && !self.structured && !self.extended {
+                    let msg = "structured replies or extended headers must be negotiated first";
+                    error_reply(code, rep::ERR_INVALID, msg, out);
                     return Step::Continue;
                 }
                 if let Err(why) = cat.lookup(&name) {
@@ -376,12 +479,23 @@ impl Negotiator {
         }
     }
 
+    /// The replies negotiated so far.
+    pub fn mode(&self) -> ReplyMode {
+        match (self.extended, self.structured) {
+            (true, _) => ReplyMode::Extended,
+            (false, true) => ReplyMode::Structured,
+            (false, false) => ReplyMode::Simple,
+        }
+    }
+
     /// What transmission needs to know, once `Step::Transmit` came back.
     pub fn finish(&self, export: ExportDesc) -> Negotiated {
+        let mode = self.mode();
         Negotiated {
-            base_allocation: self.structured && self.meta_export.as_deref() == Some(export.name.as_str()),
-            structured: self.structured,
+            base_allocation: mode != ReplyMode::Simple && self.meta_export.as_deref() == Some(export.name.as_str()),
+            mode,
             export,
+            tls: self.tls_active,
         }
     }
 }
@@ -571,6 +685,124 @@ mod tests {
         assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
     }
 
+    fn tls_server(flags: u32, mode: TlsMode) -> Negotiator {
+        Negotiator::with_tls(flags | client_flags::FIXED_NEWSTYLE, mode)
+    }
+
+    fn send(n: &mut Negotiator, o: &ClientOption) -> (Step, Vec<u32>) {
+        let (code, data) = o.encode_payload();
+        let mut out = Vec::new();
+        let step = n.handle(code, &data, &One, &mut out);
+        let types =
+            if matches!(step, Step::Transmit(_)) && code == opt::EXPORT_NAME { vec![] } else { reply_types(&out) };
+        (step, types)
+    }
+
+    #[test]
+    fn starttls_with_tls_off_is_err_unsup_and_plain_negotiation_goes_on() {
+        let mut n = tls_server(0, TlsMode::Off);
+        assert_eq!(send(&mut n, &ClientOption::StartTls), (Step::Continue, vec![rep::ERR_UNSUP]));
+        let go = ClientOption::Go { name: "vol".into(), requests: vec![] };
+        let (step, _) = send(&mut n, &go);
+        let Step::Transmit(desc) = step else { panic!("no transmit: {step:?}") };
+        assert!(!n.finish(desc).tls);
+    }
+
+    #[test]
+    fn require_refuses_everything_but_starttls_and_abort_before_tls() {
+        let mut n = tls_server(0, TlsMode::Require);
+        for o in [
+            ClientOption::List,
+            ClientOption::StructuredReply,
+            ClientOption::ExtendedHeaders,
+            ClientOption::Info { name: "vol".into(), requests: vec![] },
+            ClientOption::Go { name: "vol".into(), requests: vec![] },
+            ClientOption::Go { name: "missing".into(), requests: vec![] },
+            ClientOption::SetMetaContext { name: "vol".into(), queries: vec![BASE_ALLOCATION.into()] },
+            ClientOption::Unknown(99),
+        ] {
+            assert_eq!(send(&mut n, &o), (Step::Continue, vec![rep::ERR_TLS_REQD]), "{o:?}");
+        }
+        // Even a malformed option: TLS comes first.
+        let mut out = Vec::new();
+        assert_eq!(n.handle(opt::LIST, b"junk", &One, &mut out), Step::Continue);
+        assert_eq!(reply_types(&out), vec![rep::ERR_TLS_REQD]);
+        assert!(!n.structured && !n.extended, "nothing was negotiated in the clear");
+        // NBD_OPT_EXPORT_NAME has no error reply: the connection closes, even for a real export.
+        let mut out = Vec::new();
+        assert_eq!(n.handle(opt::EXPORT_NAME, b"vol", &One, &mut out), Step::Close);
+        assert!(out.is_empty());
+        let mut n = tls_server(0, TlsMode::Require);
+        assert_eq!(send(&mut n, &ClientOption::Abort), (Step::Close, vec![rep::ACK]));
+    }
+
+    #[test]
+    fn starttls_acks_then_options_run_and_a_second_starttls_is_invalid() {
+        for mode in [TlsMode::Allow, TlsMode::Require] {
+            let mut n = tls_server(0, mode);
+            assert_eq!(send(&mut n, &ClientOption::StartTls), (Step::StartTls, vec![rep::ACK]), "{mode}");
+            assert!(n.tls_active);
+            assert_eq!(send(&mut n, &ClientOption::StartTls), (Step::Continue, vec![rep::ERR_INVALID]), "{mode}");
+            assert_eq!(send(&mut n, &ClientOption::List), (Step::Continue, vec![rep::SERVER, rep::ACK]), "{mode}");
+            let (step, _) = send(&mut n, &ClientOption::Go { name: "vol".into(), requests: vec![] });
+            let Step::Transmit(desc) = step else { panic!("no transmit under {mode}: {step:?}") };
+            assert!(n.finish(desc).tls);
+        }
+        // A STARTTLS with a payload is malformed, not an upgrade.
+        let mut n = tls_server(0, TlsMode::Require);
+        let mut out = Vec::new();
+        assert_eq!(n.handle(opt::STARTTLS, b"x", &One, &mut out), Step::Continue);
+        assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
+        assert!(!n.tls_active);
+    }
+
+    #[test]
+    fn starttls_forgets_what_was_negotiated_in_the_clear() {
+        let mut n = tls_server(0, TlsMode::Allow);
+        send(&mut n, &ClientOption::ExtendedHeaders);
+        send(&mut n, &ClientOption::SetMetaContext { name: "vol".into(), queries: vec![BASE_ALLOCATION.into()] });
+        assert_eq!(n.mode(), ReplyMode::Extended);
+        assert_eq!(send(&mut n, &ClientOption::StartTls).0, Step::StartTls);
+        assert_eq!((n.mode(), n.meta_export.clone()), (ReplyMode::Simple, None));
+    }
+
+    #[test]
+    fn allow_serves_plain_clients_and_a_client_without_fixed_newstyle_gets_no_tls() {
+        let mut n = tls_server(0, TlsMode::Allow);
+        assert_eq!(send(&mut n, &ClientOption::List).1, vec![rep::SERVER, rep::ACK]);
+        assert!(matches!(
+            send(&mut n, &ClientOption::Go { name: "vol".into(), requests: vec![] }).0,
+            Step::Transmit(_)
+        ));
+        // Non-fixed newstyle: NOTLS under allow, refused under require.
+        let mut n = Negotiator::with_tls(0, TlsMode::Allow);
+        assert_eq!(send(&mut n, &ClientOption::StartTls).1, vec![rep::ERR_UNSUP]);
+        let mut n = Negotiator::with_tls(0, TlsMode::Require);
+        let mut out = Vec::new();
+        assert_eq!(n.handle(opt::EXPORT_NAME, b"vol", &One, &mut out), Step::Close);
+    }
+
+    #[test]
+    fn extended_headers_take_precedence_over_structured_replies() {
+        let mut n = Negotiator::new(client_flags::FIXED_NEWSTYLE);
+        assert_eq!(send(&mut n, &ClientOption::ExtendedHeaders), (Step::Continue, vec![rep::ACK]));
+        assert_eq!(send(&mut n, &ClientOption::StructuredReply).1, vec![rep::ERR_EXT_HEADER_REQD]);
+        let q = ClientOption::SetMetaContext { name: "vol".into(), queries: vec![BASE_ALLOCATION.into()] };
+        assert_eq!(send(&mut n, &q).1, vec![rep::META_CONTEXT, rep::ACK], "extended headers allow meta contexts");
+        let (step, _) = send(&mut n, &ClientOption::Go { name: "vol".into(), requests: vec![] });
+        let Step::Transmit(desc) = step else { panic!("no transmit") };
+        let done = n.finish(desc);
+        assert_eq!((done.mode, done.base_allocation), (ReplyMode::Extended, true));
+        // Structured first, then extended: extended wins.
+        let mut n = Negotiator::new(client_flags::FIXED_NEWSTYLE);
+        send(&mut n, &ClientOption::StructuredReply);
+        assert_eq!(send(&mut n, &ClientOption::ExtendedHeaders).1, vec![rep::ACK]);
+        assert_eq!(n.mode(), ReplyMode::Extended);
+        let mut out = Vec::new();
+        n.handle(opt::EXTENDED_HEADERS, b"x", &One, &mut out);
+        assert_eq!(reply_types(&out), vec![rep::ERR_INVALID], "the option takes no payload");
+    }
+
     fn arb_option() -> impl Strategy<Value = ClientOption> {
         let s = "[a-z@:._-]{0,40}";
         prop_oneof![
@@ -579,6 +811,7 @@ mod tests {
             Just(ClientOption::List),
             Just(ClientOption::StartTls),
             Just(ClientOption::StructuredReply),
+            Just(ClientOption::ExtendedHeaders),
             (s, prop::collection::vec(any::<u16>(), 0..8))
                 .prop_map(|(name, requests)| ClientOption::Info { name, requests }),
             (s, prop::collection::vec(any::<u16>(), 0..8))
@@ -587,7 +820,7 @@ mod tests {
                 .prop_map(|(name, queries)| ClientOption::ListMetaContext { name, queries }),
             (s, prop::collection::vec(s, 0..4))
                 .prop_map(|(name, queries)| ClientOption::SetMetaContext { name, queries }),
-            (11u32..1000).prop_map(ClientOption::Unknown),
+            (12u32..1000).prop_map(ClientOption::Unknown),
         ]
     }
 
@@ -604,6 +837,42 @@ mod tests {
             let mut n = Negotiator::new(0);
             let mut out = Vec::new();
             let _ = n.handle(code, &data, &One, &mut out);
+        }
+
+        /// Under `require`, any sequence of options before STARTTLS gets
+        /// nothing but ERR_TLS_REQD (or the close of EXPORT_NAME / ABORT);
+        /// after it, none gets ERR_TLS_REQD and another STARTTLS is invalid.
+        #[test]
+        fn require_holds_every_option_until_starttls(
+            before in prop::collection::vec(arb_option(), 0..12),
+            after in prop::collection::vec(arb_option(), 0..12),
+        ) {
+            let mut n = tls_server(0, TlsMode::Require);
+            for o in &before {
+                let (step, types) = send(&mut n, o);
+                match o {
+                    ClientOption::StartTls => break,
+                    ClientOption::ExportName(_) => { prop_assert_eq!(step, Step::Close); return Ok(()); }
+                    ClientOption::Abort => { prop_assert_eq!((step, types), (Step::Close, vec![rep::ACK])); return Ok(()); }
+                    _ => prop_assert_eq!((step, types), (Step::Continue, vec![rep::ERR_TLS_REQD]), "{:?}", o),
+                }
+            }
+            prop_assert_eq!(n.mode(), ReplyMode::Simple);
+            prop_assert!(n.meta_export.is_none());
+            if !n.tls_active {
+                prop_assert_eq!(send(&mut n, &ClientOption::StartTls), (Step::StartTls, vec![rep::ACK]));
+            }
+            for o in &after {
+                let (step, types) = send(&mut n, o);
+                prop_assert!(!types.contains(&rep::ERR_TLS_REQD), "{:?} got ERR_TLS_REQD inside TLS", o);
+                if *o == ClientOption::StartTls {
+                    prop_assert_eq!(types, vec![rep::ERR_INVALID]);
+                }
+                if step != Step::Continue {
+                    prop_assert!(step != Step::StartTls, "a second STARTTLS upgraded");
+                    break;
+                }
+            }
         }
 
         #[test]

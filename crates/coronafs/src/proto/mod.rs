@@ -1,5 +1,6 @@
-//! Sans-IO codec for the NBD protocol (fixed newstyle negotiation and the
-//! transmission phase), as defined by `doc/proto.md` of NetworkBlockDevice/nbd.
+//! Sans-IO codec for the NBD protocol (fixed newstyle negotiation, with
+//! STARTTLS and extended headers, and the transmission phase), as defined by
+//! `doc/proto.md` of NetworkBlockDevice/nbd.
 //!
 //! Nothing in here performs I/O or knows about tokio: every function takes or
 //! fills byte buffers, so the codec can be property-tested and fuzzed on its own.
@@ -17,10 +18,14 @@ pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 /// Magic of a transmission request.
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// Magic of an extended (32-byte, 64-bit length) transmission request.
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
 /// Magic of a simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Magic of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Magic of an extended reply chunk (32-byte header, 64-bit length).
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 /// Handshake flags sent by the server.
 pub mod handshake_flags {
@@ -61,6 +66,7 @@ pub mod opt {
     pub const STRUCTURED_REPLY: u32 = 8;
     pub const LIST_META_CONTEXT: u32 = 9;
     pub const SET_META_CONTEXT: u32 = 10;
+    pub const EXTENDED_HEADERS: u32 = 11;
 }
 
 /// Option reply types.
@@ -79,6 +85,7 @@ pub mod rep {
     pub const ERR_SHUTDOWN: u32 = ERR | 7;
     pub const ERR_BLOCK_SIZE_REQD: u32 = ERR | 8;
     pub const ERR_TOO_BIG: u32 = ERR | 9;
+    pub const ERR_EXT_HEADER_REQD: u32 = ERR | 10;
 }
 
 /// `NBD_INFO_*` item types used by `NBD_OPT_INFO` and `NBD_OPT_GO`.
@@ -108,6 +115,8 @@ pub mod cmd_flags {
     pub const DF: u16 = 1 << 2;
     pub const REQ_ONE: u16 = 1 << 3;
     pub const FAST_ZERO: u16 = 1 << 4;
+    /// Extended headers only: `length` bytes of payload follow the header.
+    pub const PAYLOAD_LEN: u16 = 1 << 5;
 }
 
 /// Structured reply chunk types and flags.
@@ -117,6 +126,7 @@ pub mod chunk {
     pub const OFFSET_DATA: u16 = 1;
     pub const OFFSET_HOLE: u16 = 2;
     pub const BLOCK_STATUS: u16 = 5;
+    pub const BLOCK_STATUS_EXT: u16 = 6;
     pub const ERROR: u16 = (1 << 15) | 1;
     pub const ERROR_OFFSET: u16 = (1 << 15) | 2;
 }

@@ -1,4 +1,5 @@
-//! One NBD connection: negotiation, then the pipelined transmission phase.
+//! One NBD connection: negotiation (with STARTTLS), then the pipelined
+//! transmission phase over the plain socket or the TLS stream.
 //!
 //! The reader loop decodes request headers, reads write payloads straight
 //! into pooled buffers and spawns one task per request, so requests complete
@@ -6,13 +7,17 @@
 //! task that gathers whatever is ready into one vectored write. A semaphore
 //! counted in bytes caps the data a connection may hold in flight, so a slow
 //! reader of replies only slows itself down.
+//!
+//! The stream is a type parameter: the plain path is compiled for the TCP
+//! halves (and keeps `sendfile`), the TLS path for the halves of a rustls
+//! stream (READ data is copied into the TLS records instead).
 
 use super::bufpool::{BufPool, PooledBuf};
 use super::shared::Shared;
 use crate::backend::{BlockBackend, SpliceSource};
 use crate::proto::handshake::{self, Negotiated, Negotiator, Step};
-use crate::proto::reply::{self, Extent, Head};
-use crate::proto::request::{Command, REQUEST_LEN, Request};
+use crate::proto::reply::{self, Extent, ExtentExt, Head, ReplyMode};
+use crate::proto::request::{Command, EXT_REQUEST_LEN, REQUEST_LEN, Request};
 use crate::proto::{BASE_ALLOCATION_ID, MAX_OPTION_LEN, NbdErrno, cmd_flags, rep};
 use crate::volume::export::{Export, MAX_BLOCK};
 use crate::volume::fence::Writer;
@@ -20,12 +25,13 @@ use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_rustls::server::TlsStream;
 
-/// Time a client has to finish negotiation.
+/// Time a client has to finish negotiation (the TLS handshake included).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes of request data one connection may have in flight.
 pub const INFLIGHT_BYTES: u32 = 64 << 20;
@@ -41,16 +47,18 @@ const BATCH: usize = 64;
 /// copy is cheaper than the extra `cachestat` and `sendfile` syscalls.
 const SPLICE_MIN: u32 = 64 << 10;
 
+/// The connection after negotiation: the plain socket's halves, or the TLS
+/// stream's.
+enum Link {
+    Plain(BufReader<OwnedReadHalf>, OwnedWriteHalf),
+    Tls(BufReader<ReadHalf<TlsStream<TcpStream>>>, WriteHalf<TlsStream<TcpStream>>),
+}
+
 /// Serves one accepted connection until the client leaves or breaks the protocol.
 pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
-    // Small on purpose: it batches request headers, while write payloads are
-    // read past it straight into pooled buffers (a big buffer would copy part
-    // of every payload twice).
-    let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
-    let negotiated = match tokio::time::timeout(HANDSHAKE_TIMEOUT, negotiate(&mut rd, &mut wr, &shared)).await {
+    let (negotiated, link) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, &shared)).await {
         Ok(Ok(Some(n))) => n,
         Ok(Ok(None)) => return,
         Ok(Err(e)) => {
@@ -73,9 +81,16 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     };
     volume.connections.fetch_add(1, Ordering::Relaxed);
     shared.metrics.connections.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(?peer, export = %volume.name, structured = negotiated.structured, "transmission");
+    if negotiated.mode == ReplyMode::Extended {
+        shared.metrics.extended_sessions.fetch_add(1, Ordering::Relaxed);
+    }
+    tracing::debug!(?peer, export = %volume.name, mode = ?negotiated.mode, tls = negotiated.tls, "transmission");
     let writer = volume.fence.register(declared.unwrap_or(0));
-    if let Err(e) = transmit(rd, wr, &shared, &volume, writer, &negotiated).await {
+    let result = match link {
+        Link::Plain(rd, wr) => transmit(rd, wr, &shared, &volume, writer, &negotiated).await,
+        Link::Tls(rd, wr) => transmit(rd, wr, &shared, &volume, writer, &negotiated).await,
+    };
+    if let Err(e) = result {
         shared.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(?peer, error = %e, "connection dropped");
     }
@@ -83,19 +98,66 @@ pub async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     shared.metrics.connections.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Drives the sans-IO [`Negotiator`] over the socket.
-async fn negotiate(
-    rd: &mut BufReader<OwnedReadHalf>,
-    wr: &mut OwnedWriteHalf,
-    shared: &Shared,
-) -> io::Result<Option<Negotiated>> {
+/// The greeting, the options in the clear and, after STARTTLS, the TLS
+/// handshake and the options inside TLS. `None`: the client left or was
+/// refused.
+async fn handshake(stream: TcpStream, shared: &Shared) -> io::Result<Option<(Negotiated, Link)>> {
+    let (rd, mut wr) = stream.into_split();
+    // Small on purpose: it batches request headers, while write payloads are
+    // read past it straight into pooled buffers (a big buffer would copy part
+    // of every payload twice).
+    let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
     let mut out = Vec::with_capacity(256);
     handshake::encode_greeting(&mut out);
     wr.write_all(&out).await?;
     let mut flags = [0u8; 4];
     rd.read_exact(&mut flags).await?;
     let flags = handshake::decode_client_flags(&flags).map_err(io::Error::other)?;
-    let mut neg = Negotiator::new(flags);
+    let mut neg = Negotiator::with_tls(flags, shared.tls_mode);
+    match negotiate(&mut rd, &mut wr, &mut neg, shared).await? {
+        Outcome::Close => return Ok(None),
+        Outcome::Transmit(n) => return Ok(Some((n, Link::Plain(rd, wr)))),
+        Outcome::StartTls => {}
+    }
+    // The negotiator only agrees to STARTTLS when TLS is on.
+    let acceptor = shared.tls.as_ref().ok_or_else(|| io::Error::other("STARTTLS without TLS credentials"))?;
+    // The client may send nothing between STARTTLS and our reply: bytes
+    // already buffered would be TLS records read in the clear.
+    if !rd.buffer().is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "client sent data before the STARTTLS reply"));
+    }
+    let stream = rd.into_inner().reunite(wr).map_err(io::Error::other)?;
+    let tls = acceptor.accept(stream).await?;
+    shared.metrics.tls_sessions.fetch_add(1, Ordering::Relaxed);
+    let (rd, mut wr) = tokio::io::split(tls);
+    let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
+    match negotiate(&mut rd, &mut wr, &mut neg, shared).await? {
+        Outcome::Transmit(n) => Ok(Some((n, Link::Tls(rd, wr)))),
+        Outcome::Close => {
+            // A clean close_notify, as the spec asks of whoever ends TLS.
+            let _ = wr.shutdown().await;
+            Ok(None)
+        }
+        Outcome::StartTls => Err(io::Error::other("a second STARTTLS was acknowledged")),
+    }
+}
+
+/// How a run of options ended.
+enum Outcome {
+    Transmit(Negotiated),
+    StartTls,
+    Close,
+}
+
+/// Drives the sans-IO [`Negotiator`] over a stream until it asks for
+/// something other than the next option.
+async fn negotiate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut BufReader<R>,
+    wr: &mut W,
+    neg: &mut Negotiator,
+    shared: &Shared,
+) -> io::Result<Outcome> {
+    let mut out = Vec::with_capacity(256);
     let mut data = Vec::new();
     loop {
         let mut hdr = [0u8; handshake::OPTION_HEADER_LEN];
@@ -109,17 +171,50 @@ async fn negotiate(
             }
             handshake::error_reply(code, rep::ERR_TOO_BIG, "option payload too large", &mut out);
             wr.write_all(&out).await?;
+            wr.flush().await?;
             continue;
         }
         data.resize(len as usize, 0);
         rd.read_exact(&mut data).await?;
         let step = neg.handle(code, &data, &*shared.volumes, &mut out);
         wr.write_all(&out).await?;
+        // A TLS stream keeps what it could not send yet: push it out.
+        wr.flush().await?;
         match step {
             Step::Continue => {}
-            Step::Close => return Ok(None),
-            Step::Transmit(desc) => return Ok(Some(neg.finish(desc))),
+            Step::Close => return Ok(Outcome::Close),
+            Step::StartTls => return Ok(Outcome::StartTls),
+            Step::Transmit(desc) => return Ok(Outcome::Transmit(neg.finish(desc))),
         }
+    }
+}
+
+/// Where the writer task sends replies: the TCP socket, which can
+/// `sendfile` from the page cache, or a TLS stream, which cannot.
+trait ReplySink: AsyncWrite + Unpin + Send + 'static {
+    /// Whether READs may be answered with [`ReplySink::send_file`].
+    const SENDFILE: bool;
+    /// Sends `len` bytes of `src` after what was written so far.
+    fn send_file(&mut self, src: &SpliceSource, len: usize) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+impl ReplySink for OwnedWriteHalf {
+    const SENDFILE: bool = true;
+    fn send_file(&mut self, src: &SpliceSource, len: usize) -> impl Future<Output = io::Result<()>> + Send {
+        send_file(self, src, len)
+    }
+}
+
+impl ReplySink for WriteHalf<TlsStream<TcpStream>> {
+    /// The bytes must pass through rustls to be encrypted.
+    const SENDFILE: bool = false;
+    /// Not reached (no `file` reply is made without `SENDFILE`); copies the
+    /// range, which is in the page cache, so a stray one is still correct.
+    async fn send_file(&mut self, src: &SpliceSource, len: usize) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut data = vec![0u8; len];
+        src.file.read_exact_at(&mut data, src.offset)?;
+        self.write_all(&data).await
     }
 }
 
@@ -139,7 +234,10 @@ struct Reply {
 struct Ctx {
     shared: Arc<Shared>,
     volume: Arc<Export>,
-    structured: bool,
+    /// Simple, structured or extended replies (and compact or extended requests).
+    mode: ReplyMode,
+    /// Cached READs may become `sendfile` replies (a plain socket).
+    sendfile: bool,
     base_allocation: bool,
     max_block: u32,
     /// As negotiated: a volume, or a fenced volume opened without an epoch.
@@ -149,9 +247,9 @@ struct Ctx {
     tx: mpsc::UnboundedSender<Reply>,
 }
 
-async fn transmit(
-    mut rd: BufReader<OwnedReadHalf>,
-    wr: OwnedWriteHalf,
+async fn transmit<R: AsyncRead + Unpin + Send, W: ReplySink>(
+    mut rd: BufReader<R>,
+    wr: W,
     shared: &Arc<Shared>,
     volume: &Arc<Export>,
     fence_writer: Arc<Writer>,
@@ -162,7 +260,8 @@ async fn transmit(
     let ctx = Arc::new(Ctx {
         shared: shared.clone(),
         volume: volume.clone(),
-        structured: n.structured,
+        mode: n.mode,
+        sendfile: W::SENDFILE,
         base_allocation: n.base_allocation,
         max_block: n.export.max_block,
         read_only: n.export.read_only,
@@ -177,17 +276,32 @@ async fn transmit(
     result
 }
 
-async fn read_requests(rd: &mut BufReader<OwnedReadHalf>, ctx: &Arc<Ctx>, budget: &Arc<Semaphore>) -> io::Result<()> {
+/// Reads the next request header, compact or extended as negotiated;
+/// `None` when the client went away between requests (not an error).
+async fn read_header<R: AsyncRead + Unpin>(rd: &mut BufReader<R>, extended: bool) -> io::Result<Option<Request>> {
+    let read = if extended {
+        let mut hdr = [0u8; EXT_REQUEST_LEN];
+        rd.read_exact(&mut hdr).await.map(|_| Request::decode_ext(&hdr))
+    } else {
+        let mut hdr = [0u8; REQUEST_LEN];
+        rd.read_exact(&mut hdr).await.map(|_| Request::decode(&hdr))
+    };
+    match read {
+        Ok(req) => req.map(Some).map_err(io::Error::other),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn read_requests<R: AsyncRead + Unpin>(
+    rd: &mut BufReader<R>,
+    ctx: &Arc<Ctx>,
+    budget: &Arc<Semaphore>,
+) -> io::Result<()> {
     let size = ctx.volume.backend.size();
-    let mut hdr = [0u8; REQUEST_LEN];
+    let extended = ctx.mode == ReplyMode::Extended;
     loop {
-        match rd.read_exact(&mut hdr).await {
-            Ok(_) => {}
-            // A client that just goes away between requests is not an error.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        let req = Request::decode(&hdr).map_err(io::Error::other)?;
+        let Some(req) = read_header(rd, extended).await? else { return Ok(()) };
         if req.command == Command::Disc {
             return Ok(());
         }
@@ -196,7 +310,12 @@ async fn read_requests(rd: &mut BufReader<OwnedReadHalf>, ctx: &Arc<Ctx>, budget
             Ok(cost) => cost,
             Err(refusal) => {
                 // Keep the stream in step: a refused WRITE's payload is still on the wire.
-                let skip = req.payload_len() as u64;
+                let skip = req.payload_len(extended);
+                if skip > u32::MAX as u64 {
+                    // Only an extended header can announce this much; the
+                    // spec lets the server hang up rather than read it all.
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "payload over 4 GiB announced"));
+                }
                 if skip > 0 {
                     let n = tokio::io::copy(&mut (&mut *rd).take(skip), &mut tokio::io::sink()).await?;
                     if n < skip {
@@ -260,7 +379,8 @@ fn admit(ctx: &Ctx, req: &Request, size: u64, started: Instant) -> Result<u32, R
         error_reply(ctx, req, NbdErrno::Inval, msg, None)
     } else {
         return Ok(match req.command {
-            Command::Read | Command::Write => req.length.max(MIN_COST),
+            // At most `max_block` (a u32) once validated.
+            Command::Read | Command::Write => (req.length as u32).max(MIN_COST),
             _ => MIN_COST,
         });
     };
@@ -268,9 +388,9 @@ fn admit(ctx: &Ctx, req: &Request, size: u64, started: Instant) -> Result<u32, R
     Err(refusal)
 }
 
-/// The header that precedes READ data.
+/// The header that precedes READ data (at most `max_block` of it).
 fn read_head(ctx: &Ctx, req: &Request) -> Head {
-    reply::read_head(req.cookie, ctx.structured, req.offset, req.length)
+    reply::read_head(req.cookie, ctx.mode, req.offset, req.length as u32)
 }
 
 /// Answers, right in the reader, a READ or plain WRITE that the page cache
@@ -289,19 +409,21 @@ fn answer_now(
     let b = &ctx.volume.backend;
     let len = req.length as usize;
     let reply = match (req.command, payload) {
-        (Command::Read, None) if req.length >= SPLICE_MIN => match b.splice_source(req.offset, len as u64) {
-            Some(src) => {
-                ctx.shared.metrics.sendfile_reads.fetch_add(1, Ordering::Relaxed);
-                Reply {
-                    head: read_head(ctx, req),
-                    data: None,
-                    file: Some((src, len)),
-                    tail: Vec::new(),
-                    _permit: Some(permit),
+        (Command::Read, None) if ctx.sendfile && req.length >= SPLICE_MIN as u64 => {
+            match b.splice_source(req.offset, len as u64) {
+                Some(src) => {
+                    ctx.shared.metrics.sendfile_reads.fetch_add(1, Ordering::Relaxed);
+                    Reply {
+                        head: read_head(ctx, req),
+                        data: None,
+                        file: Some((src, len)),
+                        tail: Vec::new(),
+                        _permit: Some(permit),
+                    }
                 }
+                None => return Err((None, permit)),
             }
-            None => return Err((None, permit)),
-        },
+        }
         (Command::Read, None) => {
             let mut buf = ctx.shared.pool.get(len);
             if !b.try_read_now(&mut buf, req.offset) {
@@ -319,7 +441,7 @@ fn answer_now(
                 return Err((Some(buf), permit));
             }
             ctx.shared.pool.put(buf);
-            ok_reply(req, Some(permit))
+            ok_reply(ctx, req, Some(permit))
         }
         (_, payload) => return Err((payload, permit)),
     };
@@ -327,25 +449,24 @@ fn answer_now(
     Ok(reply)
 }
 
-fn ok_reply(req: &Request, permit: Option<OwnedSemaphorePermit>) -> Reply {
-    Reply { head: reply::simple(req.cookie, 0), data: None, file: None, tail: Vec::new(), _permit: permit }
+fn ok_reply(ctx: &Ctx, req: &Request, permit: Option<OwnedSemaphorePermit>) -> Reply {
+    let head = reply::done_head(req.cookie, ctx.mode, req.offset);
+    Reply { head, data: None, file: None, tail: Vec::new(), _permit: permit }
 }
 
 fn error_reply(ctx: &Ctx, req: &Request, errno: NbdErrno, msg: &str, permit: Option<OwnedSemaphorePermit>) -> Reply {
-    if ctx.structured {
-        let mut tail = Vec::with_capacity(32 + msg.len());
-        reply::error_chunk(req.cookie, errno, msg, &mut tail);
-        // The whole chunk is in `tail`; an empty head keeps the writer simple.
-        Reply { head: reply::empty(), data: None, file: None, tail, _permit: permit }
-    } else {
-        Reply {
-            head: reply::simple(req.cookie, errno as u32),
-            data: None,
-            file: None,
-            tail: Vec::new(),
-            _permit: permit,
-        }
+    if ctx.mode == ReplyMode::Simple {
+        let head = reply::simple(req.cookie, errno as u32);
+        return Reply { head, data: None, file: None, tail: Vec::new(), _permit: permit };
     }
+    let mut tail = Vec::with_capacity(48 + msg.len());
+    if ctx.mode == ReplyMode::Extended {
+        reply::ext_error_chunk(req.cookie, req.offset, errno, msg, &mut tail);
+    } else {
+        reply::error_chunk(req.cookie, errno, msg, &mut tail);
+    }
+    // The whole chunk is in `tail`; an empty head keeps the writer simple.
+    Reply { head: reply::empty(), data: None, file: None, tail, _permit: permit }
 }
 
 async fn execute(
@@ -356,7 +477,7 @@ async fn execute(
     started: Instant,
 ) -> Reply {
     let b = &ctx.volume.backend;
-    let (off, len) = (req.offset, req.length as u64);
+    let (off, len) = (req.offset, req.length);
     let permit = Some(permit);
     // Held until the backend is done, so a fence waits for this request.
     let _in_flight = if matches!(req.command, Command::Write | Command::Trim | Command::WriteZeroes) {
@@ -387,7 +508,7 @@ async fn execute(
         if req.command == Command::Read {
             return Reply { head: read_head(ctx, &req), data: None, file: None, tail: Vec::new(), _permit: permit };
         }
-        return ok_reply(&req, permit);
+        return ok_reply(ctx, &req, permit);
     }
     let result: io::Result<Reply> = match req.command {
         Command::Read => {
@@ -411,9 +532,9 @@ async fn execute(
             let buf = payload.unwrap_or_else(|| PooledBuf::zeroed(0));
             let (r, buf) = b.write_at(buf.into_vec(), off, req.fua()).await;
             ctx.shared.pool.put(PooledBuf::from_vec(buf));
-            r.map(|()| ok_reply(&req, permit))
+            r.map(|()| ok_reply(ctx, &req, permit))
         }
-        Command::Flush => b.flush().await.map(|()| ok_reply(&req, permit)),
+        Command::Flush => b.flush().await.map(|()| ok_reply(ctx, &req, permit)),
         Command::Trim => async {
             b.trim(off, len).await?;
             if req.fua() {
@@ -422,7 +543,7 @@ async fn execute(
             Ok(())
         }
         .await
-        .map(|()| ok_reply(&req, permit)),
+        .map(|()| ok_reply(ctx, &req, permit)),
         Command::WriteZeroes => async {
             let punch = req.flags & cmd_flags::NO_HOLE == 0;
             b.write_zeroes(off, len, punch, req.flags & cmd_flags::FAST_ZERO != 0).await?;
@@ -432,18 +553,26 @@ async fn execute(
             Ok(())
         }
         .await
-        .map(|()| ok_reply(&req, permit)),
-        Command::Cache => b.cache(off, len).await.map(|()| ok_reply(&req, permit)),
+        .map(|()| ok_reply(ctx, &req, permit)),
+        Command::Cache => b.cache(off, len).await.map(|()| ok_reply(ctx, &req, permit)),
         Command::BlockStatus => {
             let max = if req.flags & cmd_flags::REQ_ONE != 0 { 1 } else { MAX_EXTENTS };
             b.extents(off, len, max).await.and_then(|ext| {
                 if ext.is_empty() {
                     return Err(io::Error::other("backend returned no extents"));
                 }
-                let ext: Vec<Extent> =
-                    ext.iter().map(|e| Extent { length: e.length.min(len) as u32, flags: e.flags }).collect();
-                let mut tail = Vec::with_capacity(24 + 8 * ext.len());
-                reply::block_status_chunk(req.cookie, BASE_ALLOCATION_ID, &ext, &mut tail);
+                let mut tail = Vec::with_capacity(48 + 16 * ext.len());
+                if ctx.mode == ReplyMode::Extended {
+                    // 64-bit extents: the range asked for may pass 4 GiB.
+                    let ext: Vec<ExtentExt> =
+                        ext.iter().map(|e| ExtentExt { length: e.length.min(len), flags: e.flags as u64 }).collect();
+                    reply::ext_block_status_chunk(req.cookie, off, BASE_ALLOCATION_ID, &ext, &mut tail);
+                } else {
+                    // A compact request's length fits in 32 bits, and so does every extent cut to it.
+                    let ext: Vec<Extent> =
+                        ext.iter().map(|e| Extent { length: e.length.min(len) as u32, flags: e.flags }).collect();
+                    reply::block_status_chunk(req.cookie, BASE_ALLOCATION_ID, &ext, &mut tail);
+                }
                 Ok(Reply { head: reply::empty(), data: None, file: None, tail, _permit: permit })
             })
         }
@@ -465,7 +594,7 @@ async fn execute(
 }
 
 /// Writes replies as they arrive, several per syscall when they queue up.
-async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Reply>, shared: Arc<Shared>) {
+async fn write_replies<W: ReplySink>(mut wr: W, mut rx: mpsc::UnboundedReceiver<Reply>, shared: Arc<Shared>) {
     let pool: &BufPool = &shared.pool;
     let mut batch: Vec<Reply> = Vec::with_capacity(BATCH);
     let mut failed = false;
@@ -486,7 +615,7 @@ async fn write_replies(mut wr: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<R
 
 /// Writes a batch of replies: runs of in-memory parts go out in one vectored
 /// write; page-cache data goes out with `sendfile` in between.
-async fn write_batch(wr: &mut OwnedWriteHalf, batch: &[Reply]) -> io::Result<()> {
+async fn write_batch<W: ReplySink>(wr: &mut W, batch: &[Reply]) -> io::Result<()> {
     let mut slices: [IoSlice<'_>; 3 * BATCH] = [IoSlice::new(&[]); 3 * BATCH];
     let mut n = 0;
     for r in batch {
@@ -499,14 +628,16 @@ async fn write_batch(wr: &mut OwnedWriteHalf, batch: &[Reply]) -> io::Result<()>
         if let Some((src, len)) = &r.file {
             write_all_vectored(wr, &mut slices[..n]).await?;
             n = 0;
-            send_file(wr, src, *len).await?;
+            wr.send_file(src, *len).await?;
         }
         if !r.tail.is_empty() {
             slices[n] = IoSlice::new(&r.tail);
             n += 1;
         }
     }
-    write_all_vectored(wr, &mut slices[..n]).await
+    write_all_vectored(wr, &mut slices[..n]).await?;
+    // A TLS stream may hold the last record back; the socket has nothing to flush.
+    wr.flush().await
 }
 
 /// Sends `len` bytes of `src` to the socket with `sendfile(2)`: the pages go
@@ -540,7 +671,7 @@ async fn send_file(wr: &mut OwnedWriteHalf, src: &SpliceSource, len: usize) -> i
     Ok(())
 }
 
-async fn write_all_vectored(wr: &mut OwnedWriteHalf, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+async fn write_all_vectored<W: AsyncWrite + Unpin>(wr: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
     while !slices.is_empty() {
         let n = wr.write_vectored(slices).await?;
         if n == 0 {
@@ -579,7 +710,8 @@ impl Loopback {
             writer: volume.fence.register(0),
             read_only: volume.read_only,
             volume,
-            structured,
+            mode: if structured { ReplyMode::Structured } else { ReplyMode::Simple },
+            sendfile: true,
             base_allocation: structured,
             max_block: MAX_BLOCK,
             tx,
@@ -600,7 +732,7 @@ impl Loopback {
         if req.command == Command::Disc {
             return Ok(());
         }
-        if payload.len() != req.payload_len() as usize {
+        if payload.len() as u64 != req.payload_len(false) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "payload length does not match the header"));
         }
         let started = Instant::now();
