@@ -300,7 +300,7 @@ pub fn serve_with_limits(
                         if Gate::is_admin(&req) {
                             return Ok(g.admin(&req).await);
                         }
-                        if let Err(resp) = g.unsign(&mut req) {
+                        if let Some(resp) = g.unsign(&mut req) {
                             return Ok(resp);
                         }
                     }

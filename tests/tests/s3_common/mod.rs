@@ -460,15 +460,15 @@ pub fn client_of(endpoint: &str, id: &str, secret: &str) -> Client {
     Client::from_conf(sdk_config(endpoint, id, secret).build())
 }
 
+/// Runs `lightningstor ARGS` aimed at one server: (success, stdout, stderr).
+pub type CliFn<'a> = dyn Fn(&[&str]) -> (bool, String, String) + 'a;
+
 /// Keys and permissions through the CLI and aws-sdk-s3, against any server:
 /// `cli(args)` runs `lightningstor ARGS` aimed at it (admin key included),
 /// `endpoints` are S3 endpoints of it (a cluster: several nodes; keys made
 /// through the first must work on every one). Leaves key `bob` (read on
 /// bucket `adminb`) behind for the caller.
-pub async fn keys_and_permissions(
-    cli: &dyn Fn(&[&str]) -> (bool, String, String),
-    endpoints: &[String],
-) -> (String, String) {
+pub async fn keys_and_permissions(cli: &CliFn<'_>, endpoints: &[String]) -> (String, String) {
     let ok = |args: &[&str]| {
         let (good, out, err) = cli(args);
         assert!(good, "lightningstor {args:?} failed: {err}");

@@ -159,15 +159,15 @@ impl Gate {
     }
 
     /// On an anonymous server, drops the signature of a request signed with
-    /// an unknown key (see the module docs); `Err` is the answer to send
+    /// an unknown key (see the module docs); `Some` is the answer to send
     /// instead. Other requests pass unchanged.
-    pub fn unsign<B>(&self, req: &mut http::Request<B>) -> std::result::Result<(), http::Response<s3s::Body>> {
+    pub fn unsign<B>(&self, req: &mut http::Request<B>) -> Option<http::Response<s3s::Body>> {
         if !self.anonymous {
-            return Ok(());
+            return None;
         }
-        let Some(id) = signing_key(req.headers(), req.uri().query()) else { return Ok(()) };
+        let id = signing_key(req.headers(), req.uri().query())?;
         if self.knows(&id) {
-            return Ok(());
+            return None;
         }
         let streaming = req
             .headers()
@@ -175,7 +175,7 @@ impl Gate {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("STREAMING-"));
         if streaming {
-            return Err(s3_error(&LightningError::NotImplemented(format!(
+            return Some(s3_error(&LightningError::NotImplemented(format!(
                 "this anonymous server does not know the key {id:?}, so it cannot decode an aws-chunked \
                  (STREAMING-*) body, which only the signature check unwraps: sign with a key the server \
                  knows, or send the body in one piece"
@@ -191,7 +191,7 @@ impl Gate {
                 *req.uri_mut() = u;
             }
         }
-        Ok(())
+        None
     }
 }
 
