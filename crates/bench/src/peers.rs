@@ -84,18 +84,94 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn wait_for(addr: SocketAddr, child: &mut Child) -> anyhow::Result<()> {
+/// The last bytes a peer process wrote to stderr, drained by a thread so a
+/// chatty server never blocks on a full pipe; shown when the peer fails to
+/// start.
+#[derive(Debug, Clone, Default)]
+struct StderrTail(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl StderrTail {
+    const KEEP: usize = 4096;
+
+    fn drain(child: &mut Child) -> StderrTail {
+        let tail = StderrTail::default();
+        if let Some(mut err) = child.stderr.take() {
+            let t = tail.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut err, &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut v = t.0.lock().unwrap_or_else(|e| e.into_inner());
+                    v.extend_from_slice(&buf[..n]);
+                    let excess = v.len().saturating_sub(Self::KEEP);
+                    v.drain(..excess);
+                }
+            });
+        }
+        tail
+    }
+
+    fn text(&self) -> String {
+        let v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&v).trim().to_owned()
+    }
+}
+
+/// Waits until `addr` accepts; on an early exit or a timeout the error
+/// carries what the server wrote to stderr.
+fn wait_for(addr: SocketAddr, child: &mut Child, tail: &StderrTail) -> anyhow::Result<()> {
     let start = Instant::now();
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
         if let Some(st) = child.try_wait()? {
-            bail!("server exited before listening: {st}");
+            // Let the drain thread read what the process wrote before it exited.
+            std::thread::sleep(Duration::from_millis(100));
+            bail!("server exited before listening ({st}); its stderr:\n{}", tail.text());
         }
         if start.elapsed() > Duration::from_secs(20) {
-            bail!("nothing listening on {addr} after 20 s");
+            bail!("nothing listening on {addr} after 20 s; the server's stderr:\n{}", tail.text());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// Starts the server `make(port)` builds on a free port. A server that
+/// exits before listening is started again, up to three times in all, with
+/// what it wrote to stderr printed: the port may have been taken between
+/// choosing it and the server binding it, and nbdkit's librbd plugin can
+/// fail to reach a Ceph that is still settling.
+fn spawn_listening(label: &str, mut make: impl FnMut(u16) -> Command) -> anyhow::Result<(Child, SocketAddr)> {
+    const ATTEMPTS: u32 = 3;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let port = free_port()?;
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let mut child = make(port)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {label} (is it installed?)"))?;
+        let tail = StderrTail::drain(&mut child);
+        let res = wait_for(addr, &mut child, &tail);
+        let exited = matches!(child.try_wait(), Ok(Some(_)));
+        match res {
+            Ok(()) => return Ok((child, addr)),
+            Err(e) if exited && attempt < ATTEMPTS => {
+                eprintln!("bench: {label} (attempt {attempt} of {ATTEMPTS}): {e:#}; starting it again");
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e.context(label.to_owned()));
+            }
+        }
+    }
 }
 
 impl PeerProc {
@@ -113,32 +189,26 @@ impl PeerProc {
                 return Ok(PeerProc { peer, uri, child: None, ceph: Some(c.clone()) });
             }
             let plugin = c.dir.join("nbdkit-rbd.py");
+            let c_conf = c.conf.clone();
             std::fs::write(&plugin, NBDKIT_RBD)?;
-            let port = free_port()?;
-            let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-            let mut child = Command::new("nbdkit")
-                .args(["--foreground", "--exit-with-parent", "-i", "127.0.0.1", "-p", &port.to_string(), "python"])
-                .arg(&plugin)
-                .arg(format!("conf={}", c.conf.display()))
-                .args([format!("pool={pool}"), "image=bench-peer".to_owned()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting nbdkit's python plugin (apt-get install nbdkit-plugin-python python3-rbd)")?;
-            wait_for(addr, &mut child).with_context(|| peer.label())?;
+            let (child, addr) = spawn_listening(&peer.label(), |port| {
+                let mut c = Command::new("nbdkit");
+                c.args(["--foreground", "--exit-with-parent", "-i", "127.0.0.1", "-p", &port.to_string(), "python"])
+                    .arg(&plugin)
+                    .arg(format!("conf={}", c_conf.display()))
+                    .args([format!("pool={pool}"), "image=bench-peer".to_owned()]);
+                c
+            })
+            .context("nbdkit's python plugin over librbd (apt-get install nbdkit-plugin-python python3-rbd)")?;
             return Ok(PeerProc { peer, uri: format!("nbd://{addr}"), child: Some(child), ceph: Some(c.clone()) });
         }
-        let port = free_port()?;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let name = file.file_name().and_then(|n| n.to_str()).context("file name")?;
-        let mut cmd = match peer {
+        let dir = file.parent().context("file has no directory")?;
+        let exe = std::env::current_exe()?;
+        let (child, addr) = spawn_listening(&peer.label(), |port| match peer {
             Peer::Coronafs(engine) => {
-                let mut c = Command::new(std::env::current_exe()?);
-                c.arg("__serve-coronafs")
-                    .arg(file.parent().context("file has no directory")?)
-                    .arg(addr.to_string())
-                    .arg(engine.to_string());
+                let mut c = Command::new(&exe);
+                c.arg("__serve-coronafs").arg(dir).arg(format!("127.0.0.1:{port}")).arg(engine.to_string());
                 c
             }
             Peer::Nbdkit => {
@@ -155,14 +225,7 @@ impl PeerProc {
                     .arg(file);
                 c
             }
-        };
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {} (is it installed?)", peer.label()))?;
-        wait_for(addr, &mut child).with_context(|| peer.label())?;
+        })?;
         Ok(PeerProc { peer, uri: format!("nbd://{addr}/{name}"), child: Some(child), ceph: None })
     }
 
@@ -235,4 +298,46 @@ pub fn serve_coronafs(dir: &Path, addr: SocketAddr, engine: IoEngine) -> anyhow:
         srv.run_until_signal().await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_that_exits_before_listening_is_tried_three_times_and_its_stderr_shown() {
+        let starts = std::sync::atomic::AtomicU32::new(0);
+        let err = spawn_listening("doomed", |port| {
+            starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut c = Command::new("sh");
+            c.args(["-c", &format!("echo cannot bind {port}: no such luck >&2; exit 3")]);
+            c
+        })
+        .unwrap_err();
+        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 3);
+        let msg = format!("{err:#}");
+        assert!(msg.starts_with("doomed: server exited before listening"), "{msg}");
+        assert!(msg.contains("no such luck") && msg.contains("exit status: 3"), "{msg}");
+    }
+
+    #[test]
+    fn a_server_that_listens_is_started_once() {
+        let starts = std::sync::atomic::AtomicU32::new(0);
+        let (mut child, addr) = spawn_listening("python listener", |port| {
+            starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut c = Command::new("/usr/bin/python3");
+            c.args([
+                "-c",
+                &format!(
+                    "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',{port})); s.listen(); time.sleep(30)"
+                ),
+            ]);
+            c
+        })
+        .unwrap();
+        assert_eq!(addr.ip().to_string(), "127.0.0.1");
+        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

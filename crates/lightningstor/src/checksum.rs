@@ -73,6 +73,18 @@ impl ChecksumAlgo {
         }
     }
 
+    /// The CRC behind a CRC algorithm (those a FULL_OBJECT multipart
+    /// checksum can combine); `None` for SHA-1 and SHA-256.
+    pub fn crc(self) -> Option<crc_fast::CrcAlgorithm> {
+        use crc_fast::CrcAlgorithm as C;
+        match self {
+            ChecksumAlgo::Crc32 => Some(C::Crc32IsoHdlc),
+            ChecksumAlgo::Crc32c => Some(C::Crc32Iscsi),
+            ChecksumAlgo::Crc64Nvme => Some(C::Crc64Nvme),
+            ChecksumAlgo::Sha1 | ChecksumAlgo::Sha256 => None,
+        }
+    }
+
     /// The digest of `data` in one call.
     pub fn digest(self, data: &[u8]) -> Vec<u8> {
         let mut h = Hasher::new(self);
@@ -94,13 +106,10 @@ pub enum Hasher {
 impl Hasher {
     /// A fresh digest.
     pub fn new(algo: ChecksumAlgo) -> Self {
-        use crc_fast::CrcAlgorithm as C;
-        match algo {
-            ChecksumAlgo::Crc32 => Hasher::Crc(algo, crc_fast::Digest::new(C::Crc32IsoHdlc)),
-            ChecksumAlgo::Crc32c => Hasher::Crc(algo, crc_fast::Digest::new(C::Crc32Iscsi)),
-            ChecksumAlgo::Crc64Nvme => Hasher::Crc(algo, crc_fast::Digest::new(C::Crc64Nvme)),
-            ChecksumAlgo::Sha1 => Hasher::Sha1(sha1::Sha1::new()),
-            ChecksumAlgo::Sha256 => Hasher::Sha256(sha2::Sha256::new()),
+        match (algo, algo.crc()) {
+            (_, Some(crc)) => Hasher::Crc(algo, crc_fast::Digest::new(crc)),
+            (ChecksumAlgo::Sha1, None) => Hasher::Sha1(sha1::Sha1::new()),
+            (_, None) => Hasher::Sha256(sha2::Sha256::new()),
         }
     }
 
@@ -164,6 +173,23 @@ impl Checksum {
             h.update(d);
         }
         Checksum { algo, raw: h.finalize(), parts: u32::try_from(part_digests.len()).ok() }
+    }
+
+    /// The FULL_OBJECT checksum of a multipart object: the CRC of the whole
+    /// object, combined from each part's CRC and length (`(digest, len)` in
+    /// part order) without reading a byte again. `None` for SHA-1/SHA-256,
+    /// which cannot be combined, or a digest of the wrong length.
+    pub fn full_object(algo: ChecksumAlgo, parts: &[(&[u8], u64)]) -> Option<Self> {
+        let crc = algo.crc()?;
+        let value = |d: &[u8]| -> Option<u64> {
+            (d.len() == algo.digest_len()).then(|| d.iter().fold(0u64, |v, b| (v << 8) | u64::from(*b)))
+        };
+        let mut whole = value(&algo.digest(b""))?;
+        for (d, len) in parts {
+            whole = crc_fast::checksum_combine(crc, whole, value(d)?, *len);
+        }
+        let raw = whole.to_be_bytes()[8 - algo.digest_len()..].to_vec();
+        Some(Checksum { algo, raw, parts: None })
     }
 }
 
@@ -446,6 +472,16 @@ mod tests {
     }
 
     #[test]
+    fn sha_checksums_do_not_combine_into_a_full_object_checksum() {
+        let d = ChecksumAlgo::Sha256.digest(b"a");
+        assert_eq!(Checksum::full_object(ChecksumAlgo::Sha256, &[(&d, 1)]), None);
+        // The published check value, from two parts.
+        let (a, b) = (ChecksumAlgo::Crc32.digest(b"1234"), ChecksumAlgo::Crc32.digest(b"56789"));
+        let whole = Checksum::full_object(ChecksumAlgo::Crc32, &[(&a, 4), (&b, 5)]).expect("crc32");
+        assert_eq!(whole.raw, 0xCBF4_3926u32.to_be_bytes());
+    }
+
+    #[test]
     fn composite_checksums_carry_the_part_count() {
         let a = ChecksumAlgo::Crc32.digest(b"a");
         let b = ChecksumAlgo::Crc32.digest(b"b");
@@ -496,6 +532,19 @@ mod tests {
                 let (m, c) = b.finalize();
                 let _ = plan.verify(&m, c.as_ref(), value.as_deref());
             }
+        }
+
+        #[test]
+        fn a_full_object_crc_combined_from_parts_is_the_crc_of_their_concatenation(
+            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..3000), 0..6),
+            algo in 0usize..3,
+        ) {
+            let algo = [ChecksumAlgo::Crc32, ChecksumAlgo::Crc32c, ChecksumAlgo::Crc64Nvme][algo];
+            let digests: Vec<Vec<u8>> = parts.iter().map(|p| algo.digest(p)).collect();
+            let pairs: Vec<(&[u8], u64)> = digests.iter().zip(&parts).map(|(d, p)| (d.as_slice(), p.len() as u64)).collect();
+            let whole = Checksum::full_object(algo, &pairs).expect("a CRC combines");
+            prop_assert_eq!(whole.raw, algo.digest(&parts.concat()));
+            prop_assert_eq!(whole.parts, None);
         }
 
         #[test]

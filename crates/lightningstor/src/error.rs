@@ -45,6 +45,9 @@ pub enum LightningError {
     /// A Content-MD5 header that is not the base64 of 16 bytes.
     #[error("invalid Content-MD5: {0}")]
     InvalidDigest(String),
+    /// A body is larger than one PUT (or part) may be: 5 GiB.
+    #[error("your proposed upload of {size} bytes exceeds the maximum allowed size")]
+    EntityTooLarge { size: u64 },
     /// The body is shorter or longer than its declared length.
     #[error("body length {got} does not match the declared {declared}")]
     IncompleteBody { declared: u64, got: u64 },
@@ -149,6 +152,7 @@ impl LightningError {
             E::BadDigest(_) => S3ErrorCode::BadDigest,
             E::InvalidDigest(_) => S3ErrorCode::InvalidDigest,
             E::IncompleteBody { .. } => S3ErrorCode::IncompleteBody,
+            E::EntityTooLarge { .. } => S3ErrorCode::EntityTooLarge,
             E::InvalidRange => S3ErrorCode::InvalidRange,
             E::PreconditionFailed => S3ErrorCode::PreconditionFailed,
             E::NotModified { .. } => S3ErrorCode::NotModified,

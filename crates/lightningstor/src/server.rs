@@ -22,6 +22,8 @@ use tokio::sync::watch;
 
 mod gate;
 mod limits;
+mod post;
+mod spool;
 
 /// Virtual-hosted-style parsing: `BUCKET.DOMAIN[:port]` names a bucket; any
 /// other host (an IP, `DOMAIN` itself, an unknown name) means path style.
@@ -307,17 +309,33 @@ pub fn serve_with_limits(
                     if let Some(size) = limits::oversized(req.headers()) {
                         return Ok(limits::entity_too_large(size));
                     }
-                    // Only a request that carries a body gets the idle timer
-                    // (a boxed timer per request); a GET keeps s3s's direct path.
                     let idle = limits.body_idle_timeout;
-                    let req = req.map(|b| {
-                        if hyper::body::Body::is_end_stream(&b) {
-                            s3s::Body::from(b)
-                        } else {
-                            s3s::Body::http_body_unsync(limits::IdleBody::new(b, idle))
+                    let (mut parts, body) = req.into_parts();
+                    let ended = hyper::body::Body::is_end_stream(&body);
+                    let body = if spool::lacks_length(&parts.headers, &hyper::body::Body::size_hint(&body), ended) {
+                        match spool::spool(limits::IdleBody::new(body, idle)).await {
+                            Ok(spooled) => {
+                                parts.headers.insert(http::header::CONTENT_LENGTH, spooled.len().into());
+                                s3s::Body::http_body_unsync(spooled)
+                            }
+                            Err(e) => return Ok(spool_failed(e)),
                         }
-                    });
-                    svc.call(req).await
+                    } else if ended {
+                        // Only a request that carries a body gets the idle timer
+                        // (a boxed timer per request); a GET keeps s3s's direct path.
+                        s3s::Body::from(body)
+                    } else {
+                        s3s::Body::http_body_unsync(limits::IdleBody::new(body, idle))
+                    };
+                    let resp = match post::form_boundary(&parts.method, &parts.headers) {
+                        None => svc.call(http::Request::from_parts(parts, body)).await?,
+                        Some(boundary) => {
+                            let body = post::with_filename(&mut parts, body, &boundary).await;
+                            let resp = svc.call(http::Request::from_parts(parts, body)).await?;
+                            post::policy_violation_is_access_denied(resp)
+                        }
+                    };
+                    Ok(limits::tag_reply(resp))
                 }
             });
             let conn = builder.serve_connection(TokioIo::new(sock), handler).into_owned();
@@ -337,6 +355,19 @@ pub fn serve_with_limits(
         }
     });
     Ok(Running { addr, stop, task })
+}
+
+/// The reply to a length-less body that could not be spooled.
+fn spool_failed(e: LightningError) -> http::Response<s3s::Body> {
+    if let LightningError::EntityTooLarge { size } = e {
+        return limits::entity_too_large(size);
+    }
+    let code = e.s3_code();
+    if code == s3s::S3ErrorCode::InternalError {
+        tracing::error!(error = %e, "spooling a request body without a length failed");
+    }
+    let status = code.status_code().unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    limits::early_error(status, code.as_str(), &e.to_string(), "")
 }
 
 #[cfg(test)]

@@ -10,10 +10,11 @@
 //! *before* the acknowledgement, one still answering finishes after it.
 //! Past the quorum, slower replicas get a bounded grace (a hung node never
 //! holds a write or read up for long); one that misses it is queued for
-//! resync. Reads ask every replica for its row, keep the highest
-//! version, stream blocks from any replica holding that version (verified
-//! by hash here), and push the winning row to replicas that answered with
-//! an older one (read repair).
+//! resync. Reads ask every replica for its row and answer once R have
+//! answered, with the highest version among them; blocks stream from any
+//! replica holding that version (verified by hash here). Replicas that
+//! answer with an older row, also after the read has been answered, get
+//! the winning row pushed (read repair).
 
 use super::NodeId;
 use super::config::Consistency;
@@ -480,6 +481,13 @@ impl Node {
 
     /// Reads the row of a key from its replicas; `Unavailable` when fewer
     /// than R answer. Stale replicas are repaired in the background.
+    ///
+    /// With consistent reads the answer goes out as soon as R replicas of
+    /// the (newest) set have answered: R + W > N, so one of them holds every
+    /// acknowledged write. The replicas still to answer are heard in the
+    /// background (for read repair), not waited for. A degraded read
+    /// (R = 1) still waits up to the grace for the others, so it returns the
+    /// newest row any reachable replica has.
     pub async fn read_row(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<ReadOutcome> {
         let sets = self.write_sets(bucket, key);
         // During a layout change the old set holds every acknowledged row.
@@ -493,17 +501,24 @@ impl Node {
                 async move { (n, node.call(n, Msg::new(req)).await) }
             })
             .collect();
+        let need = self.need_r(quorum_set.len());
+        let wait_for_all = matches!(self.consistency(), Consistency::Degraded);
         let mut replies: Vec<(NodeId, Option<Row>)> = Vec::new();
         let answered = |replies: &[(NodeId, Option<Row>)]| {
             quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count()
         };
-        // Every answer until the quorum; past it, those that come within a
-        // short grace (for read repair and more holders), so a hung replica
-        // does not hold the read up.
+        // Every answer until the quorum; for a degraded read, past it, those
+        // that come within a short grace, so a hung replica does not hold
+        // the read up.
         let mut grace = std::pin::pin!(futures::future::Fuse::terminated());
         loop {
-            if grace.is_terminated() && answered(&replies) >= self.need_r(quorum_set.len()) {
-                grace.set(futures::FutureExt::fuse(tokio::time::sleep(READ_GRACE)));
+            if answered(&replies) >= need {
+                if !wait_for_all {
+                    break;
+                }
+                if grace.is_terminated() {
+                    grace.set(futures::FutureExt::fuse(tokio::time::sleep(READ_GRACE)));
+                }
             }
             let next = tokio::select! {
                 r = calls.next() => r,
@@ -516,11 +531,10 @@ impl Node {
             }
         }
         let answered = answered(&replies);
-        if answered < self.need_r(quorum_set.len()) {
+        if answered < need {
             return Err(self.quorum_failed(&format!(
-                "only {answered} of {} replicas answered (read quorum {})",
+                "only {answered} of {} replicas answered (read quorum {need})",
                 quorum_set.len(),
-                self.need_r(quorum_set.len())
             )));
         }
         let best = replies.iter().filter_map(|(_, r)| r.clone()).max_by_key(Row::version);
@@ -532,18 +546,41 @@ impl Node {
         if let Some(row) = &best {
             for (n, r) in &replies {
                 if r.as_ref().map_or(0, Row::version) < v {
-                    ClusterMetrics::inc(&self.metrics.read_repairs);
-                    let (node, n, b, k, row) = (self.clone(), *n, bucket.to_owned(), key.to_vec(), row.clone());
-                    tokio::spawn(async move {
-                        if let Err(e) = node.push_row(n, &b, &k, &row).await {
-                            tracing::debug!(node = n, error = %e, "read repair failed; queued");
-                            let _ = node.resync.add(&[(n, b, k, false)]);
+                    self.read_repair(*n, bucket, key, row);
+                }
+            }
+            if !calls.is_empty() {
+                // The replicas the read did not wait for: heard within the
+                // grace, repaired if behind.
+                let (node, b, k, row) = (self.clone(), bucket.to_owned(), key.to_vec(), row.clone());
+                tokio::spawn(async move {
+                    let late = tokio::time::timeout(READ_GRACE, async {
+                        while let Some((n, reply)) = calls.next().await {
+                            if let Ok(Msg { head: Resp::Row(r), .. }) = reply
+                                && r.as_ref().map_or(0, Row::version) < v
+                            {
+                                node.read_repair(n, &b, &k, &row);
+                            }
                         }
                     });
-                }
+                    let _ = late.await;
+                });
             }
         }
         Ok(ReadOutcome { row: best, holders })
+    }
+
+    /// Pushes `row` to replica `n`, which answered a read with an older one;
+    /// queued for resync when that fails.
+    fn read_repair(self: &Arc<Self>, n: NodeId, bucket: &str, key: &[u8], row: &Row) {
+        ClusterMetrics::inc(&self.metrics.read_repairs);
+        let (node, b, k, row) = (self.clone(), bucket.to_owned(), key.to_vec(), row.clone());
+        tokio::spawn(async move {
+            if let Err(e) = node.push_row(n, &b, &k, &row).await {
+                tracing::debug!(node = n, error = %e, "read repair failed; queued");
+                let _ = node.resync.add(&[(n, b, k, false)]);
+            }
+        });
     }
 
     /// Reads one block from the first of `holders` with a good copy

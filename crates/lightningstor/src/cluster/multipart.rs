@@ -31,7 +31,8 @@ use crate::s3::convert::{
     check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp, trailer_value,
 };
 use crate::s3::multipart::{
-    claimed_checksums, limit, list_parts_output, list_uploads_output, part_number, wanted_checksum,
+    checksum_type, claimed_checksums, limit, list_parts_output, list_uploads_output, part_number, upload_checksum,
+    wanted_checksum,
 };
 use crate::s3::object::copy_source;
 use bytes::Bytes;
@@ -299,13 +300,7 @@ pub(super) async fn create_multipart_upload(
 ) -> Result<CreateMultipartUploadOutput> {
     let i = req.input;
     check_key(&i.key)?;
-    let algo =
-        match &i.checksum_algorithm {
-            None => None,
-            Some(a) => Some(ChecksumAlgo::from_name(a.as_str()).ok_or_else(|| {
-                LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str()))
-            })?),
-        };
+    let (algo, full_object) = upload_checksum(&i)?;
     node.require_bucket(&i.bucket).await?;
     let id = new_upload_id(node, &i.bucket, &i.key);
     let upload = UploadMeta {
@@ -322,6 +317,7 @@ pub(super) async fn create_multipart_upload(
             i.metadata,
         ),
         checksum_algo: algo,
+        full_object,
     };
     let targets = union(&node.write_sets(&i.bucket, i.key.as_bytes()));
     node.quorum_call(&i.bucket, i.key.as_bytes(), &targets, || Req::CreateUpload {
@@ -334,7 +330,7 @@ pub(super) async fn create_multipart_upload(
         key: Some(i.key),
         upload_id: Some(id),
         checksum_algorithm: i.checksum_algorithm,
-        checksum_type: algo.map(|_| ChecksumType::from_static(ChecksumType::COMPOSITE)),
+        checksum_type: checksum_type(algo, full_object),
         ..Default::default()
     })
 }
@@ -453,14 +449,14 @@ pub(super) async fn complete_multipart_upload(
             super::s3::check_write_conditions(node, &i.bucket, &i.key, i.if_match.as_ref(), i.if_none_match.as_ref())
                 .await?;
             let meta = ops::assemble_upload(&upload, &wanted, &stored, node.hlc.now(), now_ms())?;
-            ops::check_claimed_checksums(&meta, &claimed)?;
+            ops::check_claimed_checksums(&upload, &meta, &claimed)?;
             node.commit_row_filling(&i.bucket, i.key.as_bytes(), &Row::Object(meta.clone())).await?;
             Ok(meta)
         })
         .await?
     } else {
         let meta = ops::assemble_upload(&upload, &wanted, &stored, node.hlc.now(), now_ms())?;
-        ops::check_claimed_checksums(&meta, &claimed)?;
+        ops::check_claimed_checksums(&upload, &meta, &claimed)?;
         node.commit_row_filling(&i.bucket, i.key.as_bytes(), &Row::Object(meta.clone())).await?;
         meta
     };

@@ -340,9 +340,16 @@ pub fn assemble_upload(
     }
     let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
     let checksum = upload.checksum_algo.and_then(|algo| {
-        let digests: Option<Vec<&[u8]>> =
-            chosen.iter().map(|p| p.checksum.as_ref().filter(|c| c.algo == algo).map(|c| c.raw.as_slice())).collect();
-        digests.map(|d| Checksum::composite(algo, &d))
+        let parts: Option<Vec<(&[u8], u64)>> = chosen
+            .iter()
+            .map(|p| p.checksum.as_ref().filter(|c| c.algo == algo).map(|c| (c.raw.as_slice(), p.size)))
+            .collect();
+        let parts = parts?;
+        if upload.full_object {
+            Checksum::full_object(algo, &parts)
+        } else {
+            Some(Checksum::composite(algo, &parts.iter().map(|(d, _)| *d).collect::<Vec<_>>()))
+        }
     });
     let blocks: Vec<BlockRef> = chosen.iter().flat_map(|p| p.blocks.iter().copied()).collect();
     Ok(ObjectMeta {
@@ -361,10 +368,22 @@ pub fn assemble_upload(
 /// Checks the whole-object checksums a CompleteMultipartUpload claims
 /// (`x-amz-checksum-*`, as `BASE64` or `BASE64-N`) against the object it
 /// assembles: a different value (or part count) is BadDigest; a checksum of
-/// an algorithm the upload was not created with is InvalidRequest. Nothing
-/// is committed when this fails.
-pub fn check_claimed_checksums(meta: &ObjectMeta, claimed: &[Checksum]) -> Result<()> {
-    for c in claimed {
+/// an algorithm the upload was not created with, or a checksum type
+/// (`x-amz-checksum-type`) other than the upload's, is InvalidRequest.
+/// Nothing is committed when this fails.
+pub fn check_claimed_checksums(upload: &UploadMeta, meta: &ObjectMeta, claimed: &Claimed) -> Result<()> {
+    if let Some(full) = claimed.full_object
+        && full != upload.full_object
+        && (full || upload.checksum_algo.is_some())
+    {
+        let kind = |f: bool| if f { "FULL_OBJECT" } else { "COMPOSITE" };
+        return Err(LightningError::InvalidRequest(format!(
+            "the upload's checksum type is {}, not the {} given",
+            if upload.checksum_algo.is_some() { kind(upload.full_object) } else { "none" },
+            kind(full)
+        )));
+    }
+    for c in &claimed.checksums {
         match &meta.checksum {
             Some(m) if m.algo == c.algo => {
                 if m.raw != c.raw || (c.parts.is_some() && c.parts != m.parts) {
@@ -383,6 +402,15 @@ pub fn check_claimed_checksums(meta: &ObjectMeta, claimed: &[Checksum]) -> Resul
         }
     }
     Ok(())
+}
+
+/// What a CompleteMultipartUpload says the object's checksum is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claimed {
+    /// Whole-object checksum values (`x-amz-checksum-*`), a COMPOSITE one with its part count.
+    pub checksums: Vec<Checksum>,
+    /// `x-amz-checksum-type`: `Some(true)` for FULL_OBJECT, `Some(false)` for COMPOSITE.
+    pub full_object: Option<bool>,
 }
 
 /// The ETag a completion of `requested` gives its object (the MD5 of the
@@ -411,7 +439,7 @@ pub fn complete_upload(
     bucket: &str,
     key: &str,
     requested: &[CompletedPart],
-    claimed: &[Checksum],
+    claimed: &Claimed,
     version: u64,
     now_ms: i64,
     cond: &WriteConditions,
@@ -419,7 +447,7 @@ pub fn complete_upload(
     let upload = require_upload(txn, id, bucket, key)?;
     let stored = all_parts(txn, id)?;
     let meta = assemble_upload(&upload, requested, &stored, version, now_ms)?;
-    check_claimed_checksums(&meta, claimed)?;
+    check_claimed_checksums(&upload, &meta, claimed)?;
     let old = existing_object(txn, bucket, key)?;
     conditions::check_write(
         old.as_ref().map(|o| o.etag.as_str()),

@@ -173,6 +173,16 @@ pub struct UploadMeta {
     pub headers: ObjectHeaders,
     /// Checksum algorithm asked for at creation.
     pub checksum_algo: Option<ChecksumAlgo>,
+    /// The object gets a FULL_OBJECT checksum (a CRC of the whole object,
+    /// combined from the parts' CRCs) instead of a COMPOSITE one.
+    #[serde(default, deserialize_with = "false_past_the_end")]
+    pub full_object: bool,
+}
+
+/// Upload rows written before FULL_OBJECT checksums end before
+/// `full_object`: like [`none_past_the_end`], no byte left means false.
+fn false_past_the_end<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(bool::deserialize(d).unwrap_or(false))
 }
 
 /// An uploaded part.
@@ -228,5 +238,22 @@ mod tests {
         assert_eq!(s.last_modified_ms, 1234);
         let back: ObjectMeta = postcard::from_bytes(&bytes).expect("decode");
         assert_eq!(back, meta);
+    }
+
+    #[test]
+    fn an_upload_row_of_a_build_before_full_object_checksums_decodes_as_composite() {
+        let up = UploadMeta {
+            bucket: "b".into(),
+            key: "k".into(),
+            initiated_ms: 5,
+            headers: ObjectHeaders::default(),
+            checksum_algo: Some(ChecksumAlgo::Crc32),
+            full_object: true,
+        };
+        let bytes = postcard::to_allocvec(&up).expect("encode");
+        let back: UploadMeta = postcard::from_bytes(&bytes).expect("decode");
+        assert_eq!(back, up);
+        let old: UploadMeta = postcard::from_bytes(&bytes[..bytes.len() - 1]).expect("decode an old row");
+        assert_eq!(old, UploadMeta { full_object: false, ..up });
     }
 }

@@ -51,13 +51,7 @@ pub(super) async fn create_multipart_upload(
 ) -> Result<CreateMultipartUploadOutput> {
     let i = req.input;
     check_key(&i.key)?;
-    let algo =
-        match &i.checksum_algorithm {
-            None => None,
-            Some(a) => Some(ChecksumAlgo::from_name(a.as_str()).ok_or_else(|| {
-                LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str()))
-            })?),
-        };
+    let (algo, full_object) = upload_checksum(&i)?;
     let id = new_upload_id(store, &i.bucket, &i.key);
     let meta = UploadMeta {
         bucket: i.bucket.clone(),
@@ -73,6 +67,7 @@ pub(super) async fn create_multipart_upload(
             i.metadata,
         ),
         checksum_algo: algo,
+        full_object,
     };
     let idc = id.clone();
     store.meta.write(move |t| ops::create_upload(t, &idc, &meta)).await?;
@@ -81,8 +76,55 @@ pub(super) async fn create_multipart_upload(
         key: Some(i.key),
         upload_id: Some(id),
         checksum_algorithm: i.checksum_algorithm,
-        checksum_type: algo.map(|_| ChecksumType::from_static(ChecksumType::COMPOSITE)),
+        checksum_type: checksum_type(algo, full_object),
         ..Default::default()
+    })
+}
+
+/// The checksum algorithm of a new upload and whether its object gets a
+/// FULL_OBJECT checksum, from `x-amz-checksum-algorithm` and
+/// `x-amz-checksum-type`, as S3 has them: CRC64NVME is FULL_OBJECT only,
+/// the others COMPOSITE unless FULL_OBJECT is asked for, and FULL_OBJECT
+/// needs a CRC (SHA digests cannot be combined). Shared with the cluster.
+pub(crate) fn upload_checksum(i: &CreateMultipartUploadInput) -> Result<(Option<ChecksumAlgo>, bool)> {
+    let algo =
+        match &i.checksum_algorithm {
+            None => None,
+            Some(a) => Some(ChecksumAlgo::from_name(a.as_str()).ok_or_else(|| {
+                LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str()))
+            })?),
+        };
+    let asked = checksum_type_of(i.checksum_type.as_ref())?;
+    match (algo, asked) {
+        (None, None) => Ok((None, false)),
+        (None, Some(_)) => {
+            Err(LightningError::InvalidRequest("x-amz-checksum-type needs an x-amz-checksum-algorithm".into()))
+        }
+        (Some(ChecksumAlgo::Crc64Nvme), Some(false)) => {
+            Err(LightningError::InvalidRequest("CRC64NVME checksums are FULL_OBJECT only, not COMPOSITE".into()))
+        }
+        (Some(a), Some(true)) if a.crc().is_none() => Err(LightningError::InvalidRequest(format!(
+            "a FULL_OBJECT checksum is a CRC; {} digests of parts cannot be combined",
+            a.name()
+        ))),
+        (Some(a), asked) => Ok((Some(a), asked.unwrap_or(a == ChecksumAlgo::Crc64Nvme))),
+    }
+}
+
+/// `x-amz-checksum-type`: `Some(true)` for FULL_OBJECT, `Some(false)` for COMPOSITE.
+fn checksum_type_of(t: Option<&ChecksumType>) -> Result<Option<bool>> {
+    match t.map(ChecksumType::as_str) {
+        None => Ok(None),
+        Some(t) if t.eq_ignore_ascii_case(ChecksumType::FULL_OBJECT) => Ok(Some(true)),
+        Some(t) if t.eq_ignore_ascii_case(ChecksumType::COMPOSITE) => Ok(Some(false)),
+        Some(t) => Err(LightningError::InvalidRequest(format!("unknown checksum type {t:?}"))),
+    }
+}
+
+/// The `x-amz-checksum-type` of an upload's answers.
+pub(crate) fn checksum_type(algo: Option<ChecksumAlgo>, full_object: bool) -> Option<ChecksumType> {
+    algo.map(|_| {
+        ChecksumType::from_static(if full_object { ChecksumType::FULL_OBJECT } else { ChecksumType::COMPOSITE })
     })
 }
 
@@ -211,9 +253,9 @@ pub(crate) fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
     Ok(None)
 }
 
-/// The whole-object checksums a CompleteMultipartUpload claims; a value
-/// may end in `-N`, the part count of a composite checksum.
-pub(crate) fn claimed_checksums(i: &CompleteMultipartUploadInput) -> Result<Vec<Checksum>> {
+/// The whole-object checksums a CompleteMultipartUpload claims (a value
+/// may end in `-N`, the part count of a composite checksum) and its checksum type.
+pub(crate) fn claimed_checksums(i: &CompleteMultipartUploadInput) -> Result<ops::Claimed> {
     let given = [
         (ChecksumAlgo::Crc32, &i.checksum_crc32),
         (ChecksumAlgo::Crc32c, &i.checksum_crc32c),
@@ -235,7 +277,7 @@ pub(crate) fn claimed_checksums(i: &CompleteMultipartUploadInput) -> Result<Vec<
         };
         out.push(Checksum { parts, ..Checksum::from_base64(algo, b64)? });
     }
-    Ok(out)
+    Ok(ops::Claimed { checksums: out, full_object: checksum_type_of(i.checksum_type.as_ref())? })
 }
 
 pub(super) async fn complete_multipart_upload(
@@ -352,6 +394,7 @@ pub(crate) fn list_parts_output(
         part_number_marker: i.part_number_marker,
         next_part_number_marker: if truncated { next.and_then(|n| i32::try_from(n).ok()) } else { None },
         checksum_algorithm: upload.checksum_algo.map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
+        checksum_type: checksum_type(upload.checksum_algo, upload.full_object),
         owner: Some(owner()),
         initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
         ..Default::default()
@@ -414,6 +457,7 @@ pub(crate) fn list_uploads_output(
             upload_id: Some(id),
             initiated: Some(timestamp(u.initiated_ms)),
             checksum_algorithm: u.checksum_algo.map(|a| ChecksumAlgorithm::from(a.name().to_owned())),
+            checksum_type: checksum_type(u.checksum_algo, u.full_object),
             owner: Some(owner()),
             initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
             ..Default::default()

@@ -143,9 +143,6 @@ impl Supported for CreateMultipartUploadInput {
     fn check_supported(&self) -> Result<()> {
         sse!(self);
         object_options!(self);
-        if self.checksum_type.as_ref().is_some_and(|t| t.as_str() != ChecksumType::COMPOSITE) {
-            return refuse("x-amz-checksum-type FULL_OBJECT for multipart uploads");
-        }
         Ok(())
     }
 }
@@ -179,9 +176,6 @@ impl Supported for CompleteMultipartUploadInput {
             expected_bucket_owner => "x-amz-expected-bucket-owner",
             mpu_object_size => "x-amz-mp-object-size",
         );
-        if self.checksum_type.as_ref().is_some_and(|t| t.as_str() != ChecksumType::COMPOSITE) {
-            return refuse("x-amz-checksum-type FULL_OBJECT for multipart uploads");
-        }
         Ok(())
     }
 }

@@ -67,19 +67,11 @@ fn text(status: http::StatusCode, body: String) -> http::Response<s3s::Body> {
     r
 }
 
+/// `e` as an S3 error answered before s3s (request id included).
 fn s3_error(e: &LightningError) -> http::Response<s3s::Body> {
     let code = e.s3_code();
     let status = code.status_code().unwrap_or(http::StatusCode::BAD_REQUEST);
-    let msg = e.to_string().replace('&', "&amp;").replace('<', "&lt;");
-    let mut r = text(
-        status,
-        format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{}</Code><Message>{msg}</Message></Error>",
-            code.as_str()
-        ),
-    );
-    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
-    r
+    super::limits::early_error(status, code.as_str(), &e.to_string(), "")
 }
 
 impl Gate {
