@@ -1608,7 +1608,7 @@ async fn slow_and_oversized_requests_are_cut_off_while_others_are_served(svc: s3
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let metrics: lightningstor::server::MetricsFn = std::sync::Arc::new(String::new);
-    let running = lightningstor::server::serve_with_limits(listener, svc, metrics, limits)?;
+    let running = lightningstor::server::serve_with_limits(listener, svc, metrics, None, limits)?;
     let addr = running.addr;
     let c = aws_sdk_s3::Client::from_conf(sdk_config(&format!("http://{addr}"), AK, SK).build());
     c.create_bucket().bucket("slow").send().await?;
@@ -1689,7 +1689,7 @@ async fn slow_and_oversized_requests_three_node_cluster() -> R {
     let s = InCluster::new(3);
     let nodes = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
     let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config);
+    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config, s.cluster.node(1));
     slow_and_oversized_requests_are_cut_off_while_others_are_served(svc).await
 }
 
@@ -1998,7 +1998,7 @@ async fn chunked_transfer_encoding_puts_are_stored(svc: s3s::service::S3Service)
     use sha2::Digest as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let metrics: lightningstor::server::MetricsFn = std::sync::Arc::new(String::new);
-    let running = lightningstor::server::serve_with_limits(listener, svc, metrics, Default::default())?;
+    let running = lightningstor::server::serve_with_limits(listener, svc, metrics, None, Default::default())?;
     let addr = running.addr;
     let host = addr.to_string();
     let c = aws_sdk_s3::Client::from_conf(sdk_config(&format!("http://{addr}"), AK, SK).build());
@@ -2052,7 +2052,7 @@ async fn chunked_transfer_encoding_three_node_cluster() -> R {
     let s = InCluster::new(3);
     let nodes = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
     let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config);
+    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config, s.cluster.node(1));
     chunked_transfer_encoding_puts_are_stored(svc).await
 }
 
@@ -2127,7 +2127,7 @@ async fn post_object(
 async fn post_object_forms_follow_their_policy(svc: s3s::service::S3Service) -> R {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let metrics: lightningstor::server::MetricsFn = std::sync::Arc::new(String::new);
-    let running = lightningstor::server::serve_with_limits(listener, svc, metrics, Default::default())?;
+    let running = lightningstor::server::serve_with_limits(listener, svc, metrics, None, Default::default())?;
     let addr = running.addr;
     let c = aws_sdk_s3::Client::from_conf(sdk_config(&format!("http://{addr}"), AK, SK).build());
     c.create_bucket().bucket("forms").send().await?;
@@ -2181,7 +2181,7 @@ async fn post_object_three_node_cluster() -> R {
     let s = InCluster::new(3);
     let nodes = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
     let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config);
+    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config, s.cluster.node(1));
     post_object_forms_follow_their_policy(svc).await
 }
 
@@ -2228,5 +2228,76 @@ async fn operations_we_do_not_serve_answer_not_implemented(c: aws_sdk_s3::Client
         assert_eq!((code.as_str(), status), ("NotImplemented", 501), "{op}");
     }
     assert_eq!(body_of(c.get_object().bucket("bkt").key("k").send().await?).await, b"v");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_made_with_the_cli_get_exactly_their_bucket_permissions_single_node() -> R {
+    let dir = tempfile::tempdir()?;
+    let server = Spawned::start(dir.path(), &[]);
+    let addr = server.addr.clone();
+    let cli = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--endpoint", addr.as_str()]);
+        run_cli(&a, &[("LIGHTNINGSTOR_ACCESS_KEY", AK), ("LIGHTNINGSTOR_SECRET_KEY", SK)])
+    };
+    let (bob, secret) = keys_and_permissions(&cli, &[server.endpoint()]).await;
+
+    // Keys and grants are in the metadata: they survive a restart.
+    server.stop();
+    let server = Spawned::start(dir.path(), &[]);
+    let c = client_of(&server.endpoint(), &bob, &secret);
+    c.get_object().bucket("adminb").key("k").send().await?;
+    let e = c.delete_object().bucket("adminb").key("k").send().await.expect_err("read only");
+    assert_eq!(code(&e), "AccessDenied");
+
+    // Admin requests take the admin key only.
+    let addr = server.addr.clone();
+    let (good, _, err) = run_cli(
+        &["key", "list", "--endpoint", &addr],
+        &[("LIGHTNINGSTOR_ACCESS_KEY", &bob), ("LIGHTNINGSTOR_SECRET_KEY", &secret)],
+    );
+    assert!(!good && err.contains("admin key"), "{err}");
+    let (good, _, err) = run_cli(
+        &["key", "list", "--endpoint", &addr],
+        &[("LIGHTNINGSTOR_ACCESS_KEY", AK), ("LIGHTNINGSTOR_SECRET_KEY", "wrong")],
+    );
+    assert!(!good && err.contains("signature does not match"), "{err}");
+    let (good, _, err) = run_cli(&["key", "list", "--endpoint", &addr], &[]);
+    assert!(!good && err.contains("no admin key"), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_server_without_keys_serves_requests_signed_with_any_key() -> R {
+    let dir = tempfile::tempdir()?;
+    let server = Spawned::start_anonymous_without_keys(dir.path());
+    let c = client_of(&server.endpoint(), "whoever", "whatever");
+    c.create_bucket().bucket("open").send().await?;
+    let data = pseudo_random(3 * 1024 * 1024 + 7, 5);
+    c.put_object().bucket("open").key("k").body(data.clone().into()).send().await?;
+    let out = client_of(&server.endpoint(), "someone-else", "x").get_object().bucket("open").key("k").send().await?;
+    assert_eq!(out.body.collect().await?.into_bytes().as_ref(), data.as_slice());
+    let listed = c.list_buckets().send().await?;
+    assert_eq!(listed.buckets().len(), 1);
+    let url = c
+        .get_object()
+        .bucket("open")
+        .key("k")
+        .presigned(PresigningConfig::expires_in(Duration::from_secs(300))?)
+        .await?
+        .uri()
+        .to_owned();
+    let got = reqwest::get(&url).await?;
+    assert_eq!(got.status(), 200, "a presigned URL of an unknown key");
+    assert_eq!(got.bytes().await?.len(), data.len());
+    // Unsigned requests too, and no admin requests without an admin key.
+    let plain = reqwest::get(format!("{}/open/k", server.endpoint())).await?;
+    assert_eq!(plain.status(), 200);
+    let (good, _, err) = run_cli(
+        &["key", "create", "x", "--endpoint", &server.addr],
+        &[("LIGHTNINGSTOR_ACCESS_KEY", "a"), ("LIGHTNINGSTOR_SECRET_KEY", "b")],
+    );
+    assert!(!good && err.contains("no admin key"), "{err}");
     Ok(())
 }

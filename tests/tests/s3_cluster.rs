@@ -373,7 +373,7 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
     }
     // Add node 5: a new cluster file, applied to every node.
     let mut bigger = s.cluster.config.clone();
-    let extra = lightningstor::cluster::ClusterConfig::init(5, s.dir.path(), 1)?.nodes[4].clone();
+    let extra = lightningstor::cluster::ClusterConfig::init(5, s.dir.path(), 1, false)?.nodes[4].clone();
     bigger.nodes.push(extra);
     bigger.layout_version += 1;
     s.cluster.start_node("n5", &bigger)?;
@@ -1271,5 +1271,93 @@ fn node_rpc_refuses_every_peer_without_the_cluster_secret() {
         c.create_bucket().bucket("bkt").send().await.expect("bucket");
         put(&c, "bkt", "k", b"still here").await.expect("put");
         assert_eq!(get(&cluster.client(2), "bkt", "k").await.expect("get"), b"still here");
+    });
+}
+
+#[test]
+fn cluster_init_writes_random_keys_and_allows_anonymous_access_only_when_asked() {
+    let init = |extra: &[&str]| {
+        let mut a = vec!["cluster", "init", "--nodes", "3", "--base-dir", "/tmp/ls-init"];
+        a.extend(extra);
+        let (good, out, err) = run_cli(&a, &[]);
+        assert!(good, "{err}");
+        lightningstor::cluster::ClusterConfig::from_toml(&out).expect("init prints a valid file")
+    };
+    let (a, b) = (init(&[]), init(&[]));
+    assert!(!a.anonymous && !b.anonymous, "no anonymous access by default");
+    let (ak, sk) = (a.access_key.clone().expect("an admin key"), a.secret_key.clone().expect("a secret"));
+    assert!(ak.starts_with("LS") && sk.len() == 40, "{ak} {sk}");
+    assert_ne!((a.access_key, a.secret_key, a.rpc_secret), (b.access_key, b.secret_key, b.rpc_secret), "random");
+    assert!(init(&["--anonymous"]).anonymous);
+}
+
+#[test]
+fn keys_made_through_one_node_work_on_every_node_also_after_restarts() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut cluster = SpawnedCluster::start(3, |c| {
+        // The file's admin key is the one the nodes run with (the
+        // environment gives them AK/SK too), so the CLI reads it from the file.
+        c.access_key = Some(AK.into());
+        c.secret_key = Some(SK.into());
+        c.scrub_blocks_per_sec = 0;
+    });
+    let path = cluster.config_path.to_string_lossy().into_owned();
+    let cli = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--config", path.as_str(), "--node", "n1"]);
+        run_cli(&a, &[])
+    };
+    let endpoints: Vec<String> = (0..3).map(|i| cluster.nodes[i].as_ref().expect("up").endpoint()).collect();
+    let (bob, secret) = rt.block_on(keys_and_permissions(&cli, &endpoints));
+
+    // n2 restarts: it authorizes bob from its own rows.
+    cluster.kill(1);
+    cluster.restart(1);
+    let n2 = client_of(&cluster.nodes[1].as_ref().expect("up").endpoint(), &bob, &secret);
+    rt.block_on(async {
+        n2.get_object().bucket("adminb").key("k").send().await.expect("bob reads on the restarted node");
+        let e = n2.put_object().bucket("adminb").key("x").body(b"x".to_vec().into()).send().await.expect_err("ro");
+        assert_eq!(code(&e), "AccessDenied");
+    });
+
+    // A key made while n3 is down reaches it from the resync queue once it is back.
+    cluster.kill(2);
+    let (good, out, err) = cli(&["key", "create", "carol"]);
+    assert!(good, "two of three nodes take a key: {err}");
+    let (carol, carol_secret) = new_key(&out);
+    cluster.restart(2);
+    let n3 = client_of(&cluster.nodes[2].as_ref().expect("up").endpoint(), &carol, &carol_secret);
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(60);
+    rt.block_on(async {
+        loop {
+            match n3.list_buckets().send().await {
+                Ok(_) => break,
+                Err(e) => {
+                    assert_eq!(code(&e), "InvalidAccessKeyId", "{e:?}");
+                    assert!(Instant::now() < deadline, "carol's key did not reach n3 within 60 s");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    });
+    eprintln!("carol's key reached the returned node {:?} after it listened", back.elapsed());
+}
+
+#[test]
+fn an_anonymous_cluster_serves_requests_signed_with_unknown_keys() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let cluster = SpawnedCluster::start(3, |c| c.anonymous = true);
+    let ep = |i: usize| cluster.nodes[i].as_ref().expect("up").endpoint();
+    rt.block_on(async {
+        let c = client_of(&ep(0), "nobody", "anything");
+        c.create_bucket().bucket("open").send().await.expect("create with an unknown key");
+        c.put_object().bucket("open").key("k").body(b"open data".to_vec().into()).send().await.expect("put");
+        let other = client_of(&ep(2), "somebody", "else");
+        let out = other.get_object().bucket("open").key("k").send().await.expect("get through another node");
+        assert_eq!(out.body.collect().await.expect("body").into_bytes().as_ref(), b"open data");
+        // The admin key (from the environment) is still checked.
+        let e = client_of(&ep(1), AK, "wrong").list_buckets().send().await.expect_err("bad signature");
+        assert_eq!(code(&e), "SignatureDoesNotMatch");
     });
 }

@@ -65,6 +65,10 @@ pub enum LightningError {
     /// Refused to this requester (an SSE-C key that is not the object's).
     #[error("access denied: {0}")]
     AccessDenied(String),
+    /// The request is signed with an access key id this server does not know
+    /// (never created, or deleted).
+    #[error("the access key id {0:?} does not exist in our records")]
+    InvalidAccessKeyId(String),
     /// A request argument is malformed (bad continuation token, part number, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -154,6 +158,7 @@ impl LightningError {
             E::NotModified { .. } => S3ErrorCode::NotModified,
             E::InvalidArgument(_) => S3ErrorCode::InvalidArgument,
             E::AccessDenied(_) => S3ErrorCode::AccessDenied,
+            E::InvalidAccessKeyId(_) => S3ErrorCode::InvalidAccessKeyId,
             E::InvalidRequest(_) => S3ErrorCode::InvalidRequest,
             E::MalformedXml(_) => S3ErrorCode::MalformedXML,
             E::NotImplemented(_) => S3ErrorCode::NotImplemented,

@@ -3,7 +3,9 @@
 //! The module list is the dependency stack, bottom up:
 //!
 //! - [`block`]: content-addressed blocks (trait + file and memory backends);
+//! - [`keys`]: access keys, per-bucket permissions, the [`keys::Keyring`] trait;
 //! - [`meta`]: metadata tables in redb with a group-committing writer;
+//! - [`admin`]: the admin API (keys, grants) over HTTP: wire format and client;
 //! - [`checksum`], [`listing`], [`conditions`]: pure protocol logic;
 //! - [`store`]: the engine that streams bodies into blocks and commits rows;
 //! - [`sse`]: SSE-C (AES-256-CTR under the customer's key);
@@ -11,12 +13,14 @@
 //! - [`server`]: hyper serving, auth, virtual hosts, `/metrics`;
 //! - [`cluster`]: replication across nodes (placement, quorums, repair).
 
+pub mod admin;
 pub mod block;
 pub mod checksum;
 pub mod cluster;
 pub mod conditions;
 pub mod config;
 pub mod error;
+pub mod keys;
 pub mod listing;
 pub mod meta;
 pub mod metrics;

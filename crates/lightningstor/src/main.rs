@@ -11,7 +11,8 @@ use std::path::PathBuf;
 /// Objects are cut into ~1 MiB blocks stored by BLAKE3 hash and verified on
 /// every read; metadata lives in a redb database beside them. Every client
 /// request must be signed (SigV4 headers or presigned URLs) with the
-/// configured key, unless --anonymous is given.
+/// configured admin key or a key made by `lightningstor key create`, unless
+/// --anonymous is given.
 #[derive(Parser, Debug)]
 #[command(version, propagate_version = true)]
 struct Cli {
@@ -64,6 +65,161 @@ enum Cmd {
     /// Set up and inspect a replicated cluster.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Create, list and delete access keys of a running server.
+    ///
+    /// A key is an access key id, a secret and a name; it may use a bucket
+    /// only as `lightningstor bucket allow` grants (or as the creator of
+    /// the bucket). The command asks the running server (any node of a
+    /// cluster), signing its request with the admin key.
+    #[command(subcommand)]
+    Key(KeyCmd),
+    /// Grant and revoke keys' permissions on buckets of a running server.
+    #[command(subcommand)]
+    Bucket(BucketCmd),
+}
+
+/// Which server an admin command asks, and the admin key it signs with.
+#[derive(clap::Args, Debug)]
+struct AdminTarget {
+    /// The server's configuration file (single node), or the cluster file
+    /// (with --node, or its first node): gives the address and admin key.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// With a cluster file: the node to ask.
+    #[arg(long, value_name = "NAME", requires = "config")]
+    node: Option<String>,
+    /// The server's S3 address (HOST:PORT); overrides the file's.
+    #[arg(long, value_name = "HOST:PORT")]
+    endpoint: Option<String>,
+    /// The admin key's access key id; overrides the file's.
+    #[arg(long, env = "LIGHTNINGSTOR_ACCESS_KEY", value_name = "KEY", hide_env_values = true)]
+    access_key: Option<String>,
+    /// The admin key's secret; overrides the file's.
+    #[arg(long, env = "LIGHTNINGSTOR_SECRET_KEY", value_name = "SECRET", hide_env_values = true)]
+    secret_key: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum KeyCmd {
+    /// Create a key called NAME and print its id and secret (shown only here).
+    #[command(
+        after_help = "Example:\n  lightningstor key create backup --config /etc/lightningstor.toml\n  lightningstor key create backup --config cluster.toml --node n2"
+    )]
+    Create {
+        /// The key's name (letters, digits, '-', '_', '.'; unique).
+        name: String,
+        #[command(flatten)]
+        target: AdminTarget,
+    },
+    /// List the keys: id, name, and the buckets each may use.
+    List {
+        #[command(flatten)]
+        target: AdminTarget,
+    },
+    /// Delete a key (by id or name) and its grants; requests signed with it
+    /// are refused with InvalidAccessKeyId from then on.
+    Delete {
+        /// The key's id or name.
+        key: String,
+        #[command(flatten)]
+        target: AdminTarget,
+    },
+}
+
+/// Permission flags of `bucket allow` and `bucket deny`.
+#[derive(clap::Args, Debug)]
+struct PermFlags {
+    /// GET, HEAD and listings.
+    #[arg(long)]
+    read: bool,
+    /// PUT, DELETE, copies into the bucket and multipart uploads.
+    #[arg(long)]
+    write: bool,
+    /// Deleting the bucket and changing its configuration.
+    #[arg(long)]
+    owner: bool,
+}
+
+impl PermFlags {
+    fn perms(&self) -> anyhow::Result<lightningstor::keys::Perms> {
+        use lightningstor::keys::Perms;
+        let mut p = Perms::NONE;
+        for (set, flag) in [(self.read, Perms::READ), (self.write, Perms::WRITE), (self.owner, Perms::OWNER)] {
+            if set {
+                p = p.union(flag);
+            }
+        }
+        anyhow::ensure!(!p.is_empty(), "give at least one of --read, --write, --owner");
+        Ok(p)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum BucketCmd {
+    /// Let a key read, write or own a bucket (adds to what it has).
+    #[command(
+        after_help = "Example:\n  lightningstor bucket allow --read --write photos --key backup --config /etc/lightningstor.toml"
+    )]
+    Allow {
+        #[command(flatten)]
+        perms: PermFlags,
+        /// The bucket (it must exist).
+        bucket: String,
+        /// The key's id or name.
+        #[arg(long, value_name = "KEY")]
+        key: String,
+        #[command(flatten)]
+        target: AdminTarget,
+    },
+    /// Take permissions on a bucket away from a key.
+    Deny {
+        #[command(flatten)]
+        perms: PermFlags,
+        /// The bucket (it must exist).
+        bucket: String,
+        /// The key's id or name.
+        #[arg(long, value_name = "KEY")]
+        key: String,
+        #[command(flatten)]
+        target: AdminTarget,
+    },
+}
+
+impl AdminTarget {
+    /// The admin client this target names.
+    fn client(self) -> anyhow::Result<lightningstor::admin::Client> {
+        let (mut addr, mut ak, mut sk) = (None, None, None);
+        if let Some(path) = &self.config {
+            match &self.node {
+                Some(name) => {
+                    let c = lightningstor::cluster::ClusterConfig::from_file(path)?;
+                    addr = Some(c.node(name)?.s3.to_string());
+                    (ak, sk) = (c.access_key, c.secret_key);
+                }
+                None => match lightningstor::cluster::ClusterConfig::from_file(path) {
+                    Ok(c) => {
+                        addr = c.nodes.first().map(|n| n.s3.to_string());
+                        (ak, sk) = (c.access_key, c.secret_key);
+                    }
+                    Err(_) => {
+                        let c = Config::from_file(path)?;
+                        addr = Some(c.listen.to_string());
+                        (ak, sk) = (c.access_key, c.secret_key);
+                    }
+                },
+            }
+        }
+        let addr = self.endpoint.or(addr).unwrap_or_else(|| "127.0.0.1:9000".to_owned());
+        let ak = self.access_key.or(ak);
+        let sk = self.secret_key.or(sk);
+        let (Some(ak), Some(sk)) = (ak, sk) else {
+            anyhow::bail!(
+                "no admin key: give --config FILE with access_key and secret_key, or --access-key and --secret-key \
+                 (LIGHTNINGSTOR_ACCESS_KEY / LIGHTNINGSTOR_SECRET_KEY)"
+            );
+        };
+        Ok(lightningstor::admin::Client::new(&addr, &ak, &sk))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -83,6 +239,12 @@ enum ClusterCmd {
         /// S3 port of node 1; node i uses P+i-1 for S3 and P+100+i-1 for RPC.
         #[arg(long, value_name = "P", default_value_t = 3900)]
         base_port: u16,
+        /// Accept unsigned requests (an open cluster: everyone may do
+        /// everything). Without it, requests must be signed with the admin
+        /// key the file holds (random, as is the rpc_secret) or a key made
+        /// with `lightningstor key create`.
+        #[arg(long)]
+        anonymous: bool,
     },
     /// Show every node's health, layout version and repair backlog.
     ///
@@ -136,8 +298,16 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Cluster(ClusterCmd::Init { nodes, base_dir, base_port }) => {
-            let c = lightningstor::cluster::ClusterConfig::init(nodes, &base_dir, base_port)?;
+        Cmd::Key(cmd) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(key(cmd))
+        }
+        Cmd::Bucket(cmd) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(bucket(cmd))
+        }
+        Cmd::Cluster(ClusterCmd::Init { nodes, base_dir, base_port, anonymous }) => {
+            let c = lightningstor::cluster::ClusterConfig::init(nodes, &base_dir, base_port, anonymous)?;
             print!("{}", c.to_toml());
             Ok(())
         }
@@ -214,6 +384,38 @@ fn limit_allocator_retention() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
+}
+
+async fn key(cmd: KeyCmd) -> anyhow::Result<()> {
+    match cmd {
+        KeyCmd::Create { name, target } => {
+            let k = target.client()?.create_key(&name).await?;
+            println!("key id:     {}\nsecret key: {}\nname:       {}", k.id, k.secret, k.name);
+        }
+        KeyCmd::List { target } => {
+            println!("{:<28} {:<20} buckets", "key id", "name");
+            for k in target.client()?.list_keys().await? {
+                let g: Vec<String> = k.grants.iter().map(|(b, p)| format!("{b}({p})")).collect();
+                println!("{:<28} {:<20} {}", k.id, k.name, g.join(" "));
+            }
+        }
+        KeyCmd::Delete { key, target } => {
+            let id = target.client()?.delete_key(&key).await?;
+            println!("deleted key {id}");
+        }
+    }
+    Ok(())
+}
+
+async fn bucket(cmd: BucketCmd) -> anyhow::Result<()> {
+    use lightningstor::keys::Perms;
+    let (bucket, key, allow, deny, target) = match cmd {
+        BucketCmd::Allow { perms, bucket, key, target } => (bucket, key, perms.perms()?, Perms::NONE, target),
+        BucketCmd::Deny { perms, bucket, key, target } => (bucket, key, Perms::NONE, perms.perms()?, target),
+    };
+    let now = target.client()?.change_grant(&bucket, &key, allow, deny).await?;
+    println!("key {key} on bucket {bucket}: {now}");
+    Ok(())
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {

@@ -2,8 +2,10 @@
 
 use crate::config::Config;
 use crate::error::{LightningError, Result};
+use crate::keys::{self, Keyring, Need, Perms};
 use crate::s3::LightningS3;
 use crate::store::Store;
+pub use gate::Gate;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod gate;
 mod limits;
 mod post;
 mod spool;
@@ -54,23 +57,26 @@ impl S3Host for Domains {
     }
 }
 
-/// The configured key pair. Unknown keys are `InvalidAccessKeyId`, as S3
-/// answers (s3s's `SimpleAuth` says `NotSignedUp`).
+/// Signature keys: the configured admin key, then the keyring's. Unknown
+/// keys are `InvalidAccessKeyId`, as S3 answers (s3s's `SimpleAuth` says
+/// `NotSignedUp`).
 struct KeyAuth {
-    access_key: String,
-    secret_key: String,
+    admin: Option<(String, String)>,
+    keyring: Arc<dyn Keyring>,
 }
 
 #[async_trait::async_trait]
 impl S3Auth for KeyAuth {
     async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
-        if access_key == self.access_key {
-            Ok(SecretKey::from(self.secret_key.clone()))
-        } else {
-            Err(s3s::S3Error::with_message(
-                s3s::S3ErrorCode::InvalidAccessKeyId,
-                "the access key id you provided does not exist in our records",
-            ))
+        if let Some((ak, sk)) = &self.admin
+            && ak == access_key
+        {
+            return Ok(SecretKey::from(sk.clone()));
+        }
+        match self.keyring.key(access_key) {
+            Ok(Some(k)) => Ok(SecretKey::from(k.secret)),
+            Ok(None) => Err(LightningError::InvalidAccessKeyId(access_key.to_owned()).to_s3_error()),
+            Err(e) => Err(e.to_s3_error()),
         }
     }
 }
@@ -78,12 +84,34 @@ impl S3Auth for KeyAuth {
 /// Longest validity of a presigned URL, as S3 allows: seven days.
 pub const MAX_PRESIGNED_EXPIRES_S: u64 = 7 * 24 * 3600;
 
-/// The access check of every request, after its signature was verified.
-/// With keys *and* `anonymous`, unsigned requests are allowed; without
-/// `anonymous`, a request must be signed. A presigned URL valid for more
-/// than seven days is refused as S3 refuses it (s3s accepts any lifetime).
+/// The access check of every request, after its signature was verified:
+/// the one place permissions are enforced, for a single node and a cluster.
+///
+/// - unsigned: allowed on an anonymous server, else AccessDenied;
+/// - on an anonymous server, or signed with the admin key: everything;
+/// - signed with a keyring key: what [`keys::need`] asks of the request's
+///   bucket (and of a copy's source bucket), from the key's grants.
+///
+/// A presigned URL valid for more than seven days is refused as S3 refuses
+/// it (s3s accepts any lifetime).
 struct Access {
     anonymous: bool,
+    admin: Option<String>,
+    keyring: Arc<dyn Keyring>,
+}
+
+impl Access {
+    fn allowed(&self, id: &str, bucket: &str, need: Perms) -> S3Result<()> {
+        let have = self.keyring.perms(bucket, id).map_err(|e| e.to_s3_error())?;
+        if have.contains(need) {
+            Ok(())
+        } else {
+            Err(s3s::S3Error::with_message(
+                s3s::S3ErrorCode::AccessDenied,
+                format!("key {id} lacks the {need} permission on bucket {bucket:?} (it has: {have})"),
+            ))
+        }
+    }
 }
 
 /// `X-Amz-Expires` of a presigned URL's query, checked against S3's bounds.
@@ -110,27 +138,52 @@ fn check_presigned_expires(query: Option<&str>) -> S3Result<()> {
 impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
         check_presigned_expires(cx.uri().query())?;
-        if cx.credentials().is_none() && !self.anonymous {
+        let Some(creds) = cx.credentials() else {
+            if self.anonymous {
+                return Ok(());
+            }
             return Err(s3s::S3Error::with_message(s3s::S3ErrorCode::AccessDenied, "Signature is required"));
+        };
+        if self.anonymous || self.admin.as_deref() == Some(creds.access_key.as_str()) {
+            return Ok(());
         }
-        Ok(())
+        let id = creds.access_key.clone();
+        let bucket = cx.s3_path().get_bucket_name();
+        match (keys::need(cx.s3_op().name()), bucket) {
+            (Need::AnyKey, _) => Ok(()),
+            (Need::Bucket(p), Some(b)) => self.allowed(&id, b, p),
+            (Need::Copy, Some(b)) => {
+                self.allowed(&id, b, Perms::WRITE)?;
+                let src = cx.headers().get("x-amz-copy-source").and_then(|v| v.to_str().ok()).unwrap_or("");
+                match keys::copy_source_bucket(src) {
+                    Some(sb) => self.allowed(&id, sb, Perms::READ),
+                    // s3s refuses the malformed header itself.
+                    None => Ok(()),
+                }
+            }
+            _ => Err(s3s::S3Error::with_message(
+                s3s::S3ErrorCode::AccessDenied,
+                format!("{} is for the admin key only", cx.s3_op().name()),
+            )),
+        }
     }
 }
 
 /// Builds the s3s service for `store` as its configuration says.
 pub fn service(store: Arc<Store>) -> S3Service {
     let cfg = store.config.clone();
-    service_for(LightningS3::new(store), &cfg)
+    service_for(LightningS3::new(store.clone()), &cfg, store)
 }
 
 /// Builds an s3s service over any `S3` implementation with the auth, access
-/// and virtual-host settings of `cfg`.
-pub fn service_for(s3: impl s3s::S3, cfg: &Config) -> S3Service {
+/// and virtual-host settings of `cfg` and the keys of `keyring`.
+pub fn service_for(s3: impl s3s::S3, cfg: &Config, keyring: Arc<dyn Keyring>) -> S3Service {
     let mut b = S3ServiceBuilder::new(s3);
-    if let Some((ak, sk)) = cfg.keys() {
-        b.set_auth(KeyAuth { access_key: ak.to_owned(), secret_key: sk.to_owned() });
-        b.set_access(Access { anonymous: cfg.anonymous });
-    }
+    let admin = cfg.keys().map(|(a, s)| (a.to_owned(), s.to_owned()));
+    // Always an auth provider, also on an anonymous server: without one s3s
+    // answers every signed request NotImplemented.
+    b.set_auth(KeyAuth { admin: admin.clone(), keyring: keyring.clone() });
+    b.set_access(Access { anonymous: cfg.anonymous, admin: admin.map(|(a, _)| a), keyring });
     if !cfg.domains.is_empty() {
         b.set_host(Domains(cfg.domains.clone()));
     }
@@ -191,18 +244,30 @@ pub async fn start(config: Config) -> Result<(Running, Arc<Store>)> {
 /// Serves `store` on an already bound listener.
 pub fn serve(listener: TcpListener, store: Arc<Store>) -> Result<Running> {
     let svc = service(store.clone());
+    let gate = Arc::new(Gate::new(store.clone(), &store.config));
     let metrics: MetricsFn = Arc::new(move || store_metrics(&store));
-    serve_with(listener, svc, metrics)
+    serve_with(listener, svc, metrics, Some(gate))
 }
 
-/// Serves an s3s service and `/metrics` on an already bound listener, with
-/// the default [`Limits`].
-pub fn serve_with(listener: TcpListener, svc: S3Service, metrics: MetricsFn) -> Result<Running> {
-    serve_with_limits(listener, svc, metrics, Limits::default())
+/// Serves an s3s service, `/metrics` and (with a [`Gate`]) the admin API on
+/// an already bound listener, with the default [`Limits`].
+pub fn serve_with(
+    listener: TcpListener,
+    svc: S3Service,
+    metrics: MetricsFn,
+    gate: Option<Arc<Gate>>,
+) -> Result<Running> {
+    serve_with_limits(listener, svc, metrics, gate, Limits::default())
 }
 
 /// [`serve_with`] with the given limits on slow and oversized requests.
-pub fn serve_with_limits(listener: TcpListener, svc: S3Service, metrics: MetricsFn, limits: Limits) -> Result<Running> {
+pub fn serve_with_limits(
+    listener: TcpListener,
+    svc: S3Service,
+    metrics: MetricsFn,
+    gate: Option<Arc<Gate>>,
+    limits: Limits,
+) -> Result<Running> {
     let addr = listener.local_addr()?;
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
@@ -224,12 +289,22 @@ pub fn serve_with_limits(listener: TcpListener, svc: S3Service, metrics: Metrics
             let _ = sock.set_nodelay(true);
             let svc = svc.clone();
             let metrics = metrics.clone();
-            let handler = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+            let gate = gate.clone();
+            let handler = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                 let svc = svc.clone();
                 let metrics = metrics.clone();
+                let gate = gate.clone();
                 async move {
                     if is_metrics(&req) {
                         return Ok::<_, HttpError>(metrics_response(metrics()));
+                    }
+                    if let Some(g) = &gate {
+                        if Gate::is_admin(&req) {
+                            return Ok(g.admin(&req).await);
+                        }
+                        if let Some(resp) = g.unsign(&mut req) {
+                            return Ok(resp);
+                        }
                     }
                     if let Some(size) = limits::oversized(req.headers()) {
                         return Ok(limits::entity_too_large(size));

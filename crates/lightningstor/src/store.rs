@@ -438,6 +438,39 @@ impl Pipeline {
     }
 }
 
+/// A single node's keyring: its own metadata database.
+#[async_trait::async_trait]
+impl crate::keys::Keyring for Store {
+    fn key(&self, id: &str) -> Result<Option<crate::keys::KeyMeta>> {
+        Ok(self.meta.key_row(id)?.and_then(|r| r.key))
+    }
+
+    fn keys(&self) -> Result<Vec<(String, crate::keys::KeyMeta)>> {
+        self.meta.keys()
+    }
+
+    fn perms(&self, bucket: &str, id: &str) -> Result<crate::keys::Perms> {
+        self.meta.perms(bucket, id)
+    }
+
+    fn grants(&self) -> Result<Vec<(String, String, crate::keys::Perms)>> {
+        let rows = self.meta.grant_rows()?;
+        Ok(rows.into_iter().filter(|(_, _, g)| !g.perms.is_empty()).map(|(b, k, g)| (b, k, g.perms)).collect())
+    }
+
+    fn next_version(&self) -> u64 {
+        self.meta.next_version()
+    }
+
+    async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
+        Ok(self.meta.get_bucket(bucket)?.is_some())
+    }
+
+    async fn apply(&self, rows: Vec<crate::keys::AuthRow>) -> Result<()> {
+        self.meta.write(move |t| crate::meta::ops::merge_auth(t, &rows)).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -233,7 +233,7 @@ impl TestCluster {
     /// change the generated cluster file first (keys, quorums, intervals).
     /// Must be called inside a tokio runtime.
     pub fn start(base: &Path, n: usize, adjust: impl FnOnce(&mut ClusterConfig)) -> Result<Self> {
-        let mut config = ClusterConfig::init(n, base, 1)?;
+        let mut config = ClusterConfig::init(n, base, 1, true)?;
         adjust(&mut config);
         config.validate()?;
         let c = TestCluster {
@@ -286,7 +286,7 @@ impl TestCluster {
     pub fn service(&self, id: NodeId) -> s3s::service::S3Service {
         let node = self.node(id);
         let cfg = node.store.config.clone();
-        lightningstor::server::service_for(ClusterS3::new(node), &cfg)
+        lightningstor::server::service_for(ClusterS3::new(node.clone()), &cfg, node)
     }
 
     /// Stops node `id`'s background tasks and takes it off the network

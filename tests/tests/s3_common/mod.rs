@@ -127,10 +127,24 @@ impl Spawned {
 
     /// Runs `cmd` (a `lightningstor serve ...`) with the test keys and waits
     /// for its "listening on ADDR" line.
-    fn launch(mut cmd: Command, what: &str, data_dir: PathBuf) -> Self {
+    fn launch(cmd: Command, what: &str, data_dir: PathBuf) -> Self {
+        Self::launch_keys(cmd, what, data_dir, true)
+    }
+
+    /// `lightningstor serve --anonymous` with no key at all (none in the environment).
+    pub fn start_anonymous_without_keys(data_dir: &Path) -> Self {
+        let mut cmd = Command::new(binary());
+        cmd.args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir);
+        Self::launch_keys(cmd, "lightningstor", data_dir.to_owned(), false)
+    }
+
+    fn launch_keys(mut cmd: Command, what: &str, data_dir: PathBuf, keys: bool) -> Self {
+        if keys {
+            cmd.env("LIGHTNINGSTOR_ACCESS_KEY", AK).env("LIGHTNINGSTOR_SECRET_KEY", SK);
+        } else {
+            cmd.env_remove("LIGHTNINGSTOR_ACCESS_KEY").env_remove("LIGHTNINGSTOR_SECRET_KEY");
+        }
         let mut child = cmd
-            .env("LIGHTNINGSTOR_ACCESS_KEY", AK)
-            .env("LIGHTNINGSTOR_SECRET_KEY", SK)
             .env("RUST_LOG", "warn,s3s=off")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -259,7 +273,7 @@ impl InCluster {
     pub fn client(&self) -> Client {
         let nodes = self.cluster.ids().into_iter().map(|i| self.cluster.node(i)).collect();
         let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-        let svc = lightningstor::server::service_for(s3, &self.cluster.node(1).store.config);
+        let svc = lightningstor::server::service_for(s3, &self.cluster.node(1).store.config, self.cluster.node(1));
         let conf = sdk_config("http://localhost:9000", AK, SK).http_client(s3s_aws::Client::from(svc)).build();
         Client::from_conf(conf)
     }
@@ -412,4 +426,135 @@ pub fn http_get(addr: &str, path: &str) -> Option<String> {
     head.starts_with("HTTP/1.1 200")
         .then(|| body.to_owned())
         .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
+}
+
+/// Runs `lightningstor ARGS` with `env` set; (success, stdout, stderr).
+pub fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(binary())
+        .args(args)
+        .env_remove("LIGHTNINGSTOR_ACCESS_KEY")
+        .env_remove("LIGHTNINGSTOR_SECRET_KEY")
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run lightningstor");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The id and secret `lightningstor key create` printed.
+pub fn new_key(out: &str) -> (String, String) {
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
+            .unwrap_or_else(|| panic!("no {name:?} in {out:?}"))
+    };
+    (field("key id:"), field("secret key:"))
+}
+
+/// A client of `endpoint` (`http://host:port`) signing with `id`/`secret`.
+pub fn client_of(endpoint: &str, id: &str, secret: &str) -> Client {
+    Client::from_conf(sdk_config(endpoint, id, secret).build())
+}
+
+/// Runs `lightningstor ARGS` aimed at one server: (success, stdout, stderr).
+pub type CliFn<'a> = dyn Fn(&[&str]) -> (bool, String, String) + 'a;
+
+/// Keys and permissions through the CLI and aws-sdk-s3, against any server:
+/// `cli(args)` runs `lightningstor ARGS` aimed at it (admin key included),
+/// `endpoints` are S3 endpoints of it (a cluster: several nodes; keys made
+/// through the first must work on every one). Leaves key `bob` (read on
+/// bucket `adminb`) behind for the caller.
+pub async fn keys_and_permissions(cli: &CliFn<'_>, endpoints: &[String]) -> (String, String) {
+    let ok = |args: &[&str]| {
+        let (good, out, err) = cli(args);
+        assert!(good, "lightningstor {args:?} failed: {err}");
+        out
+    };
+    let admin = client_of(&endpoints[0], AK, SK);
+    admin.create_bucket().bucket("adminb").send().await.expect("admin creates a bucket");
+    admin.put_object().bucket("adminb").key("k").body(b"admin data".to_vec().into()).send().await.expect("put");
+
+    let (id, secret) = new_key(&ok(&["key", "create", "alice"]));
+    assert!(id.starts_with("LS") && id.len() == 26 && secret.len() == 40, "{id} {secret}");
+    let (again, _, err) = cli(&["key", "create", "alice"]);
+    assert!(!again && err.contains("exists already"), "names are unique: {err}");
+    let alice = client_of(&endpoints[0], &id, &secret);
+
+    // A new key sees and touches nothing of another's bucket.
+    let listed = alice.list_buckets().send().await.expect("a new key may list");
+    assert!(listed.buckets().is_empty(), "{listed:?}");
+    let e = alice.get_object().bucket("adminb").key("k").send().await.expect_err("no permission");
+    assert_eq!(code(&e), "AccessDenied");
+    let e = alice.put_object().bucket("adminb").key("x").body(b"x".to_vec().into()).send().await.expect_err("no");
+    assert_eq!(code(&e), "AccessDenied");
+
+    // Its own bucket it owns, and it lists only that one.
+    alice.create_bucket().bucket("aliceb").send().await.expect("a key may create a bucket");
+    alice.put_object().bucket("aliceb").key("a").body(b"mine".to_vec().into()).send().await.expect("own bucket");
+    let listed = alice.list_buckets().send().await.expect("list");
+    let names: Vec<_> = listed.buckets().iter().filter_map(|b| b.name()).collect();
+    assert_eq!(names, ["aliceb"]);
+    let all = admin.list_buckets().send().await.expect("list");
+    assert_eq!(all.buckets().len(), 2, "the admin key sees every bucket");
+
+    // read: GET and list, but no PUT, no delete of the bucket.
+    let (good, _, err) = cli(&["bucket", "allow", "--read", "nosuch", "--key", "alice"]);
+    assert!(!good && err.contains("nosuch"), "{err}");
+    let out = ok(&["bucket", "allow", "--read", "adminb", "--key", "alice"]);
+    assert!(out.contains("adminb: read"), "{out}");
+    for (i, ep) in endpoints.iter().enumerate() {
+        let c = client_of(ep, &id, &secret);
+        let got =
+            c.get_object().bucket("adminb").key("k").send().await.unwrap_or_else(|e| panic!("read on {i}: {e:?}"));
+        assert_eq!(got.body.collect().await.expect("body").into_bytes().as_ref(), b"admin data");
+        let l = c.list_objects_v2().bucket("adminb").send().await.expect("list with read");
+        assert_eq!(l.key_count(), Some(1));
+        let e =
+            c.put_object().bucket("adminb").key("x").body(b"x".to_vec().into()).send().await.expect_err("read only");
+        assert_eq!(code(&e), "AccessDenied", "endpoint {i}");
+    }
+    let e = alice.delete_bucket().bucket("adminb").send().await.expect_err("not the owner");
+    assert_eq!(code(&e), "AccessDenied");
+    // A copy needs read on the source and write on the target.
+    let e = alice.copy_object().bucket("adminb").key("c").copy_source("aliceb/a").send().await.expect_err("no write");
+    assert_eq!(code(&e), "AccessDenied");
+    alice.copy_object().bucket("aliceb").key("c").copy_source("adminb/k").send().await.expect("read to own bucket");
+    let listed = alice.list_buckets().send().await.expect("list");
+    assert_eq!(listed.buckets().len(), 2, "a grant makes the bucket visible");
+
+    let out = ok(&["key", "list"]);
+    let line = out.lines().find(|l| l.starts_with(&id)).unwrap_or_else(|| panic!("{id} not listed: {out}"));
+    assert!(
+        line.contains("alice") && line.contains("adminb(read)") && line.contains("aliceb(read,write,owner)"),
+        "{line}"
+    );
+    ok(&["bucket", "deny", "--read", "adminb", "--key", &id]);
+    let e = alice.get_object().bucket("adminb").key("k").send().await.expect_err("revoked");
+    assert_eq!(code(&e), "AccessDenied");
+
+    // Unknown keys, and a deleted one, are InvalidAccessKeyId everywhere.
+    let stranger = client_of(&endpoints[0], "LS000000000000000000000000", "nope");
+    assert_eq!(code(&stranger.list_buckets().send().await.expect_err("unknown")), "InvalidAccessKeyId");
+    let out = ok(&["key", "delete", "alice"]);
+    assert!(out.contains(&id), "{out}");
+    for ep in endpoints {
+        let e = client_of(ep, &id, &secret).list_buckets().send().await.expect_err("deleted key");
+        assert_eq!(code(&e), "InvalidAccessKeyId");
+    }
+    assert!(!ok(&["key", "list"]).contains(&id));
+
+    // The creator's grant goes with the bucket: another key creating the
+    // same name later does not find alice's grants (they are gone anyway),
+    // and the admin key can still delete what alice left.
+    admin.delete_object().bucket("aliceb").key("a").send().await.expect("admin may do everything");
+    admin.delete_object().bucket("aliceb").key("c").send().await.expect("admin");
+    admin.delete_bucket().bucket("aliceb").send().await.expect("admin deletes the bucket");
+
+    let (bob, bob_secret) = new_key(&ok(&["key", "create", "bob"]));
+    ok(&["bucket", "allow", "--read", "adminb", "--key", &bob]);
+    (bob, bob_secret)
 }

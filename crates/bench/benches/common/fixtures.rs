@@ -200,7 +200,7 @@ impl Placement {
     pub fn new() -> Self {
         use lightningstor::cluster::ClusterConfig;
         use lightningstor::cluster::placement::Layout;
-        let cfg = ClusterConfig::init(5, std::path::Path::new("/nonexistent"), 9000).expect("config");
+        let cfg = ClusterConfig::init(5, std::path::Path::new("/nonexistent"), 9000, false).expect("config");
         let keys = (0..64u64).map(|i| format!("images/img-{:016x}/part-{}", i * 0x9E37_79B9, i % 977)).collect();
         Placement { layout: Layout::compute(&cfg), keys }
     }

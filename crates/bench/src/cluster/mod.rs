@@ -265,7 +265,7 @@ async fn start_s3_cluster(
     let mut last = None;
     for attempt in 0..3 {
         let dir = base.join(format!("attempt-{attempt}"));
-        let mut cfg = lightningstor::cluster::ClusterConfig::init(EMBEDDED_S3_NODES, &dir, 1)?;
+        let mut cfg = lightningstor::cluster::ClusterConfig::init(EMBEDDED_S3_NODES, &dir, 1, false)?;
         cfg.replication_factor = EMBEDDED_RF;
         cfg.access_key = Some(EMBEDDED_KEYS.0.into());
         cfg.secret_key = Some(EMBEDDED_KEYS.1.into());

@@ -1,12 +1,20 @@
 //! Bucket rows in a cluster: every node holds every bucket row. Creates and
 //! deletes go to all nodes and need a majority (one node in degraded mode);
 //! nodes that missed a create get it from the resync queue.
+//!
+//! The keyring (access keys and grants, [`crate::keys`]) goes the same way:
+//! every node holds every row, a change goes to all nodes and needs a
+//! majority, and a node that missed it gets the whole keyring from the
+//! resync queue (rows are versioned by the HLC, the newer wins, deletes are
+//! tombstones). Requests are authorized from the local rows, so a node that
+//! was down during a change applies it once its resync entry runs.
 
 use super::NodeId;
 use super::config::Consistency;
 use super::node::{ClusterMetrics, Node};
 use super::rpc::{Msg, Req, Resp};
 use crate::error::{LightningError, Result};
+use crate::keys::{AuthRow, KeyMeta, Keyring, Perms};
 use crate::meta::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,6 +42,34 @@ impl Node {
             return Err(LightningError::Unavailable(format!("{what}: only {ok} of {total} nodes answered")));
         }
         Ok(())
+    }
+
+    /// Sends key and grant rows to every node.
+    pub async fn replicate_auth(self: &Arc<Self>, rows: Vec<AuthRow>) -> Result<()> {
+        let replies = self.to_all(Req::MergeAuth { rows }).await;
+        let total = replies.len();
+        let mut ok = 0;
+        let mut missed = Vec::new();
+        for (n, r) in replies {
+            match r {
+                Ok(_) => ok += 1,
+                Err(_) => missed.push((n, String::new(), Vec::new(), true)),
+            }
+        }
+        self.majority(ok, total, "change keys")?;
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+        Ok(())
+    }
+
+    /// Every key and grant row held here (blocking read off the runtime).
+    pub(super) async fn blocking_auth_rows(&self) -> Result<Vec<AuthRow>> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.meta.auth_rows())
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
     }
 
     /// Creates a bucket on every node.
@@ -103,5 +139,43 @@ impl Node {
         }
         self.majority(ok, total, "list buckets")?;
         Ok(all.into_iter().collect())
+    }
+}
+
+/// A cluster node's keyring: reads from its own rows, changes replicated.
+#[async_trait::async_trait]
+impl Keyring for Node {
+    fn key(&self, id: &str) -> Result<Option<KeyMeta>> {
+        self.store.key(id)
+    }
+
+    fn keys(&self) -> Result<Vec<(String, KeyMeta)>> {
+        self.store.keys()
+    }
+
+    fn perms(&self, bucket: &str, id: &str) -> Result<Perms> {
+        self.store.perms(bucket, id)
+    }
+
+    fn grants(&self) -> Result<Vec<(String, String, Perms)>> {
+        self.store.grants()
+    }
+
+    fn next_version(&self) -> u64 {
+        self.hlc.now()
+    }
+
+    async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
+        match self.me.upgrade() {
+            Some(me) => Node::bucket_exists(&me, bucket).await,
+            None => Err(LightningError::Unavailable("the node is shutting down".into())),
+        }
+    }
+
+    async fn apply(&self, rows: Vec<AuthRow>) -> Result<()> {
+        match self.me.upgrade() {
+            Some(me) => me.replicate_auth(rows).await,
+            None => Err(LightningError::Unavailable("the node is shutting down".into())),
+        }
     }
 }

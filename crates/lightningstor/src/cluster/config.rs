@@ -105,13 +105,15 @@ pub struct ClusterConfig {
     /// Number of partitions keys hash into (fixed for the life of the cluster).
     #[serde(default = "default_partitions")]
     pub partitions: u32,
-    /// Access key id clients sign with (the same on every node).
+    /// The admin key's access key id (the same on every node): full access,
+    /// and the key admin requests (`lightningstor key ...`) are signed with.
     #[serde(default)]
     pub access_key: Option<String>,
-    /// Secret key clients sign with.
+    /// The admin key's secret.
     #[serde(default)]
     pub secret_key: Option<String>,
-    /// Accept unsigned requests.
+    /// Accept unsigned requests (and requests signed with unknown keys):
+    /// everyone may do everything.
     #[serde(default)]
     pub anonymous: bool,
     /// The secret every node proves it holds before node-to-node RPC (64 hex
@@ -248,7 +250,9 @@ impl ClusterConfig {
     /// A cluster of `n` nodes on 127.0.0.1: node `i` (1-based) serves S3 on
     /// `base_port + i - 1` and RPC on `base_port + 100 + i - 1`, keeps its
     /// data in `base_dir/nI`, and sits in zone `zI` (one zone per node).
-    pub fn init(n: usize, base_dir: &Path, base_port: u16) -> Result<Self> {
+    /// The admin key and the RPC secret are random; unsigned requests are
+    /// accepted only with `anonymous`.
+    pub fn init(n: usize, base_dir: &Path, base_port: u16, anonymous: bool) -> Result<Self> {
         if n == 0 || n > 100 {
             return Err(LightningError::Config("--nodes must be between 1 and 100".into()));
         }
@@ -273,9 +277,9 @@ impl ClusterConfig {
             consistency: Consistency::Consistent,
             layout_version: 1,
             partitions: default_partitions(),
-            access_key: None,
-            secret_key: None,
-            anonymous: true,
+            access_key: Some(crate::keys::new_key_id()?),
+            secret_key: Some(crate::keys::new_secret()?),
+            anonymous,
             rpc_secret: Some(crate::cluster::auth::RpcSecret::random()?.to_hex()),
             region: default_region(),
             fsync: true,
@@ -295,17 +299,21 @@ mod tests {
 
     #[test]
     fn init_writes_a_file_that_parses_back_to_the_same_cluster() {
-        let c = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000).expect("init");
+        let c = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000, false).expect("init");
         let back = ClusterConfig::from_toml(&c.to_toml()).expect("parse");
         assert_eq!(back, c);
         assert_eq!((c.w(), c.r()), (2, 2));
         assert_eq!(c.node("n2").expect("n2").s3.port(), 9001);
         assert_eq!(c.node("n3").expect("n3").rpc.port(), 9102);
+        let again = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000, false).expect("init");
+        assert!(c.access_key.is_some() && c.secret_key.is_some() && !c.anonymous);
+        assert_ne!((&c.access_key, &c.secret_key), (&again.access_key, &again.secret_key), "keys are random");
+        assert!(ClusterConfig::init(1, Path::new("/tmp/ls"), 9000, true).expect("init").anonymous);
     }
 
     #[test]
     fn unknown_fields_bad_quorums_and_duplicates_are_refused() {
-        let c = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000).expect("init");
+        let c = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000, false).expect("init");
         let text = c.to_toml();
         assert!(ClusterConfig::from_toml(&format!("bogus = 1\n{text}")).is_err());
         let mut bad = c.clone();
@@ -324,7 +332,7 @@ mod tests {
     fn a_cluster_file_is_validated_on_load_and_errors_name_it() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("cluster.toml");
-        let c = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000).expect("init");
+        let c = ClusterConfig::init(3, Path::new("/tmp/ls"), 9000, false).expect("init");
         std::fs::write(&path, c.to_toml()).expect("write");
         assert_eq!(ClusterConfig::from_file(&path).expect("good"), c);
         std::fs::write(&path, format!("{}\nreplication_factr = 2\n", c.to_toml())).expect("write");

@@ -123,10 +123,11 @@ pub async fn start(config: ClusterConfig, name: &str) -> Result<RunningNode> {
     let node = Node::new(config, name, store.clone(), transport)?;
     let mut tasks = vec![transport::serve_tcp(rpc_listener, node.clone(), secret)];
     tasks.extend(node.spawn_background());
-    let svc = crate::server::service_for(s3::ClusterS3::new(node.clone()), &store.config);
+    let svc = crate::server::service_for(s3::ClusterS3::new(node.clone()), &store.config, node.clone());
+    let gate = Arc::new(crate::server::Gate::new(node.clone(), &store.config));
     let n = node.clone();
     let metrics: MetricsFn = Arc::new(move || render_metrics(&n));
-    let s3 = crate::server::serve_with(s3_listener, svc, metrics)?;
+    let s3 = crate::server::serve_with(s3_listener, svc, metrics, Some(gate))?;
     Ok(RunningNode { node, s3, tasks })
 }
 
@@ -156,14 +157,14 @@ impl LocalCluster {
 
 /// Starts `n` nodes in this process with data under `dir` (one directory per
 /// node), on free loopback ports. The file is [`ClusterConfig::init`]'s
-/// (anonymous access, RF = min(3, n)); `adjust` may change it (keys,
+/// with `anonymous` (RF = min(3, n)); `adjust` may change it (keys,
 /// quorums, intervals) before the nodes start.
 pub async fn start_local(
     n: usize,
     dir: &std::path::Path,
     adjust: impl FnOnce(&mut ClusterConfig),
 ) -> Result<LocalCluster> {
-    let mut config = ClusterConfig::init(n, dir, 1)?;
+    let mut config = ClusterConfig::init(n, dir, 1, true)?;
     // Hold every probe listener until all ports are chosen, so none repeats.
     let mut probes = Vec::new();
     let mut free_port = || -> Result<u16> {

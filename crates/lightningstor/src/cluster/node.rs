@@ -81,7 +81,7 @@ pub struct Node {
     /// Short leases on keys held by conditional writes (see [`super::locks`]).
     pub(crate) locks: super::locks::KeyLocks,
     /// This node, for requests that need an owning handle (rebalance).
-    me: std::sync::Weak<Node>,
+    pub(super) me: std::sync::Weak<Node>,
     /// Blocks in memory over all uploads this node coordinates.
     pub(crate) budget: Arc<tokio::sync::Semaphore>,
 }
@@ -303,6 +303,16 @@ impl Node {
             Req::CreateBucket { name, created_ms } => {
                 let created = self.store.meta.write(move |t| ops::ensure_bucket(t, &name, created_ms)).await?;
                 Msg::new(Resp::Flag(created))
+            }
+            Req::MergeAuth { rows } => {
+                for r in &rows {
+                    self.hlc.observe(match r {
+                        crate::keys::AuthRow::Key { row, .. } => row.version,
+                        crate::keys::AuthRow::Grant { row, .. } => row.version,
+                    });
+                }
+                self.store.meta.write(move |t| ops::merge_auth(t, &rows)).await?;
+                Msg::new(Resp::Ok)
             }
             Req::HeadBucket { name } => {
                 let b = self.blocking(move |s| s.meta.get_bucket(&name)).await?;

@@ -112,7 +112,7 @@ mod tests {
     use std::path::Path;
 
     fn cluster(n: usize) -> ClusterConfig {
-        ClusterConfig::init(n, Path::new("/tmp/x"), 9000).expect("init")
+        ClusterConfig::init(n, Path::new("/tmp/x"), 9000, false).expect("init")
     }
 
     #[test]

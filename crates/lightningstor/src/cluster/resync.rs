@@ -11,7 +11,8 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 /// (target node, bucket, key) -> [`Due`]. An empty key with `bucket_row`
-/// set means the bucket row itself.
+/// set means the bucket row itself; an empty bucket too means the keyring
+/// (keys and grants, see `buckets.rs`).
 const QUEUE: TableDefinition<(u8, &str, &[u8]), &[u8]> = TableDefinition::new("resync");
 
 /// Longest back-off between two attempts.

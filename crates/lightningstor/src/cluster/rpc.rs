@@ -56,6 +56,8 @@ pub enum Req {
     DeleteBucket { name: String },
     /// Every bucket row.
     ListBuckets,
+    /// Store these key and grant rows (each only if newer than the one held).
+    MergeAuth { rows: Vec<crate::keys::AuthRow> },
     /// Raw rows (objects and tombstones) of a bucket from `from`.
     ListRaw { bucket: String, from: Vec<u8>, prefix: Vec<u8>, limit: u32 },
     /// One digest per partition of (bucket, key, version) rows held here.

@@ -375,6 +375,8 @@ impl S3 for ClusterS3 {
         let r = async {
             check_bucket_name(&name)?;
             node.create_bucket(&name).await?;
+            let creds = req.credentials.as_ref();
+            crate::s3::bucket::created_by(&**node, &node.store.config, creds, &name).await?;
             Ok(CreateBucketOutput { location: Some(format!("/{name}")) })
         }
         .await;
@@ -399,7 +401,13 @@ impl S3 for ClusterS3 {
             return self.finish(Err(e));
         }
         let node = self.node();
-        let r = node.delete_bucket(&req.input.bucket).await.map(|()| DeleteBucketOutput {});
+        let bucket = &req.input.bucket;
+        let r = async {
+            node.delete_bucket(bucket).await?;
+            crate::keys::forget_bucket(&**node, bucket).await?;
+            Ok(DeleteBucketOutput {})
+        }
+        .await;
         self.finish(r)
     }
 
@@ -409,8 +417,10 @@ impl S3 for ClusterS3 {
         }
         let node = self.node();
         let region = node.store.config.region.clone();
+        let creds = req.credentials.as_ref();
         let r = match node.list_buckets().await {
-            Ok(all) => crate::s3::bucket::bucket_page(all, req.input, &region),
+            Ok(all) => crate::s3::bucket::visible(&**node, &node.store.config, creds, all)
+                .and_then(|all| crate::s3::bucket::bucket_page(all, req.input, &region)),
             Err(e) => Err(e),
         };
         self.finish(r)

@@ -89,10 +89,13 @@ impl Tcp {
         Tcp { peers: RwLock::new(peers), pool: Mutex::new(HashMap::new()), timeout, secret }
     }
 
+    /// A pooled connection to `to`, if one is idle.
+    fn pooled(&self, to: NodeId) -> Option<TcpStream> {
+        self.pool.lock().ok().and_then(|mut p| p.get_mut(&to).and_then(Vec::pop))
+    }
+
+    /// A new, authenticated connection to `to`.
     async fn connection(&self, to: NodeId) -> Result<TcpStream> {
-        if let Some(c) = self.pool.lock().ok().and_then(|mut p| p.get_mut(&to).and_then(Vec::pop)) {
-            return Ok(c);
-        }
         let addr = self
             .peers
             .read()
@@ -111,6 +114,15 @@ impl Tcp {
         Ok(s)
     }
 
+    fn put_back(&self, to: NodeId, s: TcpStream) {
+        if let Ok(mut p) = self.pool.lock() {
+            let v = p.entry(to).or_default();
+            if v.len() < POOL_PER_PEER {
+                v.push(s);
+            }
+        }
+    }
+
     async fn exchange(s: &mut TcpStream, req: &Msg<Req>) -> Result<Msg<Resp>> {
         write_msg(s, req).await?;
         read_msg(s).await?.ok_or_else(|| LightningError::Unavailable("connection closed".into()))
@@ -120,15 +132,31 @@ impl Tcp {
 #[async_trait::async_trait]
 impl Transport for Tcp {
     async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
-        let mut s = self.connection(to).await?;
+        let mut s = match self.pooled(to) {
+            Some(mut s) => match tokio::time::timeout(self.timeout, Self::exchange(&mut s, &req)).await {
+                Ok(Ok(r)) => {
+                    self.put_back(to, s);
+                    return Ok(r);
+                }
+                // An idle connection the peer closed (it restarted, or
+                // dropped it): the others idle to it went the same way, and
+                // the request goes once more on a new connection. Requests
+                // are idempotent (versioned rows, content-addressed blocks,
+                // token leases), so a peer that did take it before the
+                // connection broke takes it again harmlessly.
+                Ok(Err(_)) => {
+                    if let Ok(mut p) = self.pool.lock() {
+                        p.remove(&to);
+                    }
+                    self.connection(to).await?
+                }
+                Err(_) => return Err(unreachable(to, "request timed out")),
+            },
+            None => self.connection(to).await?,
+        };
         match tokio::time::timeout(self.timeout, Self::exchange(&mut s, &req)).await {
             Ok(Ok(r)) => {
-                if let Ok(mut p) = self.pool.lock() {
-                    let v = p.entry(to).or_default();
-                    if v.len() < POOL_PER_PEER {
-                        v.push(s);
-                    }
-                }
+                self.put_back(to, s);
                 Ok(r)
             }
             Ok(Err(e)) => Err(unreachable(to, &e.to_string())),
@@ -216,4 +244,33 @@ pub fn serve_tcp(listener: TcpListener, handler: Arc<dyn Handler>, secret: RpcSe
             });
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_over_an_idle_connection_the_peer_closed_goes_again_on_a_new_one() {
+        let secret = RpcSecret::random().expect("secret");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let theirs = secret.clone();
+        // A peer that answers one request per connection, then closes it
+        // (as a restarted node has closed every connection to its old self).
+        let peer = tokio::spawn(async move {
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().await.expect("accept");
+                handshake_as_listener(&mut s, &theirs).await.expect("handshake");
+                let _req: Msg<Req> = read_msg(&mut s).await.expect("read").expect("a request");
+                write_msg(&mut s, &Msg::new(Resp::Ok)).await.expect("answer");
+            }
+        });
+        let t = Tcp::new(HashMap::from([(1, addr)]), Duration::from_secs(5), secret);
+        assert_eq!(t.call(1, Msg::new(Req::Ping)).await.expect("first call").head, Resp::Ok);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = t.call(1, Msg::new(Req::Ping)).await;
+        assert_eq!(second.expect("the call over the closed pooled connection goes again").head, Resp::Ok);
+        tokio::time::timeout(Duration::from_secs(5), peer).await.expect("two connections").expect("peer");
+    }
 }

@@ -15,6 +15,7 @@ pub mod types;
 
 use crate::block::{BlockHash, BlockStore};
 use crate::error::{LightningError, Result};
+use crate::keys::{GrantRow, KeyMeta, KeyRow, Perms};
 use crate::listing::{self, Cursor, ListPage, ListQuery};
 use redb::{
     Database, Durability, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
@@ -41,6 +42,10 @@ pub const TOMBSTONES: TableDefinition<(&str, &[u8]), u64> = TableDefinition::new
 /// (replicated mode only), so a replica that still lists one, or a late
 /// part, cannot bring it back.
 pub const UPLOADS_GONE: TableDefinition<&str, &[u8]> = TableDefinition::new("uploads_gone");
+/// access key id -> postcard [`KeyRow`] (deleted keys stay as `key: None`).
+pub const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
+/// (bucket, access key id) -> postcard [`GrantRow`].
+pub const GRANTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("grants");
 /// block hash -> number of references from objects and parts.
 pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
 
@@ -113,6 +118,8 @@ impl MetaStore {
             txn.open_table(REFS)?;
             txn.open_table(TOMBSTONES)?;
             txn.open_table(UPLOADS_GONE)?;
+            txn.open_table(KEYS)?;
+            txn.open_table(GRANTS)?;
             txn.commit()?;
         }
         let (tx, rx) = mpsc::channel::<Box<dyn PendingOp>>();
@@ -377,6 +384,65 @@ impl MetaStore {
             out.push((k.value().to_owned(), postcard::from_bytes(v.value())?));
         }
         Ok(out)
+    }
+
+    /// A key's row (live or deleted).
+    pub fn key_row(&self, id: &str) -> Result<Option<KeyRow>> {
+        match self.table(KEYS)?.get(id)? {
+            Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every live key, by id.
+    pub fn keys(&self) -> Result<Vec<(String, KeyMeta)>> {
+        let mut out = Vec::new();
+        for row in self.table(KEYS)?.iter()? {
+            let (k, v) = row?;
+            let r: KeyRow = postcard::from_bytes(v.value())?;
+            if let Some(key) = r.key {
+                out.push((k.value().to_owned(), key));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A grant's row.
+    pub fn grant_row(&self, bucket: &str, id: &str) -> Result<Option<GrantRow>> {
+        match self.table(GRANTS)?.get((bucket, id))? {
+            Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every grant row, revoked ones included: (bucket, key id, row).
+    pub fn grant_rows(&self) -> Result<Vec<(String, String, GrantRow)>> {
+        let mut out = Vec::new();
+        for row in self.table(GRANTS)?.iter()? {
+            let (k, v) = row?;
+            let (b, id) = k.value();
+            out.push((b.to_owned(), id.to_owned(), postcard::from_bytes(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Every key and grant row, tombstones included (to bring a replica up to date).
+    pub fn auth_rows(&self) -> Result<Vec<crate::keys::AuthRow>> {
+        use crate::keys::AuthRow;
+        let mut out = Vec::new();
+        for row in self.table(KEYS)?.iter()? {
+            let (k, v) = row?;
+            out.push(AuthRow::Key { id: k.value().to_owned(), row: postcard::from_bytes(v.value())? });
+        }
+        for (bucket, id, row) in self.grant_rows()? {
+            out.push(AuthRow::Grant { bucket, id, row });
+        }
+        Ok(out)
+    }
+
+    /// What key `id` may do on `bucket`.
+    pub fn perms(&self, bucket: &str, id: &str) -> Result<Perms> {
+        Ok(self.grant_row(bucket, id)?.map_or(Perms::NONE, |g| g.perms))
     }
 
     /// The reference count of a block.

@@ -4,7 +4,7 @@
 //! so the caller can delete them after the commit.
 
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
-use super::{BUCKETS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
+use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
 use crate::conditions;
@@ -51,6 +51,36 @@ fn decref(txn: &WriteTransaction, blocks: &[BlockRef], freed: &mut Vec<BlockHash
             freed.push(b.hash);
         } else {
             refs.insert(b.hash.0.as_slice(), n - 1)?;
+        }
+    }
+    Ok(())
+}
+
+/// Stores each key and grant row that is newer than the one it replaces.
+pub fn merge_auth(txn: &WriteTransaction, rows: &[crate::keys::AuthRow]) -> Result<()> {
+    use crate::keys::{AuthRow, GrantRow, KeyRow, newer};
+    let mut keys = txn.open_table(KEYS)?;
+    let mut grants = txn.open_table(GRANTS)?;
+    for r in rows {
+        match r {
+            AuthRow::Key { id, row } => {
+                let old: Option<KeyRow> = match keys.get(id.as_str())? {
+                    Some(v) => Some(postcard::from_bytes(v.value())?),
+                    None => None,
+                };
+                if newer(row.version, old.map(|o| o.version)) {
+                    keys.insert(id.as_str(), postcard::to_allocvec(row)?.as_slice())?;
+                }
+            }
+            AuthRow::Grant { bucket, id, row } => {
+                let old: Option<GrantRow> = match grants.get((bucket.as_str(), id.as_str()))? {
+                    Some(v) => Some(postcard::from_bytes(v.value())?),
+                    None => None,
+                };
+                if newer(row.version, old.map(|o| o.version)) {
+                    grants.insert((bucket.as_str(), id.as_str()), postcard::to_allocvec(row)?.as_slice())?;
+                }
+            }
         }
     }
     Ok(())

@@ -1,7 +1,10 @@
 //! Bucket operations: create, head, delete (only when empty), list, location.
 
 use super::convert::{check_bucket_name, timestamp};
+use crate::config::Config;
 use crate::error::{LightningError, Result};
+use crate::keys::restricted_key;
+use crate::keys::{self, Keyring};
 use crate::meta::{now_ms, ops};
 use crate::store::Store;
 use s3s::S3Request;
@@ -13,7 +16,40 @@ pub(super) async fn create_bucket(store: &Arc<Store>, req: S3Request<CreateBucke
     check_bucket_name(&name)?;
     let n = name.clone();
     store.meta.write(move |t| ops::create_bucket(t, &n, now_ms())).await?;
+    created_by(&**store, &store.config, req.credentials.as_ref(), &name).await?;
     Ok(CreateBucketOutput { location: Some(format!("/{name}")) })
+}
+
+/// After a bucket was created: a keyring key that created it owns it.
+/// Shared by the single node and the cluster.
+pub(crate) async fn created_by(
+    kr: &dyn Keyring,
+    cfg: &Config,
+    creds: Option<&s3s::auth::Credentials>,
+    bucket: &str,
+) -> Result<()> {
+    match restricted_key(cfg, creds) {
+        Some(id) => keys::grant_creator(kr, bucket, id).await,
+        None => Ok(()),
+    }
+}
+
+/// The buckets of `all` a request may see: all for the admin key and on an
+/// anonymous server, else those its key has a grant on.
+pub(crate) fn visible(
+    kr: &dyn Keyring,
+    cfg: &Config,
+    creds: Option<&s3s::auth::Credentials>,
+    all: Vec<(String, i64)>,
+) -> Result<Vec<(String, i64)>> {
+    let Some(id) = restricted_key(cfg, creds) else { return Ok(all) };
+    let mut out = Vec::new();
+    for (b, t) in all {
+        if !kr.perms(&b, id)?.is_empty() {
+            out.push((b, t));
+        }
+    }
+    Ok(out)
 }
 
 pub(super) async fn head_bucket(store: &Arc<Store>, req: S3Request<HeadBucketInput>) -> Result<HeadBucketOutput> {
@@ -24,13 +60,16 @@ pub(super) async fn head_bucket(store: &Arc<Store>, req: S3Request<HeadBucketInp
 
 pub(super) async fn delete_bucket(store: &Arc<Store>, req: S3Request<DeleteBucketInput>) -> Result<DeleteBucketOutput> {
     let name = req.input.bucket;
-    let freed = store.meta.write(move |t| ops::delete_bucket(t, &name)).await?;
+    let n = name.clone();
+    let freed = store.meta.write(move |t| ops::delete_bucket(t, &n)).await?;
     store.spawn_delete(freed);
+    keys::forget_bucket(&**store, &name).await?;
     Ok(DeleteBucketOutput {})
 }
 
 pub(super) async fn list_buckets(store: &Arc<Store>, req: S3Request<ListBucketsInput>) -> Result<ListBucketsOutput> {
     let all = store.meta.list_buckets()?.into_iter().map(|(name, meta)| (name, meta.created_ms)).collect();
+    let all = visible(&**store, &store.config, req.credentials.as_ref(), all)?;
     bucket_page(all, req.input, &store.config.region)
 }
 
