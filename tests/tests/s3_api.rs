@@ -1940,10 +1940,15 @@ async fn full_object_multipart_checksums_are_the_crc_of_the_whole_object(c: aws_
 /// whose body is sent with `Transfer-Encoding: chunked` (no Content-Length,
 /// which is not signed): `payload` is the signed `x-amz-content-sha256`.
 fn chunked_request_head(method: &str, host: &str, path: &str, payload: &str) -> String {
+    chunked_request_head_as(method, host, path, payload, (AK, SK))
+}
+
+/// [`chunked_request_head`] signed with the key pair `(access key, secret)`.
+fn chunked_request_head_as(method: &str, host: &str, path: &str, payload: &str, key: (&str, &str)) -> String {
     use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
     let uri = format!("http://{host}{path}");
     let headers = [("host", host), ("x-amz-content-sha256", payload)];
-    let identity = aws_credential_types::Credentials::new(AK, SK, None, None, "t").into();
+    let identity = aws_credential_types::Credentials::new(key.0, key.1, None, None, "t").into();
     let params = signing_params(&identity, SigningSettings::default());
     let signable =
         SignableRequest::new(method, uri.clone(), headers.iter().copied(), SignableBody::Precomputed(payload.into()))
@@ -2037,6 +2042,46 @@ async fn chunked_transfer_encoding_puts_are_stored(svc: s3s::service::S3Service)
     assert_eq!(st, 200, "{text}");
     let parts = c.list_parts().bucket("chunky").key("mp").upload_id(id).send().await?;
     assert_eq!(parts.parts().first().and_then(|p| p.size()), Some(data.len() as i64));
+    running.shutdown().await;
+    Ok(())
+}
+
+/// A body without a length goes to a temporary file before s3s can check
+/// the signature (it needs the length); only a request that names a key the
+/// server knows gets that far. Unsigned, or signed with a key the server
+/// does not have, the answer comes at once, with no body sent at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_length_less_body_without_a_known_key_is_refused_before_it_is_read() -> R {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = lightningstor::config::Config::new(dir.path()).with_keys(AK, SK);
+    cfg.listen = "127.0.0.1:0".parse()?;
+    let (running, _store) = lightningstor::server::start(cfg).await?;
+    let addr = running.addr;
+    let host = addr.to_string();
+    let c = aws_sdk_s3::Client::from_conf(sdk_config(&format!("http://{addr}"), AK, SK).build());
+    c.create_bucket().bucket("guarded").send().await?;
+    let unsigned =
+        format!("PUT /guarded/k HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    let stranger = chunked_request_head_as("PUT", &host, "/guarded/k", "UNSIGNED-PAYLOAD", ("LSNOSUCHKEY", "nope"));
+    for (head, status, code) in [(unsigned, 403, "AccessDenied"), (stranger, 403, "InvalidAccessKeyId")] {
+        let (text, closed) = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.write_all(head.as_bytes()).expect("head");
+            read_reply(&mut s, Duration::from_secs(10))
+        })
+        .await?;
+        assert!(closed, "the server answered and closed without waiting for a body: {text}");
+        assert!(text.starts_with(&format!("HTTP/1.1 {status}")), "{text}");
+        assert!(text.contains(code) && text.contains("<RequestId>"), "{text}");
+    }
+    let e = c.head_object().bucket("guarded").key("k").send().await.expect_err("nothing stored");
+    assert_eq!(status(&e), 404);
+    // The server's own key still streams such a body.
+    let head = chunked_request_head("PUT", &host, "/guarded/k", "UNSIGNED-PAYLOAD");
+    let (st, text) = send_chunked(addr, head, b"mine".to_vec()).await;
+    assert_eq!(st, 200, "{text}");
+    assert_eq!(body_of(c.get_object().bucket("guarded").key("k").send().await?).await, b"mine");
     running.shutdown().await;
     Ok(())
 }

@@ -313,6 +313,9 @@ pub fn serve_with_limits(
                     let (mut parts, body) = req.into_parts();
                     let ended = hyper::body::Body::is_end_stream(&body);
                     let body = if spool::lacks_length(&parts.headers, &hyper::body::Body::size_hint(&body), ended) {
+                        if let Some(resp) = gate.as_ref().and_then(|g| g.may_spool(&parts.headers, parts.uri.query())) {
+                            return Ok(limits::tag_reply(resp));
+                        }
                         match spool::spool(limits::IdleBody::new(body, idle)).await {
                             Ok(spooled) => {
                                 parts.headers.insert(http::header::CONTENT_LENGTH, spooled.len().into());

@@ -150,6 +150,28 @@ impl Gate {
         self.admin.as_ref().is_some_and(|(a, _)| a == id) || matches!(self.keyring.key(id), Ok(Some(_)))
     }
 
+    /// Whether a body without a length may be written to a temporary file
+    /// (see `server::spool`) before s3s checks the request's signature,
+    /// which needs the length: only on an anonymous server, or for a
+    /// request that names a key this server knows. `Some` is the answer to
+    /// send instead, without reading the body. This is not the signature
+    /// check (that still follows), but a client that holds no key can no
+    /// longer make the server write gigabytes to its temporary directory.
+    pub fn may_spool(&self, headers: &http::HeaderMap, query: Option<&str>) -> Option<http::Response<s3s::Body>> {
+        if self.anonymous {
+            return None;
+        }
+        match signing_key(headers, query) {
+            Some(id) if self.knows(&id) => None,
+            Some(id) => Some(s3_error(&LightningError::InvalidAccessKeyId(format!(
+                "the access key {id:?} does not exist on this server"
+            )))),
+            None => Some(s3_error(&LightningError::AccessDenied(
+                "a body without a length is only taken from a signed request".into(),
+            ))),
+        }
+    }
+
     /// On an anonymous server, drops the signature of a request signed with
     /// an unknown key (see the module docs); `Some` is the answer to send
     /// instead. Other requests pass unchanged.

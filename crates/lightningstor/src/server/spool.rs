@@ -11,7 +11,8 @@
 //! hands s3s that file with its `Content-Length`. Only such bodies take this
 //! path; at most [`MAX_SPOOLING`] are written at once, each at most
 //! [`MAX_PUT_SIZE`] (beyond: EntityTooLarge), and the body-idle timeout
-//! applies while it is read.
+//! applies while it is read. Before any of it, the request must name a key
+//! the server knows, unless it is anonymous (`Gate::may_spool`).
 
 use super::limits::{IdleBody, MAX_PUT_SIZE};
 use crate::error::{LightningError, Result};
