@@ -1687,9 +1687,7 @@ async fn slow_and_oversized_requests_single_node() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_oversized_requests_three_node_cluster() -> R {
     let s = InCluster::new(3);
-    let nodes = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
-    let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config, s.cluster.node(1));
+    let svc = s.service();
     slow_and_oversized_requests_are_cut_off_while_others_are_served(svc).await
 }
 
@@ -2095,9 +2093,7 @@ async fn chunked_transfer_encoding_single_node() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_transfer_encoding_three_node_cluster() -> R {
     let s = InCluster::new(3);
-    let nodes = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
-    let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config, s.cluster.node(1));
+    let svc = s.service();
     chunked_transfer_encoding_puts_are_stored(svc).await
 }
 
@@ -2224,9 +2220,7 @@ async fn post_object_single_node() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_object_three_node_cluster() -> R {
     let s = InCluster::new(3);
-    let nodes = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
-    let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-    let svc = lightningstor::server::service_for(s3, &s.cluster.node(1).store.config, s.cluster.node(1));
+    let svc = s.service();
     post_object_forms_follow_their_policy(svc).await
 }
 

@@ -160,29 +160,23 @@ enum BucketCmd {
     #[command(
         after_help = "Example:\n  lightningstor bucket allow --read --write photos --key backup --config /etc/lightningstor.toml"
     )]
-    Allow {
-        #[command(flatten)]
-        perms: PermFlags,
-        /// The bucket (it must exist).
-        bucket: String,
-        /// The key's id or name.
-        #[arg(long, value_name = "KEY")]
-        key: String,
-        #[command(flatten)]
-        target: AdminTarget,
-    },
+    Allow(Grant),
     /// Take permissions on a bucket away from a key.
-    Deny {
-        #[command(flatten)]
-        perms: PermFlags,
-        /// The bucket (it must exist).
-        bucket: String,
-        /// The key's id or name.
-        #[arg(long, value_name = "KEY")]
-        key: String,
-        #[command(flatten)]
-        target: AdminTarget,
-    },
+    Deny(Grant),
+}
+
+/// Which permissions of which key on which bucket (`bucket allow|deny`).
+#[derive(clap::Args, Debug)]
+struct Grant {
+    #[command(flatten)]
+    perms: PermFlags,
+    /// The bucket (it must exist).
+    bucket: String,
+    /// The key's id or name.
+    #[arg(long, value_name = "KEY")]
+    key: String,
+    #[command(flatten)]
+    target: AdminTarget,
 }
 
 impl AdminTarget {
@@ -410,8 +404,8 @@ async fn key(cmd: KeyCmd) -> anyhow::Result<()> {
 async fn bucket(cmd: BucketCmd) -> anyhow::Result<()> {
     use lightningstor::keys::Perms;
     let (bucket, key, allow, deny, target) = match cmd {
-        BucketCmd::Allow { perms, bucket, key, target } => (bucket, key, perms.perms()?, Perms::NONE, target),
-        BucketCmd::Deny { perms, bucket, key, target } => (bucket, key, Perms::NONE, perms.perms()?, target),
+        BucketCmd::Allow(Grant { perms, bucket, key, target }) => (bucket, key, perms.perms()?, Perms::NONE, target),
+        BucketCmd::Deny(Grant { perms, bucket, key, target }) => (bucket, key, Perms::NONE, perms.perms()?, target),
     };
     let now = target.client()?.change_grant(&bucket, &key, allow, deny).await?;
     println!("key {key} on bucket {bucket}: {now}");

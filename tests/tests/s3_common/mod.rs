@@ -269,11 +269,16 @@ impl InCluster {
         InCluster { dir, cluster }
     }
 
-    /// A client whose requests rotate over every node.
-    pub fn client(&self) -> Client {
+    /// The S3 service whose requests rotate over every node.
+    pub fn service(&self) -> s3s::service::S3Service {
         let nodes = self.cluster.ids().into_iter().map(|i| self.cluster.node(i)).collect();
         let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-        let svc = lightningstor::server::service_for(s3, &self.cluster.node(1).store.config, self.cluster.node(1));
+        lightningstor::server::service_for(s3, &self.cluster.node(1).store.config, self.cluster.node(1))
+    }
+
+    /// A client whose requests rotate over every node.
+    pub fn client(&self) -> Client {
+        let svc = self.service();
         let conf = sdk_config("http://localhost:9000", AK, SK).http_client(s3s_aws::Client::from(svc)).build();
         Client::from_conf(conf)
     }

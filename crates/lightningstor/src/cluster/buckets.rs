@@ -46,17 +46,23 @@ impl Node {
 
     /// Sends key and grant rows to every node.
     pub async fn replicate_auth(self: &Arc<Self>, rows: Vec<AuthRow>) -> Result<()> {
-        let replies = self.to_all(Req::MergeAuth { rows }).await;
+        // An empty bucket name in the resync queue stands for the keyring.
+        self.to_all_queue_missed(Req::MergeAuth { rows }, "", "change keys").await
+    }
+
+    /// Sends `req` to every node and needs a majority; the nodes that
+    /// missed it are queued for resync of `bucket` (of the keyring when
+    /// empty) before the answer.
+    async fn to_all_queue_missed(self: &Arc<Self>, req: Req, bucket: &str, what: &str) -> Result<()> {
+        let replies = self.to_all(req).await;
         let total = replies.len();
-        let mut ok = 0;
-        let mut missed = Vec::new();
-        for (n, r) in replies {
-            match r {
-                Ok(_) => ok += 1,
-                Err(_) => missed.push((n, String::new(), Vec::new(), true)),
-            }
-        }
-        self.majority(ok, total, "change keys")?;
+        let ok = replies.iter().filter(|(_, r)| r.is_ok()).count();
+        let missed: Vec<_> = replies
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(n, _)| (*n, bucket.to_owned(), Vec::new(), true))
+            .collect();
+        self.majority(ok, total, what)?;
         let node = self.clone();
         tokio::task::spawn_blocking(move || node.resync.add(&missed))
             .await
@@ -77,22 +83,8 @@ impl Node {
         if self.bucket_exists(name).await? {
             return Err(LightningError::BucketAlreadyExists(name.to_owned()));
         }
-        let replies = self.to_all(Req::CreateBucket { name: name.to_owned(), created_ms: now_ms() }).await;
-        let total = replies.len();
-        let mut ok = 0;
-        let mut missed = Vec::new();
-        for (n, r) in replies {
-            match r {
-                Ok(_) => ok += 1,
-                Err(_) => missed.push((n, name.to_owned(), Vec::new(), true)),
-            }
-        }
-        self.majority(ok, total, "create bucket")?;
-        let node = self.clone();
-        tokio::task::spawn_blocking(move || node.resync.add(&missed))
-            .await
-            .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
-        Ok(())
+        let req = Req::CreateBucket { name: name.to_owned(), created_ms: now_ms() };
+        self.to_all_queue_missed(req, name, "create bucket").await
     }
 
     /// Whether a bucket exists here or on any reachable node.
