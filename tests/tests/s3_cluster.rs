@@ -917,6 +917,9 @@ fn status_lines(out: &str) -> Vec<(String, String, String)> {
 fn cluster_status_and_layout_apply_add_and_remove_nodes_of_running_processes() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut cluster = SpawnedCluster::start_with_spares(3, 1, |c| {
+        // The nodes' admin key, in the file for the CLI's `key create`.
+        c.access_key = Some(AK.into());
+        c.secret_key = Some(SK.into());
         c.scrub_blocks_per_sec = 0;
         c.anti_entropy_secs = 5;
     });
@@ -945,6 +948,18 @@ fn cluster_status_and_layout_apply_add_and_remove_nodes_of_running_processes() {
             want.insert(format!("k{i}"), data);
         }
     });
+
+    // A key made before n4 joins: only n1..n3 have its rows.
+    let key_cli = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--config", path.as_str(), "--node", "n1"]);
+        run_cli(&a, &[])
+    };
+    let (good, out, err) = key_cli(&["key", "create", "dave"]);
+    assert!(good, "key create: {err}");
+    let (dave, dave_secret) = new_key(&out);
+    let (good, _, err) = key_cli(&["bucket", "allow", "--read", "bkt", "--key", "dave"]);
+    assert!(good, "bucket allow: {err}");
 
     // Add n4 while a writer keeps writing through n2.
     let mut bigger = cluster.config.clone();
@@ -980,6 +995,15 @@ fn cluster_status_and_layout_apply_add_and_remove_nodes_of_running_processes() {
     assert!(lines.iter().all(|(_, h, v)| h == "up" && v == "2"), "{out}");
     let n4_objects = cluster.metric(3, "lightningstor_objects").unwrap_or(0.0);
     assert!(n4_objects > 20.0, "n4 took its share: {n4_objects} objects");
+    // The added node got the keyring with the data: dave reads through n4
+    // as soon as the apply is done, and may still only read.
+    let n4 = client_of(&cluster.nodes[3].as_ref().expect("n4 up").endpoint(), &dave, &dave_secret);
+    rt.block_on(async {
+        let got = n4.get_object().bucket("bkt").key("k0").send().await.expect("dave reads through the added n4");
+        assert_eq!(got.body.collect().await.expect("body").into_bytes().as_ref(), want["k0"].as_slice());
+        let e = n4.put_object().bucket("bkt").key("dave").body(b"x".to_vec().into()).send().await.expect_err("ro");
+        assert_eq!(code(&e), "AccessDenied");
+    });
     rt.block_on(async {
         for i in 0..4 {
             let c = cluster.client(i);

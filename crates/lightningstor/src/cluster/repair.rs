@@ -247,6 +247,17 @@ impl Node {
     /// Pushes every row this node holds to the replicas the current layout
     /// assigns it to (after a layout change). Returns rows pushed.
     pub async fn rebalance_round(self: &Arc<Self>) -> Result<usize> {
+        // A node added by this change has none of the keyring (keys are
+        // rows of every node, not of a partition): give every other node all
+        // of ours; each keeps the newer version of a row, so this is safe to
+        // repeat and is not counted as rows moved.
+        let auth = self.blocking_auth_rows().await?;
+        if !auth.is_empty() {
+            let others: Vec<NodeId> = self.config().nodes.iter().map(|n| n.id).filter(|id| *id != self.id).collect();
+            for peer in others {
+                self.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await?;
+            }
+        }
         let store = self.store.clone();
         let rows = tokio::task::spawn_blocking(move || store.meta.all_versions()).await.map_err(join_err)??;
         let mut n = 0;
