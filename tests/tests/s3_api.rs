@@ -2304,6 +2304,31 @@ async fn keys_made_with_the_cli_get_exactly_their_bucket_permissions_single_node
     assert!(!good && err.contains("signature does not match"), "{err}");
     let (good, _, err) = run_cli(&["key", "list", "--endpoint", &addr], &[]);
     assert!(!good && err.contains("no admin key"), "{err}");
+
+    // A recorded admin request sent again is refused, as is one without a nonce.
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    let send = |target: &str| {
+        let auth = lightningstor::admin::authorization(AK, SK, secs, "POST", target);
+        let url = format!("http://{addr}{target}");
+        async move {
+            let r = reqwest::Client::new().post(url).header("authorization", auth).send().await?;
+            Ok::<_, reqwest::Error>((r.status().as_u16(), r.text().await?))
+        }
+    };
+    let once = format!("/_admin/keys?name=carol&nonce={}", lightningstor::admin::new_nonce()?);
+    let (status, body) = send(&once).await?;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = send(&once).await?;
+    assert!(status == 403 && body.contains("replay"), "{status} {body}");
+    let (status, body) = send("/_admin/keys?name=dave").await?;
+    assert!(status == 403 && body.contains("nonce"), "{status} {body}");
+    let (good, out, err) = run_cli(
+        &["key", "list", "--endpoint", &addr],
+        &[("LIGHTNINGSTOR_ACCESS_KEY", AK), ("LIGHTNINGSTOR_SECRET_KEY", SK)],
+    );
+    assert!(good, "{err}");
+    let named = |n: &str| out.lines().filter(|l| l.split_whitespace().nth(1) == Some(n)).count();
+    assert_eq!((named("carol"), named("dave")), (1, 0), "{out}");
     Ok(())
 }
 

@@ -10,17 +10,23 @@
 //! GET  /_admin/keys                                list keys and grants
 //! DELETE /_admin/keys?key=ID_OR_NAME               delete a key
 //! POST /_admin/grants?bucket=B&key=K&allow=P&deny=P change a grant
+//!      (each with &nonce=N: 16 to 64 hex digits, new for every request)
 //! Authorization: LS-ADMIN <access key id>:<unix seconds>:<hex HMAC-SHA256(secret,
 //!                "LS-ADMIN\n" seconds "\n" METHOD "\n" path?query)>
 //! ```
 //!
 //! The server accepts the tag of the admin key only, within five minutes of
-//! its clock; no S3 request carries this scheme, so the two never mix. The
-//! requests have no body. Answers are text: `200` with tab-separated lines,
-//! or an error status with `CODE: message`. Like SigV4 over plain HTTP, a
-//! recorded request can be replayed within the five minutes, and nothing is
-//! encrypted (a created key's secret travels in the answer): reach the admin
-//! API over loopback or a trusted network.
+//! its clock; no S3 request carries this scheme, so the two never mix. Every
+//! request carries a random `nonce=` in its (signed) query, and a server
+//! takes each nonce once: it remembers the nonces of the requests it took
+//! until their time leaves the five minutes ([`Replays`]), so a recorded
+//! request sent again to the same server is refused. The memory is per
+//! process: in a cluster, a recorded request could still be sent to another
+//! node within the five minutes, and a restarted node forgets. The requests
+//! have no body. Answers are text: `200` with tab-separated lines, or an
+//! error status with `CODE: message`. Nothing is encrypted (a created key's
+//! secret travels in the answer): reach the admin API over loopback or a
+//! trusted network.
 
 use crate::error::{LightningError, Result};
 use crate::keys::Perms;
@@ -69,6 +75,54 @@ pub fn verify(header: &str, admin: Option<(&str, &str)>, now_s: i64, method: &st
     }
     let Ok(t) = hex::decode(t) else { return denied("malformed admin authorization tag") };
     tag(admin_sk, secs, method, target).verify_slice(&t).or_else(|_| denied("admin signature does not match"))
+}
+
+/// The nonces of the admin requests a server took, each kept until its
+/// request's time is out of the accepted window (then [`verify`] refuses the
+/// request anyway). Only requests whose signature checked are recorded, so
+/// nobody without the admin key can fill it; it is still capped.
+#[derive(Debug, Default)]
+pub struct Replays {
+    /// nonce -> the last second at which its request would still be accepted.
+    seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+}
+
+/// Most nonces remembered at once (admin requests are rare: at one request a
+/// second, five minutes hold 600).
+const MAX_REMEMBERED: usize = 100_000;
+
+impl Replays {
+    /// Takes the nonce of a verified request made at `secs`, at server time
+    /// `now_s`: AccessDenied if it is missing, malformed or already taken.
+    pub fn take(&self, query: &str, secs: i64, now_s: i64) -> Result<()> {
+        let denied = |m: &str| Err(LightningError::AccessDenied(m.to_owned()));
+        let nonce = query_value(query, "nonce")?.unwrap_or_default();
+        if !(16..=64).contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return denied("an admin request needs a nonce of 16 to 64 hex digits in its query");
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|_, until| *until >= now_s);
+        if seen.contains_key(&nonce) {
+            return denied("this admin request was already taken (a replay): each request needs a new nonce");
+        }
+        if seen.len() >= MAX_REMEMBERED {
+            return Err(LightningError::Unavailable("too many admin requests in five minutes; try again later".into()));
+        }
+        seen.insert(nonce, secs + MAX_SKEW_S);
+        Ok(())
+    }
+}
+
+/// The request time (seconds) in a well-formed admin `Authorization` value.
+pub fn request_secs(header: &str) -> Option<i64> {
+    header.strip_prefix(SCHEME)?.strip_prefix(' ')?.split(':').nth(1)?.parse().ok()
+}
+
+/// A fresh nonce for an admin request: 16 random bytes in hex.
+pub fn new_nonce() -> Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| LightningError::Io(std::io::Error::other(format!("no random bytes: {e}"))))?;
+    Ok(hex::encode(b))
 }
 
 /// Percent-encodes a query value (unreserved characters pass).
@@ -179,6 +233,9 @@ impl Client {
     async fn call(&self, method: &str, target: &str) -> Result<String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let secs = crate::meta::now_ms() / 1000;
+        let sep = if target.contains('?') { '&' } else { '?' };
+        let target = format!("{target}{sep}nonce={}", new_nonce()?);
+        let target = target.as_str();
         let auth = authorization(&self.access_key, &self.secret_key, secs, method, target);
         let req = format!(
             "{method} {target} HTTP/1.1\r\nHost: {}\r\nAuthorization: {auth}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
@@ -286,6 +343,26 @@ mod tests {
         let e = verify(&h, None, 1000, "POST", "/_admin/keys?name=a").expect_err("no admin key");
         assert!(e.to_string().contains("no admin key"), "{e}");
         assert!(verify("LS-ADMIN AK:1000", admin, 1000, "GET", "/").is_err());
+    }
+
+    #[test]
+    fn a_nonce_is_taken_once_while_its_request_could_be_accepted() {
+        let r = Replays::default();
+        let n = "nonce=0123456789abcdef";
+        r.take(n, 1000, 1000).expect("first");
+        let e = r.take(&format!("a=1&{n}"), 1000, 1100).expect_err("replay");
+        assert!(e.to_string().contains("replay"), "{e}");
+        // Once the request's time is out of the window, verify refuses it,
+        // so the nonce is forgotten.
+        r.take(n, 1400, 1000 + MAX_SKEW_S + 1).expect("forgotten after the window");
+        for bad in ["", "nonce=", "nonce=0123", "nonce=0123456789abcdeg", &format!("nonce={}", "a".repeat(65))] {
+            assert!(r.take(bad, 1000, 1000).is_err(), "{bad:?}");
+        }
+        let a = new_nonce().expect("nonce");
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, new_nonce().expect("nonce"));
+        assert_eq!(request_secs(&authorization("AK", "s", 1234, "GET", "/")), Some(1234));
+        assert_eq!(request_secs("AWS4-HMAC-SHA256 x"), None);
     }
 
     #[test]

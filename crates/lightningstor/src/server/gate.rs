@@ -21,6 +21,8 @@ use std::sync::Arc;
 pub struct Gate {
     keyring: Arc<dyn Keyring>,
     admin: Option<(String, String)>,
+    /// Nonces of the admin requests taken (a replay is refused).
+    replays: admin::Replays,
     anonymous: bool,
 }
 
@@ -78,7 +80,7 @@ impl Gate {
     /// The gate of a server with `cfg`'s admin key and anonymous flag.
     pub fn new(keyring: Arc<dyn Keyring>, cfg: &Config) -> Self {
         let admin = cfg.keys().map(|(a, s)| (a.to_owned(), s.to_owned()));
-        Gate { keyring, admin, anonymous: cfg.anonymous }
+        Gate { keyring, admin, replays: admin::Replays::default(), anonymous: cfg.anonymous }
     }
 
     /// Whether `req` is an admin request (its scheme is `LS-ADMIN`).
@@ -105,8 +107,12 @@ impl Gate {
         let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
         let header = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
         let admin = self.admin.as_ref().map(|(a, s)| (a.as_str(), s.as_str()));
-        admin::verify(header, admin, crate::meta::now_ms() / 1000, method, target)?;
+        let now_s = crate::meta::now_ms() / 1000;
+        admin::verify(header, admin, now_s, method, target)?;
         let query = req.uri().query().unwrap_or("");
+        // Verified, so the header is well formed.
+        let secs = admin::request_secs(header).unwrap_or(now_s);
+        self.replays.take(query, secs, now_s)?;
         let arg = |name: &str| -> Result<String> {
             admin::query_value(query, name)?
                 .ok_or_else(|| LightningError::InvalidArgument(format!("{name} is missing")))
