@@ -33,11 +33,24 @@ pub struct FioResult {
 
 /// Runs `w` with the nbd engine against `uri` for `runtime_s` seconds.
 pub fn run_nbd(uri: &str, w: &Workload, size: &str, runtime_s: u32) -> anyhow::Result<FioResult> {
-    run_workload(&["--ioengine=nbd".into(), format!("--uri={uri}")], None, w, size, runtime_s)
-        .with_context(|| format!("fio on {uri}"))
+    run_nbd_on(uri, w, size, runtime_s, None)
+}
+
+/// [`run_nbd`] with fio's threads kept to CPU `cpu` (`--cpus_allowed`), if given.
+pub fn run_nbd_on(
+    uri: &str,
+    w: &Workload,
+    size: &str,
+    runtime_s: u32,
+    cpu: Option<usize>,
+) -> anyhow::Result<FioResult> {
+    let mut engine = vec!["--ioengine=nbd".to_owned(), format!("--uri={uri}")];
+    engine.extend(cpu.map(|c| format!("--cpus_allowed={c}")));
+    run_workload(&engine, None, w, size, runtime_s).with_context(|| format!("fio on {uri}"))
 }
 
 /// Runs `w` with the rbd engine (librbd) on `pool/image` of the cluster in `conf`.
+/// With `cpu`, fio's threads are kept to that CPU (`--cpus_allowed`).
 pub fn run_rbd(
     pool: &str,
     image: &str,
@@ -45,9 +58,15 @@ pub fn run_rbd(
     w: &Workload,
     size: &str,
     runtime_s: u32,
+    cpu: Option<usize>,
 ) -> anyhow::Result<FioResult> {
-    let engine =
-        ["--ioengine=rbd".into(), "--clientname=admin".into(), format!("--pool={pool}"), format!("--rbdname={image}")];
+    let mut engine = vec![
+        "--ioengine=rbd".into(),
+        "--clientname=admin".into(),
+        format!("--pool={pool}"),
+        format!("--rbdname={image}"),
+    ];
+    engine.extend(cpu.map(|c| format!("--cpus_allowed={c}")));
     run_workload(&engine, Some(conf), w, size, runtime_s).with_context(|| format!("fio on RBD {pool}/{image}"))
 }
 

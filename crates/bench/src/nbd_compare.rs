@@ -31,6 +31,29 @@ pub const WORKLOADS: [Workload; 4] = [
     Workload { name: "rand-read-4k-qd32", rw: "randread", bs: "4k", iodepth: 32, numjobs: 1 },
 ];
 
+/// 4k QD1 once more with fio kept to the first CPU and the server to the
+/// last one (see [`placement`]). At QD1 each request wakes the server and
+/// then fio; which CPU the scheduler wakes each on can change the result
+/// several-fold on a virtual machine (a wake-up on an idle vCPU is slow),
+/// so unpinned QD1 measures placement luck as much as the server. With the
+/// placement fixed and the same for every server, the row compares the
+/// servers' own cost per request.
+pub const PINNED_QD1: Workload =
+    Workload { name: "rand-read-4k-qd1-pinned", rw: "randread", bs: "4k", iodepth: 1, numjobs: 1 };
+
+/// (fio's CPU, the server's CPU) for [`PINNED_QD1`]: the first and the last
+/// CPU this process may use; `None` with fewer than two.
+pub fn placement() -> Option<(usize, usize)> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
+    }?;
+    // SAFETY: CPU_ISSET reads the set we own, for indices below CPU_SETSIZE.
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+    (cpus.len() >= 2).then(|| (cpus[0], cpus[cpus.len() - 1]))
+}
+
 /// The memory probe: QD32 on 8 connections.
 pub const MEMORY_WORKLOAD: Workload =
     Workload { name: "rand-read-4k-qd32-x8", rw: "randread", bs: "4k", iodepth: 32, numjobs: 8 };
@@ -64,6 +87,9 @@ pub struct Report {
     /// Each peer: how fio reached it.
     #[serde(default)]
     pub paths: Vec<(String, String)>,
+    /// (fio's CPU, the server's CPU) of the pinned QD1 row; `None`: no such row.
+    #[serde(default)]
+    pub pinned: Option<(usize, usize)>,
     /// The Ceph the Ceph peers ran on, described.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ceph: Option<String>,
@@ -99,7 +125,14 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
     eprintln!("bench: writing a {} MiB test file", opts.size >> 20);
     make_file(&file, opts.size)?;
     let size_arg = format!("{}", opts.size);
-    let mut raw: Vec<Vec<Vec<(FioResult, f64)>>> = vec![vec![Vec::new(); opts.peers.len()]; WORKLOADS.len()];
+    let pin = placement();
+    if pin.is_none() {
+        eprintln!("bench: fewer than two CPUs: no pinned QD1 row");
+    }
+    // Each case: the workload and, for the pinned one, (fio's CPU, the server's).
+    let cases: Vec<(&Workload, Option<(usize, usize)>)> =
+        WORKLOADS.iter().map(|w| (w, None)).chain(pin.map(|p| (&PINNED_QD1, Some(p)))).collect();
+    let mut raw: Vec<Vec<Vec<(FioResult, f64)>>> = vec![vec![Vec::new(); opts.peers.len()]; cases.len()];
     let mut memory = Vec::new();
     for (pi, &peer) in opts.peers.iter().enumerate() {
         let _ = pi;
@@ -107,11 +140,14 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
         PeerProc::start(peer, &file, opts.ceph.as_ref()).with_context(|| format!("checking {}", peer.label()))?;
     }
     for it in 0..opts.iterations {
-        for (wi, w) in WORKLOADS.iter().enumerate() {
+        for (wi, &(w, pin)) in cases.iter().enumerate() {
             for (pi, &peer) in opts.peers.iter().enumerate() {
                 let p = PeerProc::start(peer, &file, opts.ceph.as_ref())?;
+                if let Some((_, server_cpu)) = pin {
+                    p.pin_to(server_cpu)?;
+                }
                 let cpu0 = p.cpu_seconds();
-                let r = run_fio(&p, w, &size_arg, opts.runtime_s)?;
+                let r = run_fio(&p, w, &size_arg, opts.runtime_s, pin.map(|(fio_cpu, _)| fio_cpu))?;
                 let ops = r.iops * f64::from(opts.runtime_s);
                 let cpu_us_per_op = if ops > 0.0 { (p.cpu_seconds() - cpu0) * 1e6 / ops } else { 0.0 };
                 eprintln!(
@@ -132,7 +168,7 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
     }
     for &peer in &opts.peers {
         let p = PeerProc::start(peer, &file, opts.ceph.as_ref())?;
-        let r = run_fio(&p, &MEMORY_WORKLOAD, &size_arg, opts.runtime_s)?;
+        let r = run_fio(&p, &MEMORY_WORKLOAD, &size_arg, opts.runtime_s, None)?;
         let (peak, _) = p.memory();
         eprintln!(
             "bench: memory {:<16} peak RSS {:>6.1} MiB at QD32 x 8 connections ({:.0} IOPS)",
@@ -142,10 +178,10 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
         );
         memory.push(MemoryResult { peer: peer.label(), peak_rss_bytes: peak, iops: r.iops });
     }
-    let workloads = WORKLOADS
+    let workloads = cases
         .iter()
         .zip(raw)
-        .map(|(w, per_peer)| WorkloadResult {
+        .map(|(&(w, _), per_peer)| WorkloadResult {
             workload: w.clone(),
             peers: opts
                 .peers
@@ -166,6 +202,7 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
         })
         .collect();
     Ok(Report {
+        pinned: pin,
         paths: opts.peers.iter().map(|p| (p.label(), p.path().to_owned())).collect(),
         ceph: opts.ceph.as_ref().map(crate::ceph::Ceph::describe),
         size_bytes: opts.size,
@@ -177,12 +214,13 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
 }
 
 /// fio on a peer: the rbd engine for `rbd://` peers, else the nbd engine.
-fn run_fio(p: &PeerProc, w: &Workload, size: &str, runtime_s: u32) -> anyhow::Result<FioResult> {
+/// With `cpu`, fio is kept to that CPU.
+fn run_fio(p: &PeerProc, w: &Workload, size: &str, runtime_s: u32, cpu: Option<usize>) -> anyhow::Result<FioResult> {
     match crate::target::TargetSpec::parse(&p.uri)? {
         crate::target::TargetSpec::Rbd { pool, image, conf } => {
-            fio::run_rbd(&pool, &image, &crate::target::TargetSpec::ceph_conf(&conf), w, size, runtime_s)
+            fio::run_rbd(&pool, &image, &crate::target::TargetSpec::ceph_conf(&conf), w, size, runtime_s, cpu)
         }
-        _ => fio::run_nbd(&p.uri, w, size, runtime_s),
+        _ => fio::run_nbd_on(&p.uri, w, size, runtime_s, cpu),
     }
 }
 
@@ -199,6 +237,12 @@ pub fn markdown(r: &Report) -> String {
     ));
     for (peer, path) in &r.paths {
         s.push_str(&format!("- {peer}: {path}\n"));
+    }
+    if let Some((fio_cpu, server_cpu)) = r.pinned {
+        s.push_str(&format!(
+            "- {}: fio kept to CPU {fio_cpu} and every thread of the server to CPU {server_cpu} (Ceph's daemons are not pinned); the other rows run where the scheduler puts them. At QD1 that placement can change the result several-fold on a virtual machine, so the pinned row is the one that compares the servers' own cost per request.\n",
+            PINNED_QD1.name
+        ));
     }
     if let Some(c) = &r.ceph {
         s.push_str(&format!(

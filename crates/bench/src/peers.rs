@@ -229,6 +229,31 @@ impl PeerProc {
         Ok(PeerProc { peer, uri: format!("nbd://{addr}/{name}"), child: Some(child), ceph: None })
     }
 
+    /// Keeps every thread of the server process (those it has and, as
+    /// threads inherit their creator's mask, those it starts later) to CPU
+    /// `cpu`. Ceph's daemons are left where the scheduler puts them; for a
+    /// Ceph peer this pins only nbdkit, when it exports.
+    pub fn pin_to(&self, cpu: usize) -> anyhow::Result<()> {
+        let Some(child) = &self.child else { return Ok(()) };
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).context("listing the server's threads")?;
+        for t in tasks {
+            let Some(tid) = t?.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
+            // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and
+            // sched_setaffinity only read and write the set we own.
+            let r = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+            };
+            // A thread may have ended between the listing and the call.
+            if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+                return Err(std::io::Error::last_os_error())
+                    .with_context(|| format!("pinning thread {tid} to CPU {cpu}"));
+            }
+        }
+        Ok(())
+    }
+
     /// CPU time (user + system, all threads) the server process has used so
     /// far, in seconds. Server CPU per operation is a figure that the noise of
     /// a shared machine disturbs far less than throughput.
