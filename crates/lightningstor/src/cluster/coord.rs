@@ -483,9 +483,12 @@ impl Node {
     /// than R answer. Stale replicas are repaired in the background.
     ///
     /// With consistent reads the answer goes out as soon as R replicas of
-    /// the (newest) set have answered: R + W > N, so one of them holds every
-    /// acknowledged write. The replicas still to answer are heard in the
-    /// background (for read repair), not waited for. A degraded read
+    /// the (newest) set have answered, this node among them when it is a
+    /// replica: R + W > N, so one of them holds every acknowledged write,
+    /// and the holders the body is read from then include this node, whose
+    /// blocks are read locally (and whose bad copies that read repairs).
+    /// The replicas still to answer are heard in the background (for read
+    /// repair), not waited for. A degraded read
     /// (R = 1) still waits up to the grace for the others, so it returns the
     /// newest row any reachable replica has.
     pub async fn read_row(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<ReadOutcome> {
@@ -507,12 +510,16 @@ impl Node {
         let answered = |replies: &[(NodeId, Option<Row>)]| {
             quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count()
         };
+        // This node's own answer (a local read) is always waited for.
+        let me = self.id;
+        let local_heard =
+            |replies: &[(NodeId, Option<Row>)]| !ask.contains(&me) || replies.iter().any(|(m, _)| *m == me);
         // Every answer until the quorum; for a degraded read, past it, those
         // that come within a short grace, so a hung replica does not hold
         // the read up.
         let mut grace = std::pin::pin!(futures::future::Fuse::terminated());
         loop {
-            if answered(&replies) >= need {
+            if answered(&replies) >= need && local_heard(&replies) {
                 if !wait_for_all {
                     break;
                 }
