@@ -109,7 +109,7 @@ fn coronafs_keeps_up_with_nbdkit_on_the_same_file() {
     // 1M write straddles 0.7x on this machine (0.69x-1.11x in quiet runs):
     // floor 0.5x, so a gross regression still fails and noise does not.
     // Unpinned 4k QD1 is decided by where the scheduler wakes fio and the
-    // server (0.53x-0.92x in one day's quiet runs; both pinned to one CPU,
+    // server (0.54x-0.92x in one day's quiet runs; both pinned to one CPU,
     // each server is about 6x faster than pinned apart): floor 0.35x. The
     // servers' own cost per request is the pinned row's (1.03x-1.09x),
     // held to 0.7x.

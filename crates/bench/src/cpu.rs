@@ -21,6 +21,25 @@ pub fn allowed() -> Vec<usize> {
 
 /// Restricts the calling thread to `cpus`.
 pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+    pin_thread(0, cpus)
+}
+
+/// Restricts every thread of process `pid` to `cpus`: those it has, and (as
+/// a thread inherits its creator's mask) those it starts later. A thread
+/// that ends between the listing and the call is skipped.
+pub fn pin_process(pid: u32, cpus: &[usize]) -> io::Result<()> {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Some(tid) = t?.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
+        match pin_thread(tid, cpus) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            r => r?,
+        }
+    }
+    Ok(())
+}
+
+/// Restricts thread `tid` (0: the calling thread) to `cpus`.
+fn pin_thread(tid: libc::pid_t, cpus: &[usize]) -> io::Result<()> {
     if cpus.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no CPU to pin to"));
     }
@@ -33,8 +52,8 @@ pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
         // SAFETY: c < CPU_SETSIZE.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
-    // SAFETY: a valid pointer to one cpu_set_t of the given size; 0 is this thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set) };
+    // SAFETY: a valid pointer to one cpu_set_t of the given size.
+    let rc = unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &raw const set) };
     if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 

@@ -44,13 +44,7 @@ pub const PINNED_QD1: Workload =
 /// (fio's CPU, the server's CPU) for [`PINNED_QD1`]: the first and the last
 /// CPU this process may use; `None` with fewer than two.
 pub fn placement() -> Option<(usize, usize)> {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
-    }?;
-    // SAFETY: CPU_ISSET reads the set we own, for indices below CPU_SETSIZE.
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+    let cpus = crate::cpu::allowed();
     (cpus.len() >= 2).then(|| (cpus[0], cpus[cpus.len() - 1]))
 }
 

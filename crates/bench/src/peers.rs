@@ -235,23 +235,8 @@ impl PeerProc {
     /// Ceph peer this pins only nbdkit, when it exports.
     pub fn pin_to(&self, cpu: usize) -> anyhow::Result<()> {
         let Some(child) = &self.child else { return Ok(()) };
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).context("listing the server's threads")?;
-        for t in tasks {
-            let Some(tid) = t?.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
-            // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and
-            // sched_setaffinity only read and write the set we own.
-            let r = unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
-            };
-            // A thread may have ended between the listing and the call.
-            if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
-                return Err(std::io::Error::last_os_error())
-                    .with_context(|| format!("pinning thread {tid} to CPU {cpu}"));
-            }
-        }
-        Ok(())
+        crate::cpu::pin_process(child.id(), &[cpu])
+            .with_context(|| format!("pinning the server's threads to CPU {cpu}"))
     }
 
     /// CPU time (user + system, all threads) the server process has used so

@@ -53,8 +53,9 @@ pub fn authorization(access_key: &str, secret: &str, secs: i64, method: &str, ta
 }
 
 /// Checks an admin request's `Authorization` value against the admin key
-/// at server time `now_s` (constant-time tag comparison).
-pub fn verify(header: &str, admin: Option<(&str, &str)>, now_s: i64, method: &str, target: &str) -> Result<()> {
+/// at server time `now_s` (constant-time tag comparison); returns the
+/// request's time (unix seconds).
+pub fn verify(header: &str, admin: Option<(&str, &str)>, now_s: i64, method: &str, target: &str) -> Result<i64> {
     let denied = |m: &str| Err(LightningError::AccessDenied(m.to_owned()));
     let Some(rest) = header.strip_prefix(SCHEME).and_then(|r| r.strip_prefix(' ')) else {
         return denied("not an admin request");
@@ -74,7 +75,10 @@ pub fn verify(header: &str, admin: Option<(&str, &str)>, now_s: i64, method: &st
         return denied("the admin request's time is more than five minutes from the server's");
     }
     let Ok(t) = hex::decode(t) else { return denied("malformed admin authorization tag") };
-    tag(admin_sk, secs, method, target).verify_slice(&t).or_else(|_| denied("admin signature does not match"))
+    tag(admin_sk, secs, method, target)
+        .verify_slice(&t)
+        .map(|()| secs)
+        .or_else(|_| denied("admin signature does not match"))
 }
 
 /// The nonces of the admin requests a server took, each kept until its
@@ -113,15 +117,10 @@ impl Replays {
     }
 }
 
-/// The request time (seconds) in a well-formed admin `Authorization` value.
-pub fn request_secs(header: &str) -> Option<i64> {
-    header.strip_prefix(SCHEME)?.strip_prefix(' ')?.split(':').nth(1)?.parse().ok()
-}
-
 /// A fresh nonce for an admin request: 16 random bytes in hex.
 pub fn new_nonce() -> Result<String> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| LightningError::Io(std::io::Error::other(format!("no random bytes: {e}"))))?;
+    crate::keys::random(&mut b)?;
     Ok(hex::encode(b))
 }
 
@@ -361,8 +360,8 @@ mod tests {
         let a = new_nonce().expect("nonce");
         assert_eq!(a.len(), 32);
         assert_ne!(a, new_nonce().expect("nonce"));
-        assert_eq!(request_secs(&authorization("AK", "s", 1234, "GET", "/")), Some(1234));
-        assert_eq!(request_secs("AWS4-HMAC-SHA256 x"), None);
+        let h = authorization("AK", "s", 1234, "GET", "/");
+        assert_eq!(verify(&h, Some(("AK", "s")), 1300, "GET", "/").expect("accepted"), 1234, "the request's time");
     }
 
     #[test]

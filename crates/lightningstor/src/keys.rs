@@ -151,7 +151,7 @@ pub trait Keyring: Send + Sync + 'static {
     async fn apply(&self, rows: Vec<AuthRow>) -> Result<()>;
 }
 
-fn random(buf: &mut [u8]) -> Result<()> {
+pub(crate) fn random(buf: &mut [u8]) -> Result<()> {
     getrandom::fill(buf).map_err(|e| LightningError::Io(std::io::Error::other(format!("no random bytes: {e}"))))
 }
 

@@ -510,16 +510,16 @@ impl Node {
         let answered = |replies: &[(NodeId, Option<Row>)]| {
             quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count()
         };
-        // This node's own answer (a local read) is always waited for.
-        let me = self.id;
-        let local_heard =
-            |replies: &[(NodeId, Option<Row>)]| !ask.contains(&me) || replies.iter().any(|(m, _)| *m == me);
+        // This node's own answer (a local read) is always waited for; an
+        // error counts as heard, so a failing local read does not make the
+        // read wait for every remote one.
+        let mut local_pending = ask.contains(&self.id);
         // Every answer until the quorum; for a degraded read, past it, those
         // that come within a short grace, so a hung replica does not hold
         // the read up.
         let mut grace = std::pin::pin!(futures::future::Fuse::terminated());
         loop {
-            if answered(&replies) >= need && local_heard(&replies) {
+            if answered(&replies) >= need && !local_pending {
                 if !wait_for_all {
                     break;
                 }
@@ -531,6 +531,9 @@ impl Node {
                 r = calls.next() => r,
                 () = &mut grace => None,
             };
+            if next.as_ref().is_some_and(|(n, _)| *n == self.id) {
+                local_pending = false;
+            }
             match next {
                 Some((n, Ok(Msg { head: Resp::Row(row), .. }))) => replies.push((n, row)),
                 Some(_) => {}

@@ -108,10 +108,8 @@ impl Gate {
         let header = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
         let admin = self.admin.as_ref().map(|(a, s)| (a.as_str(), s.as_str()));
         let now_s = crate::meta::now_ms() / 1000;
-        admin::verify(header, admin, now_s, method, target)?;
+        let secs = admin::verify(header, admin, now_s, method, target)?;
         let query = req.uri().query().unwrap_or("");
-        // Verified, so the header is well formed.
-        let secs = admin::request_secs(header).unwrap_or(now_s);
         self.replays.take(query, secs, now_s)?;
         let arg = |name: &str| -> Result<String> {
             admin::query_value(query, name)?
