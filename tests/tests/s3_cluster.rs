@@ -190,8 +190,12 @@ async fn reads_repair_a_stale_replica() -> R {
     s.cluster.node(1).resync.clear()?;
     s.cluster.faults.heal();
     assert_eq!(local_row(&s, 3, "bkt", "k").map(|r| r.version()), Some(v1), "node 3 missed v2");
-    // The read sees node 3 stale and pushes the new row to it.
-    assert_eq!(get(&s.client_of(2), "bkt", "k").await?, b"v2");
+    // A read asks R = 2 replicas, node 2 itself and the others in turns:
+    // of two reads through node 2, one asks node 3, sees it stale and
+    // pushes the new row to it.
+    for _ in 0..2 {
+        assert_eq!(get(&s.client_of(2), "bkt", "k").await?, b"v2");
+    }
     eventually(20, "node 3 repaired", || local_row(&s, 3, "bkt", "k").is_some_and(|r| r.version() > v1)).await;
     assert!(s.cluster.node(2).metrics.read_repairs.load(std::sync::atomic::Ordering::Relaxed) > 0);
     Ok(())
@@ -344,11 +348,20 @@ async fn a_paused_replica_holds_up_neither_writes_nor_reads_and_catches_up() -> 
     };
     tokio::time::timeout(bound, put(&c, "bkt", "big", &big)).await.map_err(timed("a 20 MiB PUT"))??;
     tokio::time::timeout(bound, put(&c, "bkt", "small", &small)).await.map_err(timed("a 3 KB PUT"))??;
-    for (key, value) in [("big", &big), ("small", &small)] {
-        let got = tokio::time::timeout(bound, get(&c, "bkt", key)).await.map_err(timed("a GET"))??;
-        assert!(got == *value, "{key} differs while node 3 is paused");
+    // Through node 1, and through node 2 (whose reads are not mixed with
+    // resync's: node 1 coordinated the writes, so it has node 3's queue).
+    for via in [1, 2] {
+        for (key, value) in [("big", &big), ("small", &small)] {
+            let got =
+                tokio::time::timeout(bound, get(&s.client_of(via), "bkt", key)).await.map_err(timed("a GET"))??;
+            assert!(got == *value, "{key} differs through node {via} while node 3 is paused");
+        }
     }
     assert!(local_row(&s, 3, "bkt", "big").is_none() && local_row(&s, 3, "bkt", "small").is_none());
+    // A read asks its coordinator and one other replica in turns: of node
+    // 2's two GETs, the second asked node 3, got no answer, and asked node
+    // 1 after the hedge.
+    assert_eq!(s.cluster.node(2).metrics.hedged_reads.load(std::sync::atomic::Ordering::Relaxed), 1);
     // Resumed, node 3 gets both rows from the resync queue and serves them.
     s.cluster.faults.resume(3);
     eventually(60, "node 3 holds both rows", || {

@@ -10,8 +10,9 @@
 //! *before* the acknowledgement, one still answering finishes after it.
 //! Past the quorum, slower replicas get a bounded grace (a hung node never
 //! holds a write or read up for long); one that misses it is queued for
-//! resync. Reads ask one replica (this node, when a replica) for its row and
-//! the others for its version, and answer once R have answered, with the
+//! resync. Reads ask R replicas (more when one fails or is slow): one (this
+//! node, when a replica) for its row and the others for its version, and
+//! answer once R have answered, with the
 //! highest version among them (fetched from a replica that reported it,
 //! should that not be the row read); blocks stream from any
 //! replica holding that version (verified by hash here). Replicas that
@@ -44,6 +45,9 @@ const READS_AHEAD: usize = 3;
 /// block or a commit) before the coordinator stops waiting for them: one
 /// that has not answered by then has missed the write.
 const STRAGGLER_GRACE: Duration = Duration::from_secs(2);
+/// How long a read waits for the replicas it asked before it asks the
+/// others of the key too.
+const HEDGE: Duration = Duration::from_millis(50);
 /// How long a row read waits for the replicas beyond its read quorum.
 const READ_GRACE: Duration = Duration::from_millis(200);
 
@@ -510,20 +514,23 @@ impl Node {
     /// Reads the row of a key from its replicas; `Unavailable` when fewer
     /// than R answer. Stale replicas are repaired in the background.
     ///
-    /// Only one replica is asked for the row itself: this node when it is a
-    /// replica (a local read), else the first of the set. The others are
-    /// asked for its version only ([`Req::RowVersion`]), so a small object
-    /// crosses the network once, not once per replica. Should a replica
-    /// report a newer version than the row read, that row is fetched from
-    /// it before answering. (During a layout change every replica is asked
-    /// for its row, as before.)
+    /// A consistent read asks R replicas, not all: this node when it is a
+    /// replica, and remote ones in turns; the others only when one of those
+    /// fails or has not answered within [`HEDGE`]. Only one replica is asked
+    /// for the row itself: this node when it is a replica (a local read),
+    /// else the first asked. The others are asked for its version only
+    /// ([`Req::RowVersion`]), so a small object crosses the network once,
+    /// not once per replica. Should a replica report a newer version than
+    /// the row read, that row is fetched from it before answering. (During
+    /// a layout change, and in degraded mode, every replica is asked for
+    /// its row, as before.)
     ///
     /// With consistent reads the answer goes out as soon as R replicas of
     /// the (newest) set have answered, the one read the row from among them:
     /// R + W > N, so one of them holds every acknowledged write, and the
     /// holders the body is read from then include this node, whose blocks
-    /// are read locally (and whose bad copies that read repairs). The
-    /// replicas still to answer are heard in the background (for read
+    /// are read locally (and whose bad copies that read repairs). Replicas
+    /// asked and still to answer are heard in the background (for read
     /// repair), not waited for. A degraded read (R = 1) still waits up to
     /// the grace for the others, so it returns the newest row any reachable
     /// replica has.
@@ -532,27 +539,48 @@ impl Node {
         // During a layout change the old set holds every acknowledged row.
         let quorum_set = sets.last().cloned().unwrap_or_default();
         let ask = union(&sets);
-        // The replica the row is read from; the others send versions.
-        let reader = match sets.len() {
-            1 if ask.contains(&self.id) => Some(self.id),
-            1 => ask.first().copied(),
-            _ => None,
-        };
-        let mut calls: FuturesUnordered<_> = ask
-            .iter()
-            .map(|&n| {
-                let node = self.clone();
-                let (bucket, key) = (bucket.to_owned(), key.to_vec());
-                let req = if reader.is_none_or(|r| r == n) {
-                    Req::GetRow { bucket, key }
-                } else {
-                    Req::RowVersion { bucket, key }
-                };
-                async move { (n, node.call(n, Msg::new(req)).await) }
-            })
-            .collect();
         let need = self.need_r(quorum_set.len());
         let wait_for_all = matches!(self.consistency(), Consistency::Degraded);
+        // Whom to ask first. A consistent read in one replica set asks R
+        // replicas: this node when it is one, and remote ones in turns (so
+        // the load, and the read repair, go round them); the rest are
+        // spares, asked only when one of those fails or is slow (HEDGE).
+        // During a layout change and in degraded mode every replica is asked.
+        let (first, mut spares): (Vec<NodeId>, Vec<NodeId>) = if sets.len() == 1 && !wait_for_all {
+            let mut others: Vec<NodeId> = ask.iter().copied().filter(|n| *n != self.id).collect();
+            // In id order, not the key's placement order: the turns then
+            // go round the nodes, whatever the keys read.
+            others.sort_unstable();
+            if !others.is_empty() {
+                let turn = self.read_turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % others.len();
+                others.rotate_left(turn);
+            }
+            let mut first = Vec::new();
+            if ask.contains(&self.id) {
+                first.push(self.id);
+            }
+            let more = need.saturating_sub(first.len()).min(others.len());
+            first.extend(others.drain(..more));
+            (first, others)
+        } else {
+            (ask.clone(), Vec::new())
+        };
+        // The replica the row is read from; the others send versions.
+        let reader = match sets.len() {
+            1 => first.first().copied(),
+            _ => None,
+        };
+        let call = |n: NodeId| {
+            let node = self.clone();
+            let (bucket, key) = (bucket.to_owned(), key.to_vec());
+            let req = if reader.is_none_or(|r| r == n) {
+                Req::GetRow { bucket, key }
+            } else {
+                Req::RowVersion { bucket, key }
+            };
+            async move { (n, node.call(n, Msg::new(req)).await) }
+        };
+        let mut calls: FuturesUnordered<_> = first.iter().map(|&n| call(n)).collect();
         let mut replies: Vec<(NodeId, Heard)> = Vec::new();
         let answered =
             |replies: &[(NodeId, Heard)]| quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count();
@@ -566,6 +594,7 @@ impl Node {
         // that come within a short grace, so a hung replica does not hold
         // the read up.
         let mut grace = std::pin::pin!(futures::future::Fuse::terminated());
+        let mut hedge = std::pin::pin!(futures::FutureExt::fuse(tokio::time::sleep(HEDGE)));
         loop {
             if answered(&replies) >= need && !local_pending {
                 if !wait_for_all {
@@ -575,21 +604,38 @@ impl Node {
                     grace.set(futures::FutureExt::fuse(tokio::time::sleep(READ_GRACE)));
                 }
             }
+            if calls.is_empty() {
+                if spares.is_empty() {
+                    break;
+                }
+                // Every replica asked has answered, short of the quorum.
+                calls.extend(spares.drain(..).map(call));
+            }
             let next = tokio::select! {
-                r = calls.next() => r,
+                r = calls.next(), if !calls.is_empty() => r,
                 () = &mut grace => None,
+                () = &mut hedge, if !spares.is_empty() => {
+                    ClusterMetrics::inc(&self.metrics.hedged_reads);
+                    calls.extend(spares.drain(..).map(call));
+                    continue;
+                }
             };
             if next.as_ref().is_some_and(|(n, _)| *n == self.id) {
                 local_pending = false;
             }
-            match next {
-                Some((n, Ok(m))) => {
-                    if let Some(h) = Heard::from(m.head) {
-                        replies.push((n, h));
-                    }
-                }
-                Some(_) => {}
+            let heard = match next {
+                Some((n, Ok(m))) => Heard::from(m.head).map(|h| (n, h)),
+                Some(_) => None,
                 None => break,
+            };
+            match heard {
+                Some(h) => replies.push(h),
+                // A replica asked failed: ask the spares now.
+                None if !spares.is_empty() => {
+                    ClusterMetrics::inc(&self.metrics.hedged_reads);
+                    calls.extend(spares.drain(..).map(call));
+                }
+                None => {}
             }
         }
         let answered = answered(&replies);

@@ -68,6 +68,7 @@ pub fn render_metrics(node: &Node) -> String {
         ("bad_copies_total", "corrupt or missing block copies found", &m.bad_copies_found),
         ("scrubbed_blocks_total", "blocks re-hashed by scrub", &m.scrubbed_blocks),
         ("divergent_partitions_total", "partitions anti-entropy found divergent", &m.divergent_partitions),
+        ("hedged_reads_total", "reads that asked replicas beyond the read quorum", &m.hedged_reads),
         ("quorum_failures_total", "requests refused for lack of a quorum", &m.quorum_failures),
     ];
     let mut t = svc_kit::prom::Text::new();

@@ -51,6 +51,9 @@ pub struct ClusterMetrics {
     pub divergent_partitions: AtomicU64,
     /// Requests that failed for lack of a quorum.
     pub quorum_failures: AtomicU64,
+    /// Reads that asked replicas beyond the read quorum (one asked failed
+    /// or was slow to answer).
+    pub hedged_reads: AtomicU64,
 }
 
 impl ClusterMetrics {
@@ -84,6 +87,8 @@ pub struct Node {
     pub(super) me: std::sync::Weak<Node>,
     /// Blocks in memory over all uploads this node coordinates.
     pub(crate) budget: Arc<tokio::sync::Semaphore>,
+    /// Turns of the remote replicas a read asks (see [`Node::read_row`]).
+    pub(crate) read_turn: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Node {
@@ -118,6 +123,7 @@ impl Node {
             sessions: Mutex::new(HashMap::new()),
             locks: super::locks::KeyLocks::default(),
             budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
+            read_turn: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
