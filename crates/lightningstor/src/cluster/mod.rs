@@ -68,6 +68,8 @@ pub fn render_metrics(node: &Node) -> String {
         ("bad_copies_total", "corrupt or missing block copies found", &m.bad_copies_found),
         ("scrubbed_blocks_total", "blocks re-hashed by scrub", &m.scrubbed_blocks),
         ("divergent_partitions_total", "partitions anti-entropy found divergent", &m.divergent_partitions),
+        ("anti_entropy_rows_read_total", "rows anti-entropy read from the store", &m.anti_entropy_rows_read),
+        ("anti_entropy_nodes_compared_total", "hash tree nodes anti-entropy compared", &m.anti_entropy_nodes_compared),
         ("quorum_failures_total", "requests refused for lack of a quorum", &m.quorum_failures),
     ];
     let mut t = svc_kit::prom::Text::new();

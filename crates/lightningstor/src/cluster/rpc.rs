@@ -92,6 +92,11 @@ pub enum Req {
     LockKey { bucket: String, key: Vec<u8>, token: u64, ttl_ms: u32 },
     /// Release a lease held by `token`.
     UnlockKey { bucket: String, key: Vec<u8>, token: u64 },
+    /// The hashes of anti-entropy tree nodes (partition, node), answered
+    /// with [`Resp::Digests`] in request order (see [`crate::meta::merkle`]).
+    TreeNodes { nodes: Vec<(u32, u16)> },
+    /// The rows of tree leaves (partition, leaf), answered with [`Resp::Versions`].
+    LeafRows { leaves: Vec<(u32, u8)> },
 }
 
 /// Answers.
@@ -111,9 +116,9 @@ pub enum Resp {
     Buckets(Vec<(String, i64)>),
     /// Raw listing rows.
     Raw(Vec<(Vec<u8>, RawEntry)>),
-    /// Partition digests, in request order.
+    /// Partition digests or tree node hashes, in request order.
     Digests(Vec<[u8; 32]>),
-    /// Rows of a partition.
+    /// Rows of a partition or of tree leaves: (bucket, key, version, tombstone).
     Versions(Vec<(String, Vec<u8>, u64, bool)>),
     /// Node status.
     Status(NodeStatus),
