@@ -412,7 +412,7 @@ async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_w
     s.cluster.faults.heal();
     // What reading the differing leaves on both sides costs at most: their
     // rows on node 3 and on one peer (after the first peer, node 3 is in sync).
-    let partitions = n3.layout().partitions();
+    let partitions = s.cluster.config.partitions;
     let mut leaves: Vec<(u32, u8)> =
         changed.iter().map(|k| lightningstor::meta::merkle::position(partitions, "bkt", k.as_bytes())).collect();
     leaves.sort();
