@@ -19,9 +19,10 @@
 //! first eight bytes of BLAKE3(bucket, 0, key)); its leaf is the next byte
 //! of that hash. Every node is the XOR of the BLAKE3 hashes of the rows
 //! below it, so the combination does not depend on order and a row change
-//! XORs one delta into its leaf, its level-1 node and its root: three node
-//! writes and one index write per changed row, in the transaction that
-//! changes the row. A node whose hash returns to zero is removed, so the
+//! XORs one delta into its leaf, its level-1 node and its root: one index
+//! write and at most three node writes per changed row, in the transaction
+//! that changes the row (node changes are gathered over the writer's batch
+//! and written once at its end, [`write_deltas`]). A node whose hash returns to zero is removed, so the
 //! stored tables equal a rebuild from the rows ([`build`]) exactly.
 //!
 //! XOR is linear: someone who chooses keys could make two different sets of
@@ -29,7 +30,7 @@
 //! other; by accident two different sets collide with probability 2^-256.
 
 use super::types::ObjectSummary;
-use super::{OBJECTS, TOMBSTONES, TREE_META, TREE_NODES, TREE_ROWS};
+use super::{OBJECTS, TOMBSTONES, TREE_META, TREE_NODES, TREE_ROWS, Txn};
 use crate::error::Result;
 use redb::{ReadableTable, WriteTransaction};
 use std::collections::BTreeMap;
@@ -179,8 +180,11 @@ pub fn build<'a>(
 }
 
 /// Sets the tree's row of (bucket, key) to `new` (`None`: the key holds no
-/// row) in `txn`, updating its leaf and their ancestors: O(depth).
-pub fn set(txn: &WriteTransaction, partitions: u32, bucket: &str, key: &[u8], new: Option<TreeEntry>) -> Result<()> {
+/// row) in `txn`: updates the index now and queues the change of its leaf
+/// and their ancestors in `txn` (O(depth)), written by [`write_deltas`]
+/// when the batch ends, so rows of one batch that share nodes write each
+/// node once, and the nodes table is opened once per batch.
+pub fn set(txn: &Txn<'_>, partitions: u32, bucket: &str, key: &[u8], new: Option<TreeEntry>) -> Result<()> {
     let (p, leaf) = position(partitions, bucket, key);
     let mut rows = txn.open_table(TREE_ROWS)?;
     let old = rows.get((p, leaf, bucket, key))?.map(|v| {
@@ -203,14 +207,34 @@ pub fn set(txn: &WriteTransaction, partitions: u32, bucket: &str, key: &[u8], ne
             rows.remove((p, leaf, bucket, key))?;
         }
     }
-    let mut nodes = txn.open_table(TREE_NODES)?;
+    txn.queue_delta(p, leaf, &delta);
+    Ok(())
+}
+
+/// Adds `delta` to the queued changes of every node from `leaf` to its root.
+pub(super) fn queue(deltas: &mut BTreeMap<(u32, u16), Hash>, partition: u32, leaf: u8, delta: &Hash) {
     for n in path(leaf) {
-        let mut h = nodes.get((p, n))?.map(|v| v.value()).unwrap_or_default();
-        xor_into(&mut h, &delta);
+        xor_into(deltas.entry((partition, n)).or_default(), delta);
+    }
+}
+
+/// XORs queued changes into the stored nodes (in key order); a node whose
+/// hash becomes zero is removed.
+pub fn write_deltas(txn: &WriteTransaction, deltas: &BTreeMap<(u32, u16), Hash>) -> Result<()> {
+    if deltas.values().all(|d| *d == [0; 32]) {
+        return Ok(());
+    }
+    let mut nodes = txn.open_table(TREE_NODES)?;
+    for (&n, d) in deltas {
+        if *d == [0; 32] {
+            continue;
+        }
+        let mut h = nodes.get(n)?.map(|v| v.value()).unwrap_or_default();
+        xor_into(&mut h, d);
         if h == [0; 32] {
-            nodes.remove((p, n))?;
+            nodes.remove(n)?;
         } else {
-            nodes.insert((p, n), h)?;
+            nodes.insert(n, h)?;
         }
     }
     Ok(())
@@ -467,6 +491,7 @@ mod tests {
                     for c in batch {
                         apply(&t, c).expect("change");
                     }
+                    t.finish().expect("tree nodes");
                 }
                 w.commit().expect("commit");
             }
@@ -526,6 +551,7 @@ mod tests {
                             ops::apply_row(&t, "b", key.as_bytes(), &Row::Object(object(batch * 64 + i + 1)))
                                 .expect("merge");
                         }
+                        t.finish().expect("tree nodes");
                     }
                     w.commit().expect("commit");
                 }

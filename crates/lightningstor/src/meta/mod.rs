@@ -59,21 +59,34 @@ pub const TREE_META: TableDefinition<&str, u64> = TableDefinition::new("tree_met
 
 /// A write transaction, with what the writers of object rows must keep in
 /// step in it: the partition count of the hash trees, when the store keeps
-/// them ([`merkle`]). Derefs to the redb transaction.
+/// them ([`merkle`]), and the tree node changes queued by the batch so far.
+/// Derefs to the redb transaction.
 pub struct Txn<'a> {
     inner: &'a WriteTransaction,
     tree: Option<u32>,
+    deltas: std::cell::RefCell<std::collections::BTreeMap<(u32, u16), merkle::Hash>>,
 }
 
 impl<'a> Txn<'a> {
     /// Wraps `inner`; `tree` is the partition count when hash trees are kept.
     pub fn new(inner: &'a WriteTransaction, tree: Option<u32>) -> Self {
-        Txn { inner, tree }
+        Txn { inner, tree, deltas: Default::default() }
     }
 
     /// The partition count of the hash trees, if the store keeps them.
     pub fn tree(&self) -> Option<u32> {
         self.tree
+    }
+
+    fn queue_delta(&self, partition: u32, leaf: u8, delta: &merkle::Hash) {
+        merkle::queue(&mut self.deltas.borrow_mut(), partition, leaf, delta);
+    }
+
+    /// Writes the queued tree node changes; must run before the commit
+    /// (the writer thread does, after the last operation of a batch).
+    pub fn finish(&self) -> Result<()> {
+        let deltas = std::mem::take(&mut *self.deltas.borrow_mut());
+        merkle::write_deltas(self.inner, &deltas)
     }
 }
 
@@ -608,6 +621,8 @@ fn run_batch(
                 break;
             }
         }
+        // The batch's tree node changes, once each (nothing without a tree).
+        ok = ok && t.finish().is_ok();
     }
     if !ok {
         let _ = txn.abort();
