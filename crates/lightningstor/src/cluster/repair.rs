@@ -9,6 +9,7 @@ use super::resync::Entry;
 use super::rpc::{Msg, Req, Resp};
 use crate::block::{BlockHash, Scrubbed, scrub_one};
 use crate::error::{LightningError, Result};
+use crate::meta::types::VersionRow;
 use crate::meta::{merkle, ops};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -154,7 +155,7 @@ impl Node {
     }
 
     /// The rows of one partition held here.
-    pub async fn partition_rows(&self, partition: u32) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+    pub async fn partition_rows(&self, partition: u32) -> Result<Vec<VersionRow>> {
         let store = self.store.clone();
         let rows =
             tokio::task::spawn_blocking(move || store.meta.partition_rows(partition)).await.map_err(join_err)??;
@@ -169,7 +170,7 @@ impl Node {
     }
 
     /// The rows of these tree leaves here (counted as rows read).
-    pub async fn leaf_rows(&self, leaves: Vec<(u32, u8)>) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+    pub async fn leaf_rows(&self, leaves: Vec<(u32, u8)>) -> Result<Vec<VersionRow>> {
         let store = self.store.clone();
         let rows = tokio::task::spawn_blocking(move || store.meta.leaf_rows(&leaves)).await.map_err(join_err)??;
         self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
@@ -234,7 +235,7 @@ impl Node {
             _ => return Ok(0),
         };
         let ours = self.leaf_rows(leaves.to_vec()).await?;
-        let key = |r: &(String, Vec<u8>, u64, bool)| (r.0.clone(), r.1.clone());
+        let key = |r: &VersionRow| (r.0.clone(), r.1.clone());
         let mine: HashMap<_, u64> = ours.iter().map(|r| (key(r), r.2)).collect();
         let other: HashMap<_, u64> = theirs.iter().map(|r| (key(r), r.2)).collect();
         let mut n = 0;

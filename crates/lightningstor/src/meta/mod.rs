@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use tokio::sync::oneshot;
-use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, RawEntry, Row, UploadMeta};
+use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, RawEntry, Row, UploadMeta, VersionRow};
 
 /// bucket name -> [`BucketMeta`].
 pub const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -51,7 +51,9 @@ pub const GRANTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("g
 pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
 /// (partition, leaf, bucket, key bytes) -> (version, tombstone) of the key's
 /// row, the index of the hash trees ([`merkle`]; cluster mode only).
-pub const TREE_ROWS: TableDefinition<(u32, u8, &str, &[u8]), (u64, bool)> = TableDefinition::new("tree_rows");
+pub const TREE_ROWS: TableDefinition<TreeKey, (u64, bool)> = TableDefinition::new("tree_rows");
+/// The key of [`TREE_ROWS`]: (partition, leaf, bucket, key bytes).
+pub type TreeKey = (u32, u8, &'static str, &'static [u8]);
 /// (partition, node) -> XOR of the row hashes below the node ([`merkle`]; cluster mode only).
 pub const TREE_NODES: TableDefinition<(u32, u16), [u8; 32]> = TableDefinition::new("tree_nodes");
 /// `"partitions"` -> the partition count the trees were built for (cluster mode only).
@@ -304,7 +306,7 @@ impl MetaStore {
 
     /// Every row (bucket, key, version), objects and tombstones, for
     /// anti-entropy digests. Tombstones are marked by `true`.
-    pub fn all_versions(&self) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+    pub fn all_versions(&self) -> Result<Vec<VersionRow>> {
         let txn = self.db.begin_read()?;
         let mut out = Vec::new();
         for row in txn.open_table(OBJECTS)?.iter()? {
@@ -346,7 +348,7 @@ impl MetaStore {
 
     /// The rows (bucket, key, version, tombstone) of tree leaves
     /// (partition, leaf), read from the tree's index (no other row is read).
-    pub fn leaf_rows(&self, leaves: &[(u32, u8)]) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+    pub fn leaf_rows(&self, leaves: &[(u32, u8)]) -> Result<Vec<VersionRow>> {
         self.require_tree()?;
         let t = self.table(TREE_ROWS)?;
         let mut out = Vec::new();
@@ -365,7 +367,7 @@ impl MetaStore {
     }
 
     /// The rows of one partition, sorted, read from the tree's index.
-    pub fn partition_rows(&self, partition: u32) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+    pub fn partition_rows(&self, partition: u32) -> Result<Vec<VersionRow>> {
         self.require_tree()?;
         let t = self.table(TREE_ROWS)?;
         let mut rows = Vec::new();
