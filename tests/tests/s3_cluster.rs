@@ -9,6 +9,7 @@ use lightningstor::cluster::NodeId;
 use lightningstor::meta::types::Row;
 use s3_common::*;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 type R = anyhow::Result<()>;
@@ -407,6 +408,83 @@ async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
         assert_eq!(local_row(&s, 3, "bkt", &k), local_row(&s, 1, "bkt", &k));
     }
     assert_eq!(n3.anti_entropy_round().await?, 0, "a second round finds nothing");
+    Ok(())
+}
+
+/// Rows anti-entropy has read from the stores of every node so far.
+fn anti_entropy_rows_read(s: &InCluster) -> u64 {
+    s.cluster
+        .ids()
+        .into_iter()
+        .map(|id| s.cluster.node(id).metrics.anti_entropy_rows_read.load(Ordering::Relaxed))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_what_is_stored() -> R {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    const OBJECTS: u64 = 2000;
+    let s = InCluster::with(3, |c| c.fsync = false);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    futures::stream::iter(0..OBJECTS)
+        .map(|i| {
+            let c = c.clone();
+            async move { put(&c, "bkt", &format!("k{i}"), &pseudo_random(64, i)).await }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    for id in s.cluster.ids() {
+        for i in 0..OBJECTS {
+            landed_row(&s, id, "bkt", &format!("k{i}")).await;
+        }
+    }
+    let n3 = s.cluster.node(3);
+    let before = anti_entropy_rows_read(&s);
+    assert_eq!(n3.anti_entropy_round().await?, 0);
+    let in_sync = anti_entropy_rows_read(&s) - before;
+    eprintln!("{OBJECTS} objects in sync: a round read {in_sync} rows");
+    assert_eq!(in_sync, 0, "a round over replicas in sync reads no row");
+
+    // Node 3 misses k = 5 changes (3 overwrites, 2 deletes); the resync queue is lost.
+    s.cluster.faults.isolate(3);
+    let changed: Vec<String> = (0..5).map(|i| format!("k{}", i * 397)).collect();
+    for k in &changed[..3] {
+        put(&c, "bkt", k, b"newer").await?;
+    }
+    for k in &changed[3..] {
+        c.delete_object().bucket("bkt").key(k).send().await?;
+    }
+    for id in [1, 2] {
+        s.cluster.node(id).resync.clear()?;
+    }
+    s.cluster.faults.heal();
+    // What reading the differing leaves on both sides costs at most: their
+    // rows on node 3 and on one peer (after the first peer, node 3 is in sync).
+    let partitions = s.cluster.config.partitions;
+    let mut leaves: Vec<(u32, u8)> =
+        changed.iter().map(|k| lightningstor::meta::merkle::position(partitions, "bkt", k.as_bytes())).collect();
+    leaves.sort();
+    leaves.dedup();
+    let leaf_rows = s.cluster.node(1).store.meta.leaf_rows(&leaves)?.len() as u64;
+    let before = anti_entropy_rows_read(&s);
+    assert_eq!(n3.anti_entropy_round().await?, 5, "exactly the missed rows were pulled");
+    let diverged = anti_entropy_rows_read(&s) - before;
+    eprintln!(
+        "{OBJECTS} objects, 5 diverged in {} leaves holding {leaf_rows} rows: a round read {diverged} rows",
+        leaves.len()
+    );
+    assert!(diverged >= 10, "both sides' rows of the changed keys were read ({diverged})");
+    assert!(diverged <= 2 * leaf_rows, "only the differing leaves were read ({diverged} > 2 x {leaf_rows})");
+    assert!(diverged < OBJECTS / 20);
+    for k in &changed {
+        assert_eq!(local_row(&s, 3, "bkt", k), local_row(&s, 1, "bkt", k));
+    }
+    assert!(matches!(local_row(&s, 3, "bkt", &changed[4]), Some(Row::Tombstone(_))));
+    let before = anti_entropy_rows_read(&s);
+    assert_eq!(n3.anti_entropy_round().await?, 0, "a second round finds nothing");
+    assert_eq!(anti_entropy_rows_read(&s), before, "and reads no row");
     Ok(())
 }
 

@@ -38,6 +38,11 @@ pub struct Config {
     pub inline_threshold: usize,
     /// fsync blocks and metadata before acknowledging a write (never turn off in production).
     pub fsync: bool,
+    /// Set by the cluster, never read from a file: the partition count of a
+    /// cluster node, whose store then keeps the anti-entropy hash trees
+    /// ([`crate::meta::merkle`]). `None` for a single node, which keeps none.
+    #[serde(skip)]
+    pub tree_partitions: Option<u32>,
 }
 
 impl Default for Config {
@@ -53,6 +58,7 @@ impl Default for Config {
             block_size: DEFAULT_BLOCK_SIZE,
             inline_threshold: DEFAULT_INLINE_THRESHOLD,
             fsync: true,
+            tree_partitions: None,
         }
     }
 }

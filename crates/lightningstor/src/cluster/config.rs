@@ -243,6 +243,7 @@ impl ClusterConfig {
             anonymous: self.anonymous,
             region: self.region.clone(),
             fsync: self.fsync,
+            tree_partitions: Some(self.partitions),
             ..Config::default()
         })
     }

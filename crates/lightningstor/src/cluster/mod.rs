@@ -69,6 +69,8 @@ pub fn render_metrics(node: &Node) -> String {
         ("scrubbed_blocks_total", "blocks re-hashed by scrub", &m.scrubbed_blocks),
         ("divergent_partitions_total", "partitions anti-entropy found divergent", &m.divergent_partitions),
         ("hedged_reads_total", "reads that asked replicas beyond the read quorum", &m.hedged_reads),
+        ("anti_entropy_rows_read_total", "rows anti-entropy read from the store", &m.anti_entropy_rows_read),
+        ("anti_entropy_nodes_compared_total", "hash tree nodes anti-entropy compared", &m.anti_entropy_nodes_compared),
         ("quorum_failures_total", "requests refused for lack of a quorum", &m.quorum_failures),
     ];
     let mut t = svc_kit::prom::Text::new();

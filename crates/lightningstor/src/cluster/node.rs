@@ -49,6 +49,11 @@ pub struct ClusterMetrics {
     pub scrubbed_blocks: AtomicU64,
     /// Anti-entropy partitions found divergent.
     pub divergent_partitions: AtomicU64,
+    /// Rows anti-entropy read from this node's store (for its own rounds
+    /// and to answer peers'): grows with what differs, not with what is stored.
+    pub anti_entropy_rows_read: AtomicU64,
+    /// Tree nodes anti-entropy compared (its own rounds).
+    pub anti_entropy_nodes_compared: AtomicU64,
     /// Requests that failed for lack of a quorum.
     pub quorum_failures: AtomicU64,
     /// Reads that asked replicas beyond the read quorum (one asked failed
@@ -349,6 +354,8 @@ impl Node {
             }
             Req::Digests { partitions } => Msg::new(Resp::Digests(self.digests(&partitions).await?)),
             Req::PartitionRows { partition } => Msg::new(Resp::Versions(self.partition_rows(partition).await?)),
+            Req::TreeNodes { nodes } => Msg::new(Resp::Digests(self.tree_nodes(nodes).await?)),
+            Req::LeafRows { leaves } => Msg::new(Resp::Versions(self.leaf_rows(leaves).await?)),
             Req::Status => Msg::new(Resp::Status(self.status().await?)),
             Req::CreateUpload { id, upload } => {
                 self.store.meta.write(move |t| ops::replica_create_upload(t, &id, &upload)).await?;

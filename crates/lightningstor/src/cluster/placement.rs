@@ -25,15 +25,9 @@ pub trait Replication: Send + Sync {
 }
 
 /// The partition of an object key (or of a bucket name with an empty key).
+/// (The hash lives with the metadata's hash trees, which index rows by it.)
 pub fn partition_of(partitions: u32, bucket: &str, key: &[u8]) -> u32 {
-    let mut h = blake3::Hasher::new();
-    h.update(bucket.as_bytes());
-    h.update(&[0]);
-    h.update(key);
-    let d = h.finalize();
-    let b = d.as_bytes();
-    let x = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-    u32::try_from(x % u64::from(partitions.max(1))).unwrap_or(0)
+    crate::meta::merkle::position(partitions, bucket, key).0
 }
 
 /// A computed layout: partition -> nodes.

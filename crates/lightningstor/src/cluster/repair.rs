@@ -4,16 +4,22 @@
 
 use super::NodeId;
 use super::node::{ClusterMetrics, Node};
-use super::placement::{Replication, partition_of};
+use super::placement::Replication;
 use super::resync::Entry;
 use super::rpc::{Msg, Req, Resp};
 use crate::block::{BlockHash, Scrubbed, scrub_one};
 use crate::error::{LightningError, Result};
-use crate::meta::ops;
-use std::collections::{BTreeMap, HashMap};
+use crate::meta::types::VersionRow;
+use crate::meta::{merkle, ops};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+/// Tree nodes asked of a peer in one request (32 bytes each in the answer).
+const NODES_PER_CALL: usize = 4096;
+/// Tree leaves whose rows are asked of a peer in one request.
+const LEAVES_PER_CALL: usize = 64;
 
 fn join_err(e: tokio::task::JoinError) -> LightningError {
     LightningError::Io(std::io::Error::other(e))
@@ -129,48 +135,53 @@ impl Node {
     }
 
     /// Digests of the (bucket, key, version) rows this node holds in each
-    /// of `partitions`.
+    /// of `partitions` (the request of builds before the hash trees; read
+    /// from the trees' index, one partition at a time).
     pub async fn digests(&self, partitions: &[u32]) -> Result<Vec<[u8; 32]>> {
-        let rows = self.partition_map().await?;
-        Ok(partitions
-            .iter()
-            .map(|p| {
-                let mut h = blake3::Hasher::new();
-                for (b, k, v, t) in rows.get(p).map(Vec::as_slice).unwrap_or(&[]) {
-                    h.update(&(b.len() as u64).to_le_bytes());
-                    h.update(b.as_bytes());
-                    h.update(&(k.len() as u64).to_le_bytes());
-                    h.update(k);
-                    h.update(&v.to_le_bytes());
-                    h.update(&[u8::from(*t)]);
-                }
-                *h.finalize().as_bytes()
-            })
-            .collect())
+        let mut out = Vec::with_capacity(partitions.len());
+        for p in partitions {
+            let mut h = blake3::Hasher::new();
+            for (b, k, v, t) in self.partition_rows(*p).await? {
+                h.update(&(b.len() as u64).to_le_bytes());
+                h.update(b.as_bytes());
+                h.update(&(k.len() as u64).to_le_bytes());
+                h.update(&k);
+                h.update(&v.to_le_bytes());
+                h.update(&[u8::from(t)]);
+            }
+            out.push(*h.finalize().as_bytes());
+        }
+        Ok(out)
     }
 
     /// The rows of one partition held here.
-    pub async fn partition_rows(&self, partition: u32) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
-        Ok(self.partition_map().await?.remove(&partition).unwrap_or_default())
-    }
-
-    async fn partition_map(&self) -> Result<BTreeMap<u32, Vec<(String, Vec<u8>, u64, bool)>>> {
+    pub async fn partition_rows(&self, partition: u32) -> Result<Vec<VersionRow>> {
         let store = self.store.clone();
-        let parts = self.layout().partitions();
-        let rows = tokio::task::spawn_blocking(move || store.meta.all_versions()).await.map_err(join_err)??;
-        let mut map: BTreeMap<u32, Vec<_>> = BTreeMap::new();
-        for r in rows {
-            map.entry(partition_of(parts, &r.0, &r.1)).or_default().push(r);
-        }
-        for v in map.values_mut() {
-            v.sort();
-        }
-        Ok(map)
+        let rows =
+            tokio::task::spawn_blocking(move || store.meta.partition_rows(partition)).await.map_err(join_err)??;
+        self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok(rows)
     }
 
-    /// One anti-entropy pass: for every peer, compare partition digests of
-    /// the partitions both hold; for those that differ, compare row
-    /// versions and push or pull the newer rows. Returns rows repaired.
+    /// The hashes of these tree nodes here.
+    pub async fn tree_nodes(&self, nodes: Vec<(u32, u16)>) -> Result<Vec<[u8; 32]>> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.meta.tree_nodes(&nodes)).await.map_err(join_err)?
+    }
+
+    /// The rows of these tree leaves here (counted as rows read).
+    pub async fn leaf_rows(&self, leaves: Vec<(u32, u8)>) -> Result<Vec<VersionRow>> {
+        let store = self.store.clone();
+        let rows = tokio::task::spawn_blocking(move || store.meta.leaf_rows(&leaves)).await.map_err(join_err)??;
+        self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok(rows)
+    }
+
+    /// One anti-entropy pass: for every peer, compare the hash trees of the
+    /// partitions both hold, root first, descending only into nodes whose
+    /// hashes differ; for the leaves that differ, compare row versions and
+    /// push or pull the newer rows. In sync, a pass reads one root per
+    /// shared partition and no row. Returns rows repaired.
     pub async fn anti_entropy_round(self: &Arc<Self>) -> Result<usize> {
         let layout = self.layout();
         let mine = layout.partitions_of(self.id);
@@ -184,29 +195,47 @@ impl Node {
         }
         let mut repaired = 0;
         for (peer, parts) in by_peer {
-            let theirs = match self.call(peer, Msg::new(Req::Digests { partitions: parts.clone() })).await {
-                Ok(Msg { head: Resp::Digests(d), .. }) => d,
-                _ => continue,
-            };
-            let ours = self.digests(&parts).await?;
-            for ((p, a), b) in parts.iter().zip(ours).zip(theirs) {
-                if a == b {
-                    continue;
-                }
-                ClusterMetrics::inc(&self.metrics.divergent_partitions);
-                repaired += self.reconcile(peer, *p).await?;
+            let Some(leaves) = self.differing_leaves(peer, &parts).await? else { continue };
+            for chunk in leaves.chunks(LEAVES_PER_CALL) {
+                repaired += self.reconcile(peer, chunk).await?;
             }
         }
         Ok(repaired)
     }
 
-    async fn reconcile(self: &Arc<Self>, peer: NodeId, partition: u32) -> Result<usize> {
-        let theirs = match self.call(peer, Msg::new(Req::PartitionRows { partition })).await?.head {
+    /// The leaves of `partitions` whose hashes differ here and on `peer`;
+    /// `None` when the peer does not answer (or runs a build without trees).
+    async fn differing_leaves(&self, peer: NodeId, partitions: &[u32]) -> Result<Option<Vec<(u32, u8)>>> {
+        let mut ask: Vec<(u32, u16)> = partitions.iter().map(|p| (*p, merkle::ROOT)).collect();
+        let mut leaves = Vec::new();
+        while !ask.is_empty() {
+            let mut next = Vec::new();
+            for chunk in ask.chunks(NODES_PER_CALL) {
+                let theirs = match self.call(peer, Msg::new(Req::TreeNodes { nodes: chunk.to_vec() })).await {
+                    Ok(Msg { head: Resp::Digests(d), .. }) if d.len() == chunk.len() => d,
+                    _ => return Ok(None),
+                };
+                let ours = self.tree_nodes(chunk.to_vec()).await?;
+                self.metrics.anti_entropy_nodes_compared.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                let step = merkle::descend(chunk, &ours, &theirs);
+                self.metrics.divergent_partitions.fetch_add(step.partitions as u64, Ordering::Relaxed);
+                next.extend(step.ask);
+                leaves.extend(step.leaves);
+            }
+            ask = next;
+        }
+        Ok(Some(leaves))
+    }
+
+    /// Makes the rows of `leaves` equal here and on `peer`: newer rows of
+    /// ours are pushed, newer rows of theirs pulled.
+    async fn reconcile(self: &Arc<Self>, peer: NodeId, leaves: &[(u32, u8)]) -> Result<usize> {
+        let theirs = match self.call(peer, Msg::new(Req::LeafRows { leaves: leaves.to_vec() })).await?.head {
             Resp::Versions(v) => v,
             _ => return Ok(0),
         };
-        let ours = self.partition_rows(partition).await?;
-        let key = |r: &(String, Vec<u8>, u64, bool)| (r.0.clone(), r.1.clone());
+        let ours = self.leaf_rows(leaves.to_vec()).await?;
+        let key = |r: &VersionRow| (r.0.clone(), r.1.clone());
         let mine: HashMap<_, u64> = ours.iter().map(|r| (key(r), r.2)).collect();
         let other: HashMap<_, u64> = theirs.iter().map(|r| (key(r), r.2)).collect();
         let mut n = 0;

@@ -100,6 +100,11 @@ pub enum Req {
         #[serde(with = "serde_bytes")]
         key: Vec<u8>,
     },
+    /// The hashes of anti-entropy tree nodes (partition, node), answered
+    /// with [`Resp::Digests`] in request order (see [`crate::meta::merkle`]).
+    TreeNodes { nodes: Vec<(u32, u16)> },
+    /// The rows of tree leaves (partition, leaf), answered with [`Resp::Versions`].
+    LeafRows { leaves: Vec<(u32, u8)> },
 }
 
 /// Answers.
@@ -119,9 +124,9 @@ pub enum Resp {
     Buckets(Vec<(String, i64)>),
     /// Raw listing rows.
     Raw(Vec<(Vec<u8>, RawEntry)>),
-    /// Partition digests, in request order.
+    /// Partition digests or tree node hashes, in request order.
     Digests(Vec<[u8; 32]>),
-    /// Rows of a partition.
+    /// Rows of a partition or of tree leaves: (bucket, key, version, tombstone).
     Versions(Vec<(String, Vec<u8>, u64, bool)>),
     /// Node status.
     Status(NodeStatus),

@@ -10,6 +10,7 @@
 //! returns a client error leaves the transaction as it found it, so the rest
 //! of the batch still commits. A storage error aborts the whole batch.
 
+pub mod merkle;
 pub mod ops;
 pub mod types;
 
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use tokio::sync::oneshot;
-use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, RawEntry, Row, UploadMeta};
+use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, RawEntry, Row, UploadMeta, VersionRow};
 
 /// bucket name -> [`BucketMeta`].
 pub const BUCKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("buckets");
@@ -48,9 +49,58 @@ pub const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 pub const GRANTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("grants");
 /// block hash -> number of references from objects and parts.
 pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
+/// (partition, leaf, bucket, key bytes) -> (version, tombstone) of the key's
+/// row, the index of the hash trees ([`merkle`]; cluster mode only).
+pub const TREE_ROWS: TableDefinition<TreeKey, (u64, bool)> = TableDefinition::new("tree_rows");
+/// The key of [`TREE_ROWS`]: (partition, leaf, bucket, key bytes).
+pub type TreeKey = (u32, u8, &'static str, &'static [u8]);
+/// (partition, node) -> XOR of the row hashes below the node ([`merkle`]; cluster mode only).
+pub const TREE_NODES: TableDefinition<(u32, u16), [u8; 32]> = TableDefinition::new("tree_nodes");
+/// `"partitions"` -> the partition count the trees were built for (cluster mode only).
+pub const TREE_META: TableDefinition<&str, u64> = TableDefinition::new("tree_meta");
+
+/// A write transaction, with what the writers of object rows must keep in
+/// step in it: the partition count of the hash trees, when the store keeps
+/// them ([`merkle`]), and the tree node changes queued by the batch so far.
+/// Derefs to the redb transaction.
+pub struct Txn<'a> {
+    inner: &'a WriteTransaction,
+    tree: Option<u32>,
+    deltas: std::cell::RefCell<std::collections::BTreeMap<(u32, u16), merkle::Hash>>,
+}
+
+impl<'a> Txn<'a> {
+    /// Wraps `inner`; `tree` is the partition count when hash trees are kept.
+    pub fn new(inner: &'a WriteTransaction, tree: Option<u32>) -> Self {
+        Txn { inner, tree, deltas: Default::default() }
+    }
+
+    /// The partition count of the hash trees, if the store keeps them.
+    pub fn tree(&self) -> Option<u32> {
+        self.tree
+    }
+
+    fn queue_delta(&self, partition: u32, leaf: u8, delta: &merkle::Hash) {
+        merkle::queue(&mut self.deltas.borrow_mut(), partition, leaf, delta);
+    }
+
+    /// Writes the queued tree node changes; must run before the commit
+    /// (the writer thread does, after the last operation of a batch).
+    pub fn finish(&self) -> Result<()> {
+        let deltas = std::mem::take(&mut *self.deltas.borrow_mut());
+        merkle::write_deltas(self.inner, &deltas)
+    }
+}
+
+impl std::ops::Deref for Txn<'_> {
+    type Target = WriteTransaction;
+    fn deref(&self) -> &WriteTransaction {
+        self.inner
+    }
+}
 
 trait PendingOp: Send {
-    fn run(&mut self, txn: &WriteTransaction) -> bool;
+    fn run(&mut self, txn: &Txn<'_>) -> bool;
     fn finish(self: Box<Self>, commit: std::result::Result<(), String>);
 }
 
@@ -60,9 +110,9 @@ struct Op<T, F> {
     tx: Option<oneshot::Sender<Result<T>>>,
 }
 
-impl<T: Send, F: FnOnce(&WriteTransaction) -> Result<T> + Send> PendingOp for Op<T, F> {
+impl<T: Send, F: FnOnce(&Txn<'_>) -> Result<T> + Send> PendingOp for Op<T, F> {
     /// Returns false when the op hit a storage error (the batch must abort).
-    fn run(&mut self, txn: &WriteTransaction) -> bool {
+    fn run(&mut self, txn: &Txn<'_>) -> bool {
         let Some(f) = self.f.take() else { return true };
         let r = f(txn);
         let ok = !matches!(r, Err(LightningError::Db(_) | LightningError::Io(_)));
@@ -89,6 +139,7 @@ pub struct MetaStore {
     db: Arc<Database>,
     writer: mpsc::Sender<Box<dyn PendingOp>>,
     version: AtomicU64,
+    tree: Option<u32>,
 }
 
 impl std::fmt::Debug for MetaStore {
@@ -105,8 +156,10 @@ pub fn now_ms() -> i64 {
 
 impl MetaStore {
     /// Opens (creating) the database at `path` and starts the writer thread.
-    /// `blocks` is flushed before every commit.
-    pub fn open(path: &std::path::Path, blocks: Arc<dyn BlockStore>, fsync: bool) -> Result<Self> {
+    /// `blocks` is flushed before every commit. With `tree` (a cluster
+    /// node's partition count) the store keeps the hash trees of
+    /// [`merkle`], building them once if they are missing.
+    pub fn open(path: &std::path::Path, blocks: Arc<dyn BlockStore>, fsync: bool, tree: Option<u32>) -> Result<Self> {
         let db = Arc::new(Database::create(path)?);
         {
             let txn = db.begin_write()?;
@@ -120,15 +173,23 @@ impl MetaStore {
             txn.open_table(UPLOADS_GONE)?;
             txn.open_table(KEYS)?;
             txn.open_table(GRANTS)?;
+            match tree {
+                Some(p) => {
+                    if merkle::ensure(&txn, p)? {
+                        tracing::info!(partitions = p, "built the anti-entropy hash trees from the rows");
+                    }
+                }
+                None => merkle::drop_tree(&txn)?,
+            }
             txn.commit()?;
         }
         let (tx, rx) = mpsc::channel::<Box<dyn PendingOp>>();
         let wdb = db.clone();
         std::thread::Builder::new()
             .name("ls-meta-writer".into())
-            .spawn(move || writer_loop(&wdb, &rx, &*blocks, fsync))?;
+            .spawn(move || writer_loop(&wdb, &rx, &*blocks, fsync, tree))?;
         let start = u64::try_from(now_ms()).unwrap_or(0).saturating_mul(1000);
-        Ok(MetaStore { db, writer: tx, version: AtomicU64::new(start) })
+        Ok(MetaStore { db, writer: tx, version: AtomicU64::new(start), tree })
     }
 
     /// A fresh row version, unique and increasing on this node.
@@ -148,7 +209,7 @@ impl MetaStore {
     pub async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&WriteTransaction) -> Result<T> + Send + 'static,
+        F: FnOnce(&Txn<'_>) -> Result<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
         let op: Box<dyn PendingOp> = Box::new(Op { f: Some(f), result: None, tx: Some(tx) });
@@ -245,7 +306,7 @@ impl MetaStore {
 
     /// Every row (bucket, key, version), objects and tombstones, for
     /// anti-entropy digests. Tombstones are marked by `true`.
-    pub fn all_versions(&self) -> Result<Vec<(String, Vec<u8>, u64, bool)>> {
+    pub fn all_versions(&self) -> Result<Vec<VersionRow>> {
         let txn = self.db.begin_read()?;
         let mut out = Vec::new();
         for row in txn.open_table(OBJECTS)?.iter()? {
@@ -260,6 +321,67 @@ impl MetaStore {
             out.push((b.to_owned(), key.to_vec(), v.value(), true));
         }
         Ok(out)
+    }
+
+    /// The partition count of the hash trees, if this store keeps them.
+    pub fn tree(&self) -> Option<u32> {
+        self.tree
+    }
+
+    fn require_tree(&self) -> Result<()> {
+        match self.tree {
+            Some(_) => Ok(()),
+            None => Err(LightningError::InvalidRequest("this store keeps no anti-entropy hash trees".into())),
+        }
+    }
+
+    /// The hashes of tree nodes (partition, node); zeros for an empty one.
+    pub fn tree_nodes(&self, nodes: &[(u32, u16)]) -> Result<Vec<[u8; 32]>> {
+        self.require_tree()?;
+        let t = self.table(TREE_NODES)?;
+        let mut out = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            out.push(t.get(*n)?.map(|v| v.value()).unwrap_or_default());
+        }
+        Ok(out)
+    }
+
+    /// The rows (bucket, key, version, tombstone) of tree leaves
+    /// (partition, leaf), read from the tree's index (no other row is read).
+    pub fn leaf_rows(&self, leaves: &[(u32, u8)]) -> Result<Vec<VersionRow>> {
+        self.require_tree()?;
+        let t = self.table(TREE_ROWS)?;
+        let mut out = Vec::new();
+        for &(p, leaf) in leaves {
+            for row in t.range((p, leaf, "", &b""[..])..)? {
+                let (k, v) = row?;
+                let (rp, rl, b, key) = k.value();
+                if (rp, rl) != (p, leaf) {
+                    break;
+                }
+                let (version, tomb) = v.value();
+                out.push((b.to_owned(), key.to_vec(), version, tomb));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The rows of one partition, sorted, read from the tree's index.
+    pub fn partition_rows(&self, partition: u32) -> Result<Vec<VersionRow>> {
+        self.require_tree()?;
+        let t = self.table(TREE_ROWS)?;
+        let mut rows = Vec::new();
+        for row in t.range((partition, 0u8, "", &b""[..])..)? {
+            let (k, v) = row?;
+            let (p, _, b, key) = k.value();
+            if p != partition {
+                break;
+            }
+            let (version, tomb) = v.value();
+            rows.push((b.to_owned(), key.to_vec(), version, tomb));
+        }
+        rows.sort();
+        Ok(rows)
     }
 
     /// Tombstones made before `before_ms` (for collection).
@@ -458,7 +580,13 @@ impl MetaStore {
     }
 }
 
-fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn PendingOp>>, blocks: &dyn BlockStore, fsync: bool) {
+fn writer_loop(
+    db: &Database,
+    rx: &mpsc::Receiver<Box<dyn PendingOp>>,
+    blocks: &dyn BlockStore,
+    fsync: bool,
+    tree: Option<u32>,
+) {
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
         while ops.len() < 256 {
@@ -467,7 +595,7 @@ fn writer_loop(db: &Database, rx: &mpsc::Receiver<Box<dyn PendingOp>>, blocks: &
                 Err(_) => break,
             }
         }
-        let outcome = run_batch(db, &mut ops, blocks, fsync);
+        let outcome = run_batch(db, &mut ops, blocks, fsync, tree);
         for op in ops {
             op.finish(outcome.clone());
         }
@@ -479,18 +607,24 @@ fn run_batch(
     ops: &mut [Box<dyn PendingOp>],
     blocks: &dyn BlockStore,
     fsync: bool,
+    tree: Option<u32>,
 ) -> std::result::Result<(), String> {
     let mut txn = db.begin_write().map_err(|e| e.to_string())?;
     if !fsync {
         txn.set_durability(Durability::Eventual);
     }
     let mut ok = true;
-    for op in ops.iter_mut() {
-        // A panicking operation (a bug) must not take the writer thread down.
-        ok &= std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.run(&txn))).unwrap_or(false);
-        if !ok {
-            break;
+    {
+        let t = Txn::new(&txn, tree);
+        for op in ops.iter_mut() {
+            // A panicking operation (a bug) must not take the writer thread down.
+            ok &= std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op.run(&t))).unwrap_or(false);
+            if !ok {
+                break;
+            }
         }
+        // The batch's tree node changes, once each (nothing without a tree).
+        ok = ok && t.finish().is_ok();
     }
     if !ok {
         let _ = txn.abort();

@@ -3,8 +3,10 @@
 //! reference counts exact, and returns the blocks whose count reached zero
 //! so the caller can delete them after the commit.
 
+use super::merkle::{self, TreeEntry};
+use super::types::ObjectSummary;
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
-use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
+use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, Txn, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
 use crate::conditions;
@@ -54,6 +56,34 @@ fn decref(txn: &WriteTransaction, blocks: &[BlockRef], freed: &mut Vec<BlockHash
         }
     }
     Ok(())
+}
+
+/// Keeps the hash tree (when the store has one) in step with a change of
+/// the key's object or tombstone: `object` and `tomb` are the versions the
+/// key holds after it, `None` meaning "read it from the table" for the one
+/// the change did not touch. Must run with neither table open.
+fn retree(txn: &Txn<'_>, bucket: &str, key: &[u8], object: Known, tomb: Known) -> Result<()> {
+    let Some(partitions) = txn.tree() else { return Ok(()) };
+    let object = match object {
+        Known::Is(v) => v,
+        Known::Read => match txn.open_table(OBJECTS)?.get((bucket, key))? {
+            Some(v) => Some(postcard::take_from_bytes::<ObjectSummary>(v.value())?.0.version),
+            None => None,
+        },
+    };
+    let tomb = match tomb {
+        Known::Is(v) => v,
+        Known::Read => txn.open_table(TOMBSTONES)?.get((bucket, key))?.map(|v| v.value()),
+    };
+    merkle::set(txn, partitions, bucket, key, TreeEntry::of(object, tomb))
+}
+
+/// What a writer knows of one of a key's versions after its change.
+enum Known {
+    /// This version (`None`: no row).
+    Is(Option<u64>),
+    /// Unchanged: read it.
+    Read,
 }
 
 /// Stores each key and grant row that is newer than the one it replaces.
@@ -143,7 +173,7 @@ fn existing_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Op
 }
 
 fn replace_object(
-    txn: &WriteTransaction,
+    txn: &Txn<'_>,
     bucket: &str,
     key: &str,
     old: Option<ObjectMeta>,
@@ -156,13 +186,13 @@ fn replace_object(
         decref(txn, old.data.blocks(), freed)?;
     }
     txn.open_table(OBJECTS)?.insert((bucket, key.as_bytes()), row.as_slice())?;
-    Ok(())
+    retree(txn, bucket, key.as_bytes(), Known::Is(Some(meta.version)), Known::Read)
 }
 
 /// Stores an object row (taking a reference on each of its blocks), replacing
 /// any previous version. Returns the blocks no longer referenced.
 pub fn put_object(
-    txn: &WriteTransaction,
+    txn: &Txn<'_>,
     bucket: &str,
     key: &str,
     meta: &ObjectMeta,
@@ -182,18 +212,13 @@ pub fn put_object(
 }
 
 /// Deletes an object (a missing key is not an error). Returns freed blocks.
-pub fn delete_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Vec<BlockHash>> {
+pub fn delete_object(txn: &Txn<'_>, bucket: &str, key: &str) -> Result<Vec<BlockHash>> {
     delete_object_if(txn, bucket, key, &DeleteConditions::default())
 }
 
 /// [`delete_object`] when `cond` holds for the current object, checked in
 /// the same transaction (so no write can slip between check and delete).
-pub fn delete_object_if(
-    txn: &WriteTransaction,
-    bucket: &str,
-    key: &str,
-    cond: &DeleteConditions,
-) -> Result<Vec<BlockHash>> {
+pub fn delete_object_if(txn: &Txn<'_>, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<Vec<BlockHash>> {
     require_bucket(txn, bucket)?;
     let mut freed = Vec::new();
     let current = existing_object(txn, bucket, key)?;
@@ -201,6 +226,7 @@ pub fn delete_object_if(
     if let Some(old) = current {
         decref(txn, old.data.blocks(), &mut freed)?;
         txn.open_table(OBJECTS)?.remove((bucket, key.as_bytes()))?;
+        retree(txn, bucket, key.as_bytes(), Known::Is(None), Known::Read)?;
     }
     Ok(freed)
 }
@@ -434,7 +460,7 @@ pub fn completed_etag(requested: &[CompletedPart]) -> Option<String> {
 /// Turns an upload into an object. Returns the object and freed blocks.
 #[allow(clippy::too_many_arguments)]
 pub fn complete_upload(
-    txn: &WriteTransaction,
+    txn: &Txn<'_>,
     id: &str,
     bucket: &str,
     key: &str,
@@ -472,7 +498,7 @@ pub fn complete_upload(
 /// in any order end up equal. Creates the bucket row if this replica missed
 /// it. Returns whether the row was applied, the version the key holds
 /// afterwards, and the blocks freed.
-pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) -> Result<(bool, u64, Vec<BlockHash>)> {
+pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(bool, u64, Vec<BlockHash>)> {
     let mut objects = txn.open_table(OBJECTS)?;
     let mut tombs = txn.open_table(TOMBSTONES)?;
     let old: Option<ObjectMeta> = match objects.get((bucket, key))? {
@@ -511,15 +537,22 @@ pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) ->
     if let Some(o) = old {
         decref(txn, o.data.blocks(), &mut freed)?;
     }
+    if let Some(partitions) = txn.tree() {
+        let e = TreeEntry { version: row.version(), tombstone: matches!(row, Row::Tombstone(_)) };
+        merkle::set(txn, partitions, bucket, key, Some(e))?;
+    }
     Ok((true, row.version(), freed))
 }
 
 /// Removes a tombstone if it still has `version` (collection after the delay).
-pub fn drop_tombstone(txn: &WriteTransaction, bucket: &str, key: &[u8], version: u64) -> Result<()> {
-    let mut tombs = txn.open_table(TOMBSTONES)?;
-    let cur = tombs.get((bucket, key))?.map(|v| v.value());
-    if cur == Some(version) {
-        tombs.remove((bucket, key))?;
+pub fn drop_tombstone(txn: &Txn<'_>, bucket: &str, key: &[u8], version: u64) -> Result<()> {
+    let dropped = {
+        let mut tombs = txn.open_table(TOMBSTONES)?;
+        let cur = tombs.get((bucket, key))?.map(|v| v.value());
+        cur == Some(version) && tombs.remove((bucket, key))?.is_some()
+    };
+    if dropped {
+        retree(txn, bucket, key, Known::Read, Known::Is(None))?;
     }
     Ok(())
 }

@@ -23,6 +23,9 @@ pub struct BlockRef {
     pub len: u32,
 }
 
+/// A key's row as anti-entropy compares it: (bucket, key, version, tombstone).
+pub type VersionRow = (String, Vec<u8>, u64, bool);
+
 /// Where an object's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ObjectData {
