@@ -92,6 +92,11 @@ pub enum Req {
     LockKey { bucket: String, key: Vec<u8>, token: u64, ttl_ms: u32 },
     /// Release a lease held by `token`.
     UnlockKey { bucket: String, key: Vec<u8>, token: u64 },
+    /// Store a bucket's lifecycle configuration unless a newer one is held
+    /// (creates the bucket row if this node missed it).
+    SetLifecycle { bucket: String, lifecycle: crate::lifecycle::Lifecycle },
+    /// The bucket's lifecycle configuration held here.
+    GetLifecycle { bucket: String },
 }
 
 /// Answers.
@@ -131,6 +136,8 @@ pub enum Resp {
     /// the replica holds for the key afterwards (above the row's when a
     /// newer write got there first).
     Committed { applied: bool, current: u64 },
+    /// A bucket's lifecycle configuration, if the node holds one.
+    Lifecycle(Option<crate::lifecycle::Lifecycle>),
 }
 
 /// What a replica knows of a multipart upload.

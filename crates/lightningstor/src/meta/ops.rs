@@ -3,6 +3,7 @@
 //! reference counts exact, and returns the blocks whose count reached zero
 //! so the caller can delete them after the commit.
 
+use crate::lifecycle::Lifecycle;
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
 use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
 use crate::block::BlockHash;
@@ -92,7 +93,7 @@ pub fn create_bucket(txn: &WriteTransaction, name: &str, now_ms: i64) -> Result<
     if t.get(name)?.is_some() {
         return Err(LightningError::BucketAlreadyExists(name.to_owned()));
     }
-    let row = postcard::to_allocvec(&BucketMeta { created_ms: now_ms })?;
+    let row = postcard::to_allocvec(&BucketMeta::new(now_ms))?;
     t.insert(name, row.as_slice())?;
     Ok(())
 }
@@ -487,7 +488,7 @@ pub fn apply_row(txn: &WriteTransaction, bucket: &str, key: &[u8], row: &Row) ->
     {
         let mut buckets = txn.open_table(BUCKETS)?;
         if buckets.get(bucket)?.is_none() {
-            let b = postcard::to_allocvec(&BucketMeta { created_ms: super::now_ms() })?;
+            let b = postcard::to_allocvec(&BucketMeta::new(super::now_ms()))?;
             buckets.insert(bucket, b.as_slice())?;
         }
     }
@@ -534,13 +535,32 @@ pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>>
     Ok(freed)
 }
 
+/// Stores `lc` as `bucket`'s lifecycle configuration unless the row holds
+/// a newer one (replicas keep the newest; applying is idempotent). A
+/// replica that missed the bucket's creation (`create_missing`) creates the
+/// row; otherwise a missing bucket is NoSuchBucket. Returns whether it applied.
+pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, create_missing: bool) -> Result<bool> {
+    let mut t = txn.open_table(BUCKETS)?;
+    let mut row: BucketMeta = match t.get(bucket)? {
+        Some(v) => postcard::from_bytes(v.value())?,
+        None if create_missing => BucketMeta::new(super::now_ms()),
+        None => return Err(LightningError::NoSuchBucket(bucket.to_owned())),
+    };
+    if row.lifecycle.as_ref().is_some_and(|old| old.version >= lc.version) {
+        return Ok(false);
+    }
+    row.lifecycle = Some(lc.clone());
+    t.insert(bucket, postcard::to_allocvec(&row)?.as_slice())?;
+    Ok(true)
+}
+
 /// Creates a bucket row if it is missing (replicated create: idempotent).
 pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
     let mut t = txn.open_table(BUCKETS)?;
     if t.get(name)?.is_some() {
         return Ok(false);
     }
-    let row = postcard::to_allocvec(&BucketMeta { created_ms })?;
+    let row = postcard::to_allocvec(&BucketMeta::new(created_ms))?;
     t.insert(name, row.as_slice())?;
     Ok(true)
 }

@@ -5,6 +5,7 @@
 
 use crate::block::BlockHash;
 use crate::checksum::{Checksum, ChecksumAlgo};
+use crate::lifecycle::Lifecycle;
 use serde::{Deserialize, Serialize};
 
 /// A bucket row.
@@ -12,6 +13,22 @@ use serde::{Deserialize, Serialize};
 pub struct BucketMeta {
     /// Creation time, Unix milliseconds.
     pub created_ms: i64,
+    /// The lifecycle configuration, if one was ever put (an empty one after
+    /// a delete). Rows of builds before lifecycle end before it: `None`.
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub lifecycle: Option<Lifecycle>,
+}
+
+impl BucketMeta {
+    /// A new bucket's row.
+    pub fn new(created_ms: i64) -> Self {
+        BucketMeta { created_ms, lifecycle: None }
+    }
+
+    /// The lifecycle rules in force (none when none were put or they were deleted).
+    pub fn rules(&self) -> &[crate::lifecycle::Rule] {
+        self.lifecycle.as_ref().map_or(&[], |l| &l.rules)
+    }
 }
 
 /// A block of an object or part: its hash and length.
@@ -102,8 +119,8 @@ pub struct ObjectMeta {
 /// Rows written before SSE-C existed end before `sse_c`: postcard finds no
 /// byte left for it, which means none. (A stored row is one whole value, so
 /// the end of the input is the end of the row.)
-fn none_past_the_end<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SseC>, D::Error> {
-    Ok(Option::<SseC>::deserialize(d).ok().flatten())
+fn none_past_the_end<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    Ok(Option::<T>::deserialize(d).ok().flatten())
 }
 
 /// What an SSE-C object keeps about its encryption (never the key).
