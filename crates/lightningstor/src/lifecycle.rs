@@ -240,12 +240,12 @@ pub async fn round(t: &dyn Target, now_ms: i64, day_ms: i64, cap: usize, resume:
                 match t.abort(&bucket, &u).await {
                     Ok(true) => {
                         st.aborted += 1;
-                        tracing::info!(bucket, key = u.key, upload = u.id, "lifecycle aborted an incomplete upload");
+                        tracing::info!(%bucket, key = %u.key, upload = %u.id, "lifecycle aborted an incomplete upload");
                     }
                     Ok(false) => {}
                     Err(e) => {
                         st.failed += 1;
-                        tracing::warn!(bucket, key = u.key, upload = u.id, error = %e, "lifecycle abort failed");
+                        tracing::warn!(%bucket, key = %u.key, upload = %u.id, error = %e, "lifecycle abort failed");
                     }
                 }
             }
@@ -268,12 +268,12 @@ pub async fn round(t: &dyn Target, now_ms: i64, day_ms: i64, cap: usize, resume:
                 match t.expire(&bucket, c).await {
                     Ok(true) => {
                         st.expired += 1;
-                        tracing::info!(bucket, key = c.key, "lifecycle expired an object");
+                        tracing::info!(%bucket, key = %c.key, "lifecycle expired an object");
                     }
                     Ok(false) => {}
                     Err(e) => {
                         st.failed += 1;
-                        tracing::warn!(bucket, key = c.key, error = %e, "lifecycle expiration failed");
+                        tracing::warn!(%bucket, key = %c.key, error = %e, "lifecycle expiration failed");
                     }
                 }
             }
@@ -302,7 +302,7 @@ pub const ROUND_CAP: usize = 10_000;
 
 /// Runs [`round`] every `interval` until `target` returns `None` (the
 /// node or store is gone).
-pub async fn run<T: Target + ?Sized>(
+pub async fn run<T: Target>(
     target: impl Fn() -> Option<std::sync::Arc<T>>,
     interval: std::time::Duration,
     day_ms: i64,
