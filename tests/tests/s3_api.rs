@@ -113,9 +113,8 @@ mod lifecycle {
         let s = InCluster::new(3);
         let kr: Arc<dyn Keyring> = s.cluster.node(1);
         let bob = |id: &str, secret: &str| {
-            let conf = sdk_config("http://localhost:9000", id, secret)
-                .http_client(s3s_aws::Client::from(s.service()))
-                .build();
+            let conf =
+                sdk_config("http://localhost:9000", id, secret).http_client(s3s_aws::Client::from(s.service())).build();
             aws_sdk_s3::Client::from_conf(conf)
         };
         super::lifecycle_needs_the_owner_permission(s.client(), kr, bob).await
@@ -2460,14 +2459,14 @@ async fn rules_expire_old_objects_by_prefix_and_abort_old_uploads(
     counts: impl Fn() -> (u64, u64),
 ) -> R {
     use aws_sdk_s3::types::{BucketLifecycleConfiguration, ExpirationStatus};
-    c.create_bucket().bucket("lc").send().await?;
+    c.create_bucket().bucket("life").send().await?;
     for k in ["tmp/a", "tmp/b", "tmp/c/d", "keep/a", "tmpx"] {
-        put(&c, "lc", k, b"old").await;
+        put(&c, "life", k, b"old").await;
     }
-    let up = c.create_multipart_upload().bucket("lc").key("keep/big").send().await?;
+    let up = c.create_multipart_upload().bucket("life").key("keep/big").send().await?;
     let id = up.upload_id().expect("upload id").to_owned();
     c.upload_part()
-        .bucket("lc")
+        .bucket("life")
         .key("keep/big")
         .upload_id(&id)
         .part_number(1)
@@ -2477,31 +2476,40 @@ async fn rules_expire_old_objects_by_prefix_and_abort_old_uploads(
     let config = BucketLifecycleConfiguration::builder()
         .rules(lifecycle_rule("tmp", Some("tmp/")).expiration(expire_after(3)).build()?)
         .rules(lifecycle_rule("uploads", None).abort_incomplete_multipart_upload(abort_after(2)).build()?)
-        .rules(lifecycle_rule("off", Some("keep/")).status(ExpirationStatus::Disabled).expiration(expire_after(1)).build()?)
+        .rules(
+            lifecycle_rule("off", Some("keep/"))
+                .status(ExpirationStatus::Disabled)
+                .expiration(expire_after(1))
+                .build()?,
+        )
         .build()?;
-    c.put_bucket_lifecycle_configuration().bucket("lc").lifecycle_configuration(config).send().await?;
+    c.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config).send().await?;
     // Younger than their 3 "days": still there.
-    c.head_object().bucket("lc").key("tmp/a").send().await?;
+    c.head_object().bucket("life").key("tmp/a").send().await?;
 
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
     loop {
-        let keys = keys_of(&c, "lc").await?;
-        let uploads = c.list_multipart_uploads().bucket("lc").send().await?.uploads().len();
+        let keys = keys_of(&c, "life").await?;
+        let uploads = c.list_multipart_uploads().bucket("life").send().await?.uploads().len();
         let (expired, aborted) = counts();
         if keys == ["keep/a", "tmpx"] && uploads == 0 && expired >= 3 && aborted >= 1 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "lifecycle did not act: keys {keys:?}, {uploads} uploads, counts {:?}", counts());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lifecycle did not act: keys {keys:?}, {uploads} uploads, counts {:?}",
+            counts()
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(counts(), (3, 1), "each object and upload is handled once");
-    let e = c.list_parts().bucket("lc").key("keep/big").upload_id(&id).send().await.expect_err("aborted");
+    let e = c.list_parts().bucket("life").key("keep/big").upload_id(&id).send().await.expect_err("aborted");
     assert_eq!(code(&e), "NoSuchUpload");
     // A fresh object under the prefix is not touched.
-    put(&c, "lc", "tmp/new", b"new").await;
+    put(&c, "life", "tmp/new", b"new").await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(body_of(c.get_object().bucket("lc").key("tmp/new").send().await?).await, b"new");
-    assert_eq!(body_of(c.get_object().bucket("lc").key("keep/a").send().await?).await, b"old");
+    assert_eq!(body_of(c.get_object().bucket("life").key("tmp/new").send().await?).await, b"new");
+    assert_eq!(body_of(c.get_object().bucket("life").key("keep/a").send().await?).await, b"old");
     Ok(())
 }
 
@@ -2513,12 +2521,14 @@ async fn lifecycle_configurations_round_trip_and_unsupported_rules_are_refused(c
         BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleAndOperator,
         LifecycleRuleFilter, Tag, Transition, TransitionStorageClass,
     };
-    c.create_bucket().bucket("lc").send().await?;
-    let e = c.get_bucket_lifecycle_configuration().bucket("lc").send().await.expect_err("none yet");
+    c.create_bucket().bucket("life").send().await?;
+    let e = c.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("none yet");
     assert_eq!((code(&e).as_str(), status(&e)), ("NoSuchLifecycleConfiguration", 404));
     let e = c.get_bucket_lifecycle_configuration().bucket("nope").send().await.expect_err("no bucket");
     assert_eq!(code(&e), "NoSuchBucket");
 
+    // The legacy top-level Prefix (deprecated in the SDK, still accepted by S3).
+    #[allow(deprecated)]
     let legacy = LifecycleRule::builder()
         .id("legacy")
         .status(ExpirationStatus::Disabled)
@@ -2527,12 +2537,15 @@ async fn lifecycle_configurations_round_trip_and_unsupported_rules_are_refused(c
         .build()?;
     let good = vec![
         lifecycle_rule("tmp", Some("tmp/")).expiration(expire_after(30)).build()?,
-        lifecycle_rule("all", None).expiration(expire_after(365)).abort_incomplete_multipart_upload(abort_after(1)).build()?,
+        lifecycle_rule("all", None)
+            .expiration(expire_after(365))
+            .abort_incomplete_multipart_upload(abort_after(1))
+            .build()?,
         legacy,
     ];
     let config = BucketLifecycleConfiguration::builder().set_rules(Some(good.clone())).build()?;
-    c.put_bucket_lifecycle_configuration().bucket("lc").lifecycle_configuration(config).send().await?;
-    let got = c.get_bucket_lifecycle_configuration().bucket("lc").send().await?;
+    c.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config).send().await?;
+    let got = c.get_bucket_lifecycle_configuration().bucket("life").send().await?;
     assert_eq!(got.rules(), good.as_slice());
 
     let refused: Vec<(&str, LifecycleRule)> = vec![
@@ -2584,7 +2597,7 @@ async fn lifecycle_configurations_round_trip_and_unsupported_rules_are_refused(c
         let config = BucketLifecycleConfiguration::builder().rules(rule).build()?;
         let e = c
             .put_bucket_lifecycle_configuration()
-            .bucket("lc")
+            .bucket("life")
             .lifecycle_configuration(config)
             .send()
             .await
@@ -2595,7 +2608,10 @@ async fn lifecycle_configurations_round_trip_and_unsupported_rules_are_refused(c
     }
     let bad: Vec<(&str, Vec<LifecycleRule>)> = vec![
         ("InvalidArgument", vec![lifecycle_rule("zero", None).expiration(expire_after(0)).build()?]),
-        ("InvalidArgument", vec![lifecycle_rule("neg", None).abort_incomplete_multipart_upload(abort_after(-1)).build()?]),
+        (
+            "InvalidArgument",
+            vec![lifecycle_rule("neg", None).abort_incomplete_multipart_upload(abort_after(-1)).build()?],
+        ),
         (
             "InvalidArgument",
             vec![
@@ -2609,26 +2625,33 @@ async fn lifecycle_configurations_round_trip_and_unsupported_rules_are_refused(c
         let config = BucketLifecycleConfiguration::builder().set_rules(Some(rules)).build()?;
         let e = c
             .put_bucket_lifecycle_configuration()
-            .bucket("lc")
+            .bucket("life")
             .lifecycle_configuration(config)
             .send()
             .await
             .expect_err(want);
         assert_eq!(code(&e), want);
     }
-    let too_many: Vec<LifecycleRule> =
-        (0..1001).map(|i| lifecycle_rule(&i.to_string(), None).expiration(expire_after(1)).build()).collect::<Result<_, _>>()?;
+    let too_many: Vec<LifecycleRule> = (0..1001)
+        .map(|i| lifecycle_rule(&i.to_string(), None).expiration(expire_after(1)).build())
+        .collect::<Result<_, _>>()?;
     let config = BucketLifecycleConfiguration::builder().set_rules(Some(too_many)).build()?;
-    let e = c.put_bucket_lifecycle_configuration().bucket("lc").lifecycle_configuration(config).send().await.expect_err("1001");
+    let e = c
+        .put_bucket_lifecycle_configuration()
+        .bucket("life")
+        .lifecycle_configuration(config)
+        .send()
+        .await
+        .expect_err("1001");
     assert_eq!(code(&e), "MalformedXML");
     // Nothing refused replaced the configuration.
-    let got = c.get_bucket_lifecycle_configuration().bucket("lc").send().await?;
+    let got = c.get_bucket_lifecycle_configuration().bucket("life").send().await?;
     assert_eq!(got.rules(), good.as_slice());
 
-    c.delete_bucket_lifecycle().bucket("lc").send().await?;
-    let e = c.get_bucket_lifecycle_configuration().bucket("lc").send().await.expect_err("deleted");
+    c.delete_bucket_lifecycle().bucket("life").send().await?;
+    let e = c.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("deleted");
     assert_eq!(code(&e), "NoSuchLifecycleConfiguration");
-    c.delete_bucket_lifecycle().bucket("lc").send().await?;
+    c.delete_bucket_lifecycle().bucket("life").send().await?;
     Ok(())
 }
 
@@ -2642,29 +2665,35 @@ async fn lifecycle_needs_the_owner_permission(
 ) -> R {
     use aws_sdk_s3::types::BucketLifecycleConfiguration;
     use lightningstor::keys::{self, Perms};
-    admin.create_bucket().bucket("lc").send().await?;
+    admin.create_bucket().bucket("life").send().await?;
     let (id, key) = keys::create_key(&*kr, "bob").await?;
-    keys::change_grant(&*kr, "lc", &id, Perms::READ.union(Perms::WRITE), Perms::NONE).await?;
+    keys::change_grant(&*kr, "life", &id, Perms::READ.union(Perms::WRITE), Perms::NONE).await?;
     let bob = client_for(&id, &key.secret);
-    put(&bob, "lc", "k", b"v").await;
+    put(&bob, "life", "k", b"v").await;
     let config = || {
         BucketLifecycleConfiguration::builder()
             .rules(lifecycle_rule("all", None).expiration(expire_after(1)).build().expect("rule"))
             .build()
             .expect("config")
     };
-    let e = bob.put_bucket_lifecycle_configuration().bucket("lc").lifecycle_configuration(config()).send().await.expect_err("put");
+    let e = bob
+        .put_bucket_lifecycle_configuration()
+        .bucket("life")
+        .lifecycle_configuration(config())
+        .send()
+        .await
+        .expect_err("put");
     assert_eq!(code(&e), "AccessDenied");
-    let e = bob.get_bucket_lifecycle_configuration().bucket("lc").send().await.expect_err("get");
+    let e = bob.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("get");
     assert_eq!(code(&e), "AccessDenied");
-    let e = bob.delete_bucket_lifecycle().bucket("lc").send().await.expect_err("delete");
+    let e = bob.delete_bucket_lifecycle().bucket("life").send().await.expect_err("delete");
     assert_eq!(code(&e), "AccessDenied");
-    let e = admin.get_bucket_lifecycle_configuration().bucket("lc").send().await.expect_err("nothing stored");
+    let e = admin.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("nothing stored");
     assert_eq!(code(&e), "NoSuchLifecycleConfiguration");
 
-    keys::change_grant(&*kr, "lc", &id, Perms::OWNER, Perms::NONE).await?;
-    bob.put_bucket_lifecycle_configuration().bucket("lc").lifecycle_configuration(config()).send().await?;
-    assert_eq!(bob.get_bucket_lifecycle_configuration().bucket("lc").send().await?.rules().len(), 1);
-    bob.delete_bucket_lifecycle().bucket("lc").send().await?;
+    keys::change_grant(&*kr, "life", &id, Perms::OWNER, Perms::NONE).await?;
+    bob.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config()).send().await?;
+    assert_eq!(bob.get_bucket_lifecycle_configuration().bucket("life").send().await?.rules().len(), 1);
+    bob.delete_bucket_lifecycle().bucket("life").send().await?;
     Ok(())
 }

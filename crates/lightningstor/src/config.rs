@@ -168,8 +168,10 @@ mod tests {
         assert_eq!(c.block_size, DEFAULT_BLOCK_SIZE);
         assert!(Config::from_toml("data_dir = \"/x\"\nbogus = 1\n").is_err());
         assert_eq!(c.lifecycle_day_secs, 86_400);
-        let c = Config::from_toml("data_dir = \"/x\"\nanonymous = true\nlifecycle_day_secs = 1\nlifecycle_interval_secs = 2\n")
-            .expect("lifecycle fields");
+        let c = Config::from_toml(
+            "data_dir = \"/x\"\nanonymous = true\nlifecycle_day_secs = 1\nlifecycle_interval_secs = 2\n",
+        )
+        .expect("lifecycle fields");
         assert_eq!((c.lifecycle_day_secs, c.lifecycle_interval_secs), (1, 2));
         assert!(c.validate().is_ok());
         assert!(Config { lifecycle_day_secs: 0, ..c.clone() }.validate().is_err());

@@ -119,10 +119,7 @@ pub fn validate(rules: &[Rule]) -> Result<()> {
             )));
         }
         if r.expiration_days == Some(0) || r.abort_days == Some(0) {
-            return Err(LightningError::InvalidArgument(format!(
-                "rule {:?}: days must be a positive integer",
-                r.id
-            )));
+            return Err(LightningError::InvalidArgument(format!("rule {:?}: days must be a positive integer", r.id)));
         }
     }
     Ok(())

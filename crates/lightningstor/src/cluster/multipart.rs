@@ -506,8 +506,11 @@ pub(super) async fn abort_multipart_upload(
 pub(super) async fn abort_upload(node: &Arc<Node>, bucket: &str, key: &str, id: &str) -> Result<()> {
     node.upload_state(bucket, key, id, false).await?;
     let targets = union(&node.write_sets(bucket, key.as_bytes()));
-    node.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload { id: id.to_owned(), bucket: bucket.to_owned() })
-        .await?;
+    node.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload {
+        id: id.to_owned(),
+        bucket: bucket.to_owned(),
+    })
+    .await?;
     Ok(())
 }
 

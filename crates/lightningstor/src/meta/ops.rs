@@ -3,7 +3,6 @@
 //! reference counts exact, and returns the blocks whose count reached zero
 //! so the caller can delete them after the commit.
 
-use crate::lifecycle::Lifecycle;
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
 use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
 use crate::block::BlockHash;
@@ -11,6 +10,7 @@ use crate::checksum::Checksum;
 use crate::conditions;
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
+use crate::lifecycle::Lifecycle;
 use md5::Digest as _;
 use redb::{ReadableTable, WriteTransaction};
 use s3s::dto::ETagCondition;

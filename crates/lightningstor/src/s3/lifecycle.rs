@@ -334,25 +334,30 @@ mod tests {
                 ..base()
             },
             LifecycleRule {
-                filter: Some(LifecycleRuleFilter { and: Some(LifecycleRuleAndOperator::default()), ..Default::default() }),
+                filter: Some(LifecycleRuleFilter {
+                    and: Some(LifecycleRuleAndOperator::default()),
+                    ..Default::default()
+                }),
                 ..base()
             },
             LifecycleRule {
-                expiration: Some(LifecycleExpiration { expired_object_delete_marker: Some(true), ..Default::default() }),
+                expiration: Some(LifecycleExpiration {
+                    expired_object_delete_marker: Some(true),
+                    ..Default::default()
+                }),
                 ..base()
             },
-            LifecycleRule {
-                noncurrent_version_expiration: Some(NoncurrentVersionExpiration::default()),
-                ..base()
-            },
+            LifecycleRule { noncurrent_version_expiration: Some(NoncurrentVersionExpiration::default()), ..base() },
             LifecycleRule { transitions: Some(vec![Transition::default()]), ..base() },
         ];
         for r in refused {
             assert!(matches!(rules_from(&input(r.clone())), Err(LightningError::NotImplemented(_))), "{r:?}");
         }
-        let zero = LifecycleRule { expiration: Some(LifecycleExpiration { days: Some(0), ..Default::default() }), ..base() };
+        let zero =
+            LifecycleRule { expiration: Some(LifecycleExpiration { days: Some(0), ..Default::default() }), ..base() };
         assert!(matches!(rules_from(&input(zero)), Err(LightningError::InvalidArgument(_))));
-        let neg = LifecycleRule { expiration: Some(LifecycleExpiration { days: Some(-1), ..Default::default() }), ..base() };
+        let neg =
+            LifecycleRule { expiration: Some(LifecycleExpiration { days: Some(-1), ..Default::default() }), ..base() };
         assert!(matches!(rules_from(&input(neg)), Err(LightningError::InvalidArgument(_))));
         let none = LifecycleRule { expiration: None, ..base() };
         assert!(matches!(rules_from(&input(none)), Err(LightningError::InvalidRequest(_))));
