@@ -374,6 +374,75 @@ mod tests {
             })
     }
 
+    /// A store of `n` objects `k000`.. all old, in one bucket whose rule
+    /// expires every key: the task's rounds, `cap` objects each, delete
+    /// every object exactly once and resume where they stopped.
+    struct Fake {
+        objects: std::sync::Mutex<std::collections::BTreeMap<String, i64>>,
+        deletes: std::sync::Mutex<Vec<String>>,
+        metrics: Metrics,
+    }
+
+    #[async_trait::async_trait]
+    impl Target for Fake {
+        async fn prepare(&self) -> Result<()> {
+            Ok(())
+        }
+        async fn configured_buckets(&self) -> Result<Vec<(String, Vec<Rule>)>> {
+            Ok(vec![("b".into(), vec![rule("all", "k", Some(1), None)])])
+        }
+        async fn objects(&self, _bucket: &str, after: &str, limit: usize) -> Result<Page> {
+            let objects = self.objects.lock().expect("lock");
+            let rows: Vec<(String, i64)> = objects
+                .range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+                .take(limit)
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            let last = if rows.len() < limit { None } else { rows.last().map(|(k, _)| k.clone()) };
+            let candidates = rows
+                .iter()
+                .map(|(k, t)| Candidate { key: k.clone(), etag: String::new(), last_modified_ms: *t })
+                .collect();
+            Ok(Page { candidates, scanned: rows.len(), last })
+        }
+        async fn expire(&self, _bucket: &str, c: &Candidate) -> Result<bool> {
+            self.deletes.lock().expect("lock").push(c.key.clone());
+            Ok(self.objects.lock().expect("lock").remove(&c.key).is_some())
+        }
+        async fn uploads(&self, _bucket: &str, _limit: usize) -> Result<Vec<PendingUpload>> {
+            Ok(Vec::new())
+        }
+        async fn abort(&self, _bucket: &str, _u: &PendingUpload) -> Result<bool> {
+            Ok(false)
+        }
+        fn metrics(&self) -> &Metrics {
+            &self.metrics
+        }
+    }
+
+    #[test]
+    fn bounded_rounds_resume_and_cover_every_object_once() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let fake = Fake {
+            objects: std::sync::Mutex::new((0..25).map(|i| (format!("k{i:03}"), 0)).collect()),
+            deletes: std::sync::Mutex::new(Vec::new()),
+            metrics: Metrics::default(),
+        };
+        let mut resume = None;
+        let mut rounds = 0;
+        while !fake.objects.lock().expect("lock").is_empty() {
+            let st = rt.block_on(round(&fake, 10_000, 1000, 10, &mut resume)).expect("round");
+            assert!(st.examined <= 10, "a round looked at {} objects", st.examined);
+            rounds += 1;
+            assert!(rounds <= 3, "25 objects at 10 a round take 3 rounds");
+        }
+        let deletes = fake.deletes.lock().expect("lock").clone();
+        let want: Vec<String> = (0..25).map(|i| format!("k{i:03}")).collect();
+        assert_eq!(deletes, want, "every object deleted once, in key order");
+        assert_eq!(fake.metrics.lifecycle_expired.load(std::sync::atomic::Ordering::Relaxed), 25);
+        assert_eq!(fake.metrics.lifecycle_rounds.load(std::sync::atomic::Ordering::Relaxed), 3);
+    }
+
     proptest! {
         /// An object expires exactly when some enabled rule with an
         /// expiration covers its key and its age, and never gets younger

@@ -258,6 +258,29 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_row_of_a_build_before_lifecycle_decodes_without_rules() {
+        #[derive(Serialize)]
+        struct OldBucketMeta {
+            created_ms: i64,
+        }
+        let old = postcard::to_allocvec(&OldBucketMeta { created_ms: 42 }).expect("encode");
+        let back: BucketMeta = postcard::from_bytes(&old).expect("decode an old row");
+        assert_eq!(back, BucketMeta::new(42));
+        assert!(back.rules().is_empty());
+        let rule = crate::lifecycle::Rule {
+            id: "r".into(),
+            enabled: true,
+            scope: crate::lifecycle::Scope::All,
+            expiration_days: Some(1),
+            abort_days: None,
+        };
+        let with = BucketMeta { created_ms: 42, lifecycle: Some(Lifecycle { version: 3, rules: vec![rule] }) };
+        let back: BucketMeta = postcard::from_bytes(&postcard::to_allocvec(&with).expect("encode")).expect("decode");
+        assert_eq!(back, with);
+        assert_eq!(back.rules().len(), 1);
+    }
+
+    #[test]
     fn an_upload_row_of_a_build_before_full_object_checksums_decodes_as_composite() {
         let up = UploadMeta {
             bucket: "b".into(),
