@@ -90,14 +90,25 @@ mod lifecycle {
             c.lifecycle_interval_secs = 1;
         });
         let nodes: Vec<_> = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
-        // Summed over the nodes: each key is handled by exactly one of them.
+        let all = nodes.clone();
         let counts = move || {
-            nodes.iter().fold((0, 0), |(e, a), n| {
+            all.iter().fold((0, 0), |(e, a), n| {
                 let m = &n.store.metrics;
                 (e + m.lifecycle_expired.load(Relaxed), a + m.lifecycle_aborted.load(Relaxed))
             })
         };
-        super::rules_expire_old_objects_by_prefix_and_abort_old_uploads(s.client(), counts).await
+        super::rules_expire_old_objects_by_prefix_and_abort_old_uploads(s.client(), counts).await?;
+        // Every node is up, so each key was handled by the first node of its
+        // replica set, and by no other.
+        let first = |key: &str| nodes[0].write_sets("life", key.as_bytes())[0][0];
+        for n in &nodes {
+            let expired = ["tmp/a", "tmp/b", "tmp/c/d"].iter().filter(|k| first(k) == n.id).count() as u64;
+            let aborted = u64::from(first("keep/big") == n.id);
+            let m = &n.store.metrics;
+            let got = (m.lifecycle_expired.load(Relaxed), m.lifecycle_aborted.load(Relaxed));
+            assert_eq!(got, (expired, aborted), "node {}", n.id);
+        }
+        Ok(())
     }
 
     #[tokio::test]

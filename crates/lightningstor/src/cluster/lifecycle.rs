@@ -30,12 +30,16 @@ struct Share {
     live: Mutex<HashSet<NodeId>>,
 }
 
+/// The node that handles a key: the first live node of its (current)
+/// replica set, `None` when none is live (pure).
+pub fn handler(sets: &[Vec<NodeId>], live: &HashSet<NodeId>) -> Option<NodeId> {
+    sets.first().and_then(|s| s.iter().copied().find(|n| live.contains(n)))
+}
+
 impl Share {
-    /// Whether this node handles `key` of `bucket`: the first live node of its replica set.
+    /// Whether this node handles `key` of `bucket`.
     fn mine(&self, live: &HashSet<NodeId>, bucket: &str, key: &[u8]) -> bool {
-        let sets = self.node.write_sets(bucket, key);
-        let first = sets.first().and_then(|s| s.iter().find(|n| live.contains(n)));
-        first == Some(&self.node.id)
+        handler(&self.node.write_sets(bucket, key), live) == Some(self.node.id)
     }
 
     fn live(&self) -> HashSet<NodeId> {
@@ -120,4 +124,21 @@ pub fn spawn(node: &Arc<Node>) -> tokio::task::JoinHandle<()> {
         interval,
         day_ms,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_handled_by_the_first_live_node_of_its_current_replica_set() {
+        let live = |ids: &[NodeId]| ids.iter().copied().collect::<HashSet<_>>();
+        let sets = vec![vec![3, 1, 2], vec![4, 5, 6]];
+        assert_eq!(handler(&sets, &live(&[1, 2, 3])), Some(3));
+        assert_eq!(handler(&sets, &live(&[1, 2])), Some(1));
+        assert_eq!(handler(&sets, &live(&[2, 4])), Some(2));
+        // The previous layout's set (during a change) never decides.
+        assert_eq!(handler(&sets, &live(&[4, 5])), None);
+        assert_eq!(handler(&[], &live(&[1])), None);
+    }
 }
