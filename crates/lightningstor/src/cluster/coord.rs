@@ -10,8 +10,10 @@
 //! *before* the acknowledgement, one still answering finishes after it.
 //! Past the quorum, slower replicas get a bounded grace (a hung node never
 //! holds a write or read up for long); one that misses it is queued for
-//! resync. Reads ask every replica for its row and answer once R have
-//! answered, with the highest version among them; blocks stream from any
+//! resync. Reads ask one replica (this node, when a replica) for its row and
+//! the others for its version, and answer once R have answered, with the
+//! highest version among them (fetched from a replica that reported it,
+//! should that not be the row read); blocks stream from any
 //! replica holding that version (verified by hash here). Replicas that
 //! answer with an older row, also after the read has been answered, get
 //! the winning row pushed (read repair).
@@ -89,8 +91,34 @@ pub struct Staged {
 pub struct ReadOutcome {
     /// The newest row, if any replica has one.
     pub row: Option<Row>,
-    /// Replicas holding exactly that row (where to read blocks from).
+    /// Where to read blocks from, in order: the replicas that answered
+    /// with exactly that row, then the key's other replicas (tried only
+    /// when every one before has failed a block).
     pub holders: Vec<NodeId>,
+}
+
+/// What a replica answered to a row read: the row, or only its version.
+#[derive(Debug)]
+enum Heard {
+    Row(Option<Row>),
+    Version(u64),
+}
+
+impl Heard {
+    fn from(r: Resp) -> Option<Heard> {
+        match r {
+            Resp::Row(r) => Some(Heard::Row(r)),
+            Resp::Version(v) => Some(Heard::Version(v)),
+            _ => None,
+        }
+    }
+
+    fn version(&self) -> u64 {
+        match self {
+            Heard::Row(r) => r.as_ref().map_or(0, Row::version),
+            Heard::Version(v) => *v,
+        }
+    }
 }
 
 pub(crate) fn union(sets: &[Vec<NodeId>]) -> Vec<NodeId> {
@@ -482,37 +510,57 @@ impl Node {
     /// Reads the row of a key from its replicas; `Unavailable` when fewer
     /// than R answer. Stale replicas are repaired in the background.
     ///
+    /// Only one replica is asked for the row itself: this node when it is a
+    /// replica (a local read), else the first of the set. The others are
+    /// asked for its version only ([`Req::RowVersion`]), so a small object
+    /// crosses the network once, not once per replica. Should a replica
+    /// report a newer version than the row read, that row is fetched from
+    /// it before answering. (During a layout change every replica is asked
+    /// for its row, as before.)
+    ///
     /// With consistent reads the answer goes out as soon as R replicas of
-    /// the (newest) set have answered, this node among them when it is a
-    /// replica: R + W > N, so one of them holds every acknowledged write,
-    /// and the holders the body is read from then include this node, whose
-    /// blocks are read locally (and whose bad copies that read repairs).
-    /// The replicas still to answer are heard in the background (for read
-    /// repair), not waited for. A degraded read
-    /// (R = 1) still waits up to the grace for the others, so it returns the
-    /// newest row any reachable replica has.
+    /// the (newest) set have answered, the one read the row from among them:
+    /// R + W > N, so one of them holds every acknowledged write, and the
+    /// holders the body is read from then include this node, whose blocks
+    /// are read locally (and whose bad copies that read repairs). The
+    /// replicas still to answer are heard in the background (for read
+    /// repair), not waited for. A degraded read (R = 1) still waits up to
+    /// the grace for the others, so it returns the newest row any reachable
+    /// replica has.
     pub async fn read_row(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<ReadOutcome> {
         let sets = self.write_sets(bucket, key);
         // During a layout change the old set holds every acknowledged row.
         let quorum_set = sets.last().cloned().unwrap_or_default();
         let ask = union(&sets);
+        // The replica the row is read from; the others send versions.
+        let reader = match sets.len() {
+            1 if ask.contains(&self.id) => Some(self.id),
+            1 => ask.first().copied(),
+            _ => None,
+        };
         let mut calls: FuturesUnordered<_> = ask
             .iter()
             .map(|&n| {
                 let node = self.clone();
-                let req = Req::GetRow { bucket: bucket.to_owned(), key: key.to_vec() };
+                let (bucket, key) = (bucket.to_owned(), key.to_vec());
+                let req = if reader.is_none_or(|r| r == n) {
+                    Req::GetRow { bucket, key }
+                } else {
+                    Req::RowVersion { bucket, key }
+                };
                 async move { (n, node.call(n, Msg::new(req)).await) }
             })
             .collect();
         let need = self.need_r(quorum_set.len());
         let wait_for_all = matches!(self.consistency(), Consistency::Degraded);
-        let mut replies: Vec<(NodeId, Option<Row>)> = Vec::new();
-        let answered = |replies: &[(NodeId, Option<Row>)]| {
-            quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count()
-        };
+        let mut replies: Vec<(NodeId, Heard)> = Vec::new();
+        let answered =
+            |replies: &[(NodeId, Heard)]| quorum_set.iter().filter(|n| replies.iter().any(|(m, _)| m == *n)).count();
         // This node's own answer (a local read) is always waited for; an
         // error counts as heard, so a failing local read does not make the
-        // read wait for every remote one.
+        // read wait for every remote one. (A remote reader is not waited
+        // for: should the quorum come without its row, the row is fetched
+        // from a replica that reported the newest version.)
         let mut local_pending = ask.contains(&self.id);
         // Every answer until the quorum; for a degraded read, past it, those
         // that come within a short grace, so a hung replica does not hold
@@ -535,7 +583,11 @@ impl Node {
                 local_pending = false;
             }
             match next {
-                Some((n, Ok(Msg { head: Resp::Row(row), .. }))) => replies.push((n, row)),
+                Some((n, Ok(m))) => {
+                    if let Some(h) = Heard::from(m.head) {
+                        replies.push((n, h));
+                    }
+                }
                 Some(_) => {}
                 None => break,
             }
@@ -547,15 +599,49 @@ impl Node {
                 quorum_set.len(),
             )));
         }
-        let best = replies.iter().filter_map(|(_, r)| r.clone()).max_by_key(Row::version);
+        let v = replies.iter().map(|(_, h)| h.version()).max().unwrap_or(0);
+        let mut best = replies.iter().find_map(|(_, h)| match h {
+            Heard::Row(Some(r)) if r.version() == v => Some(r.clone()),
+            _ => None,
+        });
+        if best.is_none() && v > 0 {
+            // A replica holds a newer row than the one read (or the reader
+            // failed): read it from one that reported it.
+            let newest: Vec<NodeId> = replies.iter().filter(|(_, h)| h.version() == v).map(|(n, _)| *n).collect();
+            for n in &newest {
+                let req = Req::GetRow { bucket: bucket.to_owned(), key: key.to_vec() };
+                if let Ok(Msg { head: Resp::Row(Some(r)), .. }) = self.call(*n, Msg::new(req)).await
+                    && r.version() >= v
+                {
+                    // (Newer still, if a write landed in between: it holds
+                    // that row's blocks.)
+                    for (m, h) in replies.iter_mut() {
+                        if m == n {
+                            *h = Heard::Version(r.version());
+                        }
+                    }
+                    best = Some(r);
+                    break;
+                }
+            }
+            if best.is_none() {
+                return Err(
+                    self.quorum_failed(&format!("no replica that reported version {v} of the row answered with it"))
+                );
+            }
+        }
         let v = best.as_ref().map_or(0, Row::version);
         // A write that follows this read gets a version above what it saw.
         self.hlc.observe(v);
-        let holders =
-            replies.iter().filter(|(_, r)| r.as_ref().map_or(0, Row::version) == v).map(|(n, _)| *n).collect();
+        let mut holders: Vec<NodeId> = replies.iter().filter(|(_, h)| h.version() == v).map(|(n, _)| *n).collect();
+        // Then the key's other replicas, for blocks every holder lacks or
+        // holds corrupt: one that had not yet answered (or not yet
+        // committed) may hold a good copy. Blocks are named by their hash
+        // and verified here, so any copy that checks out is the right one.
+        holders.extend(ask.iter().filter(|n| !holders.contains(n)).copied().collect::<Vec<_>>());
         if let Some(row) = &best {
-            for (n, r) in &replies {
-                if r.as_ref().map_or(0, Row::version) < v {
+            for (n, h) in &replies {
+                if h.version() < v {
                     self.read_repair(*n, bucket, key, row);
                 }
             }
@@ -566,8 +652,8 @@ impl Node {
                 tokio::spawn(async move {
                     let late = tokio::time::timeout(READ_GRACE, async {
                         while let Some((n, reply)) = calls.next().await {
-                            if let Ok(Msg { head: Resp::Row(r), .. }) = reply
-                                && r.as_ref().map_or(0, Row::version) < v
+                            if let Some(h) = reply.ok().and_then(|m| Heard::from(m.head))
+                                && h.version() < v
                             {
                                 node.read_repair(n, &b, &k, &row);
                             }

@@ -293,12 +293,20 @@ impl Node {
                 let (applied, current) = self.commit(session, bucket, key, row).await?;
                 Msg::new(Resp::Committed { applied, current })
             }
+            // A point read of a row is a few microseconds of redb on cached
+            // pages: read here, as the single-node GET does, rather than
+            // paying a hand-off to the blocking pool on every replica.
             Req::GetRow { bucket, key } => {
-                let row = self.blocking(move |s| s.meta.get_row(&bucket, &key)).await?;
+                let row = self.store.meta.get_row(&bucket, &key)?;
                 if let Some(r) = &row {
                     self.hlc.observe(r.version());
                 }
                 Msg::new(Resp::Row(row))
+            }
+            Req::RowVersion { bucket, key } => {
+                let v = self.store.meta.get_row(&bucket, &key)?.map_or(0, |r| r.version());
+                self.hlc.observe(v);
+                Msg::new(Resp::Version(v))
             }
             Req::CreateBucket { name, created_ms } => {
                 let created = self.store.meta.write(move |t| ops::ensure_bucket(t, &name, created_ms)).await?;

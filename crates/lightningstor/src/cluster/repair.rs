@@ -270,9 +270,9 @@ impl Node {
                 if target == self.id {
                     continue;
                 }
-                let req = Req::GetRow { bucket: b.clone(), key: k.clone() };
+                let req = Req::RowVersion { bucket: b.clone(), key: k.clone() };
                 let theirs = match self.call(target, Msg::new(req)).await?.head {
-                    Resp::Row(r) => r.map_or(0, |r| r.version()),
+                    Resp::Version(v) => v,
                     _ => 0,
                 };
                 if theirs < row.version() {

@@ -92,6 +92,14 @@ pub enum Req {
     LockKey { bucket: String, key: Vec<u8>, token: u64, ttl_ms: u32 },
     /// Release a lease held by `token`.
     UnlockKey { bucket: String, key: Vec<u8>, token: u64 },
+    /// Only the version of the replica's row for a key (0: none), answered
+    /// with [`Resp::Version`]: what a read asks of the replicas it does not
+    /// read the row from.
+    RowVersion {
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+    },
     /// Store a bucket's lifecycle configuration unless a newer one is held
     /// (creates the bucket row if this node missed it).
     SetLifecycle { bucket: String, lifecycle: crate::lifecycle::Lifecycle },
@@ -136,6 +144,8 @@ pub enum Resp {
     /// the replica holds for the key afterwards (above the row's when a
     /// newer write got there first).
     Committed { applied: bool, current: u64 },
+    /// The version of a row (0: no row).
+    Version(u64),
     /// A bucket's lifecycle configuration, if the node holds one.
     Lifecycle(Option<crate::lifecycle::Lifecycle>),
 }
