@@ -56,7 +56,81 @@ single_node_and_cluster!(
     sse_c_objects_are_served_only_with_their_key,
     full_object_multipart_checksums_are_the_crc_of_the_whole_object,
     operations_we_do_not_serve_answer_not_implemented,
+    lifecycle_configurations_round_trip_and_unsupported_rules_are_refused,
 );
+
+/// Lifecycle tests need a short "day" and a frequent task, and one needs a
+/// second key: a single node and a 3-node cluster each set that up here.
+mod lifecycle {
+    use super::*;
+    use lightningstor::keys::Keyring;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn short_days(c: lightningstor::Config) -> lightningstor::Config {
+        lightningstor::Config { lifecycle_day_secs: 1, lifecycle_interval_secs: 1, ..c.with_keys(AK, SK) }
+    }
+
+    #[tokio::test]
+    async fn rules_expire_old_objects_by_prefix_and_abort_old_uploads_single_node() -> R {
+        let s = InProcess::with(short_days);
+        let _task = lightningstor::server::spawn_background(&s.store);
+        let store = s.store.clone();
+        let counts = move || {
+            let m = &store.metrics;
+            (m.lifecycle_expired.load(Relaxed), m.lifecycle_aborted.load(Relaxed))
+        };
+        super::rules_expire_old_objects_by_prefix_and_abort_old_uploads(s.client(), counts).await
+    }
+
+    #[tokio::test]
+    async fn rules_expire_old_objects_by_prefix_and_abort_old_uploads_three_node_cluster() -> R {
+        let s = InCluster::with(3, |c| {
+            c.lifecycle_day_secs = 1;
+            c.lifecycle_interval_secs = 1;
+        });
+        let nodes: Vec<_> = s.cluster.ids().into_iter().map(|i| s.cluster.node(i)).collect();
+        let all = nodes.clone();
+        let counts = move || {
+            all.iter().fold((0, 0), |(e, a), n| {
+                let m = &n.store.metrics;
+                (e + m.lifecycle_expired.load(Relaxed), a + m.lifecycle_aborted.load(Relaxed))
+            })
+        };
+        super::rules_expire_old_objects_by_prefix_and_abort_old_uploads(s.client(), counts).await?;
+        // Every node is up, so each key was handled by the first node of its
+        // replica set, and by no other.
+        let first = |key: &str| nodes[0].write_sets("life", key.as_bytes())[0][0];
+        for n in &nodes {
+            let expired = ["tmp/a", "tmp/b", "tmp/c/d"].iter().filter(|k| first(k) == n.id).count() as u64;
+            let aborted = u64::from(first("keep/big") == n.id);
+            let m = &n.store.metrics;
+            let got = (m.lifecycle_expired.load(Relaxed), m.lifecycle_aborted.load(Relaxed));
+            assert_eq!(got, (expired, aborted), "node {}", n.id);
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn lifecycle_needs_the_owner_permission_single_node() -> R {
+        let s = InProcess::new();
+        let kr: Arc<dyn Keyring> = s.store.clone();
+        let bob = |id: &str, secret: &str| s.client_with(id, secret);
+        super::lifecycle_needs_the_owner_permission(s.client(), kr, bob).await
+    }
+
+    #[tokio::test]
+    async fn lifecycle_needs_the_owner_permission_three_node_cluster() -> R {
+        let s = InCluster::new(3);
+        let kr: Arc<dyn Keyring> = s.cluster.node(1);
+        let bob = |id: &str, secret: &str| {
+            let conf =
+                sdk_config("http://localhost:9000", id, secret).http_client(s3s_aws::Client::from(s.service())).build();
+            aws_sdk_s3::Client::from_conf(conf)
+        };
+        super::lifecycle_needs_the_owner_permission(s.client(), kr, bob).await
+    }
+}
 
 /// Tests that send raw signed requests, run against a single node and a
 /// 3-node cluster (node 1's service).
@@ -2225,8 +2299,8 @@ async fn post_object_three_node_cluster() -> R {
 }
 
 /// Operations outside the compatibility table of docs/lightningstor.md
-/// (versioning, ACLs, policies, tagging, lifecycle, CORS, object
-/// attributes) answer 501 NotImplemented and change nothing.
+/// (versioning, ACLs, policies, tagging, CORS, object attributes) answer
+/// 501 NotImplemented and change nothing.
 async fn operations_we_do_not_serve_answer_not_implemented(c: aws_sdk_s3::Client) -> R {
     use aws_sdk_s3::types::{BucketVersioningStatus, ObjectAttributes, Tag, Tagging, VersioningConfiguration};
     c.create_bucket().bucket("bkt").send().await?;
@@ -2250,8 +2324,6 @@ async fn operations_we_do_not_serve_answer_not_implemented(c: aws_sdk_s3::Client
     let tags = Tagging::builder().tag_set(Tag::builder().key("a").value("b").build()?).build()?;
     let e = c.put_object_tagging().bucket("bkt").key("k").tagging(tags).send().await.expect_err("tagging");
     codes.push(("PutObjectTagging", code(&e), status(&e)));
-    let e = c.get_bucket_lifecycle_configuration().bucket("bkt").send().await.expect_err("lifecycle");
-    codes.push(("GetBucketLifecycleConfiguration", code(&e), status(&e)));
     let e = c.get_bucket_cors().bucket("bkt").send().await.expect_err("cors");
     codes.push(("GetBucketCors", code(&e), status(&e)));
     let e = c
@@ -2363,5 +2435,276 @@ async fn an_anonymous_server_without_keys_serves_requests_signed_with_any_key() 
         &[("LIGHTNINGSTOR_ACCESS_KEY", "a"), ("LIGHTNINGSTOR_SECRET_KEY", "b")],
     );
     assert!(!good && err.contains("no admin key"), "{err}");
+    Ok(())
+}
+
+fn lifecycle_rule(id: &str, prefix: Option<&str>) -> aws_sdk_s3::types::builders::LifecycleRuleBuilder {
+    use aws_sdk_s3::types::{ExpirationStatus, LifecycleRule, LifecycleRuleFilter};
+    let filter = match prefix {
+        Some(p) => LifecycleRuleFilter::builder().prefix(p).build(),
+        None => LifecycleRuleFilter::builder().build(),
+    };
+    LifecycleRule::builder().id(id).status(ExpirationStatus::Enabled).filter(filter)
+}
+
+fn expire_after(days: i32) -> aws_sdk_s3::types::LifecycleExpiration {
+    aws_sdk_s3::types::LifecycleExpiration::builder().days(days).build()
+}
+
+fn abort_after(days: i32) -> aws_sdk_s3::types::AbortIncompleteMultipartUpload {
+    aws_sdk_s3::types::AbortIncompleteMultipartUpload::builder().days_after_initiation(days).build()
+}
+
+async fn keys_of(c: &aws_sdk_s3::Client, b: &str) -> anyhow::Result<Vec<String>> {
+    let out = c.list_objects_v2().bucket(b).send().await?;
+    Ok(out.contents().iter().filter_map(|o| o.key().map(str::to_owned)).collect())
+}
+
+/// With a 1-second "day": objects under `tmp/` older than 3 days go, other
+/// keys (`keep/`, and `tmpx`, which only looks alike) and a disabled rule's
+/// keys stay, a fresh `tmp/` object stays; the multipart upload older than
+/// 2 days is aborted. `counts` gives the nodes' (expired, aborted) counters,
+/// summed: each object and upload is counted once, so handled once.
+async fn rules_expire_old_objects_by_prefix_and_abort_old_uploads(
+    c: aws_sdk_s3::Client,
+    counts: impl Fn() -> (u64, u64),
+) -> R {
+    use aws_sdk_s3::types::{BucketLifecycleConfiguration, ExpirationStatus};
+    c.create_bucket().bucket("life").send().await?;
+    for k in ["tmp/a", "tmp/b", "tmp/c/d", "keep/a", "tmpx"] {
+        put(&c, "life", k, b"old").await;
+    }
+    let up = c.create_multipart_upload().bucket("life").key("keep/big").send().await?;
+    let id = up.upload_id().expect("upload id").to_owned();
+    c.upload_part()
+        .bucket("life")
+        .key("keep/big")
+        .upload_id(&id)
+        .part_number(1)
+        .body(ByteStream::from_static(b"part one"))
+        .send()
+        .await?;
+    let config = BucketLifecycleConfiguration::builder()
+        .rules(lifecycle_rule("tmp", Some("tmp/")).expiration(expire_after(3)).build()?)
+        .rules(lifecycle_rule("uploads", None).abort_incomplete_multipart_upload(abort_after(2)).build()?)
+        .rules(
+            lifecycle_rule("off", Some("keep/"))
+                .status(ExpirationStatus::Disabled)
+                .expiration(expire_after(1))
+                .build()?,
+        )
+        .build()?;
+    c.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config).send().await?;
+    // Younger than their 3 "days": still there.
+    c.head_object().bucket("life").key("tmp/a").send().await?;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let keys = keys_of(&c, "life").await?;
+        let uploads = c.list_multipart_uploads().bucket("life").send().await?.uploads().len();
+        let (expired, aborted) = counts();
+        if keys == ["keep/a", "tmpx"] && uploads == 0 && expired >= 3 && aborted >= 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lifecycle did not act: keys {keys:?}, {uploads} uploads, counts {:?}",
+            counts()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(counts(), (3, 1), "each object and upload is handled once");
+    let e = c.list_parts().bucket("life").key("keep/big").upload_id(&id).send().await.expect_err("aborted");
+    assert_eq!(code(&e), "NoSuchUpload");
+    // A fresh object under the prefix is not touched.
+    put(&c, "life", "tmp/new", b"new").await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(body_of(c.get_object().bucket("life").key("tmp/new").send().await?).await, b"new");
+    assert_eq!(body_of(c.get_object().bucket("life").key("keep/a").send().await?).await, b"old");
+    Ok(())
+}
+
+/// Put, get and delete round-trip the supported subset; rules with elements
+/// outside it are NotImplemented (naming the element), bad values get S3's
+/// errors, and neither replaces the stored configuration.
+async fn lifecycle_configurations_round_trip_and_unsupported_rules_are_refused(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::types::{
+        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleAndOperator,
+        LifecycleRuleFilter, Tag, Transition, TransitionStorageClass,
+    };
+    c.create_bucket().bucket("life").send().await?;
+    let e = c.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("none yet");
+    assert_eq!((code(&e).as_str(), status(&e)), ("NoSuchLifecycleConfiguration", 404));
+    let e = c.get_bucket_lifecycle_configuration().bucket("nope").send().await.expect_err("no bucket");
+    assert_eq!(code(&e), "NoSuchBucket");
+
+    // The legacy top-level Prefix (deprecated in the SDK, still accepted by S3).
+    #[allow(deprecated)]
+    let legacy = LifecycleRule::builder()
+        .id("legacy")
+        .status(ExpirationStatus::Disabled)
+        .prefix("old/")
+        .abort_incomplete_multipart_upload(abort_after(7))
+        .build()?;
+    let good = vec![
+        lifecycle_rule("tmp", Some("tmp/")).expiration(expire_after(30)).build()?,
+        lifecycle_rule("all", None)
+            .expiration(expire_after(365))
+            .abort_incomplete_multipart_upload(abort_after(1))
+            .build()?,
+        legacy,
+    ];
+    let config = BucketLifecycleConfiguration::builder().set_rules(Some(good.clone())).build()?;
+    c.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config).send().await?;
+    let got = c.get_bucket_lifecycle_configuration().bucket("life").send().await?;
+    assert_eq!(got.rules(), good.as_slice());
+
+    let refused: Vec<(&str, LifecycleRule)> = vec![
+        (
+            "Tag",
+            lifecycle_rule("t", None)
+                .filter(LifecycleRuleFilter::builder().tag(Tag::builder().key("k").value("v").build()?).build())
+                .expiration(expire_after(1))
+                .build()?,
+        ),
+        (
+            "And",
+            lifecycle_rule("t", None)
+                .filter(
+                    LifecycleRuleFilter::builder()
+                        .and(LifecycleRuleAndOperator::builder().prefix("a/").object_size_greater_than(5).build())
+                        .build(),
+                )
+                .expiration(expire_after(1))
+                .build()?,
+        ),
+        (
+            "ObjectSizeGreaterThan",
+            lifecycle_rule("t", None)
+                .filter(LifecycleRuleFilter::builder().object_size_greater_than(10).build())
+                .expiration(expire_after(1))
+                .build()?,
+        ),
+        (
+            "Date",
+            lifecycle_rule("t", None)
+                .expiration(LifecycleExpiration::builder().date(DateTime::from_secs(1_893_456_000)).build())
+                .build()?,
+        ),
+        (
+            "ExpiredObjectDeleteMarker",
+            lifecycle_rule("t", None)
+                .expiration(LifecycleExpiration::builder().expired_object_delete_marker(true).build())
+                .build()?,
+        ),
+        (
+            "Transition",
+            lifecycle_rule("t", None)
+                .transitions(Transition::builder().days(1).storage_class(TransitionStorageClass::Glacier).build())
+                .build()?,
+        ),
+    ];
+    for (what, rule) in refused {
+        let config = BucketLifecycleConfiguration::builder().rules(rule).build()?;
+        let e = c
+            .put_bucket_lifecycle_configuration()
+            .bucket("life")
+            .lifecycle_configuration(config)
+            .send()
+            .await
+            .expect_err(what);
+        assert_eq!((code(&e).as_str(), status(&e)), ("NotImplemented", 501), "{what}");
+        let msg = e.as_service_error().and_then(|s| aws_sdk_s3::error::ProvideErrorMetadata::message(s)).unwrap_or("");
+        assert!(msg.contains(what), "{what}: {msg}");
+    }
+    let bad: Vec<(&str, Vec<LifecycleRule>)> = vec![
+        ("InvalidArgument", vec![lifecycle_rule("zero", None).expiration(expire_after(0)).build()?]),
+        (
+            "InvalidArgument",
+            vec![lifecycle_rule("neg", None).abort_incomplete_multipart_upload(abort_after(-1)).build()?],
+        ),
+        (
+            "InvalidArgument",
+            vec![
+                lifecycle_rule("twice", None).expiration(expire_after(1)).build()?,
+                lifecycle_rule("twice", Some("x")).expiration(expire_after(1)).build()?,
+            ],
+        ),
+        ("InvalidRequest", vec![lifecycle_rule("no-action", None).build()?]),
+    ];
+    for (want, rules) in bad {
+        let config = BucketLifecycleConfiguration::builder().set_rules(Some(rules)).build()?;
+        let e = c
+            .put_bucket_lifecycle_configuration()
+            .bucket("life")
+            .lifecycle_configuration(config)
+            .send()
+            .await
+            .expect_err(want);
+        assert_eq!(code(&e), want);
+    }
+    let too_many: Vec<LifecycleRule> = (0..1001)
+        .map(|i| lifecycle_rule(&i.to_string(), None).expiration(expire_after(1)).build())
+        .collect::<Result<_, _>>()?;
+    let config = BucketLifecycleConfiguration::builder().set_rules(Some(too_many)).build()?;
+    let e = c
+        .put_bucket_lifecycle_configuration()
+        .bucket("life")
+        .lifecycle_configuration(config)
+        .send()
+        .await
+        .expect_err("1001");
+    assert_eq!(code(&e), "MalformedXML");
+    // Nothing refused replaced the configuration.
+    let got = c.get_bucket_lifecycle_configuration().bucket("life").send().await?;
+    assert_eq!(got.rules(), good.as_slice());
+
+    c.delete_bucket_lifecycle().bucket("life").send().await?;
+    let e = c.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("deleted");
+    assert_eq!(code(&e), "NoSuchLifecycleConfiguration");
+    c.delete_bucket_lifecycle().bucket("life").send().await?;
+    Ok(())
+}
+
+/// A key with read and write on a bucket, but not owner, may neither put,
+/// get nor delete its lifecycle configuration (AccessDenied, nothing
+/// stored); once it owns the bucket it may.
+async fn lifecycle_needs_the_owner_permission(
+    admin: aws_sdk_s3::Client,
+    kr: std::sync::Arc<dyn lightningstor::keys::Keyring>,
+    client_for: impl Fn(&str, &str) -> aws_sdk_s3::Client,
+) -> R {
+    use aws_sdk_s3::types::BucketLifecycleConfiguration;
+    use lightningstor::keys::{self, Perms};
+    admin.create_bucket().bucket("life").send().await?;
+    let (id, key) = keys::create_key(&*kr, "bob").await?;
+    keys::change_grant(&*kr, "life", &id, Perms::READ.union(Perms::WRITE), Perms::NONE).await?;
+    let bob = client_for(&id, &key.secret);
+    put(&bob, "life", "k", b"v").await;
+    let config = || {
+        BucketLifecycleConfiguration::builder()
+            .rules(lifecycle_rule("all", None).expiration(expire_after(1)).build().expect("rule"))
+            .build()
+            .expect("config")
+    };
+    let e = bob
+        .put_bucket_lifecycle_configuration()
+        .bucket("life")
+        .lifecycle_configuration(config())
+        .send()
+        .await
+        .expect_err("put");
+    assert_eq!(code(&e), "AccessDenied");
+    let e = bob.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("get");
+    assert_eq!(code(&e), "AccessDenied");
+    let e = bob.delete_bucket_lifecycle().bucket("life").send().await.expect_err("delete");
+    assert_eq!(code(&e), "AccessDenied");
+    let e = admin.get_bucket_lifecycle_configuration().bucket("life").send().await.expect_err("nothing stored");
+    assert_eq!(code(&e), "NoSuchLifecycleConfiguration");
+
+    keys::change_grant(&*kr, "life", &id, Perms::OWNER, Perms::NONE).await?;
+    bob.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config()).send().await?;
+    assert_eq!(bob.get_bucket_lifecycle_configuration().bucket("life").send().await?.rules().len(), 1);
+    bob.delete_bucket_lifecycle().bucket("life").send().await?;
     Ok(())
 }

@@ -120,6 +120,49 @@ async fn a_partitioned_node_misses_writes_then_catches_up_after_healing() -> R {
     Ok(())
 }
 
+/// A bucket's lifecycle configuration goes where bucket rows go: put while a
+/// node is cut off, it needs only the majority, and the node gets it from
+/// the resync queue after healing; a delete that another node misses
+/// reaches it the same way (the newer, empty configuration wins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lifecycle_configuration_reaches_a_node_that_missed_it_and_so_does_its_delete() -> R {
+    use aws_sdk_s3::types::{
+        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
+    };
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    let rules = |id: NodeId| {
+        let row = s.cluster.node(id).store.meta.get_bucket("bkt").expect("bucket row");
+        row.map(|b| b.rules().to_vec()).unwrap_or_default()
+    };
+    s.cluster.faults.isolate(3);
+    let rule = LifecycleRule::builder()
+        .id("tmp")
+        .status(ExpirationStatus::Enabled)
+        .filter(LifecycleRuleFilter::builder().prefix("tmp/").build())
+        .expiration(LifecycleExpiration::builder().days(7).build())
+        .build()?;
+    let config = BucketLifecycleConfiguration::builder().rules(rule).build()?;
+    c.put_bucket_lifecycle_configuration().bucket("bkt").lifecycle_configuration(config).send().await?;
+    assert_eq!(rules(2).len(), 1);
+    assert!(rules(3).is_empty(), "the isolated node got the configuration");
+    let got = s.client_of(2).get_bucket_lifecycle_configuration().bucket("bkt").send().await?;
+    assert_eq!(got.rules().len(), 1);
+    s.cluster.faults.heal();
+    eventually(60, "node 3 gets the configuration from the resync queue", || rules(3).len() == 1).await;
+    assert_eq!(rules(3), rules(1));
+
+    s.cluster.faults.isolate(2);
+    s.client_of(1).delete_bucket_lifecycle().bucket("bkt").send().await?;
+    assert_eq!(rules(2).len(), 1, "the isolated node heard of the delete");
+    s.cluster.faults.heal();
+    eventually(60, "node 2 learns of the delete from the resync queue", || rules(2).is_empty()).await;
+    let e = s.client_of(2).get_bucket_lifecycle_configuration().bucket("bkt").send().await.expect_err("deleted");
+    assert_eq!(code(&e), "NoSuchLifecycleConfiguration");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_later_write_wins_even_through_a_coordinator_whose_clock_trails() -> R {
     use lightningstor::cluster::hlc;

@@ -43,7 +43,17 @@ pub struct Config {
     /// ([`crate::meta::merkle`]). `None` for a single node, which keeps none.
     #[serde(skip)]
     pub tree_partitions: Option<u32>,
+    /// Length in seconds of a lifecycle "day" (rule `Days` count in these).
+    /// 86400; smaller only in tests, so they can age objects in seconds.
+    pub lifecycle_day_secs: u64,
+    /// Seconds between rounds of the lifecycle task.
+    pub lifecycle_interval_secs: u64,
 }
+
+/// A lifecycle day: 24 hours.
+pub const DEFAULT_LIFECYCLE_DAY_SECS: u64 = 86_400;
+/// The lifecycle task runs hourly by default.
+pub const DEFAULT_LIFECYCLE_INTERVAL_SECS: u64 = 3600;
 
 impl Default for Config {
     fn default() -> Self {
@@ -59,6 +69,8 @@ impl Default for Config {
             inline_threshold: DEFAULT_INLINE_THRESHOLD,
             fsync: true,
             tree_partitions: None,
+            lifecycle_day_secs: DEFAULT_LIFECYCLE_DAY_SECS,
+            lifecycle_interval_secs: DEFAULT_LIFECYCLE_INTERVAL_SECS,
         }
     }
 }
@@ -122,6 +134,12 @@ impl Config {
         if self.region.is_empty() {
             return bad("region must not be empty");
         }
+        if self.lifecycle_day_secs == 0 || self.lifecycle_day_secs > DEFAULT_LIFECYCLE_DAY_SECS {
+            return bad("lifecycle_day_secs must be between 1 and 86400 (only tests shorten the day)");
+        }
+        if self.lifecycle_interval_secs == 0 {
+            return bad("lifecycle_interval_secs must be at least 1");
+        }
         Ok(())
     }
 }
@@ -155,6 +173,16 @@ mod tests {
         assert_eq!(c.listen.port(), 9100);
         assert_eq!(c.block_size, DEFAULT_BLOCK_SIZE);
         assert!(Config::from_toml("data_dir = \"/x\"\nbogus = 1\n").is_err());
+        assert_eq!(c.lifecycle_day_secs, 86_400);
+        let c = Config::from_toml(
+            "data_dir = \"/x\"\nanonymous = true\nlifecycle_day_secs = 1\nlifecycle_interval_secs = 2\n",
+        )
+        .expect("lifecycle fields");
+        assert_eq!((c.lifecycle_day_secs, c.lifecycle_interval_secs), (1, 2));
+        assert!(c.validate().is_ok());
+        assert!(Config { lifecycle_day_secs: 0, ..c.clone() }.validate().is_err());
+        assert!(Config { lifecycle_day_secs: 86_401, ..c.clone() }.validate().is_err());
+        assert!(Config { lifecycle_interval_secs: 0, ..c }.validate().is_err());
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub enum LightningError {
     /// The key is longer than 1024 bytes.
     #[error("key is {0} bytes long, more than the 1024 allowed")]
     KeyTooLong(usize),
+    /// The bucket has no lifecycle configuration.
+    #[error("bucket {0:?} has no lifecycle configuration")]
+    NoSuchLifecycleConfiguration(String),
     /// The multipart upload does not exist (never created, completed or aborted).
     #[error("multipart upload {0:?} does not exist")]
     NoSuchUpload(String),
@@ -146,6 +149,7 @@ impl LightningError {
             E::NoSuchKey { .. } => S3ErrorCode::NoSuchKey,
             E::KeyTooLong(_) => S3ErrorCode::KeyTooLongError,
             E::NoSuchUpload(_) => S3ErrorCode::NoSuchUpload,
+            E::NoSuchLifecycleConfiguration(_) => S3ErrorCode::NoSuchLifecycleConfiguration,
             E::InvalidPart(_) => S3ErrorCode::InvalidPart,
             E::InvalidPartOrder => S3ErrorCode::InvalidPartOrder,
             E::EntityTooSmall { .. } => S3ErrorCode::EntityTooSmall,

@@ -356,6 +356,10 @@ mod tests {
         assert_eq!(need("CompleteMultipartUpload"), Need::Bucket(Perms::WRITE));
         assert_eq!(need("DeleteBucket"), Need::Bucket(Perms::OWNER));
         assert_eq!(need("PutBucketPolicy"), Need::Bucket(Perms::OWNER));
+        // Lifecycle configuration is the owner's (it deletes objects).
+        for op in ["PutBucketLifecycleConfiguration", "GetBucketLifecycleConfiguration", "DeleteBucketLifecycle"] {
+            assert_eq!(need(op), Need::Bucket(Perms::OWNER), "{op}");
+        }
         assert_eq!(need("UploadPartCopy"), Need::Copy);
         assert_eq!(need("ListBuckets"), Need::AnyKey);
     }

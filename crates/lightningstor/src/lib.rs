@@ -4,6 +4,7 @@
 //!
 //! - [`block`]: content-addressed blocks (trait + file and memory backends);
 //! - [`keys`]: access keys, per-bucket permissions, the [`keys::Keyring`] trait;
+//! - [`lifecycle`]: bucket lifecycle rules, their (pure) evaluation, the task's round;
 //! - [`meta`]: metadata tables in redb with a group-committing writer;
 //! - [`admin`]: the admin API (keys, grants) over HTTP: wire format and client;
 //! - [`checksum`], [`listing`], [`conditions`]: pure protocol logic;
@@ -21,6 +22,7 @@ pub mod conditions;
 pub mod config;
 pub mod error;
 pub mod keys;
+pub mod lifecycle;
 pub mod listing;
 pub mod meta;
 pub mod metrics;

@@ -24,6 +24,16 @@ pub struct Metrics {
     pub gc_blocks_deleted: AtomicU64,
     /// Uploads rejected for a checksum or Content-MD5 mismatch.
     pub bad_digests: AtomicU64,
+    /// Rounds of the lifecycle task.
+    pub lifecycle_rounds: AtomicU64,
+    /// Objects and uploads the lifecycle task looked at.
+    pub lifecycle_examined: AtomicU64,
+    /// Objects the lifecycle task deleted.
+    pub lifecycle_expired: AtomicU64,
+    /// Multipart uploads the lifecycle task aborted.
+    pub lifecycle_aborted: AtomicU64,
+    /// Lifecycle deletes and aborts that failed (retried next round).
+    pub lifecycle_failed: AtomicU64,
 }
 
 impl Metrics {
@@ -39,7 +49,7 @@ impl Metrics {
 
     /// Renders every counter; `gauges` adds point-in-time values.
     pub fn render(&self, gauges: &[(&str, &str, u64)]) -> String {
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 14] = [
             ("requests_total", "S3 requests handled", &self.requests),
             ("request_errors_total", "S3 requests answered with an error", &self.request_errors),
             ("bytes_in_total", "object bytes received", &self.bytes_in),
@@ -49,6 +59,11 @@ impl Metrics {
             ("corrupt_blocks_total", "blocks that failed verification", &self.corrupt_blocks),
             ("gc_blocks_deleted_total", "unreferenced blocks deleted", &self.gc_blocks_deleted),
             ("bad_digests_total", "uploads rejected for a digest mismatch", &self.bad_digests),
+            ("lifecycle_rounds_total", "rounds of the lifecycle task", &self.lifecycle_rounds),
+            ("lifecycle_examined_total", "objects and uploads the lifecycle task looked at", &self.lifecycle_examined),
+            ("lifecycle_expired_total", "objects deleted by lifecycle expiration", &self.lifecycle_expired),
+            ("lifecycle_aborted_total", "multipart uploads aborted by lifecycle", &self.lifecycle_aborted),
+            ("lifecycle_failed_total", "lifecycle deletes and aborts that failed", &self.lifecycle_failed),
         ];
         let mut t = Text::new();
         for (name, help, c) in counters {

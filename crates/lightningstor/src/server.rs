@@ -175,6 +175,13 @@ pub fn service(store: Arc<Store>) -> S3Service {
     service_for(LightningS3::new(store.clone()), &cfg, store)
 }
 
+/// Starts the single node's background work (the lifecycle task); it ends
+/// when `store` is dropped. [`serve`] calls it; in-process users of
+/// [`service`] call it themselves.
+pub fn spawn_background(store: &Arc<Store>) -> tokio::task::JoinHandle<()> {
+    crate::s3::lifecycle::spawn(store)
+}
+
 /// Builds an s3s service over any `S3` implementation with the auth, access
 /// and virtual-host settings of `cfg` and the keys of `keyring`.
 pub fn service_for(s3: impl s3s::S3, cfg: &Config, keyring: Arc<dyn Keyring>) -> S3Service {
@@ -243,6 +250,7 @@ pub async fn start(config: Config) -> Result<(Running, Arc<Store>)> {
 
 /// Serves `store` on an already bound listener.
 pub fn serve(listener: TcpListener, store: Arc<Store>) -> Result<Running> {
+    spawn_background(&store);
     let svc = service(store.clone());
     let gate = Arc::new(Gate::new(store.clone(), &store.config));
     let metrics: MetricsFn = Arc::new(move || store_metrics(&store));

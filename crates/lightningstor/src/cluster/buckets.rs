@@ -15,6 +15,7 @@ use super::node::{ClusterMetrics, Node};
 use super::rpc::{Msg, Req, Resp};
 use crate::error::{LightningError, Result};
 use crate::keys::{AuthRow, KeyMeta, Keyring, Perms};
+use crate::lifecycle::Lifecycle;
 use crate::meta::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -113,6 +114,36 @@ impl Node {
         let total = replies.len();
         let ok = replies.iter().filter(|(_, r)| r.is_ok()).count();
         self.majority(ok, total, "delete bucket")
+    }
+
+    /// Sends a bucket's lifecycle configuration (an empty one deletes it) to
+    /// every node; needs a majority, nodes that missed it get it from the
+    /// resync queue with the bucket row.
+    pub async fn put_lifecycle(self: &Arc<Self>, bucket: &str, lifecycle: Lifecycle) -> Result<()> {
+        self.require_bucket(bucket).await?;
+        let req = Req::SetLifecycle { bucket: bucket.to_owned(), lifecycle };
+        self.to_all_queue_missed(req, bucket, "put lifecycle configuration").await
+    }
+
+    /// The newest lifecycle configuration of `bucket` among a majority of nodes.
+    pub async fn get_lifecycle(self: &Arc<Self>, bucket: &str) -> Result<Option<Lifecycle>> {
+        self.require_bucket(bucket).await?;
+        let replies = self.to_all(Req::GetLifecycle { bucket: bucket.to_owned() }).await;
+        let total = replies.len();
+        let mut ok = 0;
+        let mut newest: Option<Lifecycle> = None;
+        for (_, r) in replies {
+            if let Ok(Msg { head: Resp::Lifecycle(l), .. }) = r {
+                ok += 1;
+                if let Some(l) = l
+                    && newest.as_ref().is_none_or(|n| l.version > n.version)
+                {
+                    newest = Some(l);
+                }
+            }
+        }
+        self.majority(ok, total, "get lifecycle configuration")?;
+        Ok(newest)
     }
 
     /// Every bucket any reachable node knows, with its creation time.

@@ -137,8 +137,22 @@ pub struct ClusterConfig {
     /// Seconds between anti-entropy passes on each node (0 turns it off).
     #[serde(default = "default_anti_entropy")]
     pub anti_entropy_secs: u64,
+    /// Length in seconds of a lifecycle "day" (86400; smaller only in tests).
+    #[serde(default = "default_lifecycle_day")]
+    pub lifecycle_day_secs: u64,
+    /// Seconds between rounds of the lifecycle task on each node.
+    #[serde(default = "default_lifecycle_interval")]
+    pub lifecycle_interval_secs: u64,
     /// The nodes.
     pub nodes: Vec<NodeConfig>,
+}
+
+fn default_lifecycle_day() -> u64 {
+    crate::config::DEFAULT_LIFECYCLE_DAY_SECS
+}
+
+fn default_lifecycle_interval() -> u64 {
+    crate::config::DEFAULT_LIFECYCLE_INTERVAL_SECS
 }
 
 impl ClusterConfig {
@@ -244,6 +258,8 @@ impl ClusterConfig {
             region: self.region.clone(),
             fsync: self.fsync,
             tree_partitions: Some(self.partitions),
+            lifecycle_day_secs: self.lifecycle_day_secs,
+            lifecycle_interval_secs: self.lifecycle_interval_secs,
             ..Config::default()
         })
     }
@@ -287,6 +303,8 @@ impl ClusterConfig {
             tombstone_secs: default_tombstone_secs(),
             scrub_blocks_per_sec: default_scrub_rate(),
             anti_entropy_secs: default_anti_entropy(),
+            lifecycle_day_secs: default_lifecycle_day(),
+            lifecycle_interval_secs: default_lifecycle_interval(),
             nodes,
         };
         c.validate()?;

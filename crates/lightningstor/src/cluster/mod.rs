@@ -13,6 +13,7 @@
 //! - [`coord`]: the coordinator side (quorum writes and reads, read repair);
 //! - [`buckets`], [`list`]: bucket rows and listings across the cluster;
 //! - [`multipart`]: replicated multipart uploads;
+//! - [`lifecycle`]: each node's share of the lifecycle task;
 //! - [`locks`]: key leases that make conditional writes atomic;
 //! - [`repair`]: resync worker, scrub, anti-entropy, tombstones, rebalance;
 //! - [`s3`]: `impl S3` for a cluster node;
@@ -27,6 +28,7 @@ pub mod buckets;
 pub mod config;
 pub mod coord;
 pub mod hlc;
+pub mod lifecycle;
 pub mod list;
 pub mod locks;
 pub mod multipart;

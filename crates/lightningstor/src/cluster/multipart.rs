@@ -497,14 +497,21 @@ pub(super) async fn abort_multipart_upload(
     req: S3Request<AbortMultipartUploadInput>,
 ) -> Result<AbortMultipartUploadOutput> {
     let i = req.input;
-    node.upload_state(&i.bucket, &i.key, &i.upload_id, false).await?;
-    let targets = union(&node.write_sets(&i.bucket, i.key.as_bytes()));
-    node.quorum_call(&i.bucket, i.key.as_bytes(), &targets, || Req::DropUpload {
-        id: i.upload_id.clone(),
-        bucket: i.bucket.clone(),
+    abort_upload(node, &i.bucket, &i.key, &i.upload_id).await?;
+    Ok(AbortMultipartUploadOutput::default())
+}
+
+/// Aborts an upload on its replicas (AbortMultipartUpload and lifecycle):
+/// NoSuchUpload unless a quorum read finds it in progress.
+pub(super) async fn abort_upload(node: &Arc<Node>, bucket: &str, key: &str, id: &str) -> Result<()> {
+    node.upload_state(bucket, key, id, false).await?;
+    let targets = union(&node.write_sets(bucket, key.as_bytes()));
+    node.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload {
+        id: id.to_owned(),
+        bucket: bucket.to_owned(),
     })
     .await?;
-    Ok(AbortMultipartUploadOutput::default())
+    Ok(())
 }
 
 pub(super) async fn list_parts(node: &Arc<Node>, req: S3Request<ListPartsInput>) -> Result<ListPartsOutput> {

@@ -342,6 +342,15 @@ impl Node {
                 self.store.spawn_delete(freed);
                 Msg::new(Resp::Ok)
             }
+            Req::SetLifecycle { bucket, lifecycle } => {
+                self.hlc.observe(lifecycle.version);
+                self.store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lifecycle, true)).await?;
+                Msg::new(Resp::Ok)
+            }
+            Req::GetLifecycle { bucket } => {
+                let b = self.blocking(move |s| s.meta.get_bucket(&bucket)).await?;
+                Msg::new(Resp::Lifecycle(b.and_then(|b| b.lifecycle)))
+            }
             Req::ListBuckets => {
                 let b = self.blocking(|s| s.meta.list_buckets()).await?;
                 Msg::new(Resp::Buckets(b.into_iter().map(|(n, m)| (n, m.created_ms)).collect()))

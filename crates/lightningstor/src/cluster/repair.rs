@@ -65,11 +65,14 @@ impl Node {
             return Ok(());
         }
         if e.due.bucket_row {
-            if self.store.meta.get_bucket(&e.bucket)?.is_none() {
+            let Some(row) = self.store.meta.get_bucket(&e.bucket)? else {
                 return Ok(());
-            }
+            };
             let req = Req::CreateBucket { name: e.bucket.clone(), created_ms: crate::meta::now_ms() };
             self.call(e.node, Msg::new(req)).await?;
+            if let Some(lifecycle) = row.lifecycle {
+                self.call(e.node, Msg::new(Req::SetLifecycle { bucket: e.bucket.clone(), lifecycle })).await?;
+            }
             return Ok(());
         }
         let replicas: Vec<NodeId> = self.write_sets(&e.bucket, &e.key).concat();
@@ -354,6 +357,7 @@ impl Node {
                 }
             }));
         }
+        tasks.push(super::lifecycle::spawn(self));
         let ae = self.config().anti_entropy_secs;
         if ae > 0 {
             let node = self.clone();

@@ -105,6 +105,11 @@ pub enum Req {
     TreeNodes { nodes: Vec<(u32, u16)> },
     /// The rows of tree leaves (partition, leaf), answered with [`Resp::Versions`].
     LeafRows { leaves: Vec<(u32, u8)> },
+    /// Store a bucket's lifecycle configuration unless a newer one is held
+    /// (creates the bucket row if this node missed it).
+    SetLifecycle { bucket: String, lifecycle: crate::lifecycle::Lifecycle },
+    /// The bucket's lifecycle configuration held here.
+    GetLifecycle { bucket: String },
 }
 
 /// Answers.
@@ -146,6 +151,8 @@ pub enum Resp {
     Committed { applied: bool, current: u64 },
     /// The version of a row (0: no row).
     Version(u64),
+    /// A bucket's lifecycle configuration, if the node holds one.
+    Lifecycle(Option<crate::lifecycle::Lifecycle>),
 }
 
 /// What a replica knows of a multipart upload.

@@ -7,6 +7,7 @@ use super::node::Node;
 use crate::checksum::ChecksumPlan;
 use crate::conditions::{DeleteConditions, Mode};
 use crate::error::{LightningError, Result};
+use crate::lifecycle::Lifecycle;
 use crate::meta::now_ms;
 use crate::meta::types::{ObjectMeta, Row};
 use crate::s3::convert::{
@@ -238,7 +239,7 @@ async fn delete_object(node: &Arc<Node>, req: S3Request<DeleteObjectInput>) -> R
 
 /// Writes the tombstone of `key`; a conditional delete checks `cond` against
 /// a quorum read under the key's lease, as a conditional PUT does.
-async fn delete_row(node: &Arc<Node>, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
+pub(super) async fn delete_row(node: &Arc<Node>, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
     if cond.is_empty() {
         return node.write_row(bucket, key.as_bytes(), Row::Tombstone(node.hlc.now())).await;
     }
@@ -606,6 +607,58 @@ impl S3 for ClusterS3 {
         }
         let node = self.node();
         let r = super::multipart::list_multipart_uploads(node, req).await;
+        self.finish(r)
+    }
+
+    async fn put_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<PutBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<PutBucketLifecycleConfigurationOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
+        let node = self.node();
+        let r = async {
+            let rules = crate::s3::lifecycle::rules_from(&req.input)?;
+            node.put_lifecycle(&req.input.bucket, Lifecycle { version: node.hlc.now(), rules }).await?;
+            Ok(PutBucketLifecycleConfigurationOutput::default())
+        }
+        .await;
+        self.finish(r)
+    }
+
+    async fn get_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<GetBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<GetBucketLifecycleConfigurationOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
+        let node = self.node();
+        let bucket = &req.input.bucket;
+        let r = async {
+            let lc = node.get_lifecycle(bucket).await?;
+            crate::s3::lifecycle::rules_output(bucket, lc.as_ref().map_or(&[], |l| &l.rules))
+        }
+        .await;
+        self.finish(r)
+    }
+
+    async fn delete_bucket_lifecycle(
+        &self,
+        req: S3Request<DeleteBucketLifecycleInput>,
+    ) -> S3Result<S3Response<DeleteBucketLifecycleOutput>> {
+        if let Err(e) = req.input.check_supported() {
+            return self.finish(Err(e));
+        }
+        let node = self.node();
+        let r = async {
+            // An empty configuration with a new version replaces the rules everywhere.
+            let lc = Lifecycle { version: node.hlc.now(), rules: Vec::new() };
+            node.put_lifecycle(&req.input.bucket, lc).await?;
+            Ok(DeleteBucketLifecycleOutput::default())
+        }
+        .await;
         self.finish(r)
     }
 }

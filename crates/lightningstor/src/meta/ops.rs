@@ -12,6 +12,7 @@ use crate::checksum::Checksum;
 use crate::conditions;
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
+use crate::lifecycle::Lifecycle;
 use md5::Digest as _;
 use redb::{ReadableTable, WriteTransaction};
 use s3s::dto::ETagCondition;
@@ -122,7 +123,7 @@ pub fn create_bucket(txn: &WriteTransaction, name: &str, now_ms: i64) -> Result<
     if t.get(name)?.is_some() {
         return Err(LightningError::BucketAlreadyExists(name.to_owned()));
     }
-    let row = postcard::to_allocvec(&BucketMeta { created_ms: now_ms })?;
+    let row = postcard::to_allocvec(&BucketMeta::new(now_ms))?;
     t.insert(name, row.as_slice())?;
     Ok(())
 }
@@ -513,7 +514,7 @@ pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(
     {
         let mut buckets = txn.open_table(BUCKETS)?;
         if buckets.get(bucket)?.is_none() {
-            let b = postcard::to_allocvec(&BucketMeta { created_ms: super::now_ms() })?;
+            let b = postcard::to_allocvec(&BucketMeta::new(super::now_ms()))?;
             buckets.insert(bucket, b.as_slice())?;
         }
     }
@@ -567,13 +568,32 @@ pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>>
     Ok(freed)
 }
 
+/// Stores `lc` as `bucket`'s lifecycle configuration unless the row holds
+/// a newer one (replicas keep the newest; applying is idempotent). A
+/// replica that missed the bucket's creation (`create_missing`) creates the
+/// row; otherwise a missing bucket is NoSuchBucket. Returns whether it applied.
+pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, create_missing: bool) -> Result<bool> {
+    let mut t = txn.open_table(BUCKETS)?;
+    let mut row: BucketMeta = match t.get(bucket)? {
+        Some(v) => postcard::from_bytes(v.value())?,
+        None if create_missing => BucketMeta::new(super::now_ms()),
+        None => return Err(LightningError::NoSuchBucket(bucket.to_owned())),
+    };
+    if row.lifecycle.as_ref().is_some_and(|old| old.version >= lc.version) {
+        return Ok(false);
+    }
+    row.lifecycle = Some(lc.clone());
+    t.insert(bucket, postcard::to_allocvec(&row)?.as_slice())?;
+    Ok(true)
+}
+
 /// Creates a bucket row if it is missing (replicated create: idempotent).
 pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
     let mut t = txn.open_table(BUCKETS)?;
     if t.get(name)?.is_some() {
         return Ok(false);
     }
-    let row = postcard::to_allocvec(&BucketMeta { created_ms })?;
+    let row = postcard::to_allocvec(&BucketMeta::new(created_ms))?;
     t.insert(name, row.as_slice())?;
     Ok(true)
 }

@@ -5,6 +5,7 @@
 
 use crate::block::BlockHash;
 use crate::checksum::{Checksum, ChecksumAlgo};
+use crate::lifecycle::Lifecycle;
 use serde::{Deserialize, Serialize};
 
 /// A bucket row.
@@ -12,6 +13,22 @@ use serde::{Deserialize, Serialize};
 pub struct BucketMeta {
     /// Creation time, Unix milliseconds.
     pub created_ms: i64,
+    /// The lifecycle configuration, if one was ever put (an empty one after
+    /// a delete). Rows of builds before lifecycle end before it: `None`.
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub lifecycle: Option<Lifecycle>,
+}
+
+impl BucketMeta {
+    /// A new bucket's row.
+    pub fn new(created_ms: i64) -> Self {
+        BucketMeta { created_ms, lifecycle: None }
+    }
+
+    /// The lifecycle rules in force (none when none were put or they were deleted).
+    pub fn rules(&self) -> &[crate::lifecycle::Rule] {
+        self.lifecycle.as_ref().map_or(&[], |l| &l.rules)
+    }
 }
 
 /// A block of an object or part: its hash and length.
@@ -105,8 +122,8 @@ pub struct ObjectMeta {
 /// Rows written before SSE-C existed end before `sse_c`: postcard finds no
 /// byte left for it, which means none. (A stored row is one whole value, so
 /// the end of the input is the end of the row.)
-fn none_past_the_end<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SseC>, D::Error> {
-    Ok(Option::<SseC>::deserialize(d).ok().flatten())
+fn none_past_the_end<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    Ok(Option::<T>::deserialize(d).ok().flatten())
 }
 
 /// What an SSE-C object keeps about its encryption (never the key).
@@ -241,6 +258,29 @@ mod tests {
         assert_eq!(s.last_modified_ms, 1234);
         let back: ObjectMeta = postcard::from_bytes(&bytes).expect("decode");
         assert_eq!(back, meta);
+    }
+
+    #[test]
+    fn a_bucket_row_of_a_build_before_lifecycle_decodes_without_rules() {
+        #[derive(Serialize)]
+        struct OldBucketMeta {
+            created_ms: i64,
+        }
+        let old = postcard::to_allocvec(&OldBucketMeta { created_ms: 42 }).expect("encode");
+        let back: BucketMeta = postcard::from_bytes(&old).expect("decode an old row");
+        assert_eq!(back, BucketMeta::new(42));
+        assert!(back.rules().is_empty());
+        let rule = crate::lifecycle::Rule {
+            id: "r".into(),
+            enabled: true,
+            scope: crate::lifecycle::Scope::All,
+            expiration_days: Some(1),
+            abort_days: None,
+        };
+        let with = BucketMeta { created_ms: 42, lifecycle: Some(Lifecycle { version: 3, rules: vec![rule] }) };
+        let back: BucketMeta = postcard::from_bytes(&postcard::to_allocvec(&with).expect("encode")).expect("decode");
+        assert_eq!(back, with);
+        assert_eq!(back.rules().len(), 1);
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! The S3 protocol: `impl S3 for LightningS3`, one method per operation.
 //!
 //! Each method forwards to a handler in the submodule of its resource
-//! (`bucket`, `object`, `multipart`, `list`) that works in
+//! (`bucket`, `object`, `multipart`, `list`, `lifecycle`) that works in
 //! [`LightningError`](crate::error::LightningError); the conversion to the
 //! S3 error on the wire happens here, once.
 
 pub(crate) mod bucket;
 pub mod convert;
+pub mod lifecycle;
 pub(crate) mod list;
 pub(crate) mod multipart;
 pub(crate) mod object;
@@ -90,4 +91,9 @@ ops! {
     abort_multipart_upload(AbortMultipartUploadInput) -> AbortMultipartUploadOutput => multipart;
     list_parts(ListPartsInput) -> ListPartsOutput => multipart;
     list_multipart_uploads(ListMultipartUploadsInput) -> ListMultipartUploadsOutput => multipart;
+    put_bucket_lifecycle_configuration(PutBucketLifecycleConfigurationInput)
+        -> PutBucketLifecycleConfigurationOutput => lifecycle;
+    get_bucket_lifecycle_configuration(GetBucketLifecycleConfigurationInput)
+        -> GetBucketLifecycleConfigurationOutput => lifecycle;
+    delete_bucket_lifecycle(DeleteBucketLifecycleInput) -> DeleteBucketLifecycleOutput => lifecycle;
 }

@@ -235,6 +235,30 @@ impl Supported for CreateBucketInput {
     }
 }
 
+impl Supported for PutBucketLifecycleConfigurationInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self;
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+            transition_default_minimum_object_size => "x-amz-transition-default-minimum-object-size",
+        );
+        Ok(())
+    }
+}
+
+impl Supported for GetBucketLifecycleConfigurationInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
+        Ok(())
+    }
+}
+
+impl Supported for DeleteBucketLifecycleInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
+        Ok(())
+    }
+}
+
 /// Inputs with no option beyond what their handlers implement.
 macro_rules! all_supported {
     ($($t:ty),* $(,)?) => {
