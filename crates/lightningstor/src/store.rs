@@ -136,7 +136,8 @@ impl Store {
     /// Builds a store over a given block backend (metadata still under `data_dir`).
     pub fn with_backends(config: Config, blocks: Arc<dyn BlockStore>) -> Result<Arc<Self>> {
         std::fs::create_dir_all(&config.data_dir)?;
-        let meta = MetaStore::open(&config.data_dir.join("meta.redb"), blocks.clone(), config.fsync, config.tree_partitions)?;
+        let meta =
+            MetaStore::open(&config.data_dir.join("meta.redb"), blocks.clone(), config.fsync, config.tree_partitions)?;
         let orphans = crate::meta::collect_orphans(&meta, &*blocks)?;
         if orphans > 0 {
             tracing::info!(orphans, "collected unreferenced blocks");
