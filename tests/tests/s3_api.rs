@@ -1365,6 +1365,39 @@ fn bad_config_files_are_refused_naming_the_file_the_line_and_the_field() {
     );
 }
 
+#[test]
+fn flags_that_a_cluster_node_takes_from_its_cluster_file_are_refused_with_node() {
+    // `serve --node` reads the node's addresses, data directory, domains and
+    // region from the cluster file; a flag for one of them would be ignored,
+    // so it is refused before anything is read or started.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("cluster.toml");
+    for (flag, value) in
+        [("--listen", "127.0.0.1:1"), ("--data-dir", "/tmp/x"), ("--domain", "example.com"), ("--region", "eu-west-1")]
+    {
+        let out = std::process::Command::new(binary())
+            .args(["serve", "--config"])
+            .arg(&missing)
+            .args(["--node", "n1", flag, value])
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains("cannot be used with"), "{flag}: {err}");
+        assert!(err.contains(flag), "{flag}: the message names the flag: {err}");
+    }
+    // The flags that do apply to a node are still taken.
+    let out = std::process::Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(&missing)
+        .args(["--node", "n1", "--anonymous"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("cannot read {}", missing.display())), "{err}");
+}
+
 #[tokio::test]
 async fn a_block_corrupted_on_disk_fails_the_get_instead_of_returning_bad_bytes() -> R {
     let s = InProcess::new();

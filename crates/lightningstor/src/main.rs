@@ -58,8 +58,15 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Run as this node of the cluster described by --config (replicated
-        /// mode; S3 and node-to-node addresses come from the file).
-        #[arg(long, value_name = "NAME", requires = "config")]
+        /// mode). The node's S3 and node-to-node addresses, data directory,
+        /// domains and region come from the cluster file, so --listen,
+        /// --data-dir, --domain and --region are refused with it.
+        #[arg(
+            long,
+            value_name = "NAME",
+            requires = "config",
+            conflicts_with_all = ["data_dir", "listen", "domains", "region"]
+        )]
         node: Option<String>,
     },
     /// Set up and inspect a replicated cluster.
