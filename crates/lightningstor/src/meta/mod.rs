@@ -21,9 +21,9 @@ use crate::listing::{self, Cursor, ListPage, ListQuery};
 use redb::{
     Database, Durability, ReadOnlyTable, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction,
 };
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, RwLock};
 use tokio::sync::oneshot;
 use types::{BucketMeta, ObjectMeta, ObjectSummary, PartMeta, RawEntry, Row, UploadMeta, VersionRow};
 
@@ -54,8 +54,9 @@ pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs")
 pub const TREE_ROWS: TableDefinition<TreeKey, (u64, bool)> = TableDefinition::new("tree_rows");
 /// The key of [`TREE_ROWS`]: (partition, leaf, bucket, key bytes).
 pub type TreeKey = (u32, u8, &'static str, &'static [u8]);
-/// (partition, node) -> XOR of the row hashes below the node ([`merkle`]; cluster mode only).
-pub const TREE_NODES: TableDefinition<(u32, u16), [u8; 32]> = TableDefinition::new("tree_nodes");
+/// The tree nodes as builds before they moved to memory stored them; an
+/// open drops the table ([`merkle::ensure`]).
+pub const LEGACY_TREE_NODES: TableDefinition<(u32, u16), [u8; 32]> = TableDefinition::new("tree_nodes");
 /// `"partitions"` -> the partition count the trees were built for (cluster mode only).
 pub const TREE_META: TableDefinition<&str, u64> = TableDefinition::new("tree_meta");
 
@@ -67,12 +68,15 @@ pub struct Txn<'a> {
     inner: &'a WriteTransaction,
     tree: Option<u32>,
     deltas: std::cell::RefCell<std::collections::BTreeMap<(u32, u16), merkle::Hash>>,
+    /// The tree's index, opened by the first row change of the transaction
+    /// and kept open to its end (opening a table per row is a name lookup).
+    rows: std::cell::RefCell<Option<redb::Table<'a, TreeKey, (u64, bool)>>>,
 }
 
 impl<'a> Txn<'a> {
     /// Wraps `inner`; `tree` is the partition count when hash trees are kept.
     pub fn new(inner: &'a WriteTransaction, tree: Option<u32>) -> Self {
-        Txn { inner, tree, deltas: Default::default() }
+        Txn { inner, tree, deltas: Default::default(), rows: Default::default() }
     }
 
     /// The partition count of the hash trees, if the store keeps them.
@@ -80,15 +84,28 @@ impl<'a> Txn<'a> {
         self.tree
     }
 
+    /// Runs `f` on the tree's index (only [`merkle`] writes it).
+    fn with_tree_rows<R>(&self, f: impl FnOnce(&mut redb::Table<'a, TreeKey, (u64, bool)>) -> Result<R>) -> Result<R> {
+        let mut rows = self.rows.borrow_mut();
+        if rows.is_none() {
+            *rows = Some(self.inner.open_table(TREE_ROWS)?);
+        }
+        match rows.as_mut() {
+            Some(t) => f(t),
+            None => Err(LightningError::Db("tree index not open".into())),
+        }
+    }
+
     fn queue_delta(&self, partition: u32, leaf: u8, delta: &merkle::Hash) {
         merkle::queue(&mut self.deltas.borrow_mut(), partition, leaf, delta);
     }
 
-    /// Writes the queued tree node changes; must run before the commit
-    /// (the writer thread does, after the last operation of a batch).
-    pub fn finish(&self) -> Result<()> {
-        let deltas = std::mem::take(&mut *self.deltas.borrow_mut());
-        merkle::write_deltas(self.inner, &deltas)
+    /// The tree node changes queued so far, to apply to the in-memory
+    /// [`merkle::Nodes`] once the transaction has committed (the writer
+    /// thread does, before it answers the batch).
+    pub fn take_deltas(&self) -> std::collections::BTreeMap<(u32, u16), merkle::Hash> {
+        self.rows.borrow_mut().take();
+        std::mem::take(&mut *self.deltas.borrow_mut())
     }
 }
 
@@ -140,6 +157,8 @@ pub struct MetaStore {
     writer: mpsc::Sender<Box<dyn PendingOp>>,
     version: AtomicU64,
     tree: Option<u32>,
+    /// The hash tree nodes when the store keeps them ([`merkle::Nodes`]).
+    nodes: Option<Arc<RwLock<merkle::Nodes>>>,
 }
 
 impl std::fmt::Debug for MetaStore {
@@ -183,13 +202,23 @@ impl MetaStore {
             }
             txn.commit()?;
         }
+        let nodes = match tree {
+            Some(_) => {
+                let started = std::time::Instant::now();
+                let nodes = merkle::load(&db.begin_read()?.open_table(TREE_ROWS)?)?;
+                tracing::debug!(nodes = nodes.as_map().len(), took = ?started.elapsed(), "loaded the hash trees");
+                Some(Arc::new(RwLock::new(nodes)))
+            }
+            None => None,
+        };
         let (tx, rx) = mpsc::channel::<Box<dyn PendingOp>>();
         let wdb = db.clone();
+        let wnodes = nodes.clone();
         std::thread::Builder::new()
             .name("ls-meta-writer".into())
-            .spawn(move || writer_loop(&wdb, &rx, &*blocks, fsync, tree))?;
+            .spawn(move || writer_loop(&wdb, &rx, &*blocks, fsync, tree, wnodes.as_deref()))?;
         let start = u64::try_from(now_ms()).unwrap_or(0).saturating_mul(1000);
-        Ok(MetaStore { db, writer: tx, version: AtomicU64::new(start), tree })
+        Ok(MetaStore { db, writer: tx, version: AtomicU64::new(start), tree, nodes })
     }
 
     /// A fresh row version, unique and increasing on this node.
@@ -338,12 +367,9 @@ impl MetaStore {
     /// The hashes of tree nodes (partition, node); zeros for an empty one.
     pub fn tree_nodes(&self, nodes: &[(u32, u16)]) -> Result<Vec<[u8; 32]>> {
         self.require_tree()?;
-        let t = self.table(TREE_NODES)?;
-        let mut out = Vec::with_capacity(nodes.len());
-        for n in nodes {
-            out.push(t.get(*n)?.map(|v| v.value()).unwrap_or_default());
-        }
-        Ok(out)
+        let Some(held) = &self.nodes else { return Ok(vec![[0; 32]; nodes.len()]) };
+        let held = held.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(nodes.iter().map(|n| held.get(*n)).collect())
     }
 
     /// The rows (bucket, key, version, tombstone) of tree leaves
@@ -586,6 +612,7 @@ fn writer_loop(
     blocks: &dyn BlockStore,
     fsync: bool,
     tree: Option<u32>,
+    nodes: Option<&RwLock<merkle::Nodes>>,
 ) {
     while let Ok(first) = rx.recv() {
         let mut ops = vec![first];
@@ -595,7 +622,7 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let outcome = run_batch(db, &mut ops, blocks, fsync, tree);
+        let outcome = run_batch(db, &mut ops, blocks, fsync, tree, nodes);
         for op in ops {
             op.finish(outcome.clone());
         }
@@ -608,13 +635,14 @@ fn run_batch(
     blocks: &dyn BlockStore,
     fsync: bool,
     tree: Option<u32>,
+    nodes: Option<&RwLock<merkle::Nodes>>,
 ) -> std::result::Result<(), String> {
     let mut txn = db.begin_write().map_err(|e| e.to_string())?;
     if !fsync {
         txn.set_durability(Durability::Eventual);
     }
     let mut ok = true;
-    {
+    let deltas = {
         let t = Txn::new(&txn, tree);
         for op in ops.iter_mut() {
             // A panicking operation (a bug) must not take the writer thread down.
@@ -624,8 +652,8 @@ fn run_batch(
             }
         }
         // The batch's tree node changes, once each (nothing without a tree).
-        ok = ok && t.finish().is_ok();
-    }
+        t.take_deltas()
+    };
     if !ok {
         let _ = txn.abort();
         return Err("a storage error aborted the transaction".into());
@@ -637,7 +665,14 @@ fn run_batch(
         let _ = txn.abort();
         return Err(e.to_string());
     }
-    txn.commit().map_err(|e| e.to_string())
+    txn.commit().map_err(|e| e.to_string())?;
+    // The rows are committed: the nodes follow them before any writer of
+    // the batch is answered (a lock poisoned by a panic is taken over: the
+    // nodes are only ever changed whole, here).
+    if let Some(nodes) = nodes {
+        nodes.write().unwrap_or_else(std::sync::PoisonError::into_inner).apply(&deltas);
+    }
+    Ok(())
 }
 
 type ObjectKey = (&'static str, &'static [u8]);
