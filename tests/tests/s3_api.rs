@@ -49,6 +49,7 @@ single_node_and_cluster!(
     multipart_uploads_are_listed_by_prefix_and_page_by_markers,
     max_keys_zero_and_max_buckets_page_as_s3_does,
     options_we_do_not_implement_are_refused_and_nothing_is_stored,
+    an_expected_bucket_owner_is_refused_on_bucket_listing_and_upload_operations,
     conditional_deletes_keep_the_object_when_a_condition_fails,
     a_repeated_complete_multipart_upload_gets_the_same_answer,
     a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays,
@@ -489,6 +490,58 @@ async fn copies_keep_or_replace_metadata_and_check_source_conditions(c: aws_sdk_
 /// SSE, tagging, storage classes, object lock and versions are not
 /// implemented: asking for them gets NotImplemented and stores nothing
 /// (an SSE-C PUT used to be stored in plaintext and served without the key).
+async fn an_expected_bucket_owner_is_refused_on_bucket_listing_and_upload_operations(c: aws_sdk_s3::Client) -> R {
+    // There are no account ids here, so an expected owner can be neither
+    // checked nor ignored (the client wants the request to fail on another
+    // owner's bucket): every operation that takes one answers NotImplemented.
+    const OWNER: &str = "111122223333";
+    c.create_bucket().bucket("owned").send().await?;
+    put(&c, "owned", "k", b"v").await;
+    let e = c.head_bucket().bucket("owned").expected_bucket_owner(OWNER).send().await.expect_err("HeadBucket");
+    assert_eq!(status(&e), 501, "HeadBucket: {e:?}");
+    let e = c.list_objects_v2().bucket("owned").expected_bucket_owner(OWNER).send().await.expect_err("ListObjectsV2");
+    assert_eq!(code(&e), "NotImplemented");
+    let e = c.list_objects().bucket("owned").expected_bucket_owner(OWNER).send().await.expect_err("ListObjects");
+    assert_eq!(code(&e), "NotImplemented");
+    let e = c.get_bucket_location().bucket("owned").expected_bucket_owner(OWNER).send().await.expect_err("location");
+    assert_eq!(code(&e), "NotImplemented");
+    let e = c.list_multipart_uploads().bucket("owned").expected_bucket_owner(OWNER).send().await.expect_err("uploads");
+    assert_eq!(code(&e), "NotImplemented");
+    let up = c.create_multipart_upload().bucket("owned").key("m").send().await?;
+    let id = up.upload_id().unwrap_or_default();
+    let e = c
+        .list_parts()
+        .bucket("owned")
+        .key("m")
+        .upload_id(id)
+        .expected_bucket_owner(OWNER)
+        .send()
+        .await
+        .expect_err("ListParts");
+    assert_eq!(code(&e), "NotImplemented");
+    let e = c
+        .abort_multipart_upload()
+        .bucket("owned")
+        .key("m")
+        .upload_id(id)
+        .expected_bucket_owner(OWNER)
+        .send()
+        .await
+        .expect_err("AbortMultipartUpload");
+    assert_eq!(code(&e), "NotImplemented");
+    // The refused abort left the upload in place; a plain one removes it.
+    let uploads = c.list_multipart_uploads().bucket("owned").send().await?;
+    assert_eq!(uploads.uploads().len(), 1, "the refused abort changed nothing");
+    c.abort_multipart_upload().bucket("owned").key("m").upload_id(id).send().await?;
+    c.delete_object().bucket("owned").key("k").send().await?;
+    let e = c.delete_bucket().bucket("owned").expected_bucket_owner(OWNER).send().await.expect_err("DeleteBucket");
+    assert_eq!(code(&e), "NotImplemented");
+    // The refused delete left the bucket; without the header it goes.
+    c.head_bucket().bucket("owned").send().await?;
+    c.delete_bucket().bucket("owned").send().await?;
+    Ok(())
+}
+
 async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sdk_s3::Client) -> R {
     use aws_sdk_s3::types::{ServerSideEncryption, StorageClass};
     c.create_bucket().bucket("bkt").send().await?;
