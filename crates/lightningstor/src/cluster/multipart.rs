@@ -359,9 +359,10 @@ pub(super) async fn create_multipart_upload(
 pub(super) async fn upload_part(node: &Arc<Node>, req: S3Request<UploadPartInput>) -> Result<UploadPartOutput> {
     let S3Request { input: i, headers, trailing_headers, .. } = req;
     let number = part_number(i.part_number)?;
+    let given = i.customer_key()?;
     let (upload, _) = node.upload_state(&i.bucket, &i.key, &i.upload_id, false).await?;
     let sse_md5 = upload.sse_c_key_md5;
-    let sealing = crate::sse::for_upload(sse_md5, i.customer_key()?)?.map(|k| k.seal()).transpose()?;
+    let sealing = crate::sse::for_upload(sse_md5, given)?.map(|k| k.seal()).transpose()?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
         i.content_md5.as_deref(),
@@ -413,12 +414,13 @@ pub(super) async fn upload_part_copy(
 ) -> Result<UploadPartCopyOutput> {
     let i = req.input;
     let number = part_number(i.part_number)?;
+    let (given, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let (upload, _) = node.upload_state(&i.bucket, &i.key, &i.upload_id, false).await?;
     let sse_md5 = upload.sse_c_key_md5;
-    let dest_key = crate::sse::for_upload(sse_md5, i.customer_key()?)?;
+    let dest_key = crate::sse::for_upload(sse_md5, given)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let (src, holders) = super::s3::load(node, &sb, &sk).await?;
-    let source = crate::sse::open(&src, i.copy_source_key()?.as_ref())?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
         if_none_match: i.copy_source_if_none_match,

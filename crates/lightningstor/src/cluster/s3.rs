@@ -312,9 +312,9 @@ async fn copy_object(node: &Arc<Node>, req: S3Request<CopyObjectInput>) -> Resul
     let i = req.input;
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
-    let dest_key = i.customer_key()?;
+    let (dest_key, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let (src, holders) = load(node, &sb, &sk).await?;
-    let source = crate::sse::open(&src, i.copy_source_key()?.as_ref())?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     preconditions(
         i.copy_source_if_match.clone(),
         i.copy_source_if_none_match.clone(),

@@ -151,8 +151,9 @@ async fn store_part(
 pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInput>) -> Result<UploadPartOutput> {
     let S3Request { input: i, headers, trailing_headers, .. } = req;
     let number = part_number(i.part_number)?;
+    let given = i.customer_key()?;
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
-    let sealing = crate::sse::for_upload(upload.sse_c_key_md5, i.customer_key()?)?.map(|k| k.seal()).transpose()?;
+    let sealing = crate::sse::for_upload(upload.sse_c_key_md5, given)?.map(|k| k.seal()).transpose()?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
         i.content_md5.as_deref(),
@@ -223,11 +224,12 @@ pub(super) async fn upload_part_copy(
 ) -> Result<UploadPartCopyOutput> {
     let i = req.input;
     let number = part_number(i.part_number)?;
+    let (given, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
-    let dest_key = crate::sse::for_upload(upload.sse_c_key_md5, i.customer_key()?)?;
+    let dest_key = crate::sse::for_upload(upload.sse_c_key_md5, given)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let src = load(store, &sb, &sk)?;
-    let source = crate::sse::open(&src, i.copy_source_key()?.as_ref())?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
         if_none_match: i.copy_source_if_none_match,

@@ -391,9 +391,9 @@ pub(super) async fn copy_object(store: &Arc<Store>, req: S3Request<CopyObjectInp
     let i = req.input;
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
-    let dest_key = i.customer_key()?;
+    let (dest_key, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let src = load(store, &sb, &sk)?;
-    let source = crate::sse::open(&src, i.copy_source_key()?.as_ref())?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     preconditions(
         i.copy_source_if_match.clone(),
         i.copy_source_if_none_match.clone(),
