@@ -425,15 +425,17 @@ mod tests {
 
     fn key(byte: u8) -> CustomerKey {
         let k = [byte; 32];
-        CustomerKey::from_headers(Some("AES256"), Some(&b64(&k)), Some(&b64(&md5::Md5::digest(k)))).unwrap().unwrap()
+        CustomerKey::from_headers(Some("AES256"), Some(&b64(&k)), Some(&b64(&md5::Md5::digest(k))))
+            .expect("a valid key")
+            .expect("a key")
     }
 
     #[test]
     fn keys_need_all_three_headers_aes256_32_bytes_and_their_md5() {
         let k = [1u8; 32];
         let (kb, mb) = (b64(&k), b64(&md5::Md5::digest(k)));
-        assert!(CustomerKey::from_headers(None, None, None).unwrap().is_none());
-        assert!(CustomerKey::from_headers(Some("AES256"), Some(&kb), Some(&mb)).unwrap().is_some());
+        assert!(CustomerKey::from_headers(None, None, None).expect("ok").is_none());
+        assert!(CustomerKey::from_headers(Some("AES256"), Some(&kb), Some(&mb)).expect("ok").is_some());
         let (short, short_md5, zeros) = (b64(&[1u8; 16]), b64(&md5::Md5::digest([1u8; 16])), b64(&[0u8; 16]));
         let bad = [
             (Some("AES256"), Some(kb.as_str()), None),
@@ -463,10 +465,10 @@ mod tests {
 
     #[test]
     fn opening_needs_the_objects_own_key() {
-        let (sse, _) = key(1).seal().unwrap();
+        let (sse, _) = key(1).seal().expect("sealed");
         let (plain, sealed) = (object(None, vec![]), object(Some(sse), vec![]));
-        assert!(open(&plain, None).unwrap().is_none());
-        assert!(open(&sealed, Some(&key(1))).unwrap().is_some());
+        assert!(open(&plain, None).expect("ok").is_none());
+        assert!(open(&sealed, Some(&key(1))).expect("ok").is_some());
         assert!(matches!(open(&sealed, None), Err(LightningError::InvalidRequest(_))));
         assert!(matches!(open(&sealed, Some(&key(2))), Err(LightningError::AccessDenied(_))));
         assert!(matches!(open(&plain, Some(&key(1))), Err(LightningError::InvalidRequest(_))));
@@ -475,8 +477,8 @@ mod tests {
     #[test]
     fn a_part_needs_the_key_its_upload_was_created_with() {
         let m = key(1).md5();
-        assert!(for_upload(None, None).unwrap().is_none());
-        assert_eq!(for_upload(Some(m), Some(key(1))).unwrap().map(|k| k.md5()), Some(m));
+        assert!(for_upload(None, None).expect("ok").is_none());
+        assert_eq!(for_upload(Some(m), Some(key(1))).expect("ok").map(|k| k.md5()), Some(m));
         assert!(matches!(for_upload(Some(m), None), Err(LightningError::InvalidRequest(_))));
         assert!(matches!(for_upload(Some(m), Some(key(2))), Err(LightningError::AccessDenied(_))));
         assert!(matches!(for_upload(None, Some(key(1))), Err(LightningError::InvalidRequest(_))));
@@ -495,7 +497,8 @@ mod tests {
         // must use disjoint counter blocks under the one key.
         let k = key(5);
         let max_part = 5u64 << 30;
-        let mut ranges: Vec<(u128, u128)> = (0..10_000).map(|_| counters(k.seal().unwrap().0.iv, max_part)).collect();
+        let mut ranges: Vec<(u128, u128)> =
+            (0..10_000).map(|_| counters(k.seal().expect("sealed").0.iv, max_part)).collect();
         ranges.sort_unstable();
         for w in ranges.windows(2) {
             assert!(w[0].0.checked_add(w[0].1).is_some_and(|end| end <= w[1].0), "parts overlap: {w:?}");
@@ -513,30 +516,30 @@ mod tests {
         let mut ivs = Vec::new();
         let mut stored = Vec::new();
         for p in &plain {
-            let (sse, c) = k.seal().unwrap();
+            let (sse, c) = k.seal().expect("sealed");
             let mut sealed = p.clone();
-            c.apply(0, &mut sealed).unwrap();
+            c.apply(0, &mut sealed).expect("ok");
             ivs.push(Some(sse.iv));
             stored.push(sealed);
         }
         assert_ne!(stored[0][..37], stored[2][..37], "two parts share keystream");
         assert_ne!(stored[0][..16], stored[4][..], "two parts share keystream");
-        let sse = assembled(k.md5(), &ivs).unwrap();
+        let sse = assembled(k.md5(), &ivs).expect("ok");
         assert_eq!(sse.iv, sse.part_ivs[0]);
         let meta = object(Some(sse), sizes.to_vec());
-        let c = open(&meta, Some(&k)).unwrap().expect("a cipher");
+        let c = open(&meta, Some(&k)).expect("opened").expect("a cipher");
         let (whole_plain, whole) = (plain.concat(), stored.concat());
         for cuts in [vec![0, 403], vec![0, 99, 100, 101, 136, 137, 138, 386, 387, 390, 403], vec![0, 50, 200, 403]] {
             let mut back = whole.clone();
             for w in cuts.windows(2) {
-                c.apply(w[0] as u64, &mut back[w[0]..w[1]]).unwrap();
+                c.apply(w[0] as u64, &mut back[w[0]..w[1]]).expect("ok");
             }
             assert_eq!(back, whole_plain, "{cuts:?}");
         }
         // One stream over the whole object would not decrypt it.
-        let single = object(Some(SseC { part_ivs: vec![], ..meta.sse_c.clone().unwrap() }), vec![]);
+        let single = object(Some(SseC { part_ivs: vec![], ..meta.sse_c.clone().expect("sealed") }), vec![]);
         let mut wrong = whole.clone();
-        open(&single, Some(&k)).unwrap().unwrap().apply(0, &mut wrong).unwrap();
+        open(&single, Some(&k)).expect("a valid key").expect("a key").apply(0, &mut wrong).expect("applied");
         assert_ne!(wrong, whole_plain);
         // A part without an IV, or IVs that do not match the parts: refused.
         assert!(assembled(k.md5(), &[ivs[0], None]).is_err());
@@ -554,19 +557,19 @@ mod tests {
             iv[12..].copy_from_slice(&[0xff, 0xff, 0xff, 0xfe]);
             iv
         }] {
-            let c = Cipher::new(&k, &SseC { key_md5: k.md5, iv, part_ivs: vec![] }, &[]).unwrap();
+            let c = Cipher::new(&k, &SseC { key_md5: k.md5, iv, part_ivs: vec![] }, &[]).expect("ok");
             let mut whole = data.clone();
-            c.apply(0, &mut whole).unwrap();
+            c.apply(0, &mut whole).expect("ok");
             assert_ne!(whole, data);
             for cuts in [vec![0, 1, 17, 32, 33, 500, 1000], vec![0, 15, 16, 100, 999, 1000], vec![0, 7, 1000]] {
                 let mut pieces = data.clone();
                 for w in cuts.windows(2) {
-                    c.apply(w[0] as u64, &mut pieces[w[0]..w[1]]).unwrap();
+                    c.apply(w[0] as u64, &mut pieces[w[0]..w[1]]).expect("ok");
                 }
                 assert_eq!(pieces, whole, "{iv:?} {cuts:?}");
             }
             let mut back = whole[300..450].to_vec();
-            c.apply(300, &mut back).unwrap();
+            c.apply(300, &mut back).expect("ok");
             assert_eq!(back, data[300..450]);
         }
     }
