@@ -55,10 +55,29 @@ single_node_and_cluster!(
     a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays,
     replies_carry_a_request_id_and_error_xml_repeats_it,
     sse_c_objects_are_served_only_with_their_key,
+    sse_c_copies_need_the_source_key_and_may_change_or_drop_the_key,
     full_object_multipart_checksums_are_the_crc_of_the_whole_object,
     operations_we_do_not_serve_answer_not_implemented,
     lifecycle_configurations_round_trip_and_unsupported_rules_are_refused,
 );
+
+/// SSE-C multipart tests that also look at the bytes on disk: a single node
+/// and a 3-node cluster, each with its data directory.
+mod sse_c_multipart {
+    use super::*;
+
+    #[tokio::test]
+    async fn sse_c_multipart_uploads_need_the_key_on_every_part_single_node() -> R {
+        let s = InProcess::new();
+        super::sse_c_multipart_uploads_need_the_key_on_every_part(s.client(), s.dir.path()).await
+    }
+
+    #[tokio::test]
+    async fn sse_c_multipart_uploads_need_the_key_on_every_part_three_node_cluster() -> R {
+        let s = InCluster::new(3);
+        super::sse_c_multipart_uploads_need_the_key_on_every_part(s.client(), s.dir.path()).await
+    }
+}
 
 /// Lifecycle tests need a short "day" and a frequent task, and one needs a
 /// second key: a single node and a 3-node cluster each set that up here.
@@ -547,19 +566,28 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
     c.create_bucket().bucket("bkt").send().await?;
     let key = base64(&[7u8; 32]);
     let key_md5 = base64(&md5::Md5::digest([7u8; 32]));
-    // SSE-C is served on PUT/GET/HEAD (sse_c_objects_are_served_only_with_their_key),
-    // not on multipart uploads and copies.
+    // SSE-C is served (sse_c_*), SSE-KMS and SSE-S3 are not, on any write.
     let e = c
         .create_multipart_upload()
         .bucket("bkt")
         .key("secret")
-        .sse_customer_algorithm("AES256")
-        .sse_customer_key(&key)
-        .sse_customer_key_md5(&key_md5)
+        .server_side_encryption(ServerSideEncryption::AwsKms)
         .send()
         .await
-        .expect_err("SSE-C multipart");
+        .expect_err("SSE-KMS multipart");
     assert_eq!(code(&e), "NotImplemented");
+    put(&c, "bkt", "copy-source", b"v").await;
+    let e = c
+        .copy_object()
+        .bucket("bkt")
+        .key("secret")
+        .copy_source("bkt/copy-source")
+        .server_side_encryption(ServerSideEncryption::Aes256)
+        .send()
+        .await
+        .expect_err("SSE-S3 copy");
+    assert_eq!(code(&e), "NotImplemented");
+    c.delete_object().bucket("bkt").key("copy-source").send().await?;
     let e = c
         .put_object()
         .bucket("bkt")
@@ -1991,6 +2019,351 @@ async fn sse_c_objects_are_served_only_with_their_key(c: aws_sdk_s3::Client) -> 
     put(&c, "bkt", "plain", b"v").await;
     assert_eq!(body_of(c.get_object().bucket("bkt").key("plain").send().await?).await, b"v");
     assert_eq!(c.list_objects_v2().bucket("bkt").send().await?.key_count(), Some(3));
+    Ok(())
+}
+
+/// Every file under `dir` (block files, metadata) holds `needle` somewhere.
+fn on_disk(dir: &std::path::Path, needle: &[u8]) -> bool {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path)
+                && bytes.windows(needle.len()).any(|w| w == needle)
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// SSE-C multipart uploads: CreateMultipartUpload with a key records it;
+/// every UploadPart must give that key (none: 400 InvalidRequest, another:
+/// 403 AccessDenied) and is stored encrypted (its plaintext is nowhere on
+/// disk, where a plain upload's is); a part uploaded again replaces the
+/// first; ListParts and Complete work; GET/HEAD need the key, and ranges
+/// across the part boundary, partNumber reads and a copy to a plain
+/// object return the plaintext.
+async fn sse_c_multipart_uploads_need_the_key_on_every_part(c: aws_sdk_s3::Client, dir: &std::path::Path) -> R {
+    c.create_bucket().bucket("enc").send().await?;
+    let ssec = |k: u8| (base64(&[k; 32]), base64(&md5::Md5::digest([k; 32])));
+    let ((k1, m1), (k2, m2)) = (ssec(11), ssec(12));
+    let parts = [pseudo_random(5 << 20, 50), pseudo_random(300_001, 51)];
+    let whole = parts.concat();
+    let up = c
+        .create_multipart_upload()
+        .bucket("enc")
+        .key("big")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .send()
+        .await?;
+    assert_eq!(up.sse_customer_algorithm(), Some("AES256"));
+    assert_eq!(up.sse_customer_key_md5(), Some(m1.as_str()));
+    let id = up.upload_id().expect("upload id").to_owned();
+    let part = |n: i32, data: Vec<u8>, key: Option<(&str, &str)>| {
+        let r = c
+            .upload_part()
+            .bucket("enc")
+            .key("big")
+            .upload_id(&id)
+            .part_number(n)
+            .set_sse_customer_algorithm(key.map(|_| "AES256".to_owned()))
+            .set_sse_customer_key(key.map(|k| k.0.to_owned()))
+            .set_sse_customer_key_md5(key.map(|k| k.1.to_owned()))
+            .body(ByteStream::from(data));
+        async move { r.send().await }
+    };
+    let e = part(1, parts[0].clone(), None).await.expect_err("a part without the key");
+    assert_eq!((code(&e).as_str(), status(&e)), ("InvalidRequest", 400));
+    let e = part(1, parts[0].clone(), Some((&k2, &m2))).await.expect_err("a part with another key");
+    assert_eq!((code(&e).as_str(), status(&e)), ("AccessDenied", 403));
+    // Part 1 first with other bytes, then again with its own.
+    part(1, pseudo_random(5 << 20, 59), Some((&k1, &m1))).await?;
+    let mut done = Vec::new();
+    for (n, data) in (1..).zip(&parts) {
+        let out = part(n, data.clone(), Some((&k1, &m1))).await?;
+        assert_eq!(out.sse_customer_key_md5(), Some(m1.as_str()));
+        let plain_md5 = format!("\"{}\"", hex::encode(md5::Md5::digest(data)));
+        assert_ne!(out.e_tag(), Some(plain_md5.as_str()), "a part's ETag gives away its plaintext's MD5");
+        done.push(CompletedPart::builder().part_number(n).e_tag(out.e_tag().expect("etag")).build());
+    }
+    let listed = c.list_parts().bucket("enc").key("big").upload_id(&id).send().await?;
+    let sizes: Vec<_> = listed.parts().iter().map(|p| (p.part_number(), p.size())).collect();
+    assert_eq!(sizes, [(Some(1), Some(5 << 20)), (Some(2), Some(300_001))]);
+    let e = c
+        .complete_multipart_upload()
+        .bucket("enc")
+        .key("big")
+        .upload_id(&id)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k2)
+        .sse_customer_key_md5(&m2)
+        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done.clone())).build())
+        .send()
+        .await
+        .expect_err("a complete naming another key");
+    assert_eq!(status(&e), 403);
+    let out = c
+        .complete_multipart_upload()
+        .bucket("enc")
+        .key("big")
+        .upload_id(&id)
+        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done)).build())
+        .send()
+        .await?;
+    assert!(out.e_tag().is_some_and(|t| t.ends_with("-2\"")), "{:?}", out.e_tag());
+
+    let e = c.get_object().bucket("enc").key("big").send().await.expect_err("GET without the key");
+    assert_eq!((code(&e).as_str(), status(&e)), ("InvalidRequest", 400));
+    let get = |key: (&str, &str)| {
+        c.get_object()
+            .bucket("enc")
+            .key("big")
+            .sse_customer_algorithm("AES256")
+            .sse_customer_key(key.0)
+            .sse_customer_key_md5(key.1)
+    };
+    let e = get((&k2, &m2)).send().await.expect_err("GET with another key");
+    assert_eq!((code(&e).as_str(), status(&e)), ("AccessDenied", 403));
+    let out = get((&k1, &m1)).send().await?;
+    assert_eq!(out.sse_customer_key_md5(), Some(m1.as_str()));
+    assert!(body_of(out).await == whole, "the whole object");
+    let boundary = 5usize << 20;
+    for (first, last) in [(boundary - 100, boundary + 100), (boundary - 1, boundary), (7, whole.len() - 3)] {
+        let out = get((&k1, &m1)).range(format!("bytes={first}-{last}")).send().await?;
+        assert!(body_of(out).await == whole[first..=last], "{first}-{last}");
+    }
+    let out = get((&k1, &m1)).part_number(2).send().await?;
+    assert_eq!(out.parts_count(), Some(2));
+    assert!(body_of(out).await == parts[1], "part 2");
+    let head = c
+        .head_object()
+        .bucket("enc")
+        .key("big")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .send()
+        .await?;
+    assert_eq!(head.content_length(), Some(whole.len() as i64));
+    let e = c.head_object().bucket("enc").key("big").send().await.expect_err("HEAD without the key");
+    assert_eq!(status(&e), 400);
+
+    // The plaintext of neither part is on disk; a plain object's is (which
+    // shows the search finds what is there).
+    for (n, p) in parts.iter().enumerate() {
+        assert!(!on_disk(dir, &p[4096..4160]), "part {} is stored in plaintext", n + 1);
+    }
+    let plain = pseudo_random(300_000, 52);
+    put(&c, "enc", "plain", &plain).await;
+    assert!(on_disk(dir, &plain[4096..4160]), "a plain object's bytes are not found on disk");
+
+    // A copy with the key decrypts every part into a plain object.
+    c.copy_object()
+        .bucket("enc")
+        .key("big-plain")
+        .copy_source("enc/big")
+        .copy_source_sse_customer_algorithm("AES256")
+        .copy_source_sse_customer_key(&k1)
+        .copy_source_sse_customer_key_md5(&m1)
+        .send()
+        .await?;
+    let out = c.get_object().bucket("enc").key("big-plain").send().await?;
+    assert!(body_of(out).await == whole, "the plain copy");
+    // A part of a plain upload with a key, or a part with a key MD5 that is
+    // not its key's: refused.
+    let plain_up = c.create_multipart_upload().bucket("enc").key("p").send().await?;
+    let e = c
+        .upload_part()
+        .bucket("enc")
+        .key("p")
+        .upload_id(plain_up.upload_id().expect("id"))
+        .part_number(1)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("a key for a plain upload");
+    assert_eq!(status(&e), 400);
+    let e = c
+        .upload_part()
+        .bucket("enc")
+        .key("p")
+        .upload_id(plain_up.upload_id().expect("id"))
+        .part_number(1)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m2)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("a key MD5 that is not the key's");
+    assert_eq!((code(&e).as_str(), status(&e)), ("InvalidArgument", 400));
+    Ok(())
+}
+
+/// CopyObject and UploadPartCopy from an SSE-C source need its key in the
+/// `x-amz-copy-source-server-side-encryption-customer-*` headers (none:
+/// 400, another: 403, and nothing is stored); the destination is plain or
+/// SSE-C under its own key; an object copied onto itself with a new key is
+/// a key rotation; a plain source copied with a key is encrypted.
+async fn sse_c_copies_need_the_source_key_and_may_change_or_drop_the_key(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("cpy").send().await?;
+    let ssec = |k: u8| (base64(&[k; 32]), base64(&md5::Md5::digest([k; 32])));
+    let ((k1, m1), (k2, m2), (k3, m3)) = (ssec(21), ssec(22), ssec(23));
+    let data = pseudo_random(1_300_000, 60);
+    c.put_object()
+        .bucket("cpy")
+        .key("src")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await?;
+    let copy = |dst: &str, src_key: Option<(&str, &str)>, dst_key: Option<(&str, &str)>| {
+        c.copy_object()
+            .bucket("cpy")
+            .key(dst)
+            .copy_source("cpy/src")
+            .set_copy_source_sse_customer_algorithm(src_key.map(|_| "AES256".to_owned()))
+            .set_copy_source_sse_customer_key(src_key.map(|k| k.0.to_owned()))
+            .set_copy_source_sse_customer_key_md5(src_key.map(|k| k.1.to_owned()))
+            .set_sse_customer_algorithm(dst_key.map(|_| "AES256".to_owned()))
+            .set_sse_customer_key(dst_key.map(|k| k.0.to_owned()))
+            .set_sse_customer_key_md5(dst_key.map(|k| k.1.to_owned()))
+    };
+    let get = |key: &str, with: Option<(&str, &str)>| {
+        c.get_object()
+            .bucket("cpy")
+            .key(key)
+            .set_sse_customer_algorithm(with.map(|_| "AES256".to_owned()))
+            .set_sse_customer_key(with.map(|k| k.0.to_owned()))
+            .set_sse_customer_key_md5(with.map(|k| k.1.to_owned()))
+            .send()
+    };
+    let cref = &c;
+    let absent = move |key: &'static str| async move {
+        status(&cref.head_object().bucket("cpy").key(key).send().await.expect_err(key)) == 404
+    };
+
+    let e = copy("out", None, None).send().await.expect_err("no source key");
+    assert_eq!((code(&e).as_str(), status(&e)), ("InvalidRequest", 400));
+    let e = copy("out", Some((&k2, &m2)), Some((&k2, &m2))).send().await.expect_err("another source key");
+    assert_eq!((code(&e).as_str(), status(&e)), ("AccessDenied", 403));
+    assert!(absent("out").await, "a refused copy stored something");
+
+    // To a plain object.
+    copy("plain", Some((&k1, &m1)), None).send().await?;
+    assert!(body_of(get("plain", None).await?).await == data, "decrypted copy");
+    // To an SSE-C object under another key.
+    let out = copy("other", Some((&k1, &m1)), Some((&k2, &m2))).send().await?;
+    assert_eq!(out.sse_customer_key_md5(), Some(m2.as_str()));
+    assert!(body_of(get("other", Some((&k2, &m2))).await?).await == data, "re-encrypted copy");
+    assert_eq!(status(&get("other", Some((&k1, &m1))).await.expect_err("the source's key")), 403);
+    assert_eq!(status(&get("other", None).await.expect_err("no key")), 400);
+    // Onto itself with a new key: the old key no longer opens it.
+    let out = c
+        .copy_object()
+        .bucket("cpy")
+        .key("src")
+        .copy_source("cpy/src")
+        .copy_source_sse_customer_algorithm("AES256")
+        .copy_source_sse_customer_key(&k1)
+        .copy_source_sse_customer_key_md5(&m1)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k3)
+        .sse_customer_key_md5(&m3)
+        .send()
+        .await?;
+    assert_eq!(out.sse_customer_key_md5(), Some(m3.as_str()));
+    assert!(body_of(get("src", Some((&k3, &m3))).await?).await == data, "rotated");
+    assert_eq!(status(&get("src", Some((&k1, &m1))).await.expect_err("the old key")), 403);
+    // A plain source copied with a key is encrypted.
+    put(&c, "cpy", "p", b"plain bytes").await;
+    c.copy_object()
+        .bucket("cpy")
+        .key("p-enc")
+        .copy_source("cpy/p")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .send()
+        .await?;
+    assert_eq!(status(&get("p-enc", None).await.expect_err("no key")), 400);
+    assert_eq!(body_of(get("p-enc", Some((&k1, &m1))).await?).await, b"plain bytes");
+    // A plain source named with a source key: refused, as a GET is.
+    let e = c
+        .copy_object()
+        .bucket("cpy")
+        .key("p-bad")
+        .copy_source("cpy/p")
+        .copy_source_sse_customer_algorithm("AES256")
+        .copy_source_sse_customer_key(&k1)
+        .copy_source_sse_customer_key_md5(&m1)
+        .send()
+        .await
+        .expect_err("a source key for a plain source");
+    assert_eq!(status(&e), 400);
+    assert!(absent("p-bad").await);
+
+    // UploadPartCopy from the (now k3) source into an upload under k2.
+    let up = c
+        .create_multipart_upload()
+        .bucket("cpy")
+        .key("mpu")
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k2)
+        .sse_customer_key_md5(&m2)
+        .send()
+        .await?;
+    let id = up.upload_id().expect("id").to_owned();
+    let part_copy = |src_key: Option<(&str, &str)>, dst_key: Option<(&str, &str)>| {
+        c.upload_part_copy()
+            .bucket("cpy")
+            .key("mpu")
+            .upload_id(&id)
+            .part_number(1)
+            .copy_source("cpy/src")
+            .set_copy_source_sse_customer_algorithm(src_key.map(|_| "AES256".to_owned()))
+            .set_copy_source_sse_customer_key(src_key.map(|k| k.0.to_owned()))
+            .set_copy_source_sse_customer_key_md5(src_key.map(|k| k.1.to_owned()))
+            .set_sse_customer_algorithm(dst_key.map(|_| "AES256".to_owned()))
+            .set_sse_customer_key(dst_key.map(|k| k.0.to_owned()))
+            .set_sse_customer_key_md5(dst_key.map(|k| k.1.to_owned()))
+            .send()
+    };
+    let e = part_copy(Some((&k1, &m1)), Some((&k2, &m2))).await.expect_err("the source's old key");
+    assert_eq!(status(&e), 403);
+    let e = part_copy(None, Some((&k2, &m2))).await.expect_err("no source key");
+    assert_eq!(status(&e), 400);
+    let e = part_copy(Some((&k3, &m3)), None).await.expect_err("no key for the upload");
+    assert_eq!(status(&e), 400);
+    let listed = c.list_parts().bucket("cpy").key("mpu").upload_id(&id).send().await?;
+    assert!(listed.parts().is_empty(), "a refused part copy stored a part");
+    let out = part_copy(Some((&k3, &m3)), Some((&k2, &m2))).await?;
+    assert_eq!(out.sse_customer_key_md5(), Some(m2.as_str()));
+    let tag = out.copy_part_result().and_then(|r| r.e_tag()).expect("etag").to_owned();
+    c.complete_multipart_upload()
+        .bucket("cpy")
+        .key("mpu")
+        .upload_id(&id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .parts(CompletedPart::builder().part_number(1).e_tag(tag).build())
+                .build(),
+        )
+        .send()
+        .await?;
+    assert!(body_of(get("mpu", Some((&k2, &m2))).await?).await == data, "part copied and re-encrypted");
+    assert_eq!(status(&get("mpu", Some((&k3, &m3))).await.expect_err("the source's key")), 403);
     Ok(())
 }
 

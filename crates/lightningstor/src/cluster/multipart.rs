@@ -21,7 +21,7 @@ use super::NodeId;
 use super::coord::union;
 use super::node::{ClusterMetrics, Node};
 use super::rpc::{Msg, Req, Resp, UploadState};
-use crate::checksum::{ChecksumAlgo, ChecksumPlan};
+use crate::checksum::{Checksum, ChecksumAlgo, ChecksumPlan};
 use crate::conditions::Mode;
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
@@ -35,6 +35,7 @@ use crate::s3::multipart::{
     wanted_checksum,
 };
 use crate::s3::object::copy_source;
+use crate::sse::{WithCopySourceKey as _, WithCustomerKey as _};
 use bytes::Bytes;
 use s3s::S3Request;
 use s3s::dto::*;
@@ -251,7 +252,9 @@ impl Node {
         Ok(dropped)
     }
 
-    /// Stages a part's body on the replicas and stores its row there.
+    /// Stages a part's body on the replicas (encrypted when `sealing`, for
+    /// an SSE-C upload) and stores its row there. `check` sees the size and
+    /// the plaintext's MD5 and checksum before anything is committed.
     #[allow(clippy::too_many_arguments)]
     async fn stage_part<S, E>(
         self: &Arc<Self>,
@@ -262,20 +265,34 @@ impl Node {
         number: u32,
         body: S,
         algo: Option<ChecksumAlgo>,
-        check: impl FnOnce(&super::coord::Staged) -> Result<()>,
+        sealing: Option<(crate::sse::SseC, crate::sse::Cipher)>,
+        check: impl FnOnce(u64, &[u8; 16], Option<&Checksum>) -> Result<()>,
     ) -> Result<PartMeta>
     where
         S: futures::Stream<Item = std::result::Result<Bytes, E>> + Send,
         E: std::fmt::Display,
     {
-        let staged = self.stage(bucket, key.as_bytes(), body, algo, false).await?;
-        check(&staged)?;
+        let (staged, plain_md5, checksum, sse_iv) = match sealing {
+            None => {
+                let staged = self.stage(bucket, key.as_bytes(), body, algo, false).await?;
+                let (md5, checksum) = (staged.md5, staged.checksum.clone());
+                (staged, md5, checksum, None)
+            }
+            Some((sse, cipher)) => {
+                let (sealed, digest) = crate::sse::seal_body(cipher, algo, body);
+                let staged = self.stage(bucket, key.as_bytes(), sealed, None, false).await?;
+                let (md5, checksum) = digest.finish()?;
+                (staged, md5, checksum, Some(sse.iv))
+            }
+        };
+        check(staged.size, &plain_md5, checksum.as_ref())?;
         let part = PartMeta {
             size: staged.size,
             md5: staged.md5,
-            checksum: staged.checksum.clone(),
+            checksum,
             last_modified_ms: now_ms(),
             blocks: staged.data.blocks().to_vec(),
+            sse_iv,
         };
         let targets: Vec<NodeId> = union(&self.write_sets(bucket, key.as_bytes()))
             .into_iter()
@@ -301,6 +318,7 @@ pub(super) async fn create_multipart_upload(
     let i = req.input;
     check_key(&i.key)?;
     let (algo, full_object) = upload_checksum(&i)?;
+    let sse_c_key_md5 = i.customer_key()?.map(|k| k.md5());
     node.require_bucket(&i.bucket).await?;
     let id = new_upload_id(node, &i.bucket, &i.key);
     let upload = UploadMeta {
@@ -318,6 +336,7 @@ pub(super) async fn create_multipart_upload(
         ),
         checksum_algo: algo,
         full_object,
+        sse_c_key_md5,
     };
     let targets = union(&node.write_sets(&i.bucket, i.key.as_bytes()));
     node.quorum_call(&i.bucket, i.key.as_bytes(), &targets, || Req::CreateUpload {
@@ -331,6 +350,8 @@ pub(super) async fn create_multipart_upload(
         upload_id: Some(id),
         checksum_algorithm: i.checksum_algorithm,
         checksum_type: checksum_type(algo, full_object),
+        sse_customer_algorithm: sse_c_key_md5.map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: sse_c_key_md5.as_ref().map(crate::sse::key_md5_base64_of),
         ..Default::default()
     })
 }
@@ -338,7 +359,10 @@ pub(super) async fn create_multipart_upload(
 pub(super) async fn upload_part(node: &Arc<Node>, req: S3Request<UploadPartInput>) -> Result<UploadPartOutput> {
     let S3Request { input: i, headers, trailing_headers, .. } = req;
     let number = part_number(i.part_number)?;
+    let given = i.customer_key()?;
     let (upload, _) = node.upload_state(&i.bucket, &i.key, &i.upload_id, false).await?;
+    let sse_md5 = upload.sse_c_key_md5;
+    let sealing = crate::sse::for_upload(sse_md5, given)?.map(|k| k.seal()).transpose()?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
         i.content_md5.as_deref(),
@@ -351,23 +375,23 @@ pub(super) async fn upload_part(node: &Arc<Node>, req: S3Request<UploadPartInput
     ))?;
     let algo = plan.algo.or(upload.checksum_algo);
     let declared = i.content_length;
-    let check = |staged: &super::coord::Staged| {
+    // As for a PUT: the client's digests are of the plaintext, the ETag is
+    // the MD5 of what is stored.
+    let check = |size: u64, md5: &[u8; 16], checksum: Option<&Checksum>| {
         if let Some(declared) = declared
-            && u64::try_from(declared).ok() != Some(staged.size)
+            && u64::try_from(declared).ok() != Some(size)
         {
-            return Err(LightningError::IncompleteBody {
-                declared: u64::try_from(declared).unwrap_or(0),
-                got: staged.size,
-            });
+            return Err(LightningError::IncompleteBody { declared: u64::try_from(declared).unwrap_or(0), got: size });
         }
         let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
-        plan.verify(&staged.md5, staged.checksum.as_ref(), trailer.as_deref())
+        plan.verify(md5, checksum, trailer.as_deref())
     };
+    let (b, k, id) = (&i.bucket, &i.key, &i.upload_id);
     let part = match i.body {
-        Some(body) => node.stage_part(&i.bucket, &i.key, &i.upload_id, upload, number, body, algo, check).await?,
+        Some(body) => node.stage_part(b, k, id, upload, number, body, algo, sealing, check).await?,
         None => {
             let empty = futures::stream::empty::<std::result::Result<Bytes, String>>();
-            node.stage_part(&i.bucket, &i.key, &i.upload_id, upload, number, empty, algo, check).await?
+            node.stage_part(b, k, id, upload, number, empty, algo, sealing, check).await?
         }
     };
     let c = checksum_fields(part.checksum.as_ref());
@@ -378,6 +402,8 @@ pub(super) async fn upload_part(node: &Arc<Node>, req: S3Request<UploadPartInput
         checksum_crc64nvme: c.crc64nvme,
         checksum_sha1: c.sha1,
         checksum_sha256: c.sha256,
+        sse_customer_algorithm: sse_md5.map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: sse_md5.as_ref().map(crate::sse::key_md5_base64_of),
         ..Default::default()
     })
 }
@@ -388,10 +414,13 @@ pub(super) async fn upload_part_copy(
 ) -> Result<UploadPartCopyOutput> {
     let i = req.input;
     let number = part_number(i.part_number)?;
+    let (given, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let (upload, _) = node.upload_state(&i.bucket, &i.key, &i.upload_id, false).await?;
+    let sse_md5 = upload.sse_c_key_md5;
+    let dest_key = crate::sse::for_upload(sse_md5, given)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let (src, holders) = super::s3::load(node, &sb, &sk).await?;
-    crate::sse::open(src.sse_c.as_ref(), None)?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
         if_none_match: i.copy_source_if_none_match,
@@ -404,16 +433,21 @@ pub(super) async fn upload_part_copy(
         Some(r) => crate::s3::convert::copy_source_range(r, src.size)?,
     };
     // The destination's replicas may differ from the source's: stream the
-    // range through the normal part path.
-    let body = node.read_body(&src, range, holders);
+    // range through the normal part path (decrypted, then encrypted for the
+    // upload under SSE-C).
+    let body = crate::sse::decrypting(source, range.start, node.read_body(&src, range, holders));
+    let sealing = dest_key.map(|k| k.seal()).transpose()?;
     let algo = upload.checksum_algo;
-    let part = node.stage_part(&i.bucket, &i.key, &i.upload_id, upload, number, body, algo, |_| Ok(())).await?;
+    let (b, k, id) = (&i.bucket, &i.key, &i.upload_id);
+    let part = node.stage_part(b, k, id, upload, number, body, algo, sealing, |_, _, _| Ok(())).await?;
     Ok(UploadPartCopyOutput {
         copy_part_result: Some(CopyPartResult {
             e_tag: Some(etag(&part.etag())),
             last_modified: Some(timestamp(part.last_modified_ms)),
             ..Default::default()
         }),
+        sse_customer_algorithm: sse_md5.map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: sse_md5.as_ref().map(crate::sse::key_md5_base64_of),
         ..Default::default()
     })
 }
@@ -424,6 +458,7 @@ pub(super) async fn complete_multipart_upload(
 ) -> Result<CompleteMultipartUploadOutput> {
     let i = req.input;
     let claimed = claimed_checksums(&i)?;
+    let given_key = i.customer_key()?;
     let parts = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
     let mut wanted = Vec::with_capacity(parts.len());
     for p in &parts {
@@ -444,6 +479,10 @@ pub(super) async fn complete_multipart_upload(
         }
         Err(e) => return Err(e),
     };
+    // SSE-C headers are optional on completion; given, they must be the upload's.
+    if let Some(k) = given_key {
+        crate::sse::for_upload(upload.sse_c_key_md5, Some(k))?;
+    }
     let meta = if i.if_match.is_some() || i.if_none_match.is_some() {
         node.with_key_lease(&i.bucket, i.key.as_bytes(), async {
             super::s3::check_write_conditions(node, &i.bucket, &i.key, i.if_match.as_ref(), i.if_none_match.as_ref())

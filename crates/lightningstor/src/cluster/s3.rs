@@ -12,12 +12,15 @@ use crate::meta::now_ms;
 use crate::meta::types::{ObjectMeta, Row};
 use crate::s3::convert::{
     check_bucket_name, check_key, checksum_fields, checksum_headers, delete_conditions, entry_conditions, etag,
-    object_headers, timestamp, trailer_value,
+    object_headers, trailer_value,
 };
 use crate::s3::list::{v1_output, v1_query, v2_output, v2_query};
-use crate::s3::object::{copy_source, get_output, head_output, preconditions, select_meta};
+use crate::s3::object::{
+    check_copy_to_itself, copied_headers, copy_output, copy_source, get_output, head_output, preconditions, recrypted,
+    select_meta,
+};
 use crate::s3::options::Supported;
-use crate::sse::WithCustomerKey as _;
+use crate::sse::{WithCopySourceKey as _, WithCustomerKey as _};
 use bytes::Bytes;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
@@ -208,7 +211,7 @@ async fn get_object(node: &Arc<Node>, req: S3Request<GetObjectInput>) -> Result<
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    let cipher = crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
+    let cipher = crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     let body = crate::sse::decrypting(cipher, s.range.start, node.read_body(&s.meta, s.range.clone(), holders));
     Ok(get_output(i, &s, body))
@@ -223,7 +226,7 @@ async fn head_object(node: &Arc<Node>, req: S3Request<HeadObjectInput>) -> Resul
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
+    crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     Ok(head_output(i, &s))
 }
@@ -309,60 +312,53 @@ async fn copy_object(node: &Arc<Node>, req: S3Request<CopyObjectInput>) -> Resul
     let i = req.input;
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
+    let (dest_key, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let (src, holders) = load(node, &sb, &sk).await?;
-    crate::sse::open(src.sse_c.as_ref(), None)?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     preconditions(
-        i.copy_source_if_match,
-        i.copy_source_if_none_match,
+        i.copy_source_if_match.clone(),
+        i.copy_source_if_none_match.clone(),
         i.copy_source_if_modified_since.as_ref(),
         i.copy_source_if_unmodified_since.as_ref(),
     )
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
-    let replace =
-        i.metadata_directive.as_ref().is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
-    if sb == i.bucket && sk == i.key && !replace {
-        return Err(LightningError::InvalidRequest(
-            "this copy request is illegal because it is trying to copy an object to itself \
-             without changing the object's metadata"
-                .into(),
-        ));
-    }
+    check_copy_to_itself(&i, &sb, &sk, &src, dest_key.as_ref())?;
     node.require_bucket(&i.bucket).await?;
-    let headers = if replace {
-        object_headers(
-            i.content_type,
-            i.content_encoding,
-            i.content_disposition,
-            i.content_language,
-            i.cache_control,
-            i.expires.as_ref(),
-            i.metadata,
-        )
-    } else {
-        src.headers.clone()
-    };
+    let headers = copied_headers(&i, &src);
     // The destination may live on other replicas: stream the bytes through
     // the normal write path (blocks deduplicate where they already exist).
+    // With SSE-C on either side they are decrypted and (for an SSE-C
+    // destination) encrypted under its key with a fresh IV on the way.
     let inline = matches!(src.data, crate::meta::types::ObjectData::Inline(_));
-    let body = node.read_body(&src, 0..src.size, holders);
-    let staged = node.stage(&i.bucket, i.key.as_bytes(), body, None, inline).await?;
-    let meta =
-        ObjectMeta { version: node.hlc.now(), last_modified_ms: now_ms(), headers, data: staged.data.clone(), ..src };
-    node.commit_row(&i.bucket, i.key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete).await?;
-    let c = checksum_fields(meta.checksum.as_ref());
-    Ok(CopyObjectOutput {
-        copy_object_result: Some(CopyObjectResult {
-            e_tag: Some(etag(&meta.etag)),
-            last_modified: Some(timestamp(meta.last_modified_ms)),
-            checksum_crc32: c.crc32,
-            checksum_crc32c: c.crc32c,
-            checksum_crc64nvme: c.crc64nvme,
-            checksum_sha1: c.sha1,
-            checksum_sha256: c.sha256,
-            checksum_type: c.kind,
-        }),
-        ..Default::default()
-    })
+    let meta = if source.is_none() && dest_key.is_none() {
+        let body = node.read_body(&src, 0..src.size, holders);
+        let staged = node.stage(&i.bucket, i.key.as_bytes(), body, None, inline).await?;
+        let meta = ObjectMeta {
+            version: node.hlc.now(),
+            last_modified_ms: now_ms(),
+            headers,
+            data: staged.data.clone(),
+            ..src
+        };
+        node.commit_row(&i.bucket, i.key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete)
+            .await?;
+        meta
+    } else {
+        let sealing = dest_key.map(|k| k.seal()).transpose()?;
+        let body = crate::sse::recrypting(
+            source,
+            0,
+            sealing.as_ref().map(|(_, c)| c.clone()),
+            node.read_body(&src, 0..src.size, holders),
+        );
+        let staged = node.stage(&i.bucket, i.key.as_bytes(), body, None, true).await?;
+        let meta = recrypted(src, &staged.data, staged.size, staged.md5, headers, sealing.map(|(s, _)| s))?;
+        let meta = ObjectMeta { version: node.hlc.now(), ..meta };
+        node.commit_row(&i.bucket, i.key.as_bytes(), Row::Object(meta.clone()), staged.session, &staged.complete)
+            .await?;
+        meta
+    };
+    Ok(copy_output(&meta))
 }
 
 #[async_trait::async_trait]

@@ -379,6 +379,11 @@ pub fn assemble_upload(
         }
     });
     let blocks: Vec<BlockRef> = chosen.iter().flat_map(|p| p.blocks.iter().copied()).collect();
+    // SSE-C: each part is a CTR stream of its own (see `crate::sse`).
+    let sse_c = upload
+        .sse_c_key_md5
+        .map(|m| crate::sse::assembled(m, &chosen.iter().map(|p| p.sse_iv).collect::<Vec<_>>()))
+        .transpose()?;
     Ok(ObjectMeta {
         version,
         size: chosen.iter().map(|p| p.size).sum(),
@@ -388,7 +393,7 @@ pub fn assemble_upload(
         checksum,
         parts: chosen.iter().map(|p| p.size).collect(),
         data: ObjectData::Blocks(blocks),
-        sse_c: None,
+        sse_c,
     })
 }
 

@@ -131,8 +131,20 @@ fn none_past_the_end<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D
 pub struct SseC {
     /// MD5 of the customer's key: a request's key must hash to it.
     pub key_md5: [u8; 16],
-    /// The CTR mode's initial counter block, random per object.
+    /// The CTR mode's initial counter block, random per object (for a
+    /// multipart object: its first part's).
     pub iv: [u8; 16],
+    /// A multipart object: each part's own random initial counter block,
+    /// in part order (each part is a CTR stream of its own, see
+    /// [`crate::sse`]). Empty otherwise: one stream from `iv`. Rows of
+    /// builds before SSE-C multipart end before it.
+    #[serde(default, deserialize_with = "empty_past_the_end")]
+    pub part_ivs: Vec<[u8; 16]>,
+}
+
+/// Like [`none_past_the_end`], for a list: no byte left means empty.
+fn empty_past_the_end<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Vec::<T>::deserialize(d).unwrap_or_default())
 }
 
 impl ObjectMeta {
@@ -197,6 +209,10 @@ pub struct UploadMeta {
     /// combined from the parts' CRCs) instead of a COMPOSITE one.
     #[serde(default, deserialize_with = "false_past_the_end")]
     pub full_object: bool,
+    /// SSE-C: the MD5 of the customer key given at creation; every part
+    /// must come with that key and is encrypted under it.
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub sse_c_key_md5: Option<[u8; 16]>,
 }
 
 /// Upload rows written before FULL_OBJECT checksums end before
@@ -210,14 +226,18 @@ fn false_past_the_end<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D:
 pub struct PartMeta {
     /// Size in bytes.
     pub size: u64,
-    /// MD5 of the part (its ETag).
+    /// MD5 of the part as stored (its ETag; of the ciphertext under SSE-C).
     pub md5: [u8; 16],
-    /// Checksum given or computed for the part.
+    /// Checksum given or computed for the part (of the plaintext).
     pub checksum: Option<Checksum>,
     /// Upload time, Unix milliseconds.
     pub last_modified_ms: i64,
     /// The part's blocks.
     pub blocks: Vec<BlockRef>,
+    /// SSE-C: the part's own random initial counter block (its key is the
+    /// upload's). Rows of builds before SSE-C multipart end before it.
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub sse_iv: Option<[u8; 16]>,
 }
 
 impl PartMeta {
@@ -248,9 +268,20 @@ mod tests {
         // A row of a build before SSE-C (no `sse_c` byte) decodes as plain.
         let old: ObjectMeta = postcard::from_bytes(&bytes[..bytes.len() - 1]).expect("decode an old row");
         assert_eq!(old, meta);
-        let sealed = ObjectMeta { sse_c: Some(SseC { key_md5: [1; 16], iv: [2; 16] }), ..meta.clone() };
-        let back: ObjectMeta = postcard::from_bytes(&postcard::to_allocvec(&sealed).expect("encode")).expect("decode");
+        let sealed =
+            ObjectMeta { sse_c: Some(SseC { key_md5: [1; 16], iv: [2; 16], part_ivs: vec![] }), ..meta.clone() };
+        let bytes = postcard::to_allocvec(&sealed).expect("encode");
+        let back: ObjectMeta = postcard::from_bytes(&bytes).expect("decode");
         assert_eq!(back, sealed);
+        // An SSE-C row of a build before SSE-C multipart (no `part_ivs` byte).
+        let old: ObjectMeta = postcard::from_bytes(&bytes[..bytes.len() - 1]).expect("decode an old SSE-C row");
+        assert_eq!(old, sealed);
+        let parts = ObjectMeta {
+            sse_c: Some(SseC { key_md5: [1; 16], iv: [2; 16], part_ivs: vec![[2; 16], [3; 16]] }),
+            ..meta.clone()
+        };
+        let back: ObjectMeta = postcard::from_bytes(&postcard::to_allocvec(&parts).expect("encode")).expect("decode");
+        assert_eq!(back, parts);
         let bytes = postcard::to_allocvec(&meta).expect("encode");
         let (s, _) = postcard::take_from_bytes::<ObjectSummary>(&bytes).expect("decode");
         assert_eq!(s.version, 7);
@@ -292,11 +323,19 @@ mod tests {
             headers: ObjectHeaders::default(),
             checksum_algo: Some(ChecksumAlgo::Crc32),
             full_object: true,
+            sse_c_key_md5: None,
         };
         let bytes = postcard::to_allocvec(&up).expect("encode");
         let back: UploadMeta = postcard::from_bytes(&bytes).expect("decode");
         assert_eq!(back, up);
+        // Rows of builds before SSE-C multipart (no `sse_c_key_md5` byte),
+        // and before FULL_OBJECT (neither).
         let old: UploadMeta = postcard::from_bytes(&bytes[..bytes.len() - 1]).expect("decode an old row");
-        assert_eq!(old, UploadMeta { full_object: false, ..up });
+        assert_eq!(old, up);
+        let old: UploadMeta = postcard::from_bytes(&bytes[..bytes.len() - 2]).expect("decode an older row");
+        assert_eq!(old, UploadMeta { full_object: false, ..up.clone() });
+        let sealed = UploadMeta { sse_c_key_md5: Some([9; 16]), ..up };
+        let back: UploadMeta = postcard::from_bytes(&postcard::to_allocvec(&sealed).expect("encode")).expect("decode");
+        assert_eq!(back, sealed);
     }
 }

@@ -13,6 +13,7 @@ use crate::listing::common_prefix;
 use crate::meta::now_ms;
 use crate::meta::ops::{self, CompletedPart as Wanted, WriteConditions};
 use crate::meta::types::{PartMeta, UploadMeta};
+use crate::sse::{WithCopySourceKey as _, WithCustomerKey as _};
 use crate::store::Store;
 use s3s::S3Request;
 use s3s::dto::*;
@@ -52,6 +53,7 @@ pub(super) async fn create_multipart_upload(
     let i = req.input;
     check_key(&i.key)?;
     let (algo, full_object) = upload_checksum(&i)?;
+    let sse_c_key_md5 = i.customer_key()?.map(|k| k.md5());
     let id = new_upload_id(store, &i.bucket, &i.key);
     let meta = UploadMeta {
         bucket: i.bucket.clone(),
@@ -68,6 +70,7 @@ pub(super) async fn create_multipart_upload(
         ),
         checksum_algo: algo,
         full_object,
+        sse_c_key_md5,
     };
     let idc = id.clone();
     store.meta.write(move |t| ops::create_upload(t, &idc, &meta)).await?;
@@ -77,6 +80,8 @@ pub(super) async fn create_multipart_upload(
         upload_id: Some(id),
         checksum_algorithm: i.checksum_algorithm,
         checksum_type: checksum_type(algo, full_object),
+        sse_customer_algorithm: sse_c_key_md5.map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: sse_c_key_md5.as_ref().map(crate::sse::key_md5_base64_of),
         ..Default::default()
     })
 }
@@ -146,7 +151,9 @@ async fn store_part(
 pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInput>) -> Result<UploadPartOutput> {
     let S3Request { input: i, headers, trailing_headers, .. } = req;
     let number = part_number(i.part_number)?;
+    let given = i.customer_key()?;
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
+    let sealing = crate::sse::for_upload(upload.sse_c_key_md5, given)?.map(|k| k.seal()).transpose()?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
         i.content_md5.as_deref(),
@@ -158,10 +165,20 @@ pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInp
         i.checksum_sha256.as_deref(),
     ))?;
     let algo = plan.algo.or(upload.checksum_algo);
-    let ing = match i.body {
-        Some(body) => store.ingest(body, algo, false).await?,
+    let (ing, plain) = match &sealing {
         None => {
-            store.ingest(futures::stream::empty::<std::result::Result<bytes::Bytes, String>>(), algo, false).await?
+            let ing = match i.body {
+                Some(body) => store.ingest(body, algo, false).await?,
+                None => {
+                    let empty = futures::stream::empty::<std::result::Result<bytes::Bytes, String>>();
+                    store.ingest(empty, algo, false).await?
+                }
+            };
+            (ing, None)
+        }
+        Some((_, cipher)) => {
+            let (body, digest) = crate::sse::seal_blob(cipher.clone(), algo, i.body);
+            (store.ingest(body, None, false).await?, Some(digest))
         }
     };
     if let Some(declared) = i.content_length
@@ -170,13 +187,20 @@ pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInp
         return Err(LightningError::IncompleteBody { declared: u64::try_from(declared).unwrap_or(0), got: ing.size });
     }
     let trailer = trailer_value(trailing_headers.as_ref(), plan.algo);
-    plan.verify(&ing.md5, ing.checksum.as_ref(), trailer.as_deref())?;
+    // As for a PUT: the client's digests are of the plaintext, the ETag is
+    // the MD5 of what is stored.
+    let (plain_md5, checksum) = match &plain {
+        Some(d) => d.finish()?,
+        None => (ing.md5, ing.checksum.clone()),
+    };
+    plan.verify(&plain_md5, checksum.as_ref(), trailer.as_deref())?;
     let part = PartMeta {
         size: ing.size,
         md5: ing.md5,
-        checksum: ing.checksum.clone(),
+        checksum,
         last_modified_ms: now_ms(),
         blocks: ing.data.blocks().to_vec(),
+        sse_iv: sealing.as_ref().map(|(s, _)| s.iv),
     };
     let tag = part.etag();
     let c = checksum_fields(part.checksum.as_ref());
@@ -188,6 +212,8 @@ pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInp
         checksum_crc64nvme: c.crc64nvme,
         checksum_sha1: c.sha1,
         checksum_sha256: c.sha256,
+        sse_customer_algorithm: upload.sse_c_key_md5.map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: upload.sse_c_key_md5.as_ref().map(crate::sse::key_md5_base64_of),
         ..Default::default()
     })
 }
@@ -198,10 +224,12 @@ pub(super) async fn upload_part_copy(
 ) -> Result<UploadPartCopyOutput> {
     let i = req.input;
     let number = part_number(i.part_number)?;
+    let (given, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
+    let dest_key = crate::sse::for_upload(upload.sse_c_key_md5, given)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let src = load(store, &sb, &sk)?;
-    crate::sse::open(src.sse_c.as_ref(), None)?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
         if_none_match: i.copy_source_if_none_match,
@@ -213,16 +241,30 @@ pub(super) async fn upload_part_copy(
         None => 0..src.size,
         Some(r) => crate::s3::convert::copy_source_range(r, src.size)?,
     };
-    // Re-chunk the source range through the normal upload path; identical
-    // blocks deduplicate in the block store.
-    let body = store.read(&src, range);
-    let ing = store.ingest(body, upload.checksum_algo, false).await?;
+    // Re-chunk the source range through the normal upload path (decrypted,
+    // then encrypted for the upload under SSE-C); identical blocks
+    // deduplicate in the block store.
+    let body = crate::sse::decrypting(source, range.start, store.read(&src, range));
+    let sealing = dest_key.map(|k| k.seal()).transpose()?;
+    let (ing, checksum) = match &sealing {
+        None => {
+            let ing = store.ingest(body, upload.checksum_algo, false).await?;
+            let checksum = ing.checksum.clone();
+            (ing, checksum)
+        }
+        Some((_, cipher)) => {
+            let (body, digest) = crate::sse::seal_body(cipher.clone(), upload.checksum_algo, body);
+            let ing = store.ingest(body, None, false).await?;
+            (ing, digest.finish()?.1)
+        }
+    };
     let part = PartMeta {
         size: ing.size,
         md5: ing.md5,
-        checksum: ing.checksum.clone(),
+        checksum,
         last_modified_ms: now_ms(),
         blocks: ing.data.blocks().to_vec(),
+        sse_iv: sealing.as_ref().map(|(s, _)| s.iv),
     };
     let tag = part.etag();
     let modified = part.last_modified_ms;
@@ -233,6 +275,8 @@ pub(super) async fn upload_part_copy(
             last_modified: Some(timestamp(modified)),
             ..Default::default()
         }),
+        sse_customer_algorithm: upload.sse_c_key_md5.map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: upload.sse_c_key_md5.as_ref().map(crate::sse::key_md5_base64_of),
         ..Default::default()
     })
 }
@@ -286,6 +330,12 @@ pub(super) async fn complete_multipart_upload(
 ) -> Result<CompleteMultipartUploadOutput> {
     let i = req.input;
     let claimed = claimed_checksums(&i)?;
+    // SSE-C headers are optional on completion; given, they must be the upload's.
+    if let Some(k) = i.customer_key()?
+        && let Some(u) = store.meta.get_upload(&i.upload_id)?
+    {
+        crate::sse::for_upload(u.sse_c_key_md5, Some(k))?;
+    }
     let parts = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
     let mut wanted = Vec::with_capacity(parts.len());
     for p in &parts {

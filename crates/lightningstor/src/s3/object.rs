@@ -10,7 +10,7 @@ use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
 use crate::meta::ops::{self, WriteConditions};
 use crate::meta::types::ObjectMeta;
-use crate::sse::WithCustomerKey as _;
+use crate::sse::{WithCopySourceKey as _, WithCustomerKey as _};
 use crate::store::Store;
 use bytes::Bytes;
 use futures::stream::BoxStream;
@@ -213,7 +213,7 @@ pub(super) async fn get_object(store: &Arc<Store>, req: S3Request<GetObjectInput
         i.if_unmodified_since.as_ref(),
     );
     let meta = load(store, &i.bucket, &i.key)?;
-    let cipher = crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
+    let cipher = crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     let body = crate::sse::decrypting(cipher, s.range.start, store.read(&s.meta, s.range.clone()));
     Ok(get_output(i, &s, body))
@@ -263,7 +263,7 @@ pub(super) async fn head_object(store: &Arc<Store>, req: S3Request<HeadObjectInp
         i.if_unmodified_since.as_ref(),
     );
     let meta = load(store, &i.bucket, &i.key)?;
-    crate::sse::open(meta.sse_c.as_ref(), i.customer_key()?.as_ref())?;
+    crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     Ok(head_output(i, &s))
 }
@@ -391,48 +391,126 @@ pub(super) async fn copy_object(store: &Arc<Store>, req: S3Request<CopyObjectInp
     let i = req.input;
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
+    let (dest_key, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let src = load(store, &sb, &sk)?;
-    crate::sse::open(src.sse_c.as_ref(), None)?;
+    let source = crate::sse::open(&src, source_key.as_ref())?;
     preconditions(
-        i.copy_source_if_match,
-        i.copy_source_if_none_match,
+        i.copy_source_if_match.clone(),
+        i.copy_source_if_none_match.clone(),
         i.copy_source_if_modified_since.as_ref(),
         i.copy_source_if_unmodified_since.as_ref(),
     )
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
-    let replace =
-        i.metadata_directive.as_ref().is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE));
-    if sb == i.bucket && sk == i.key && !replace {
+    check_copy_to_itself(&i, &sb, &sk, &src, dest_key.as_ref())?;
+    require_bucket(store, &i.bucket)?;
+    let headers = copied_headers(&i, &src);
+    let meta = if source.is_none() && dest_key.is_none() {
+        // Plain to plain: the copy shares the source's blocks. Pin them,
+        // then make sure they still exist: from here on no concurrent
+        // delete can remove them before the copy commits.
+        let pins = store.pin_existing(src.data.blocks())?;
+        let meta = ObjectMeta { version: store.meta.next_version(), last_modified_ms: now_ms(), headers, ..src };
+        let (bucket, key, row) = (i.bucket, i.key, meta.clone());
+        let freed =
+            store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default())).await?;
+        pins.release();
+        store.spawn_delete(freed);
+        meta
+    } else {
+        // SSE-C on either side: the bytes change, so they go through the
+        // write path, decrypted and (for an SSE-C destination) encrypted
+        // under the destination's key with a fresh IV.
+        let sealing = dest_key.map(|k| k.seal()).transpose()?;
+        let body =
+            crate::sse::recrypting(source, 0, sealing.as_ref().map(|(_, c)| c.clone()), store.read(&src, 0..src.size));
+        let ing = store.ingest(body, None, true).await?;
+        let meta = recrypted(src, &ing.data, ing.size, ing.md5, headers, sealing.map(|(s, _)| s))?;
+        let meta = ObjectMeta { version: store.meta.next_version(), ..meta };
+        let (bucket, key, row) = (i.bucket, i.key, meta.clone());
+        let freed =
+            store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default())).await?;
+        ing.pins.release();
+        store.spawn_delete(freed);
+        meta
+    };
+    Ok(copy_output(&meta))
+}
+
+/// A copy onto itself must change something: the metadata (REPLACE) or the
+/// encryption (an SSE-C source or destination, e.g. a key rotation).
+pub(crate) fn check_copy_to_itself(
+    i: &CopyObjectInput,
+    sb: &str,
+    sk: &str,
+    src: &ObjectMeta,
+    dest_key: Option<&crate::sse::CustomerKey>,
+) -> Result<()> {
+    if sb == i.bucket && sk == i.key && !replaces_metadata(i) && src.sse_c.is_none() && dest_key.is_none() {
         return Err(LightningError::InvalidRequest(
             "this copy request is illegal because it is trying to copy an object to itself \
-             without changing the object's metadata"
+             without changing the object's metadata or encryption attributes"
                 .into(),
         ));
     }
-    require_bucket(store, &i.bucket)?;
-    let headers = if replace {
+    Ok(())
+}
+
+fn replaces_metadata(i: &CopyObjectInput) -> bool {
+    i.metadata_directive.as_ref().is_some_and(|d| d.as_str().eq_ignore_ascii_case(MetadataDirective::REPLACE))
+}
+
+/// The headers of a copy: the request's under REPLACE, else the source's.
+pub(crate) fn copied_headers(i: &CopyObjectInput, src: &ObjectMeta) -> crate::meta::types::ObjectHeaders {
+    if replaces_metadata(i) {
         object_headers(
-            i.content_type,
-            i.content_encoding,
-            i.content_disposition,
-            i.content_language,
-            i.cache_control,
+            i.content_type.clone(),
+            i.content_encoding.clone(),
+            i.content_disposition.clone(),
+            i.content_language.clone(),
+            i.cache_control.clone(),
             i.expires.as_ref(),
-            i.metadata,
+            i.metadata.clone(),
         )
     } else {
         src.headers.clone()
-    };
-    // Pin the source's blocks, then make sure they still exist: from here on
-    // no concurrent delete can remove them before the copy commits.
-    let pins = store.pin_existing(src.data.blocks())?;
-    let meta = ObjectMeta { version: store.meta.next_version(), last_modified_ms: now_ms(), headers, ..src };
-    let (bucket, key, row) = (i.bucket, i.key, meta.clone());
-    let freed = store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default())).await?;
-    pins.release();
-    store.spawn_delete(freed);
+    }
+}
+
+/// The row of a copy whose bytes were rewritten (decrypted and/or
+/// encrypted): stored as `data` (`size` bytes, MD5 `md5`), with the
+/// source's parts and plaintext checksum; the ETag is the MD5 of the stored
+/// bytes, as for a PUT. The caller sets the version.
+pub(crate) fn recrypted(
+    src: ObjectMeta,
+    data: &crate::meta::types::ObjectData,
+    size: u64,
+    md5: [u8; 16],
+    headers: crate::meta::types::ObjectHeaders,
+    sse_c: Option<crate::sse::SseC>,
+) -> Result<ObjectMeta> {
+    if size != src.size {
+        return Err(LightningError::Io(std::io::Error::other(format!(
+            "copy source read {size} bytes of {}",
+            src.size
+        ))));
+    }
+    Ok(ObjectMeta {
+        version: 0,
+        size,
+        etag: hex::encode(md5),
+        last_modified_ms: now_ms(),
+        headers,
+        checksum: src.checksum,
+        parts: src.parts,
+        data: data.clone(),
+        sse_c,
+    })
+}
+
+/// The CopyObject answer for the row written.
+pub(crate) fn copy_output(meta: &ObjectMeta) -> CopyObjectOutput {
     let c = checksum_fields(meta.checksum.as_ref());
-    Ok(CopyObjectOutput {
+    CopyObjectOutput {
         copy_object_result: Some(CopyObjectResult {
             e_tag: Some(etag(&meta.etag)),
             last_modified: Some(timestamp(meta.last_modified_ms)),
@@ -443,6 +521,8 @@ pub(super) async fn copy_object(store: &Arc<Store>, req: S3Request<CopyObjectInp
             checksum_sha256: c.sha256,
             checksum_type: c.kind,
         }),
+        sse_customer_algorithm: meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
+        sse_customer_key_md5: meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
         ..Default::default()
-    })
+    }
 }

@@ -10,8 +10,8 @@
 //! that no handler implements and answers `NotImplemented` naming it.
 //!
 //! Both front ends (the single node's `LightningS3` and the cluster's
-//! `ClusterS3`) call it, so they refuse the same things (SSE-C is served on
-//! PUT, GET and HEAD, refused on copies and multipart uploads); the tests in
+//! `ClusterS3`) call it, so they refuse the same things (SSE-C is served,
+//! SSE-KMS and SSE-S3 are refused); the tests in
 //! `tests/tests/s3_api.rs` run against both.
 
 use crate::error::{LightningError, Result};
@@ -72,26 +72,6 @@ macro_rules! sse_kms_s3 {
     };
 }
 
-/// The server-side encryption request headers (SSE-C, SSE-KMS and SSE-S3),
-/// where SSE-C is not implemented either (copies and multipart uploads).
-macro_rules! sse {
-    ($i:expr) => {
-        sse_kms_s3!($i);
-        sse_c!($i);
-    };
-}
-
-/// The SSE-C headers, which GET/HEAD and parts carry too.
-macro_rules! sse_c {
-    ($i:expr) => {
-        refuse_some!($i;
-            sse_customer_algorithm => "x-amz-server-side-encryption-customer-algorithm (SSE-C)",
-            sse_customer_key => "x-amz-server-side-encryption-customer-key (SSE-C)",
-            sse_customer_key_md5 => "x-amz-server-side-encryption-customer-key-MD5 (SSE-C)",
-        );
-    };
-}
-
 /// Grants, object lock, tagging, website redirects: object options we do not keep.
 macro_rules! object_options {
     ($i:expr) => {
@@ -114,7 +94,7 @@ macro_rules! object_options {
 
 impl Supported for PutObjectInput {
     fn check_supported(&self) -> Result<()> {
-        // SSE-C is implemented for single PUTs and their GET/HEAD (`crate::sse`).
+        // SSE-C is implemented (`crate::sse`); SSE-KMS and SSE-S3 are not.
         sse_kms_s3!(self);
         object_options!(self);
         refuse_some!(self; write_offset_bytes => "x-amz-write-offset-bytes (appends)");
@@ -124,12 +104,10 @@ impl Supported for PutObjectInput {
 
 impl Supported for CopyObjectInput {
     fn check_supported(&self) -> Result<()> {
-        sse!(self);
+        // SSE-C on the source and the destination is implemented.
+        sse_kms_s3!(self);
         object_options!(self);
         refuse_some!(self;
-            copy_source_sse_customer_algorithm => "x-amz-copy-source-server-side-encryption-customer-algorithm (SSE-C)",
-            copy_source_sse_customer_key => "x-amz-copy-source-server-side-encryption-customer-key (SSE-C)",
-            copy_source_sse_customer_key_md5 => "x-amz-copy-source-server-side-encryption-customer-key-MD5 (SSE-C)",
             expected_source_bucket_owner => "x-amz-source-expected-bucket-owner",
         );
         if self.tagging_directive.as_ref().is_some_and(|d| d.as_str() != TaggingDirective::COPY) {
@@ -141,7 +119,7 @@ impl Supported for CopyObjectInput {
 
 impl Supported for CreateMultipartUploadInput {
     fn check_supported(&self) -> Result<()> {
-        sse!(self);
+        sse_kms_s3!(self);
         object_options!(self);
         Ok(())
     }
@@ -149,7 +127,6 @@ impl Supported for CreateMultipartUploadInput {
 
 impl Supported for UploadPartInput {
     fn check_supported(&self) -> Result<()> {
-        sse_c!(self);
         refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
         Ok(())
     }
@@ -157,11 +134,7 @@ impl Supported for UploadPartInput {
 
 impl Supported for UploadPartCopyInput {
     fn check_supported(&self) -> Result<()> {
-        sse_c!(self);
         refuse_some!(self;
-            copy_source_sse_customer_algorithm => "x-amz-copy-source-server-side-encryption-customer-algorithm (SSE-C)",
-            copy_source_sse_customer_key => "x-amz-copy-source-server-side-encryption-customer-key (SSE-C)",
-            copy_source_sse_customer_key_md5 => "x-amz-copy-source-server-side-encryption-customer-key-MD5 (SSE-C)",
             expected_bucket_owner => "x-amz-expected-bucket-owner",
             expected_source_bucket_owner => "x-amz-source-expected-bucket-owner",
         );
@@ -171,7 +144,6 @@ impl Supported for UploadPartCopyInput {
 
 impl Supported for CompleteMultipartUploadInput {
     fn check_supported(&self) -> Result<()> {
-        sse_c!(self);
         refuse_some!(self;
             expected_bucket_owner => "x-amz-expected-bucket-owner",
             mpu_object_size => "x-amz-mp-object-size",
@@ -347,7 +319,9 @@ mod tests {
         assert!(i.check_supported().is_ok());
         let mut c = CreateMultipartUploadInput::builder().bucket("b".into()).key("k".into()).build().unwrap();
         c.sse_customer_algorithm = Some("AES256".into());
-        assert!(not_implemented(c.check_supported()).contains("SSE-C"));
+        assert!(c.check_supported().is_ok());
+        c.ssekms_key_id = Some("k".into());
+        assert!(not_implemented(c.check_supported()).contains("SSE-KMS"));
         let mut i = put();
         i.server_side_encryption = Some(ServerSideEncryption::from_static(ServerSideEncryption::AES256));
         assert!(not_implemented(i.check_supported()).contains("SSE-S3"));
