@@ -3,6 +3,7 @@
 //! The modules form layers; each imports only from layers below it:
 //! - [`proto`]: the sans-IO NBD codec (negotiation, requests, replies);
 //!   [`error`], [`util`] (names and sizes) and [`metrics`] beside it;
+//! - [`replica`]: the sans-IO replica RPC (handshake and frames) beside it;
 //! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
 //!   (io_uring, thread pool, memory, copy-on-write layering);
 //! - [`dto`]: the control API's JSON bodies; [`api_client`], the typed
@@ -31,6 +32,7 @@ pub mod error;
 pub mod metrics;
 pub mod openapi;
 pub mod proto;
+pub mod replica;
 pub mod server;
 pub mod service;
 pub mod util;

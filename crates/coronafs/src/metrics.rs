@@ -50,6 +50,8 @@ pub struct Metrics {
     pub tls_sessions: AtomicU64,
     /// Connections that entered transmission with extended headers.
     pub extended_sessions: AtomicU64,
+    /// Replicas a replicated volume dropped from its live set.
+    pub replicas_dropped: AtomicU64,
 }
 
 fn index(c: Command) -> usize {
@@ -130,6 +132,11 @@ impl Metrics {
                 "coronafs_nbd_extended_header_sessions_total",
                 "Connections in transmission with extended (64-bit) headers.",
                 &self.extended_sessions,
+            ),
+            (
+                "coronafs_replica_dropped_total",
+                "Replicas dropped from a replicated volume's live set (failed, gone or too slow).",
+                &self.replicas_dropped,
             ),
         ];
         for (name, help, c) in counters {
