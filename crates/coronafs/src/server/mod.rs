@@ -43,3 +43,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
     }
     conns.shutdown().await;
 }
+
+#[cfg(test)]
+mod replica_tests;
