@@ -3,7 +3,8 @@
 //! The modules form layers; each imports only from layers below it:
 //! - [`proto`]: the sans-IO NBD codec (negotiation, requests, replies);
 //!   [`error`], [`util`] (names and sizes) and [`metrics`] beside it;
-//! - [`replica`]: the sans-IO replica RPC (handshake and frames) beside it;
+//! - [`replica`]: the sans-IO replica RPC (handshake and frames) beside it,
+//!   and [`cluster`], the cluster file (nodes, zones, secret) and placement;
 //! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
 //!   (io_uring, thread pool, memory, copy-on-write layering);
 //! - [`dto`]: the control API's JSON bodies; [`api_client`], the typed
@@ -26,6 +27,7 @@ pub mod api;
 pub mod api_client;
 pub mod backend;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod dto;
 pub mod error;
