@@ -25,6 +25,31 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
+/// What a server in a cluster knows of it: the file and which node it is.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    pub cluster: ClusterFile,
+    /// This node's name in the file.
+    pub node: String,
+    pub secret: RpcSecret,
+    /// Where replicated volumes count dropped replicas.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl Membership {
+    /// Node `node` of `cluster`, which must name it.
+    pub fn new(cluster: ClusterFile, node: &str, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Result<Self> {
+        cluster.node(node)?;
+        let secret = cluster.secret()?;
+        Ok(Membership { cluster, node: node.to_owned(), secret, metrics })
+    }
+
+    /// This node's entry.
+    pub fn me(&self) -> Result<&ClusterNode> {
+        self.cluster.node(&self.node)
+    }
+}
+
 /// One node of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

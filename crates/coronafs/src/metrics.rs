@@ -179,7 +179,8 @@ mod tests {
         );
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!((types.len(), helps), (12, 12), "{text}");
+        assert_eq!((types.len(), helps), (13, 13), "{text}");
+        assert!(text.contains("coronafs_replica_dropped_total 0\n"), "{text}");
         assert_eq!(types.iter().filter(|l| l.ends_with(" histogram")).count(), 1);
     }
 }

@@ -231,3 +231,68 @@ async fn a_replica_refuses_a_volume_it_lacks_or_of_another_size() {
     assert!(e.to_string().contains("refused volume \"nope\""), "{e}");
     assert!(TcpLink::open(&b.target("b"), &secret, "vol", SIZE + 4096, 0, 1).await.is_err());
 }
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_created_with_three_replicas_through_the_api_is_on_three_nodes_after_flush() {
+    use crate::cluster::{ClusterFile, ClusterNode};
+    let nodes: Vec<ClusterNode> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, zone)| ClusterNode {
+            name: format!("n{}", i + 1),
+            nbd: free_addr(),
+            api: free_addr(),
+            replica: free_addr(),
+            zone: zone.to_string(),
+        })
+        .collect();
+    let secret = RpcSecret::random().expect("secret");
+    let file = ClusterFile { rpc_secret: secret.to_hex(), write_quorum: 2, ack_timeout_ms: 5000, nodes };
+    file.validate().expect("valid cluster file");
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let mut servers = Vec::new();
+    for (i, n) in file.nodes.iter().enumerate() {
+        let mut cfg = crate::config::ServerConfig::ephemeral(dirs[i].path(), crate::backend::IoEngine::Threads);
+        (cfg.nbd, cfg.api, cfg.cluster) = (n.nbd, n.api, Some((file.clone(), n.name.clone())));
+        servers.push(crate::service::start(cfg).await.expect("start"));
+    }
+    let api = crate::api_client::ApiClient::new(&servers[0].api_url());
+    let req = crate::dto::CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
+    let v = api.create_volume(&req).await.expect("create with 3 copies");
+    assert_eq!(v.replicas, ["n2", "n3"]);
+    for s in &servers[1..] {
+        assert_eq!(s.volumes.info("vm").expect("the copy exists").size, SIZE);
+    }
+    let too_many = crate::dto::CreateVolume { name: "big".into(), replicas: Some(4), ..req.clone() };
+    let e = api.create_volume(&too_many).await.expect_err("4 copies on 3 nodes");
+    assert!(e.to_string().contains("3 nodes"), "{e}");
+    assert!(servers[1].volumes.info("big").is_err(), "a refused create left no copy behind");
+
+    let client = NbdClient::connect(servers[0].nbd_addr, "vm").await.expect("connect");
+    for i in 0..16u64 {
+        client.write(i * 300_000, &data(200_000, i as u8), false).await.expect("write");
+    }
+    client.flush().await.expect("flush");
+    let image = |s: &crate::service::RunningServer| {
+        let e = s.volumes.open("vm").expect("open");
+        async move {
+            let (r, buf) = e.backend.read_at(vec![0; SIZE as usize], 0).await;
+            r.expect("read");
+            buf
+        }
+    };
+    let want = image(&servers[0]).await;
+    assert_eq!(want[300_000..500_000], data(200_000, 1)[..]);
+    for s in &servers[1..] {
+        assert!(image(s).await == want, "a copy differs after FLUSH");
+    }
+    drop(client);
+    for s in servers {
+        s.shutdown().await;
+    }
+}

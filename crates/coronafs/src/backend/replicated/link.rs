@@ -120,9 +120,81 @@ pub struct LinkTarget {
     pub timeout: Duration,
 }
 
+/// What a link needs to open its replica's stream.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    pub volume: String,
+    pub size: u64,
+    pub epoch: u64,
+    /// The number of the first frame after OPEN.
+    pub first_seq: u64,
+}
+
+/// Connects, authenticates and opens the stream; gives the connection.
+async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec) -> Result<TcpStream> {
+    let mut s = tokio::time::timeout(target.timeout, TcpStream::connect(target.addr))
+        .await
+        .map_err(|_| CoronaError::Replica(format!("connecting to {} ({}) timed out", target.peer, target.addr)))??;
+    s.set_nodelay(true)?;
+    handshake_as_caller(&mut s, secret).await?;
+    let open = Msg {
+        seq: spec.first_seq,
+        epoch: spec.epoch,
+        body: Body::Open { volume: spec.volume.clone(), size: spec.size },
+    };
+    let (h, payload) = open.encode();
+    s.write_all(&h).await?;
+    s.write_all(payload).await?;
+    let mut r = [0u8; REPLY_LEN];
+    s.read_exact(&mut r).await?;
+    let reply = Reply::decode(&r)?;
+    if reply.errno != 0 {
+        let e = io::Error::from_raw_os_error(reply.errno as i32);
+        return Err(CoronaError::Replica(format!("{} refused volume {:?}: {e}", target.peer, spec.volume)));
+    }
+    Ok(s)
+}
+
 impl TcpLink {
-    /// Connects, authenticates, and opens `volume` of `size` bytes on the
-    /// replica at `epoch`, the first frame after it to be numbered `first_seq`.
+    /// Starts a link in the background: frames sent before the connection
+    /// is up wait in its queue; if connecting fails, the link goes down and
+    /// fails them. `ready` says how connecting went.
+    pub fn start(target: LinkTarget, secret: RpcSecret, spec: StreamSpec) -> (Self, oneshot::Receiver<Result<()>>) {
+        let state = Arc::new(LinkState {
+            peer: target.peer.clone(),
+            up: AtomicBool::new(true),
+            pending: Mutex::new(VecDeque::new()),
+        });
+        let (frames, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready) = oneshot::channel();
+        let st = state.clone();
+        let timeout = target.timeout;
+        let task = tokio::spawn(async move {
+            match connect(&target, &secret, &spec).await {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    let (rd, wr) = s.into_split();
+                    let reader = tokio::spawn(read_replies(rd, st.clone()));
+                    write_frames(wr, rx, st).await;
+                    reader.abort();
+                }
+                Err(e) => {
+                    st.fail(&format!("cannot open the stream: {e}"));
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        });
+        let link = TcpLink {
+            state,
+            frames,
+            window: Arc::new(Semaphore::new(WINDOW_BYTES / UNIT)),
+            timeout,
+            tasks: vec![task],
+        };
+        (link, ready)
+    }
+
+    /// Opens a link and waits until the replica accepted the stream.
     pub async fn open(
         target: &LinkTarget,
         secret: &RpcSecret,
@@ -131,38 +203,10 @@ impl TcpLink {
         epoch: u64,
         first_seq: u64,
     ) -> Result<Self> {
-        let mut s = tokio::time::timeout(target.timeout, TcpStream::connect(target.addr)).await.map_err(|_| {
-            CoronaError::Replica(format!("connecting to {} ({}) timed out", target.peer, target.addr))
-        })??;
-        s.set_nodelay(true)?;
-        handshake_as_caller(&mut s, secret).await?;
-        let open = Msg { seq: first_seq, epoch, body: Body::Open { volume: volume.to_owned(), size } };
-        let (h, payload) = open.encode();
-        s.write_all(&h).await?;
-        s.write_all(payload).await?;
-        let mut r = [0u8; REPLY_LEN];
-        s.read_exact(&mut r).await?;
-        let reply = Reply::decode(&r)?;
-        if reply.errno != 0 {
-            let e = io::Error::from_raw_os_error(reply.errno as i32);
-            return Err(CoronaError::Replica(format!("{} refused volume {volume:?}: {e}", target.peer)));
-        }
-        let (rd, wr) = s.into_split();
-        let state = Arc::new(LinkState {
-            peer: target.peer.clone(),
-            up: AtomicBool::new(true),
-            pending: Mutex::new(VecDeque::new()),
-        });
-        let (frames, rx) = mpsc::unbounded_channel();
-        let tasks =
-            vec![tokio::spawn(write_frames(wr, rx, state.clone())), tokio::spawn(read_replies(rd, state.clone()))];
-        Ok(TcpLink {
-            state,
-            frames,
-            window: Arc::new(Semaphore::new(WINDOW_BYTES / UNIT)),
-            timeout: target.timeout,
-            tasks,
-        })
+        let spec = StreamSpec { volume: volume.to_owned(), size, epoch, first_seq };
+        let (link, ready) = TcpLink::start(target.clone(), secret.clone(), spec);
+        ready.await.map_err(|_| CoronaError::Replica("link task ended".into()))??;
+        Ok(link)
     }
 }
 
