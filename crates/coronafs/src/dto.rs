@@ -26,6 +26,10 @@ pub struct VolumeInfo {
     /// Nodes holding the other copies of a replicated volume (empty: this node only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<String>,
+    /// Those of `replicas` dropped from the live set after a failure: they
+    /// miss writes and are not linked again (no resync yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_replicas: Vec<String>,
 }
 
 /// A snapshot as the API shows it.

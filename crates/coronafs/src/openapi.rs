@@ -145,7 +145,8 @@ pub fn document() -> Value {
                 "read_only": {"type": "boolean"},
                 "nbd_export": {"type": "string"},
                 "epoch": {"type": "integer", "format": "int64", "description": "write epoch; exports opened as VOL;epoch=N with a lower N cannot write"},
-                "replicas": {"type": "array", "items": {"type": "string"}, "description": "nodes holding the other copies of a replicated volume; absent for a volume on this node only"}}},
+                "replicas": {"type": "array", "items": {"type": "string"}, "description": "nodes holding the other copies of a replicated volume; absent for a volume on this node only"},
+                "stale_replicas": {"type": "array", "items": {"type": "string"}, "description": "those of replicas dropped after a failure: they miss writes and are not linked again"}}},
             "SnapshotInfo": {"type": "object", "required": ["volume", "name", "size", "allocated_bytes", "clones", "nbd_export"], "properties": {
                 "volume": {"type": "string"},
                 "name": {"type": "string"},

@@ -291,6 +291,21 @@ async fn a_volume_created_with_three_replicas_through_the_api_is_on_three_nodes_
     for s in &servers[1..] {
         assert!(image(s).await == want, "a copy differs after FLUSH");
     }
+    // Node 3 goes away: the primary goes on with 2 of 3 and records n3 as
+    // stale, so it is not linked again when the volume reopens.
+    servers.pop().expect("node 3").shutdown().await;
+    client.write(0, &data(4096, 77), false).await.expect("write on 2 of 3");
+    client.flush().await.expect("flush on 2 of 3");
+    let mut stale = Vec::new();
+    for _ in 0..100 {
+        stale = servers[0].volumes.info("vm").expect("info").stale_replicas;
+        if !stale.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stale, ["n3"]);
+    assert_eq!(image(&servers[1]).await, image(&servers[0]).await);
     drop(client);
     for s in servers {
         s.shutdown().await;

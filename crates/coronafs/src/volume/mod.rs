@@ -63,6 +63,8 @@ pub struct Volumes {
     /// The cluster this server is a node of, once it joined one: replicated
     /// volumes need it to reach their replicas.
     membership: std::sync::OnceLock<Arc<Membership>>,
+    /// This manager, for tasks it starts (set by [`Volumes::join`]).
+    this: std::sync::OnceLock<std::sync::Weak<Volumes>>,
 }
 
 fn poisoned() -> CoronaError {
@@ -129,12 +131,29 @@ impl Volumes {
             open: Mutex::new(HashMap::new()),
             faults: faults::Faults::default(),
             membership: std::sync::OnceLock::new(),
+            this: std::sync::OnceLock::new(),
         })
     }
 
     /// Makes this server node `m.node` of a cluster (once; later calls fail).
-    pub fn join(&self, m: Membership) -> Result<()> {
+    pub fn join(self: &Arc<Self>, m: Membership) -> Result<()> {
+        let _ = self.this.set(Arc::downgrade(self));
         self.membership.set(Arc::new(m)).map_err(|_| CoronaError::Config("the server already joined a cluster".into()))
+    }
+
+    /// Records `peer` as a stale replica of `name` (see [`VolumeRec::stale`]).
+    pub async fn mark_stale(&self, name: &str, peer: &str) -> Result<()> {
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let mut cat = old.clone();
+        let Some(rec) = cat.volumes.get_mut(name) else { return Ok(()) };
+        if !rec.replicas.iter().any(|r| r == peer) || rec.stale.iter().any(|r| r == peer) {
+            return Ok(());
+        }
+        rec.stale.push(peer.to_owned());
+        self.commit(&old, cat)?;
+        tracing::warn!(volume = name, peer, "replica recorded as stale: it will not be linked again");
+        Ok(())
     }
 
     /// The cluster this server is a node of.
@@ -214,14 +233,27 @@ impl Volumes {
         })?;
         let timeout = std::time::Duration::from_millis(m.cluster.ack_timeout_ms);
         let mut links: Vec<Arc<dyn ReplicaLink>> = Vec::new();
-        for peer in &rec.replicas {
+        for peer in rec.replicas.iter().filter(|r| !rec.stale.contains(r)) {
             let node = m.cluster.node(peer)?;
             let target = LinkTarget { peer: peer.clone(), addr: node.replica, timeout };
             let spec = StreamSpec { volume: name.to_owned(), size: rec.size, epoch: rec.epoch, first_seq: 1 };
             links.push(Arc::new(TcpLink::start(target, m.secret.clone(), spec).0));
         }
         let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
-        let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone());
+        let this = self.this.get().cloned();
+        let volume = name.to_owned();
+        let hook = Box::new(move |peer: &str| {
+            let (Some(v), peer, volume) = (this.as_ref().and_then(|w| w.upgrade()), peer.to_owned(), volume.clone())
+            else {
+                return;
+            };
+            tokio::spawn(async move {
+                if let Err(e) = v.mark_stale(&volume, &peer).await {
+                    tracing::error!(volume, peer, error = %e, "could not record a stale replica");
+                }
+            });
+        });
+        let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone()).on_drop(hook);
         Ok(AnyBackend::Replicated(Box::new(r)))
     }
 
@@ -339,6 +371,7 @@ impl Volumes {
             nbd_export: name.to_owned(),
             epoch: v.epoch,
             replicas: v.replicas.clone(),
+            stale_replicas: v.stale.clone(),
         })
     }
 
@@ -451,7 +484,8 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, false, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 };
         cat.layers.insert(id, layer.clone());
-        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: None, epoch: 0, replicas });
+        cat.volumes
+            .insert(name.to_owned(), VolumeRec { size, head: id, origin: None, epoch: 0, replicas, stale: Vec::new() });
         if let Err(e) = self.commit(&old, cat) {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
@@ -494,7 +528,7 @@ impl Volumes {
         cat.layers.insert(id, layer.clone());
         cat.volumes.insert(
             name.to_owned(),
-            VolumeRec { size, head: id, origin: Some(key.clone()), epoch: 0, replicas: Vec::new() },
+            VolumeRec { size, head: id, origin: Some(key.clone()), epoch: 0, replicas: Vec::new(), stale: Vec::new() },
         );
         if let Err(e) = self.commit(&old, cat) {
             files::remove_layer(&self.dir, id, &layer);
@@ -864,7 +898,10 @@ fn adopt_raw_files(dir: &Path, cat: &mut Catalog) -> Result<()> {
         }
         let id = cat.alloc_layer();
         cat.layers.insert(id, LayerRec { file: name.clone(), size, parent: None, parent_limit: 0 });
-        cat.volumes.insert(name.clone(), VolumeRec { size, head: id, origin: None, epoch: 0, replicas: Vec::new() });
+        cat.volumes.insert(
+            name.clone(),
+            VolumeRec { size, head: id, origin: None, epoch: 0, replicas: Vec::new(), stale: Vec::new() },
+        );
         tracing::info!(volume = %name, size, "adopted a raw file as a volume");
     }
     Ok(())

@@ -56,7 +56,13 @@ pub struct Replicated<B> {
     policy: ReplicationPolicy,
     order: tokio::sync::Mutex<Order>,
     metrics: Arc<Metrics>,
+    /// Told the name of each replica dropped, so the volume manager can
+    /// record it as stale (it must not rejoin without a resync).
+    on_drop: Option<DropHook>,
 }
+
+/// See [`Replicated::on_drop`].
+pub type DropHook = Box<dyn Fn(&str) + Send + Sync>;
 
 impl<B: std::fmt::Debug> std::fmt::Debug for Replicated<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,7 +101,14 @@ impl<B: BlockBackend> Replicated<B> {
             policy,
             order: tokio::sync::Mutex::new(Order { next_seq: first_seq, live }),
             metrics,
+            on_drop: None,
         }
+    }
+
+    /// Calls `hook` with the name of every replica dropped from the live set.
+    pub fn on_drop(mut self, hook: DropHook) -> Self {
+        self.on_drop = Some(hook);
+        self
     }
 
     /// The local copy.
@@ -114,6 +127,9 @@ impl<B: BlockBackend> Replicated<B> {
             o.live[i] = false;
             self.metrics.replicas_dropped.fetch_add(1, Relaxed);
             tracing::warn!(peer = self.links[i].peer(), %why, "replica dropped from the live set");
+            if let Some(hook) = &self.on_drop {
+                hook(self.links[i].peer());
+            }
         }
     }
 
