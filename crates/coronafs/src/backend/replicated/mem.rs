@@ -17,18 +17,21 @@ const UP: u8 = 0;
 const STALLED: u8 = 1;
 const DEAD: u8 = 2;
 
+/// A frame and where to send its answer.
+type Queued = (Msg, oneshot::Sender<io::Result<()>>);
+
 /// A replica in this process.
 pub struct MemLink {
     peer: String,
     mode: Arc<AtomicU8>,
-    frames: std::sync::Mutex<Option<mpsc::UnboundedSender<(Msg, oneshot::Sender<io::Result<()>>)>>>,
+    frames: std::sync::Mutex<Option<mpsc::UnboundedSender<Queued>>>,
 }
 
 impl MemLink {
     /// A link to `backend`, expecting frames from `first_seq` at any epoch
     /// from `fence_epoch` up.
     pub fn new<B: BlockBackend>(peer: &str, backend: Arc<B>, first_seq: u64, fence_epoch: u64) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Msg, oneshot::Sender<io::Result<()>>)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
         let mode = Arc::new(AtomicU8::new(UP));
         let m = mode.clone();
         tokio::spawn(async move {

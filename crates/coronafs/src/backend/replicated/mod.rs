@@ -72,10 +72,7 @@ impl<B: std::fmt::Debug> std::fmt::Debug for Replicated<B> {
 }
 
 fn below_quorum(live: usize, quorum: usize) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::Other,
-        format!("only {live} live copies, below the write quorum of {quorum}: refusing the write"),
-    )
+    io::Error::other(format!("only {live} live copies, below the write quorum of {quorum}: refusing the write"))
 }
 
 /// `EIO` with a message in the log (NBD carries only the errno).
