@@ -62,7 +62,7 @@ pub async fn handshake_as_listener(s: &mut TcpStream, secret: &RpcSecret) -> Res
     Ok(())
 }
 
-async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> Result<Option<crate::replica::wire::Msg>> {
+async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> Result<Option<crate::replica::wire::Msg>> {
     let mut h = [0u8; HEADER_LEN];
     match r.read_exact(&mut h).await {
         Ok(_) => {}
@@ -70,8 +70,13 @@ async fn read_frame(r: &mut (impl AsyncReadExt + Unpin)) -> Result<Option<crate:
         Err(e) => return Err(e.into()),
     }
     let header = Header::decode(&h)?;
-    let mut payload = vec![0u8; header.payload_len()];
-    r.read_exact(&mut payload).await?;
+    // Read into spare capacity: no zeroing of up to 32 MiB first.
+    let len = header.payload_len();
+    let mut payload = Vec::with_capacity(len);
+    let got = r.take(len as u64).read_to_end(&mut payload).await?;
+    if got != len {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     Ok(Some(header.finish(payload)?))
 }
 
