@@ -238,7 +238,7 @@ fn free_addr() -> SocketAddr {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_volume_created_with_three_replicas_through_the_api_is_on_three_nodes_after_flush() {
+async fn a_volume_with_three_copies_made_through_the_api_replicates_and_keeps_its_quorum_across_restarts() {
     use crate::cluster::{ClusterFile, ClusterNode};
     let nodes: Vec<ClusterNode> = ["a", "b", "c"]
         .iter()
@@ -256,9 +256,11 @@ async fn a_volume_created_with_three_replicas_through_the_api_is_on_three_nodes_
     file.validate().expect("valid cluster file");
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let mut servers = Vec::new();
+    let mut cfgs = Vec::new();
     for (i, n) in file.nodes.iter().enumerate() {
         let mut cfg = crate::config::ServerConfig::ephemeral(dirs[i].path(), crate::backend::IoEngine::Threads);
         (cfg.nbd, cfg.api, cfg.cluster) = (n.nbd, n.api, Some((file.clone(), n.name.clone())));
+        cfgs.push(cfg.clone());
         servers.push(crate::service::start(cfg).await.expect("start"));
     }
     let api = crate::api_client::ApiClient::new(&servers[0].api_url());
@@ -306,8 +308,31 @@ async fn a_volume_created_with_three_replicas_through_the_api_is_on_three_nodes_
     }
     assert_eq!(stale, ["n3"]);
     assert_eq!(image(&servers[1]).await, image(&servers[0]).await);
+
+    // Node 2 goes too: 1 of 3 is below the quorum, nothing more is taken.
+    servers.pop().expect("node 2").shutdown().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _ = client.write(0, &data(4096, 78), false).await;
+    let e = client.flush().await.expect_err("flush on 1 of 3");
+    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
     drop(client);
-    for s in servers {
-        s.shutdown().await;
+    let primary = servers.pop().expect("node 1");
+    for _ in 0..100 {
+        if primary.volumes.info("vm").expect("info").stale_replicas.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(primary.volumes.info("vm").expect("info").stale_replicas, ["n3", "n2"]);
+
+    // After a restart the primary links to neither stale copy, so it still
+    // refuses writes: the floor holds across restarts.
+    primary.shutdown().await;
+    let primary = crate::service::start(cfgs[0].clone()).await.expect("restart");
+    let client = NbdClient::connect(primary.nbd_addr, "vm").await.expect("connect after restart");
+    let e = client.write(8192, &data(4096, 79), false).await.expect_err("write with both replicas stale");
+    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
+    assert_eq!(client.read(300_000, 16).await.expect("read")[..], data(200_000, 1)[..16]);
+    drop(client);
+    primary.shutdown().await;
 }
