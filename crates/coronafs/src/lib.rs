@@ -6,7 +6,8 @@
 //! - [`replica`]: the sans-IO replica RPC (handshake and frames) beside it,
 //!   and [`cluster`], the cluster file (nodes, zones, secret) and placement;
 //! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
-//!   (io_uring, thread pool, memory, copy-on-write layering);
+//!   (io_uring, thread pool, memory, copy-on-write layering, replication
+//!   to other nodes over the replica RPC);
 //! - [`dto`]: the control API's JSON bodies; [`api_client`], the typed
 //!   client over them; [`client`], an async pipelined NBD client;
 //! - [`volume`]: volumes, snapshots and clones over layered backends, their

@@ -1,9 +1,10 @@
 //! The NBD server: the accept loop and one task per connection ([`conn`]),
 //! over the exports the volume manager opens ([`crate::volume::export`]),
 //! with a pool of request buffers ([`bufpool`]) and the TLS credentials of
-//! STARTTLS ([`tls`]); the replica listener ([`replica`]) applies a primary's
-//! forwarded writes to this node's copies. Start-up (binding the listeners, loading the
-//! volumes, the control API beside it) is [`crate::service`]'s.
+//! STARTTLS ([`tls`]); the replica listener ([`replica`]) applies a
+//! primary's forwarded writes to this node's copies. Start-up (binding the
+//! listeners, loading the volumes, the control API beside it) is
+//! [`crate::service`]'s.
 
 pub mod bufpool;
 pub mod conn;
