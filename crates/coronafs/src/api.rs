@@ -6,7 +6,7 @@
 //! | GET | `/metrics` | Prometheus text |
 //! | GET | `/openapi.json` | OpenAPI 3 description of this table |
 //! | GET | `/v1/info` | version, engine in use, data dir and its file system, host |
-//! | GET, POST | `/v1/volumes` | list; create `{name, size?, from_snapshot?}` |
+//! | GET, POST | `/v1/volumes` | list; create `{name, size?, from_snapshot?, replicas?}` |
 //! | GET, DELETE | `/v1/volumes/{name}` | show; delete (`?force=true`) |
 //! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
 //! | POST | `/v1/volumes/{name}/flatten` | copy parent data in, detach |
@@ -106,8 +106,11 @@ async fn show(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse
 async fn create(State(s): S, b: Result<Json<CreateVolume>, JsonRejection>) -> Result<Response, CoronaError> {
     let req = body(b)?;
     let info = match (&req.from_snapshot, req.size) {
+        (Some(_), _) if req.replicas.unwrap_or(1) > 1 => {
+            return Err(CoronaError::BadRequest("clones of snapshots cannot be replicated yet".into()));
+        }
         (Some(from), size) => s.volumes.clone_snapshot(&req.name, from, size).await?,
-        (None, Some(size)) => s.volumes.create(&req.name, size).await?,
+        (None, Some(size)) => s.volumes.create_replicated(&req.name, size, req.replicas.unwrap_or(1)).await?,
         (None, None) => return Err(CoronaError::BadRequest("size is required unless from_snapshot is given".into())),
     };
     Ok((StatusCode::CREATED, Json(info)).into_response())

@@ -51,14 +51,25 @@ impl ApiClient {
 
     /// `POST /v1/volumes {name, size}`: an empty thin volume.
     pub async fn create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
-        self.create_volume(&CreateVolume { name: name.to_owned(), size: Some(size), from_snapshot: None }).await
+        self.create_volume(&CreateVolume {
+            name: name.to_owned(),
+            size: Some(size),
+            from_snapshot: None,
+            replicas: None,
+        })
+        .await
     }
 
     /// `POST /v1/volumes {name, from_snapshot, size?}`: an O(1) clone of
     /// `VOL@SNAP` (the snapshot's size unless `size` is given).
     pub async fn clone_snapshot(&self, name: &str, snapshot: &str, size: Option<u64>) -> Result<VolumeInfo> {
-        self.create_volume(&CreateVolume { name: name.to_owned(), size, from_snapshot: Some(snapshot.to_owned()) })
-            .await
+        self.create_volume(&CreateVolume {
+            name: name.to_owned(),
+            size,
+            from_snapshot: Some(snapshot.to_owned()),
+            replicas: None,
+        })
+        .await
     }
 
     /// `GET /v1/volumes/{name}`.

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub read_only: bool,
     /// NBD over TLS (STARTTLS).
     pub tls: TlsConfig,
+    /// The cluster this server is a node of, and the node's name in it.
+    pub cluster: Option<(crate::cluster::ClusterFile, String)>,
 }
 
 /// NBD over TLS, as nbdkit's `--tls`, `--tls-certificates` and `--tls-verify-peer`.
@@ -64,6 +66,7 @@ impl ServerConfig {
             engine,
             read_only: false,
             tls: TlsConfig::default(),
+            cluster: None,
         }
     }
 }
@@ -94,6 +97,13 @@ pub struct ServeSettings {
     pub tls_psk: Option<PathBuf>,
     /// Require client certificates signed by ca-cert.pem [default: false].
     pub tls_verify_peer: Option<bool>,
+    /// The cluster file (see `crate::cluster`) naming every node and the
+    /// replica RPC secret; with it this server is a node of that cluster and
+    /// listens for replica connections. Needs `node`.
+    pub cluster: Option<PathBuf>,
+    /// This node's name in the cluster file; its `nbd` and `api` addresses
+    /// there are the defaults of `nbd` and `api`.
+    pub node: Option<String>,
 }
 
 fn tls_mode<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<TlsMode>, D::Error> {
@@ -133,6 +143,8 @@ impl ServeSettings {
             tls_certificates: over.tls_certificates.or(self.tls_certificates),
             tls_psk: over.tls_psk.or(self.tls_psk),
             tls_verify_peer: over.tls_verify_peer.or(self.tls_verify_peer),
+            cluster: over.cluster.or(self.cluster),
+            node: over.node.or(self.node),
         }
     }
 
@@ -169,13 +181,25 @@ impl ServeSettings {
             }
             _ => {}
         }
+        let cluster = match (&self.cluster, self.node) {
+            (Some(path), Some(node)) => {
+                let file = crate::cluster::ClusterFile::load(path)?;
+                file.node(&node).map_err(|e| CoronaError::Config(format!("{}: {e}", path.display())))?;
+                Some((file, node))
+            }
+            (None, None) => None,
+            (Some(_), None) => return Err(CoronaError::Config("cluster given without node: name this node".into())),
+            (None, Some(_)) => return Err(CoronaError::Config("node given without a cluster file".into())),
+        };
+        let me = cluster.as_ref().and_then(|(f, n)| f.node(n).ok());
         let cfg = ServerConfig {
             data_dir,
-            nbd: self.nbd.unwrap_or(DEFAULT_NBD),
-            api: self.api.unwrap_or(DEFAULT_API),
+            nbd: self.nbd.or(me.map(|n| n.nbd)).unwrap_or(DEFAULT_NBD),
+            api: self.api.or(me.map(|n| n.api)).unwrap_or(DEFAULT_API),
             engine: self.io_engine.unwrap_or(IoEngine::Threads),
             read_only: self.read_only.unwrap_or(false),
             tls,
+            cluster,
         };
         if cfg.nbd == cfg.api && cfg.nbd.port() != 0 {
             return Err(CoronaError::Config(format!("nbd and api both listen on {}", cfg.nbd)));
@@ -262,6 +286,27 @@ mod tests {
         let e = psk.into_server_config().expect_err("refused").to_string();
         assert!(e.contains("--tls-psk /k/keys.psk is not implemented"), "{e}");
         assert_eq!(base().into_server_config().expect("valid").tls, TlsConfig::default(), "TLS is off by default");
+    }
+
+    #[test]
+    fn a_cluster_node_takes_its_addresses_from_the_cluster_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("cluster.toml");
+        let nodes = "[[nodes]]\nname = \"n1\"\nnbd = \"127.0.0.1:5001\"\napi = \"127.0.0.1:5002\"\nreplica = \"127.0.0.1:5003\"\n\
+                     [[nodes]]\nname = \"n2\"\nnbd = \"127.0.0.1:6001\"\napi = \"127.0.0.1:6002\"\nreplica = \"127.0.0.1:6003\"\n";
+        std::fs::write(&path, format!("rpc_secret = \"{}\"\n{nodes}", "0f".repeat(32))).expect("write");
+        let text = format!("data_dir = \"/a\"\ncluster = \"{}\"\nnode = \"n2\"\n", path.display());
+        let c = ServeSettings::from_toml(&text).expect("parse").into_server_config().expect("valid");
+        assert_eq!(c.nbd.port(), 6001);
+        assert_eq!(c.api.port(), 6002);
+        assert_eq!(c.cluster.as_ref().map(|(f, n)| (f.nodes.len(), n.as_str())), Some((2, "n2")));
+        let e = ServeSettings::from_toml(&text.replace("n2", "n9")).expect("parse").into_server_config();
+        assert!(e.expect_err("unknown node").to_string().contains("n9"));
+        let e = ServeSettings::from_toml(&text.replace("node = \"n2\"\n", "")).expect("parse").into_server_config();
+        assert!(e.expect_err("no node").to_string().contains("without node"));
+        std::fs::write(&path, format!("rpc_secret = \"abc\"\n{nodes}")).expect("write");
+        let e = ServeSettings::from_toml(&text).expect("parse").into_server_config().expect_err("bad secret");
+        assert!(e.to_string().contains("cluster.toml") && e.to_string().contains("64 hex digits"), "{e}");
     }
 
     #[test]

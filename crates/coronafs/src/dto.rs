@@ -23,6 +23,13 @@ pub struct VolumeInfo {
     /// Write epoch: exports opened as `VOL;epoch=N` with a lower N cannot write.
     #[serde(default)]
     pub epoch: u64,
+    /// Nodes holding the other copies of a replicated volume (empty: this node only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<String>,
+    /// Those of `replicas` dropped from the live set after a failure: they
+    /// miss writes and are not linked again (no resync yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale_replicas: Vec<String>,
 }
 
 /// A snapshot as the API shows it.
@@ -64,6 +71,10 @@ pub struct CreateVolume {
     /// `VOL@SNAP` to clone from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// Copies on different nodes (this one the primary) [default: 1]; more
+    /// than 1 needs a server in a cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
 }
 
 /// Body of `POST /v1/volumes/{name}/resize`.

@@ -68,6 +68,10 @@ pub enum CoronaError {
     /// The `--config` file cannot be read or parsed (the message names it).
     #[error(transparent)]
     ConfigFile(#[from] svc_kit::config::ConfigError),
+    /// The replica RPC failed: a refused handshake, a bad frame, a replica
+    /// that refused a volume or is gone.
+    #[error("replica: {0}")]
+    Replica(String),
     /// An I/O error from the host.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
@@ -90,7 +94,8 @@ impl CoronaError {
             | CoronaError::Nbd { .. }
             | CoronaError::Negotiation(_)
             | CoronaError::Protocol(_)
-            | CoronaError::Disconnected => 502,
+            | CoronaError::Disconnected
+            | CoronaError::Replica(_) => 502,
             CoronaError::Io(_) => 500,
         }
     }

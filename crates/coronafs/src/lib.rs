@@ -3,8 +3,11 @@
 //! The modules form layers; each imports only from layers below it:
 //! - [`proto`]: the sans-IO NBD codec (negotiation, requests, replies);
 //!   [`error`], [`util`] (names and sizes) and [`metrics`] beside it;
+//! - [`replica`]: the sans-IO replica RPC (handshake and frames) beside it,
+//!   and [`cluster`], the cluster file (nodes, zones, secret) and placement;
 //! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
-//!   (io_uring, thread pool, memory, copy-on-write layering);
+//!   (io_uring, thread pool, memory, copy-on-write layering, replication
+//!   to other nodes over the replica RPC);
 //! - [`dto`]: the control API's JSON bodies; [`api_client`], the typed
 //!   client over them; [`client`], an async pipelined NBD client;
 //! - [`volume`]: volumes, snapshots and clones over layered backends, their
@@ -25,12 +28,14 @@ pub mod api;
 pub mod api_client;
 pub mod backend;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod dto;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
 pub mod proto;
+pub mod replica;
 pub mod server;
 pub mod service;
 pub mod util;

@@ -34,7 +34,7 @@ enum Cmd {
     /// Settings come from --config (TOML, unknown fields refused; see
     /// docs/deploy.md) and from flags; a flag wins over the file.
     #[command(
-        after_help = "Examples:\n  coronafs serve --data-dir /var/lib/coronafs\n  coronafs serve --config /etc/photoncloud/coronafs.toml\n  coronafs serve --data-dir /var/lib/coronafs --tls require --tls-certificates /etc/pki/coronafs\n    (clients: nbdinfo 'nbds://HOST/NAME?tls-certificates=DIR', DIR holding ca-cert.pem)\n\nThe file's fields: data_dir, nbd, api, io_engine, read_only, tls, tls_certificates,\ntls_verify_peer, tls_psk (as the flags)."
+        after_help = "Examples:\n  coronafs serve --data-dir /var/lib/coronafs\n  coronafs serve --config /etc/photoncloud/coronafs.toml\n  coronafs serve --data-dir /var/lib/coronafs --tls require --tls-certificates /etc/pki/coronafs\n    (clients: nbdinfo 'nbds://HOST/NAME?tls-certificates=DIR', DIR holding ca-cert.pem)\n\nThe file's fields: data_dir, nbd, api, io_engine, read_only, tls, tls_certificates,\ntls_verify_peer, tls_psk, cluster, node (as the flags)."
     )]
     Serve {
         /// TOML settings file with the same fields as the flags
@@ -86,6 +86,14 @@ enum Cmd {
         /// rustls has no TLS-PSK; use --tls-certificates.
         #[arg(long, value_name = "FILE")]
         tls_psk: Option<PathBuf>,
+        /// Cluster file naming every CoronaFS node (addresses, zone) and the
+        /// replica RPC's rpc_secret: this server becomes node --node of it
+        /// and takes replica connections (docs/design/replication-volumes.md).
+        #[arg(long, value_name = "FILE")]
+        cluster: Option<PathBuf>,
+        /// This node's name in the cluster file.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
     },
     /// Manage volumes through a running server's control API.
     Volume {
@@ -118,6 +126,10 @@ enum VolumeCmd {
         /// Clone VOL@SNAP instead of starting empty (O(1), shares its data).
         #[arg(long, value_name = "VOL@SNAP")]
         from_snapshot: Option<String>,
+        /// Copies on as many nodes of the server's cluster, different zones
+        /// first; the server asked is the primary [default: 1].
+        #[arg(long, value_name = "N")]
+        replicas: Option<usize>,
     },
     /// List volumes.
     List,
@@ -198,6 +210,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_certificates,
             tls_verify_peer,
             tls_psk,
+            cluster,
+            node,
         } => {
             let file = match &config {
                 Some(path) => ServeSettings::from_file(path)?,
@@ -213,6 +227,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 tls_certificates,
                 tls_psk,
                 tls_verify_peer: tls_verify_peer.then_some(true),
+                cluster,
+                node,
             };
             let cfg = file.overridden_by(flags).into_server_config()?;
             let srv = service::start(cfg).await.context("starting the server")?;
@@ -234,12 +250,15 @@ fn print_volumes(list: &[VolumeInfo]) {
 
 async fn volume(cmd: VolumeCmd, api: &ApiClient) -> anyhow::Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, from_snapshot } => {
+        VolumeCmd::Create { name, size, from_snapshot, replicas } => {
             let size = size.map(|s| coronafs::util::parse_size(&s)).transpose()?;
             if size.is_none() && from_snapshot.is_none() {
                 bail!("--size is required unless --from-snapshot is given");
             }
-            let v = api.create_volume(&CreateVolume { name, size, from_snapshot }).await?;
+            let v = api.create_volume(&CreateVolume { name, size, from_snapshot, replicas }).await?;
+            if !v.replicas.is_empty() {
+                println!("copies on this node (primary) and {}", v.replicas.join(", "));
+            }
             match &v.parent {
                 Some(p) => println!(
                     "created {} ({} bytes) as a clone of {p}, export nbd://<server>/{}",

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub tls_sessions: AtomicU64,
     /// Connections that entered transmission with extended headers.
     pub extended_sessions: AtomicU64,
+    /// Replicas a replicated volume dropped from its live set.
+    pub replicas_dropped: AtomicU64,
 }
 
 fn index(c: Command) -> usize {
@@ -131,6 +133,11 @@ impl Metrics {
                 "Connections in transmission with extended (64-bit) headers.",
                 &self.extended_sessions,
             ),
+            (
+                "coronafs_replica_dropped_total",
+                "Replicas dropped from a replicated volume's live set (failed, gone or too slow).",
+                &self.replicas_dropped,
+            ),
         ];
         for (name, help, c) in counters {
             t.counter(name, help, c.load(Relaxed));
@@ -172,7 +179,8 @@ mod tests {
         );
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!((types.len(), helps), (12, 12), "{text}");
+        assert_eq!((types.len(), helps), (13, 13), "{text}");
+        assert!(text.contains("coronafs_replica_dropped_total 0\n"), "{text}");
         assert_eq!(types.iter().filter(|l| l.ends_with(" histogram")).count(), 1);
     }
 }

@@ -126,7 +126,8 @@ pub fn document() -> Value {
             "CreateVolume": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
                 "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"},
                 "size": {"type": "integer", "format": "int64", "minimum": 1, "description": "bytes; required unless from_snapshot"},
-                "from_snapshot": {"type": "string", "description": "VOL@SNAP to clone; size defaults to the snapshot's and may only be larger"}}},
+                "from_snapshot": {"type": "string", "description": "VOL@SNAP to clone; size defaults to the snapshot's and may only be larger"},
+                "replicas": {"type": "integer", "minimum": 1, "default": 1, "description": "copies on as many nodes of the server's cluster, different zones first; this server is the primary"}}},
             "ResizeVolume": {"type": "object", "required": ["size"], "additionalProperties": false, "properties": {
                 "size": {"type": "integer", "format": "int64", "minimum": 1},
                 "allow_shrink": {"type": "boolean", "default": false}}},
@@ -143,7 +144,9 @@ pub fn document() -> Value {
                 "connections": {"type": "integer"},
                 "read_only": {"type": "boolean"},
                 "nbd_export": {"type": "string"},
-                "epoch": {"type": "integer", "format": "int64", "description": "write epoch; exports opened as VOL;epoch=N with a lower N cannot write"}}},
+                "epoch": {"type": "integer", "format": "int64", "description": "write epoch; exports opened as VOL;epoch=N with a lower N cannot write"},
+                "replicas": {"type": "array", "items": {"type": "string"}, "description": "nodes holding the other copies of a replicated volume; absent for a volume on this node only"},
+                "stale_replicas": {"type": "array", "items": {"type": "string"}, "description": "those of replicas dropped after a failure: they miss writes and are not linked again"}}},
             "SnapshotInfo": {"type": "object", "required": ["volume", "name", "size", "allocated_bytes", "clones", "nbd_export"], "properties": {
                 "volume": {"type": "string"},
                 "name": {"type": "string"},

@@ -1,7 +1,8 @@
 //! Start-up and shutdown of a CoronaFS server: builds the data path engine
 //! ([`crate::backend::Opener`]), loads the volumes, binds the NBD listener
 //! ([`crate::server`]) and the control API ([`crate::api`]) beside it from a
-//! [`ServerConfig`], and stops them again.
+//! [`ServerConfig`], with the replica listener ([`crate::server::replica`])
+//! when the server is a node of a cluster, and stops them again.
 
 use crate::backend::{IoEngine, Opener};
 use crate::config::ServerConfig;
@@ -22,6 +23,8 @@ use tokio::task::JoinSet;
 pub struct RunningServer {
     pub nbd_addr: SocketAddr,
     pub api_addr: SocketAddr,
+    /// Where replica connections are taken, when the server is in a cluster.
+    pub replica_addr: Option<SocketAddr>,
     /// The engine in use (may differ from the one asked for after a fallback).
     pub engine: IoEngine,
     /// The volume manager both the NBD server and the API work on.
@@ -77,6 +80,17 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     let engine = opener.engine();
     let volumes = Arc::new(Volumes::load(cfg.data_dir.clone(), opener, cfg.read_only)?);
     let metrics = Arc::new(Metrics::default());
+    let replica = match &cfg.cluster {
+        Some((file, node)) => {
+            let m = crate::cluster::Membership::new(file.clone(), node, metrics.clone())?;
+            let listener = TcpListener::bind(m.me()?.replica).await?;
+            let secret = m.secret.clone();
+            volumes.join(m)?;
+            Some((listener, secret))
+        }
+        None => None,
+    };
+    let replica_addr = replica.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
     let nbd = TcpListener::bind(cfg.nbd).await?;
     let api = TcpListener::bind(cfg.api).await?;
     let (nbd_addr, api_addr) = (nbd.local_addr()?, api.local_addr()?);
@@ -88,6 +102,9 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     }
     let shared = Arc::new(shared);
     tasks.spawn(crate::server::serve(nbd, shared, stopped.clone()));
+    if let Some((listener, secret)) = replica {
+        tasks.spawn(crate::server::replica::serve(listener, volumes.clone(), secret, stopped.clone()));
+    }
     let app = crate::api::router(volumes.clone(), metrics.clone());
     let mut api_stop = stopped;
     tasks.spawn(async move {
@@ -99,6 +116,6 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
         }
     });
     let tls = cfg.tls.mode;
-    tracing::info!(%nbd_addr, %api_addr, %engine, %tls, dir = %cfg.data_dir.display(), "coronafs serving");
-    Ok(RunningServer { nbd_addr, api_addr, engine, volumes, metrics, stop, tasks })
+    tracing::info!(%nbd_addr, %api_addr, ?replica_addr, %engine, %tls, dir = %cfg.data_dir.display(), "coronafs serving");
+    Ok(RunningServer { nbd_addr, api_addr, replica_addr, engine, volumes, metrics, stop, tasks })
 }

@@ -10,6 +10,8 @@
 //! inline `RWF_NOWAIT` fast path), [`uring::UringBackend`] (tokio-uring) and
 //! [`memory::MemBackend`] (tests, models and the bench's gate).
 //! [`layered::Layered`] composes any of them into copy-on-write chains.
+//! [`replicated::Replicated`] forwards a local backend's writes to replicas
+//! on other nodes (docs/design/replication-volumes.md).
 //! [`AnyBackend`] lets the server pick one at run time without dynamic
 //! dispatch.
 //!
@@ -28,6 +30,7 @@ pub mod file;
 pub mod layered;
 pub mod memory;
 pub mod pagecache;
+pub mod replicated;
 pub mod traits;
 pub mod uring;
 
@@ -39,6 +42,8 @@ pub enum AnyBackend {
     File(file::FileBackend),
     Uring(uring::UringBackend),
     Memory(memory::MemBackend),
+    /// A local backend whose writes also go to replicas on other nodes.
+    Replicated(Box<replicated::Replicated<replicated::DynBackend>>),
     #[cfg(any(test, feature = "testing"))]
     Fault(fault::FaultBackend),
 }
@@ -49,6 +54,7 @@ macro_rules! dispatch {
             AnyBackend::File($b) => $e,
             AnyBackend::Uring($b) => $e,
             AnyBackend::Memory($b) => $e,
+            AnyBackend::Replicated($b) => $e,
             #[cfg(any(test, feature = "testing"))]
             AnyBackend::Fault($b) => $e,
         }

@@ -201,3 +201,23 @@ async fn file_backends_take_the_fast_paths_for_cached_data() {
         assert!(l.try_read_now(&mut buf, 0) && l.splice_source(0, 65536).is_some());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_backend_over_two_memory_replicas_passes_the_suite() {
+    use replicated::mem::MemLink;
+    use replicated::{DEFAULT_ACK_TIMEOUT, Replicated, ReplicationPolicy};
+    let replicas = std::sync::Mutex::new(Vec::new());
+    run_all(|| {
+        let copies: Vec<_> = (0..2).map(|_| std::sync::Arc::new(memory::MemBackend::new(SIZE))).collect();
+        let links: Vec<std::sync::Arc<dyn replicated::link::ReplicaLink>> = copies
+            .iter()
+            .enumerate()
+            .map(|(i, c)| std::sync::Arc::new(MemLink::new(&format!("r{i}"), c.clone(), 1, 0)) as _)
+            .collect();
+        replicas.lock().expect("lock").push(copies);
+        let policy = ReplicationPolicy { write_quorum: 2, epoch: 0, ack_timeout: DEFAULT_ACK_TIMEOUT };
+        Replicated::new(memory::MemBackend::new(SIZE), links, policy, 1, Default::default())
+    })
+    .await;
+    assert_eq!(replicas.lock().expect("lock").len(), 6, "one replica set per suite case");
+}

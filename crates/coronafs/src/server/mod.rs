@@ -1,11 +1,14 @@
 //! The NBD server: the accept loop and one task per connection ([`conn`]),
 //! over the exports the volume manager opens ([`crate::volume::export`]),
 //! with a pool of request buffers ([`bufpool`]) and the TLS credentials of
-//! STARTTLS ([`tls`]). Start-up (binding the listeners, loading the
-//! volumes, the control API beside it) is [`crate::service`]'s.
+//! STARTTLS ([`tls`]); the replica listener ([`replica`]) applies a
+//! primary's forwarded writes to this node's copies. Start-up (binding the
+//! listeners, loading the volumes, the control API beside it) is
+//! [`crate::service`]'s.
 
 pub mod bufpool;
 pub mod conn;
+pub mod replica;
 pub mod shared;
 pub mod tls;
 
@@ -41,3 +44,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
     }
     conns.shutdown().await;
 }
+
+#[cfg(test)]
+mod replica_tests;

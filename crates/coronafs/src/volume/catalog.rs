@@ -20,6 +20,15 @@ pub struct VolumeRec {
     /// (0 until the first fence; absent in records written before fencing).
     #[serde(default)]
     pub epoch: u64,
+    /// The nodes holding the other copies of a replicated volume, which
+    /// this node is the primary of (empty for a volume on this node only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<String>,
+    /// Those of `replicas` the primary dropped from the live set: they miss
+    /// writes, so the volume never links to them again (until a resync,
+    /// which is not built yet). They still count as copies for the quorum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale: Vec<String>,
 }
 
 /// A snapshot: a frozen layer.
@@ -136,7 +145,10 @@ mod tests {
         for (id, p) in [(1, None), (2, Some(1)), (3, Some(1)), (4, Some(2)), (9, None)] {
             c.layers.insert(id, layer(p));
         }
-        c.volumes.insert("a".into(), VolumeRec { size: 1, head: 4, origin: None, epoch: 0 });
+        c.volumes.insert(
+            "a".into(),
+            VolumeRec { size: 1, head: 4, origin: None, epoch: 0, replicas: Vec::new(), stale: Vec::new() },
+        );
         c.snapshots.insert(snap_key("a", "s"), SnapRec { layer: 2, size: 1 });
         assert_eq!(c.chain(4), vec![4, 2, 1]);
         assert_eq!(c.garbage(), vec![3, 9]);

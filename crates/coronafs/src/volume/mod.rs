@@ -22,7 +22,10 @@ pub mod files;
 pub mod meta;
 
 use crate::backend::layered::{Layer, Layered, MAX_DEPTH, map};
+use crate::backend::replicated::link::{LinkTarget, ReplicaLink, StreamSpec, TcpLink};
+use crate::backend::replicated::{DynBackend, Replicated, ReplicationPolicy};
 use crate::backend::{AnyBackend, BlockBackend, Opener, pagecache};
+use crate::cluster::{ClusterNode, Membership};
 use crate::dto::{EvictReport, SnapshotInfo, VolumeInfo};
 use crate::error::{CoronaError, Result};
 use crate::proto::handshake::{ExportCatalog, ExportDesc};
@@ -57,6 +60,11 @@ pub struct Volumes {
     open: Mutex<HashMap<String, Arc<Export>>>,
     /// Fault injection at each step of a change (tests; a no-op otherwise).
     pub faults: faults::Faults,
+    /// The cluster this server is a node of, once it joined one: replicated
+    /// volumes need it to reach their replicas.
+    membership: std::sync::OnceLock<Arc<Membership>>,
+    /// This manager, for tasks it starts (set by [`Volumes::join`]).
+    this: std::sync::OnceLock<std::sync::Weak<Volumes>>,
 }
 
 fn poisoned() -> CoronaError {
@@ -71,6 +79,16 @@ pub fn parse_snap(spec: &str) -> Result<(&str, &str)> {
     validate_name(v)?;
     validate_name(s)?;
     Ok((v, s))
+}
+
+/// Refuses what replicated volumes do not support yet (their copies would
+/// have to change in step, docs/design/replication-volumes.md).
+fn not_replicated(name: &str, rec: &VolumeRec, what: &str) -> Result<()> {
+    if rec.replicas.is_empty() {
+        Ok(())
+    } else {
+        Err(CoronaError::Conflict(format!("{name} is replicated: {what} of replicated volumes is not supported yet")))
+    }
 }
 
 fn check_size(size: u64) -> Result<()> {
@@ -112,7 +130,35 @@ impl Volumes {
             control: tokio::sync::Mutex::new(()),
             open: Mutex::new(HashMap::new()),
             faults: faults::Faults::default(),
+            membership: std::sync::OnceLock::new(),
+            this: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Makes this server node `m.node` of a cluster (once; later calls fail).
+    pub fn join(self: &Arc<Self>, m: Membership) -> Result<()> {
+        let _ = self.this.set(Arc::downgrade(self));
+        self.membership.set(Arc::new(m)).map_err(|_| CoronaError::Config("the server already joined a cluster".into()))
+    }
+
+    /// Records `peer` as a stale replica of `name` (see [`VolumeRec::stale`]).
+    pub async fn mark_stale(&self, name: &str, peer: &str) -> Result<()> {
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let mut cat = old.clone();
+        let Some(rec) = cat.volumes.get_mut(name) else { return Ok(()) };
+        if !rec.replicas.iter().any(|r| r == peer) || rec.stale.iter().any(|r| r == peer) {
+            return Ok(());
+        }
+        rec.stale.push(peer.to_owned());
+        self.commit(&old, cat)?;
+        tracing::warn!(volume = name, peer, "replica recorded as stale: it will not be linked again");
+        Ok(())
+    }
+
+    /// The cluster this server is a node of.
+    pub fn membership(&self) -> Option<&Arc<Membership>> {
+        self.membership.get()
     }
 
     pub fn opener(&self) -> &Opener {
@@ -166,11 +212,49 @@ impl Volumes {
             let rec = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
             let layer =
                 files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None, &self.faults)?;
+            if !rec.replicas.is_empty() && !self.read_only {
+                let backend = self.replicated(name, rec, Layered::new(layer))?;
+                let v = Arc::new(Export::new(name, Layered::new(Layer::base(0, rec.size, backend)), false, rec.epoch));
+                open.insert(name.to_owned(), v.clone());
+                return Ok(v);
+            }
             (layer, self.read_only, rec.epoch)
         };
         let v = Arc::new(Export::new(name, Layered::new(layer), ro, epoch));
         open.insert(name.to_owned(), v.clone());
         Ok(v)
+    }
+
+    /// The primary's backend of a replicated volume: `local`, forwarding to
+    /// a link per replica (connecting in the background).
+    fn replicated(&self, name: &str, rec: &VolumeRec, local: Layered<AnyBackend>) -> Result<AnyBackend> {
+        let m = self.membership().ok_or_else(|| {
+            CoronaError::Config(format!("{name} has copies on {:?}, but this server is in no cluster", rec.replicas))
+        })?;
+        let timeout = std::time::Duration::from_millis(m.cluster.ack_timeout_ms);
+        let mut links: Vec<Arc<dyn ReplicaLink>> = Vec::new();
+        for peer in rec.replicas.iter().filter(|r| !rec.stale.contains(r)) {
+            let node = m.cluster.node(peer)?;
+            let target = LinkTarget { peer: peer.clone(), addr: node.replica, timeout };
+            let spec = StreamSpec { volume: name.to_owned(), size: rec.size, epoch: rec.epoch, first_seq: 1 };
+            links.push(Arc::new(TcpLink::start(target, m.secret.clone(), spec).0));
+        }
+        let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
+        let this = self.this.get().cloned();
+        let volume = name.to_owned();
+        let hook = Box::new(move |peer: &str| {
+            let (Some(v), peer, volume) = (this.as_ref().and_then(|w| w.upgrade()), peer.to_owned(), volume.clone())
+            else {
+                return;
+            };
+            tokio::spawn(async move {
+                if let Err(e) = v.mark_stale(&volume, &peer).await {
+                    tracing::error!(volume, peer, error = %e, "could not record a stale replica");
+                }
+            });
+        });
+        let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone()).on_drop(hook);
+        Ok(AnyBackend::Replicated(Box::new(r)))
     }
 
     /// Opens the export an NBD client named: `VOL`, `VOL@SNAP` or
@@ -286,6 +370,8 @@ impl Volumes {
             read_only: self.read_only,
             nbd_export: name.to_owned(),
             epoch: v.epoch,
+            replicas: v.replicas.clone(),
+            stale_replicas: v.stale.clone(),
         })
     }
 
@@ -331,6 +417,60 @@ impl Volumes {
 
     /// Creates an empty thin volume.
     pub async fn create(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.create_with(name, size, Vec::new()).await
+    }
+
+    /// Creates a volume with `copies` copies: places them
+    /// ([`crate::cluster::ClusterFile::place`]), creates a plain volume on
+    /// each other node through its control API, then the local one, which
+    /// records the others and forwards its writes to them. A failure undoes
+    /// the copies already made.
+    pub async fn create_replicated(&self, name: &str, size: u64, copies: usize) -> Result<VolumeInfo> {
+        if copies <= 1 {
+            return self.create(name, size).await;
+        }
+        validate_name(name)?;
+        self.writable()?;
+        check_size(size)?;
+        let m = self.membership().cloned().ok_or_else(|| {
+            CoronaError::BadRequest(format!(
+                "{copies} copies asked, but this server is in no cluster (serve with a cluster file)"
+            ))
+        })?;
+        if self.catalog()?.volumes.contains_key(name) {
+            return Err(CoronaError::AlreadyExists(name.to_owned()));
+        }
+        let placed: Vec<ClusterNode> = m.cluster.place(&m.node, copies)?.into_iter().cloned().collect();
+        let mut made: Vec<&ClusterNode> = Vec::new();
+        let mut failure = None;
+        for n in &placed[1..] {
+            let api = crate::api_client::ApiClient::new(&format!("http://{}", n.api));
+            match api.create(name, size).await {
+                Ok(_) => made.push(n),
+                Err(e) => {
+                    failure = Some(CoronaError::Replica(format!("creating the copy of {name} on {}: {e}", n.name)));
+                    break;
+                }
+            }
+        }
+        let result = match failure {
+            Some(e) => Err(e),
+            None => self.create_with(name, size, placed[1..].iter().map(|n| n.name.clone()).collect()).await,
+        };
+        if result.is_err() {
+            for n in made {
+                let api = crate::api_client::ApiClient::new(&format!("http://{}", n.api));
+                if let Err(e) = api.delete(name, true).await {
+                    tracing::warn!(node = %n.name, volume = name, error = %e, "could not undo a copy");
+                }
+            }
+        } else {
+            tracing::info!(volume = name, copies, nodes = ?placed.iter().map(|n| &n.name).collect::<Vec<_>>(), "created replicated volume");
+        }
+        result
+    }
+
+    async fn create_with(&self, name: &str, size: u64, replicas: Vec<String>) -> Result<VolumeInfo> {
         validate_name(name)?;
         self.writable()?;
         check_size(size)?;
@@ -344,7 +484,8 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, false, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 };
         cat.layers.insert(id, layer.clone());
-        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: None, epoch: 0 });
+        cat.volumes
+            .insert(name.to_owned(), VolumeRec { size, head: id, origin: None, epoch: 0, replicas, stale: Vec::new() });
         if let Err(e) = self.commit(&old, cat) {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
@@ -385,7 +526,10 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, true, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: Some(snap.layer), parent_limit: snap.size };
         cat.layers.insert(id, layer.clone());
-        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, origin: Some(key.clone()), epoch: 0 });
+        cat.volumes.insert(
+            name.to_owned(),
+            VolumeRec { size, head: id, origin: Some(key.clone()), epoch: 0, replicas: Vec::new(), stale: Vec::new() },
+        );
         if let Err(e) = self.commit(&old, cat) {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
@@ -403,6 +547,7 @@ impl Volumes {
         let _g = self.control.lock().await;
         let old = self.catalog()?;
         let rec = old.volumes.get(vol).ok_or_else(|| CoronaError::NotFound(vol.to_owned()))?.clone();
+        not_replicated(vol, &rec, "snapshots")?;
         let key = snap_key(vol, snap);
         if old.snapshots.contains_key(&key) {
             return Err(CoronaError::SnapshotExists(key));
@@ -452,6 +597,7 @@ impl Volumes {
         let _g = self.control.lock().await;
         let old = self.catalog()?;
         let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?.clone();
+        not_replicated(name, &rec, "resizing")?;
         if size < rec.size && !allow_shrink {
             return Err(CoronaError::BadRequest(format!(
                 "shrinking {name} from {} to {size} bytes destroys data; pass allow_shrink to do it",
@@ -752,7 +898,10 @@ fn adopt_raw_files(dir: &Path, cat: &mut Catalog) -> Result<()> {
         }
         let id = cat.alloc_layer();
         cat.layers.insert(id, LayerRec { file: name.clone(), size, parent: None, parent_limit: 0 });
-        cat.volumes.insert(name.clone(), VolumeRec { size, head: id, origin: None, epoch: 0 });
+        cat.volumes.insert(
+            name.clone(),
+            VolumeRec { size, head: id, origin: None, epoch: 0, replicas: Vec::new(), stale: Vec::new() },
+        );
         tracing::info!(volume = %name, size, "adopted a raw file as a volume");
     }
     Ok(())

@@ -1,0 +1,97 @@
+//! An in-memory replica link for tests: frames go to a task that applies
+//! them to a backend through the same [`Applier`] as the TCP listener, and
+//! the test can kill the replica (it answers nothing more and goes down) or
+//! make it stall (it takes frames and never answers, like a partition).
+
+use super::apply::Applier;
+use super::link::{Ack, ReplicaLink};
+use crate::backend::traits::BlockBackend;
+use crate::replica::wire::Msg;
+use futures::future::BoxFuture;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use tokio::sync::{mpsc, oneshot};
+
+const UP: u8 = 0;
+const STALLED: u8 = 1;
+const DEAD: u8 = 2;
+
+/// A frame and where to send its answer.
+type Queued = (Msg, oneshot::Sender<io::Result<()>>);
+
+/// A replica in this process.
+pub struct MemLink {
+    peer: String,
+    mode: Arc<AtomicU8>,
+    frames: std::sync::Mutex<Option<mpsc::UnboundedSender<Queued>>>,
+}
+
+impl MemLink {
+    /// A link to `backend`, expecting frames from `first_seq` at any epoch
+    /// from `fence_epoch` up.
+    pub fn new<B: BlockBackend>(peer: &str, backend: Arc<B>, first_seq: u64, fence_epoch: u64) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
+        let mode = Arc::new(AtomicU8::new(UP));
+        let m = mode.clone();
+        tokio::spawn(async move {
+            let mut applier = Applier::opened(first_seq);
+            while let Some((msg, answer)) = rx.recv().await {
+                match m.load(Ordering::SeqCst) {
+                    DEAD => return,
+                    STALLED => {
+                        // Keep the sender alive so the answer never comes.
+                        std::mem::forget(answer);
+                        continue;
+                    }
+                    _ => {}
+                }
+                if let Err(errno) = applier.apply(&*backend, msg, fence_epoch).await {
+                    let _ = answer.send(Err(io::Error::from_raw_os_error(errno as i32)));
+                    m.store(DEAD, Ordering::SeqCst);
+                    return;
+                }
+                let _ = answer.send(Ok(()));
+            }
+        });
+        MemLink { peer: peer.to_owned(), mode, frames: std::sync::Mutex::new(Some(tx)) }
+    }
+
+    /// The replica dies: frames not yet applied never will be, the link goes down.
+    pub fn kill(&self) {
+        self.mode.store(DEAD, Ordering::SeqCst);
+        if let Ok(mut f) = self.frames.lock() {
+            f.take();
+        }
+    }
+
+    /// The replica stops answering but the link looks up (a partition).
+    pub fn stall(&self) {
+        self.mode.store(STALLED, Ordering::SeqCst);
+    }
+}
+
+impl ReplicaLink for MemLink {
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn is_up(&self) -> bool {
+        self.mode.load(Ordering::SeqCst) != DEAD
+    }
+
+    fn send(&self, msg: Msg) -> BoxFuture<'_, io::Result<Ack>> {
+        Box::pin(async move {
+            let down = || io::Error::new(io::ErrorKind::BrokenPipe, format!("replica {} is down", self.peer));
+            let (tx, rx) = oneshot::channel();
+            let f = self.frames.lock().map_err(|_| down())?;
+            f.as_ref().ok_or_else(down)?.send((msg, tx)).map_err(|_| down())?;
+            let peer = self.peer.clone();
+            let ack: Ack = Box::pin(async move {
+                rx.await
+                    .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::BrokenPipe, format!("replica {peer} died"))))
+            });
+            Ok(ack)
+        })
+    }
+}

@@ -1,0 +1,257 @@
+//! The cluster file: every CoronaFS node of a cluster, with its addresses
+//! and zone, and the shared secret of the replica RPC. Each node runs
+//! `coronafs serve --config node.toml` whose `cluster` and `node` fields name
+//! this file and the node's entry in it. Example:
+//!
+//! ```toml
+//! rpc_secret = "64 hex digits: coronafs cluster-secret prints a fresh one"
+//! write_quorum = 2
+//!
+//! [[nodes]]
+//! name = "node01"
+//! nbd = "10.89.0.11:10809"
+//! api = "10.89.0.11:7070"
+//! replica = "10.89.0.11:7071"
+//! zone = "rack-a"
+//! ```
+//!
+//! [`ClusterFile::place`] chooses the nodes of a replicated volume's copies
+//! (docs/design/replication-volumes.md, "Placement").
+
+use crate::error::{CoronaError, Result};
+use crate::replica::auth::RpcSecret;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// What a server in a cluster knows of it: the file and which node it is.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    pub cluster: ClusterFile,
+    /// This node's name in the file.
+    pub node: String,
+    pub secret: RpcSecret,
+    /// Where replicated volumes count dropped replicas.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl Membership {
+    /// Node `node` of `cluster`, which must name it.
+    pub fn new(cluster: ClusterFile, node: &str, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Result<Self> {
+        cluster.node(node)?;
+        let secret = cluster.secret()?;
+        Ok(Membership { cluster, node: node.to_owned(), secret, metrics })
+    }
+
+    /// This node's entry.
+    pub fn me(&self) -> Result<&ClusterNode> {
+        self.cluster.node(&self.node)
+    }
+}
+
+/// One node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterNode {
+    /// Unique name, as the node's `node` setting gives it.
+    pub name: String,
+    /// Its NBD address (where clients of the volumes it is primary for connect).
+    pub nbd: SocketAddr,
+    /// Its control API address (where other nodes create copies on it).
+    pub api: SocketAddr,
+    /// Its replica RPC address (where primaries forward writes to it).
+    pub replica: SocketAddr,
+    /// Failure domain: the copies of a volume go to different zones first.
+    #[serde(default = "default_zone")]
+    pub zone: String,
+}
+
+fn default_zone() -> String {
+    "default".to_owned()
+}
+
+fn default_quorum() -> usize {
+    2
+}
+
+fn default_ack_timeout_ms() -> u64 {
+    10_000
+}
+
+/// The whole cluster file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// Shared secret of the replica RPC: 64 hex digits (32 random bytes).
+    pub rpc_secret: String,
+    /// Copies (the primary included) that must be live for a replicated
+    /// volume to accept writes and flushes [default: 2].
+    #[serde(default = "default_quorum")]
+    pub write_quorum: usize,
+    /// How long a FLUSH waits for a replica before dropping it, in
+    /// milliseconds [default: 10000].
+    #[serde(default = "default_ack_timeout_ms")]
+    pub ack_timeout_ms: u64,
+    /// Every node, in any order.
+    pub nodes: Vec<ClusterNode>,
+}
+
+impl ClusterFile {
+    /// Reads and validates a cluster file; errors name the file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let f: ClusterFile = svc_kit::config::load(path)?;
+        f.validate().map_err(|e| CoronaError::Config(format!("{}: {e}", path.display())))?;
+        Ok(f)
+    }
+
+    /// Parses and validates a cluster file's text.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let f: ClusterFile = svc_kit::config::parse(text)?;
+        f.validate()?;
+        Ok(f)
+    }
+
+    /// Checks what serde cannot: a valid secret, at least one node, unique
+    /// names and addresses, a quorum between 1 and the number of nodes.
+    pub fn validate(&self) -> Result<()> {
+        self.secret()?;
+        if self.nodes.is_empty() {
+            return Err(CoronaError::Config("the cluster file names no nodes".into()));
+        }
+        let mut names = HashSet::new();
+        let mut addrs = HashSet::new();
+        for n in &self.nodes {
+            crate::util::validate_name(&n.name)
+                .map_err(|e| CoronaError::Config(format!("node name {:?}: {e}", n.name)))?;
+            if !names.insert(n.name.as_str()) {
+                return Err(CoronaError::Config(format!("node {:?} is named twice", n.name)));
+            }
+            for a in [n.nbd, n.api, n.replica] {
+                if !addrs.insert(a) {
+                    return Err(CoronaError::Config(format!("address {a} is used twice (node {:?})", n.name)));
+                }
+            }
+        }
+        if self.write_quorum == 0 || self.write_quorum > self.nodes.len() {
+            return Err(CoronaError::Config(format!(
+                "write_quorum {} must be between 1 and the {} nodes",
+                self.write_quorum,
+                self.nodes.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The RPC secret.
+    pub fn secret(&self) -> Result<RpcSecret> {
+        RpcSecret::parse(&self.rpc_secret)
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Result<&ClusterNode> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| CoronaError::Config(format!("node {name:?} is not in the cluster file")))
+    }
+
+    /// The nodes of a volume with `copies` copies whose primary is
+    /// `primary`: the primary first, then one node per zone not yet used
+    /// (zones and nodes in name order), then the remaining nodes in name
+    /// order. Deterministic, so every node computes the same answer.
+    pub fn place(&self, primary: &str, copies: usize) -> Result<Vec<&ClusterNode>> {
+        let first = self.node(primary)?;
+        if copies == 0 || copies > self.nodes.len() {
+            return Err(CoronaError::BadRequest(format!(
+                "{copies} copies asked, but the cluster has {} nodes",
+                self.nodes.len()
+            )));
+        }
+        if copies < self.write_quorum {
+            return Err(CoronaError::BadRequest(format!(
+                "{copies} copies is below the write quorum of {}: the volume could never be written",
+                self.write_quorum
+            )));
+        }
+        let mut rest: Vec<&ClusterNode> = self.nodes.iter().filter(|n| n.name != primary).collect();
+        rest.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
+        let mut chosen = vec![first];
+        let mut zones: HashSet<&str> = HashSet::from([first.zone.as_str()]);
+        for n in &rest {
+            if chosen.len() < copies && zones.insert(n.zone.as_str()) {
+                chosen.push(n);
+            }
+        }
+        let mut others: Vec<&ClusterNode> =
+            rest.into_iter().filter(|n| !chosen.iter().any(|c| c.name == n.name)).collect();
+        others.sort_by(|a, b| a.name.cmp(&b.name));
+        chosen.extend(others.into_iter().take(copies - chosen.len()));
+        Ok(chosen)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(zones: &[&str]) -> ClusterFile {
+        let nodes = zones
+            .iter()
+            .enumerate()
+            .map(|(i, z)| ClusterNode {
+                name: format!("n{}", i + 1),
+                nbd: format!("10.0.0.{}:10809", i + 1).parse().expect("addr"),
+                api: format!("10.0.0.{}:7070", i + 1).parse().expect("addr"),
+                replica: format!("10.0.0.{}:7071", i + 1).parse().expect("addr"),
+                zone: z.to_string(),
+            })
+            .collect();
+        ClusterFile { rpc_secret: "ab".repeat(32), write_quorum: 2, ack_timeout_ms: 10_000, nodes }
+    }
+
+    fn names(v: Vec<&ClusterNode>) -> Vec<&str> {
+        v.into_iter().map(|n| n.name.as_str()).collect()
+    }
+
+    #[test]
+    fn copies_go_to_different_zones_first() {
+        let f = file(&["a", "a", "b", "c"]);
+        assert_eq!(names(f.place("n1", 3).expect("place")), ["n1", "n3", "n4"]);
+        assert_eq!(names(f.place("n2", 3).expect("place")), ["n2", "n3", "n4"]);
+        let f = file(&["a", "a", "b"]);
+        assert_eq!(names(f.place("n3", 3).expect("place")), ["n3", "n1", "n2"]);
+        assert_eq!(names(f.place("n1", 3).expect("place")), ["n1", "n3", "n2"], "zone b before the second a");
+    }
+
+    #[test]
+    fn impossible_placements_are_refused() {
+        let f = file(&["a", "b"]);
+        assert!(f.place("n1", 3).expect_err("too few nodes").to_string().contains("2 nodes"));
+        assert!(f.place("n1", 1).expect_err("below quorum").to_string().contains("write quorum"));
+        assert!(f.place("n9", 2).is_err());
+    }
+
+    #[test]
+    fn a_cluster_file_parses_and_bad_ones_are_refused() {
+        let text = format!(
+            "rpc_secret = \"{}\"\n[[nodes]]\nname = \"n1\"\nnbd = \"127.0.0.1:1\"\napi = \"127.0.0.1:2\"\nreplica = \"127.0.0.1:3\"\n",
+            "cd".repeat(32)
+        );
+        let f = ClusterFile::from_toml(&text).expect_err("quorum 2 of 1 node");
+        assert!(f.to_string().contains("write_quorum"), "{f}");
+        let f = ClusterFile::from_toml(&format!("write_quorum = 1\n{text}")).expect("valid");
+        assert_eq!(f.nodes[0].zone, "default");
+        assert_eq!(f.ack_timeout_ms, 10_000);
+        let e = ClusterFile::from_toml(&format!("write_quorum = 1\nrpc_secrets = 1\n{text}")).expect_err("typo");
+        assert!(e.to_string().contains("rpc_secrets"), "{e}");
+        let bad = ClusterFile::from_toml(&format!("write_quorum = 1\n{}", text.replace(&"cd".repeat(32), "short")));
+        assert!(bad.expect_err("secret").to_string().contains("64 hex digits"));
+        let mut twice = file(&["a", "b"]);
+        twice.nodes[1].name = "n1".into();
+        assert!(twice.validate().expect_err("names").to_string().contains("named twice"));
+        let mut same = file(&["a", "b"]);
+        same.nodes[1].replica = same.nodes[0].api;
+        assert!(same.validate().expect_err("addrs").to_string().contains("used twice"));
+    }
+}

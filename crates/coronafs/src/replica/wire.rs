@@ -1,0 +1,235 @@
+//! The replica RPC's frames, sans-IO: a primary's requests (OPEN, WRITE,
+//! WRITE_ZEROES, TRIM, FLUSH), each numbered and tagged with the primary's
+//! epoch, and the replica's in-order answers. Layout in
+//! docs/design/replication-volumes.md.
+
+use crate::error::{CoronaError, Result};
+use bytes::Bytes;
+
+/// Bytes of a request header.
+pub const HEADER_LEN: usize = 40;
+/// Bytes of a reply.
+pub const REPLY_LEN: usize = 16;
+/// Largest WRITE payload (as NBD's largest request).
+pub const MAX_PAYLOAD: u64 = 32 << 20;
+/// Longest volume name in OPEN.
+pub const MAX_NAME: u64 = 255;
+const REQUEST_MAGIC: &[u8; 4] = b"CFR1";
+const REPLY_MAGIC: &[u8; 4] = b"CFA1";
+/// WRITE_ZEROES flag: the replica may free the space.
+const FLAG_PUNCH: u8 = 1;
+
+/// What a frame asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// Binds the connection to a volume of this size; the frame's `seq` is
+    /// the first one the replica must then expect.
+    Open { volume: String, size: u64 },
+    /// Writes `data` at `offset` (shared by every link the write goes to).
+    Write { offset: u64, data: Bytes },
+    /// Zeroes a range; with `punch` the space may be freed.
+    WriteZeroes { offset: u64, len: u64, punch: bool },
+    /// Discards a range.
+    Trim { offset: u64, len: u64 },
+    /// Makes every earlier frame durable.
+    Flush,
+}
+
+/// One request: its place in the volume's write stream, the primary's
+/// epoch, and what it asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Msg {
+    pub seq: u64,
+    pub epoch: u64,
+    pub body: Body,
+}
+
+/// A decoded request header: what follows it, and how to finish the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    kind: u8,
+    flags: u8,
+    pub seq: u64,
+    pub epoch: u64,
+    offset: u64,
+    len: u64,
+}
+
+fn bad(why: String) -> CoronaError {
+    CoronaError::Replica(format!("bad replica frame: {why}"))
+}
+
+impl Msg {
+    /// The header and the payload that follows it (empty for most kinds).
+    pub fn encode(&self) -> ([u8; HEADER_LEN], &[u8]) {
+        let (kind, flags, offset, len, payload): (u8, u8, u64, u64, &[u8]) = match &self.body {
+            Body::Open { volume, size } => (0, 0, *size, volume.len() as u64, volume.as_bytes()),
+            Body::Write { offset, data } => (1, 0, *offset, data.len() as u64, data),
+            Body::WriteZeroes { offset, len, punch } => (2, if *punch { FLAG_PUNCH } else { 0 }, *offset, *len, &[]),
+            Body::Trim { offset, len } => (3, 0, *offset, *len, &[]),
+            Body::Flush => (4, 0, 0, 0, &[]),
+        };
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(REQUEST_MAGIC);
+        h[4] = kind;
+        h[5] = flags;
+        h[8..16].copy_from_slice(&self.seq.to_be_bytes());
+        h[16..24].copy_from_slice(&self.epoch.to_be_bytes());
+        h[24..32].copy_from_slice(&offset.to_be_bytes());
+        h[32..40].copy_from_slice(&len.to_be_bytes());
+        (h, payload)
+    }
+}
+
+fn be64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(a)
+}
+
+impl Header {
+    /// Checks a header from the wire: magic, kind, flags and payload limits.
+    pub fn decode(h: &[u8; HEADER_LEN]) -> Result<Self> {
+        if &h[..4] != REQUEST_MAGIC {
+            return Err(bad("wrong magic".into()));
+        }
+        let hd = Header {
+            kind: h[4],
+            flags: h[5],
+            seq: be64(&h[8..]),
+            epoch: be64(&h[16..]),
+            offset: be64(&h[24..]),
+            len: be64(&h[32..]),
+        };
+        let known_flags = if hd.kind == 2 { FLAG_PUNCH } else { 0 };
+        if hd.kind > 4 {
+            return Err(bad(format!("unknown kind {}", hd.kind)));
+        }
+        if hd.flags & !known_flags != 0 || h[6..8] != [0, 0] {
+            return Err(bad(format!("unknown flags {:#x} for kind {}", hd.flags, hd.kind)));
+        }
+        match hd.kind {
+            0 if hd.len == 0 || hd.len > MAX_NAME => Err(bad(format!("volume name of {} bytes", hd.len))),
+            1 if hd.len > MAX_PAYLOAD => Err(bad(format!("write of {} bytes (at most {MAX_PAYLOAD})", hd.len))),
+            4 if hd.offset != 0 || hd.len != 0 => Err(bad("flush with a range".into())),
+            _ => Ok(hd),
+        }
+    }
+
+    /// Bytes of payload that follow this header.
+    pub fn payload_len(&self) -> usize {
+        match self.kind {
+            0 | 1 => self.len as usize,
+            _ => 0,
+        }
+    }
+
+    /// The request, given the payload (`payload_len` bytes) that followed.
+    pub fn finish(self, payload: Vec<u8>) -> Result<Msg> {
+        if payload.len() != self.payload_len() {
+            return Err(bad(format!("payload of {} bytes, header says {}", payload.len(), self.payload_len())));
+        }
+        let body = match self.kind {
+            0 => Body::Open {
+                volume: String::from_utf8(payload).map_err(|_| bad("volume name is not UTF-8".into()))?,
+                size: self.offset,
+            },
+            1 => Body::Write { offset: self.offset, data: Bytes::from(payload) },
+            2 => Body::WriteZeroes { offset: self.offset, len: self.len, punch: self.flags & FLAG_PUNCH != 0 },
+            3 => Body::Trim { offset: self.offset, len: self.len },
+            _ => Body::Flush,
+        };
+        Ok(Msg { seq: self.seq, epoch: self.epoch, body })
+    }
+}
+
+/// A replica's answer to the request numbered `seq`: 0 or a host errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub seq: u64,
+    pub errno: u32,
+}
+
+impl Reply {
+    pub fn encode(&self) -> [u8; REPLY_LEN] {
+        let mut r = [0u8; REPLY_LEN];
+        r[..4].copy_from_slice(REPLY_MAGIC);
+        r[4..8].copy_from_slice(&self.errno.to_be_bytes());
+        r[8..].copy_from_slice(&self.seq.to_be_bytes());
+        r
+    }
+
+    pub fn decode(r: &[u8; REPLY_LEN]) -> Result<Self> {
+        if &r[..4] != REPLY_MAGIC {
+            return Err(bad("wrong reply magic".into()));
+        }
+        Ok(Reply { errno: u32::from_be_bytes([r[4], r[5], r[6], r[7]]), seq: be64(&r[8..]) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn round_trip(m: &Msg) -> Msg {
+        let (h, payload) = m.encode();
+        Header::decode(&h).expect("header").finish(payload.to_vec()).expect("frame")
+    }
+
+    fn body() -> impl Strategy<Value = Body> {
+        prop_oneof![
+            ("[a-z]{1,20}", any::<u64>()).prop_map(|(volume, size)| Body::Open { volume, size }),
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..300))
+                .prop_map(|(offset, d)| Body::Write { offset, data: Bytes::from(d) }),
+            (any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(offset, len, punch)| Body::WriteZeroes {
+                offset,
+                len,
+                punch
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Body::Trim { offset, len }),
+            Just(Body::Flush),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_frame_decodes_to_what_was_encoded(seq in any::<u64>(), epoch in any::<u64>(), body in body()) {
+            let m = Msg { seq, epoch, body };
+            prop_assert_eq!(round_trip(&m), m);
+        }
+
+        #[test]
+        fn every_reply_decodes_to_what_was_encoded(seq in any::<u64>(), errno in any::<u32>()) {
+            let r = Reply { seq, errno };
+            prop_assert_eq!(Reply::decode(&r.encode()).expect("reply"), r);
+        }
+
+        #[test]
+        fn arbitrary_headers_never_panic(h in proptest::array::uniform32(any::<u8>()), tail in any::<u64>()) {
+            let mut full = [0u8; HEADER_LEN];
+            full[..32].copy_from_slice(&h);
+            full[32..].copy_from_slice(&tail.to_be_bytes());
+            if let Ok(hd) = Header::decode(&full) {
+                prop_assert!(hd.payload_len() as u64 <= MAX_PAYLOAD);
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_writes_unknown_kinds_and_wrong_magic_are_refused() {
+        let (mut h, _) = Msg { seq: 1, epoch: 0, body: Body::Flush }.encode();
+        h[4] = 9;
+        assert!(Header::decode(&h).expect_err("kind").to_string().contains("unknown kind 9"));
+        let (mut h, _) = Msg { seq: 1, epoch: 0, body: Body::Write { offset: 0, data: Bytes::from(vec![1]) } }.encode();
+        h[32..40].copy_from_slice(&(MAX_PAYLOAD + 1).to_be_bytes());
+        assert!(Header::decode(&h).expect_err("size").to_string().contains("at most"));
+        h[0] = b'X';
+        assert!(Header::decode(&h).is_err());
+        let (mut h, _) = Msg { seq: 1, epoch: 0, body: Body::Trim { offset: 0, len: 1 } }.encode();
+        h[5] = FLAG_PUNCH;
+        assert!(Header::decode(&h).is_err(), "punch only on WRITE_ZEROES");
+        let hd = Header::decode(&Msg { seq: 1, epoch: 0, body: Body::Flush }.encode().0).expect("flush");
+        assert!(hd.finish(vec![1]).is_err(), "a payload the header does not announce");
+    }
+}

@@ -1,0 +1,134 @@
+//! The replica listener: takes a primary's authenticated connection, binds
+//! it to one of this node's volumes (OPEN), and applies its frames in
+//! order through the volume's fence, answering each
+//! (docs/design/replication-volumes.md).
+
+use crate::backend::replicated::apply::Applier;
+use crate::error::{CoronaError, Result};
+use crate::replica::auth::{self, RpcSecret};
+use crate::replica::wire::{Body, HEADER_LEN, Header, Reply};
+use crate::volume::Volumes;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// How long a caller has to finish the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts replica connections on `listener` until `stopped` turns true,
+/// then drops them all.
+pub async fn serve(
+    listener: TcpListener,
+    volumes: Arc<Volumes>,
+    secret: RpcSecret,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let secret = Arc::new(secret);
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let (volumes, secret) = (volumes.clone(), secret.clone());
+                    conns.spawn(async move {
+                        if let Err(e) = connection(stream, &volumes, &secret).await {
+                            tracing::warn!(%peer, error = %e, "replica connection ended");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "replica accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = async { let _ = stopped.wait_for(|s| *s).await; } => break,
+        }
+    }
+    conns.shutdown().await;
+}
+
+/// The listener's half of the handshake (`replica/auth.rs`).
+pub async fn handshake_as_listener(s: &mut TcpStream, secret: &RpcSecret) -> Result<()> {
+    let listener_nonce = auth::nonce()?;
+    s.write_all(&auth::hello(&listener_nonce)).await?;
+    let mut answer = [0u8; auth::ANSWER_LEN];
+    s.read_exact(&mut answer).await?;
+    let caller_nonce = auth::check_answer(secret, &listener_nonce, &answer)?;
+    s.write_all(&auth::proof(secret, &caller_nonce, &listener_nonce)).await?;
+    Ok(())
+}
+
+async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> Result<Option<crate::replica::wire::Msg>> {
+    let mut h = [0u8; HEADER_LEN];
+    match r.read_exact(&mut h).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let header = Header::decode(&h)?;
+    // Read into spare capacity: no zeroing of up to 32 MiB first.
+    let len = header.payload_len();
+    let mut payload = Vec::with_capacity(len);
+    let got = r.take(len as u64).read_to_end(&mut payload).await?;
+    if got != len {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
+    Ok(Some(header.finish(payload)?))
+}
+
+async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> Result<()> {
+    s.set_nodelay(true)?;
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_as_listener(&mut s, secret))
+        .await
+        .map_err(|_| CoronaError::Replica("handshake timed out".into()))??;
+    let (rd, wr) = s.into_split();
+    let mut rd = BufReader::with_capacity(256 * 1024, rd);
+    let mut wr = BufWriter::new(wr);
+    let Some(open) = read_frame(&mut rd).await? else { return Ok(()) };
+    let Body::Open { volume, size } = &open.body else {
+        return Err(CoronaError::Replica("the first frame is not OPEN".into()));
+    };
+    let export = match volumes.open(volume) {
+        Ok(e) if e.read_only => Err(libc::EROFS),
+        Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => Err(libc::EINVAL),
+        Ok(e) if open.epoch < e.fence.current() => Err(libc::EPERM),
+        Ok(e) => Ok(e),
+        Err(_) => Err(libc::ENOENT),
+    };
+    let export = match export {
+        Ok(e) => e,
+        Err(errno) => {
+            wr.write_all(&Reply { seq: open.seq, errno: errno as u32 }.encode()).await?;
+            wr.flush().await?;
+            return Err(CoronaError::Replica(format!("refused OPEN of {volume:?} ({size} bytes): errno {errno}")));
+        }
+    };
+    wr.write_all(&Reply { seq: open.seq, errno: 0 }.encode()).await?;
+    wr.flush().await?;
+    tracing::info!(volume = %export.name, epoch = open.epoch, "replica stream opened");
+    let writer = export.fence.register(open.epoch);
+    let mut applier = Applier::opened(open.seq);
+    while let Some(msg) = read_frame(&mut rd).await? {
+        let seq = msg.seq;
+        let result = match export.fence.enter(&writer) {
+            Err(_) => Err(libc::EPERM as u32),
+            Ok(_inflight) => applier.apply(&export.backend, msg, export.fence.current()).await,
+        };
+        let errno = result.err().unwrap_or(0);
+        wr.write_all(&Reply { seq, errno }.encode()).await?;
+        if errno != 0 {
+            wr.flush().await?;
+            return Err(CoronaError::Replica(format!("frame {seq} failed with errno {errno}; closing")));
+        }
+        // Answer in batches: flush only when no further frame is already buffered.
+        if rd.buffer().is_empty() {
+            wr.flush().await?;
+        }
+    }
+    wr.flush().await?;
+    Ok(())
+}
