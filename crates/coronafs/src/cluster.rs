@@ -145,7 +145,7 @@ impl ClusterFile {
 
     /// The RPC secret.
     pub fn secret(&self) -> Result<RpcSecret> {
-        RpcSecret::parse(&self.rpc_secret)
+        Ok(RpcSecret::parse(&self.rpc_secret)?)
     }
 
     /// The node called `name`.

@@ -5,10 +5,14 @@
 //!   the file (and the line and column of a parse error).
 //! - [`prom`]: render counters, gauges and histograms in the Prometheus
 //!   text exposition format for `/metrics`.
+//! - [`rpc_auth`]: the mutual HMAC challenge that opens every node-to-node
+//!   RPC connection (LightningStor's node RPC, CoronaFS's replica RPC).
 //!
 //! It sits below every service crate and depends on nothing heavier than
-//! serde and toml, so CoronaFS, LightningStor, PlasmaVMC and the bench can
-//! all use it without pulling each other in.
+//! serde, toml, the HMAC/SHA-256 crates and tokio's I/O traits, so CoronaFS,
+//! LightningStor, PlasmaVMC and the bench can all use it without pulling
+//! each other in.
 
 pub mod config;
 pub mod prom;
+pub mod rpc_auth;

@@ -53,13 +53,7 @@ pub async fn serve(
 
 /// The listener's half of the handshake (`replica/auth.rs`).
 pub async fn handshake_as_listener(s: &mut TcpStream, secret: &RpcSecret) -> Result<()> {
-    let listener_nonce = auth::nonce()?;
-    s.write_all(&auth::hello(&listener_nonce)).await?;
-    let mut answer = [0u8; auth::ANSWER_LEN];
-    s.read_exact(&mut answer).await?;
-    let caller_nonce = auth::check_answer(secret, &listener_nonce, &answer)?;
-    s.write_all(&auth::proof(secret, &caller_nonce, &listener_nonce)).await?;
-    Ok(())
+    Ok(svc_kit::rpc_auth::io::as_listener(s, &auth::PROTOCOL, secret).await?)
 }
 
 async fn read_frame<R: AsyncReadExt + Unpin>(r: &mut R) -> Result<Option<crate::replica::wire::Msg>> {

@@ -228,7 +228,7 @@ impl ClusterConfig {
     /// The cluster's RPC secret.
     pub fn rpc_secret(&self) -> Result<crate::cluster::auth::RpcSecret> {
         match &self.rpc_secret {
-            Some(hex) => crate::cluster::auth::RpcSecret::parse(hex),
+            Some(hex) => Ok(crate::cluster::auth::RpcSecret::parse(hex)?),
             None => Err(LightningError::Config(
                 "the cluster file has no rpc_secret: nodes accept RPC only from holders of it; add \
                  rpc_secret = \"<64 hex digits>\" (e.g. from `openssl rand -hex 32`) to every node's file, \

@@ -50,33 +50,14 @@ pub struct Tcp {
 /// it is closed, so it cannot hold a listener's resources).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The caller's side of the handshake.
+/// The caller's side of the handshake ([`auth`]).
 async fn handshake_as_caller(s: &mut TcpStream, secret: &RpcSecret) -> Result<()> {
-    let mut hello = [0u8; auth::HELLO_LEN];
-    s.read_exact(&mut hello).await?;
-    let listener_nonce = auth::parse_hello(&hello)?;
-    let caller_nonce = auth::nonce()?;
-    s.write_all(&auth::answer(secret, &listener_nonce, &caller_nonce)).await?;
-    let mut proof = [0u8; auth::PROOF_LEN];
-    s.read_exact(&mut proof).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => LightningError::Unavailable(
-            "rpc handshake refused: the node closed the connection (is rpc_secret the same in every node's cluster file?)"
-                .into(),
-        ),
-        _ => e.into(),
-    })?;
-    auth::check_proof(secret, &caller_nonce, &listener_nonce, &proof)
+    Ok(svc_kit::rpc_auth::io::as_caller(s, &auth::PROTOCOL, secret).await?)
 }
 
-/// The listener's side of the handshake.
+/// The listener's side of the handshake ([`auth`]).
 async fn handshake_as_listener(s: &mut TcpStream, secret: &RpcSecret) -> Result<()> {
-    let listener_nonce = auth::nonce()?;
-    s.write_all(&auth::hello(&listener_nonce)).await?;
-    let mut answer = [0u8; auth::ANSWER_LEN];
-    s.read_exact(&mut answer).await?;
-    let caller_nonce = auth::check_answer(secret, &listener_nonce, &answer)?;
-    s.write_all(&auth::proof(secret, &caller_nonce, &listener_nonce)).await?;
-    Ok(())
+    Ok(svc_kit::rpc_auth::io::as_listener(s, &auth::PROTOCOL, secret).await?)
 }
 
 /// Idle connections kept per peer.

@@ -97,16 +97,7 @@ impl Drop for TcpLink {
 
 /// The caller's half of the handshake (`replica/auth.rs`).
 pub async fn handshake_as_caller(s: &mut TcpStream, secret: &RpcSecret) -> Result<()> {
-    let mut hello = [0u8; auth::HELLO_LEN];
-    s.read_exact(&mut hello).await?;
-    let listener_nonce = auth::parse_hello(&hello)?;
-    let caller_nonce = auth::nonce()?;
-    s.write_all(&auth::answer(secret, &listener_nonce, &caller_nonce)).await?;
-    let mut proof = [0u8; auth::PROOF_LEN];
-    s.read_exact(&mut proof).await.map_err(|e| {
-        CoronaError::Replica(format!("the replica closed the handshake (does it hold this rpc_secret?): {e}"))
-    })?;
-    auth::check_proof(secret, &caller_nonce, &listener_nonce, &proof)
+    Ok(svc_kit::rpc_auth::io::as_caller(s, &auth::PROTOCOL, secret).await?)
 }
 
 /// Where and how to open a link.
