@@ -183,11 +183,14 @@ mod tests {
             for (cand, voter, epoch, delivered) in requests {
                 let (cand, voter) = (cand % n, voter % n);
                 let key = (cand, epoch);
-                if !campaigns.contains_key(&key) {
+                if let std::collections::btree_map::Entry::Vacant(slot) = campaigns.entry(key) {
                     // The candidate votes for itself first; if it cannot, it
                     // does not campaign at this epoch.
                     match grant(&states[cand], epoch, &copies[cand]) {
-                        Ok(s) => { states[cand] = s; campaigns.insert(key, Vec::new()); }
+                        Ok(s) => {
+                            states[cand] = s;
+                            slot.insert(Vec::new());
+                        }
                         Err(_) => continue,
                     }
                 }
