@@ -76,6 +76,13 @@ impl Volumes {
         Ok(p.entry(name.to_owned()).or_default().clone())
     }
 
+    /// Drops what is known of `name`'s position (a new volume of that name).
+    pub(super) fn forget_position(&self, name: &str) {
+        if let Ok(mut p) = self.positions.lock() {
+            p.remove(name);
+        }
+    }
+
     /// Where this node's copy of `name` is in its primary's write stream.
     pub fn position(&self, name: &str) -> Option<Position> {
         let slot = self.positions.lock().ok()?.get(name).cloned()?;
@@ -226,11 +233,15 @@ impl Volumes {
     /// (`primary-nbd=ADDR`, which the reconnecting client follows).
     pub(super) fn primary_here(&self, export: &str) -> std::result::Result<(), String> {
         let Ok((base, _)) = fence::parse_export(export) else { return Ok(()) };
-        let (Some(m), Ok(cat)) = (self.membership(), self.catalog()) else { return Ok(()) };
-        let Some(rec) = cat.volumes.get(base) else { return Ok(()) };
-        match &rec.primary {
-            Some(p) if rec.replicas.is_empty() && *p != m.node => {
-                let addr = m.cluster.node(p).map(|n| n.nbd.to_string()).unwrap_or_else(|_| "unknown".into());
+        let Some(m) = self.membership() else { return Ok(()) };
+        // The primary's name only, not a copy of the whole catalog.
+        let primary = match self.cat.lock() {
+            Ok(cat) => cat.volumes.get(base).filter(|r| r.replicas.is_empty()).and_then(|r| r.primary.clone()),
+            Err(_) => return Ok(()),
+        };
+        match primary {
+            Some(p) if p != m.node => {
+                let addr = m.cluster.node(&p).map(|n| n.nbd.to_string()).unwrap_or_else(|_| "unknown".into());
                 Err(format!("{base} is a replica on {}; its primary is {p}, primary-nbd={addr}", m.node))
             }
             _ => Ok(()),

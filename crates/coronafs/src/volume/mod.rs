@@ -493,6 +493,8 @@ impl Volumes {
         let layer = LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 };
         cat.layers.insert(id, layer.clone());
         cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, replicas, ..Default::default() });
+        // A volume of the same name deleted before left its position behind.
+        self.forget_position(name);
         if let Err(e) = self.commit(&old, cat) {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
