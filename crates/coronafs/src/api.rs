@@ -11,6 +11,7 @@
 //! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
 //! | POST | `/v1/volumes/{name}/flatten` | copy parent data in, detach |
 //! | POST | `/v1/volumes/{name}/fence` | `{epoch}`: raise the write epoch, drain older writes |
+//! | POST | `/v1/volumes/{name}/promote` | make this node's copy the primary (failover election) |
 //! | POST | `/v1/volumes/{name}/evict` | drop the volume's files from the page cache |
 //! | GET, POST | `/v1/volumes/{name}/snapshots` | list; create `{name}` |
 //! | DELETE | `/v1/volumes/{name}/snapshots/{snap}` | delete (`?force=true`) |
@@ -56,6 +57,7 @@ pub fn router(volumes: Arc<Volumes>, counters: Arc<Metrics>) -> Router {
         .route("/v1/volumes/{name}/resize", post(resize))
         .route("/v1/volumes/{name}/flatten", post(flatten))
         .route("/v1/volumes/{name}/fence", post(fence))
+        .route("/v1/volumes/{name}/promote", post(promote))
         .route("/v1/volumes/{name}/evict", post(evict))
         .route("/v1/volumes/{name}/snapshots", get(snapshots).post(snapshot))
         .route("/v1/volumes/{name}/snapshots/{snap}", delete(remove_snapshot))
@@ -145,6 +147,10 @@ async fn fence(
 ) -> Result<impl IntoResponse, CoronaError> {
     let req = body(b)?;
     Ok(Json(s.volumes.fence(&name, req.epoch).await?))
+}
+
+async fn promote(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
+    Ok(Json(s.volumes.promote(&name).await?))
 }
 
 async fn evict(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {

@@ -101,6 +101,12 @@ impl ApiClient {
         self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/fence"))).json(&body)).await
     }
 
+    /// `POST /v1/volumes/{name}/promote`: the node asked holds a copy of a
+    /// replicated volume and becomes its primary, if it wins the election.
+    pub async fn promote(&self, name: &str) -> Result<VolumeInfo> {
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/promote")))).await
+    }
+
     /// `POST /v1/volumes/{name}/evict`: syncs the volume's files and drops
     /// them from the server's page cache; says how much was resident.
     pub async fn evict(&self, volume: &str) -> Result<EvictReport> {

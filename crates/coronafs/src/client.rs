@@ -169,7 +169,37 @@ pub async fn list_exports(addr: impl ToSocketAddrs) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// The primary's NBD address in a refusal from a node that holds only a
+/// replica of the export (`... primary-nbd=ADDR`).
+pub fn primary_hint(refusal: &str) -> Option<std::net::SocketAddr> {
+    let (_, rest) = refusal.split_once("primary-nbd=")?;
+    rest.split(|c: char| c.is_whitespace() || c == ')').next()?.parse().ok()
+}
+
 impl NbdClient {
+    /// Connects to `export` on whichever of `nodes` (a cluster file's NBD
+    /// addresses) serves it: each in turn, following a replica's "the
+    /// primary is at" answer first. Gives the client and the address that
+    /// took it; bounded by twice the number of nodes.
+    pub async fn connect_primary(nodes: &[std::net::SocketAddr], export: &str) -> Result<(Self, std::net::SocketAddr)> {
+        let mut queue: std::collections::VecDeque<std::net::SocketAddr> = nodes.iter().copied().collect();
+        let mut last = CoronaError::Negotiation(format!("no node to connect to for {export}"));
+        for _ in 0..nodes.len() * 2 {
+            let Some(addr) = queue.pop_front() else { break };
+            match NbdClient::connect(addr, export).await {
+                Ok(c) => return Ok((c, addr)),
+                Err(e) => {
+                    if let Some(p) = primary_hint(&e.to_string()) {
+                        queue.retain(|a| *a != p);
+                        queue.push_front(p);
+                    }
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
     /// Connects to `export` on the server at `addr` (`host:port`).
     pub async fn connect(addr: impl ToSocketAddrs, export: &str) -> Result<Self> {
         let (mut rd, mut wr) = greet(addr).await?;

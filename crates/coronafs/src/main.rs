@@ -162,6 +162,10 @@ enum VolumeCmd {
         #[arg(long)]
         epoch: u64,
     },
+    /// Make this node's copy of a replicated volume its primary (after the
+    /// primary was lost): wins only with the votes of a majority of the
+    /// volume's copies, none of them further in the write stream.
+    Promote { name: String },
     /// Drop the volume's files (its layer and every parent's) from the
     /// server's page cache, syncing them first, so the next reads come
     /// from the disk. Prints how much was cached before and after.
@@ -281,6 +285,13 @@ async fn volume(cmd: VolumeCmd, api: &ApiClient) -> anyhow::Result<()> {
         VolumeCmd::Fence { name, epoch } => {
             let v = api.fence(&name, epoch).await?;
             println!("{} is at epoch {}; no older write is in flight", v.name, v.epoch);
+        }
+        VolumeCmd::Promote { name } => {
+            let v = api.promote(&name).await?;
+            println!(
+                "{} is primary here at epoch {}; replicas {:?}, stale {:?}",
+                v.name, v.epoch, v.replicas, v.stale_replicas
+            );
         }
         VolumeCmd::Evict { name } => {
             let r = api.evict(&name).await?;

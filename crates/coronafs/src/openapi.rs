@@ -77,6 +77,14 @@ pub fn document() -> Value {
                                        "404": err("not found"), "409": err("the epoch is below the current one"),
                                        "503": err("the epoch is raised, but older writes did not finish within 30 s")}}
             },
+            "/v1/volumes/{name}/promote": {
+                "parameters": [vol],
+                "post": {"summary": "make this node's copy of a replicated volume the primary (failover)",
+                         "description": "The node asks every copy of the volume for its vote at the next epoch; a copy votes once per epoch, persists its vote and fences itself to that epoch. The node wins with a majority of the copies, unless a voter is further in the write stream. It then serves the volume, with the copies at its own position as live replicas and the others stale.",
+                         "responses": {"200": ok("promoted", "VolumeInfo"), "403": err("server is read-only"), "404": err("not found"),
+                                       "409": err("already primary, not a replica, or the election was lost (the message says why)"),
+                                       "500": err("not in a cluster")}}
+            },
             "/v1/volumes/{name}/evict": {
                 "parameters": [vol],
                 "post": {"summary": "drop the volume's files from the server's page cache",
@@ -168,6 +176,6 @@ mod tests {
             let path = line.split('"').nth(1).expect("route path");
             assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
         }
-        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(12));
+        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(13));
     }
 }

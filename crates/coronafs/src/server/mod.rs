@@ -47,3 +47,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
 
 #[cfg(test)]
 mod replica_tests;
+
+#[cfg(test)]
+mod failover_tests;

@@ -1,6 +1,7 @@
 //! The replica listener: takes a primary's authenticated connection, binds
 //! it to one of this node's volumes (OPEN), and applies its frames in
-//! order through the volume's fence, answering each
+//! order through the volume's fence, answering each; or answers a
+//! candidate's VOTE (`volume/failover.rs`) on a connection of its own
 //! (docs/design/replication-volumes.md).
 
 use crate::backend::replicated::apply::Applier;
@@ -83,8 +84,15 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
     let mut rd = BufReader::with_capacity(256 * 1024, rd);
     let mut wr = BufWriter::new(wr);
     let Some(open) = read_frame(&mut rd).await? else { return Ok(()) };
-    let Body::Open { volume, size } = &open.body else {
-        return Err(CoronaError::Replica("the first frame is not OPEN".into()));
+    let (volume, size, origin) = match &open.body {
+        Body::Open { volume, size, origin } => (volume, size, origin),
+        Body::Vote { volume, candidate } => {
+            let answer = volumes.vote(volume, open.epoch, candidate).await;
+            wr.write_all(&answer.encode()).await?;
+            wr.flush().await?;
+            return Ok(());
+        }
+        _ => return Err(CoronaError::Replica("the first frame is neither OPEN nor VOTE".into())),
     };
     let export = match volumes.open(volume) {
         Ok(e) if e.read_only => Err(libc::EROFS),
@@ -101,16 +109,25 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             return Err(CoronaError::Replica(format!("refused OPEN of {volume:?} ({size} bytes): errno {errno}")));
         }
     };
+    let writer = export.fence.register(open.epoch);
+    let tracker = volumes.stream_opened(volume, open.epoch, origin, open.seq).await?;
     wr.write_all(&Reply { seq: open.seq, errno: 0 }.encode()).await?;
     wr.flush().await?;
-    tracing::info!(volume = %export.name, epoch = open.epoch, "replica stream opened");
-    let writer = export.fence.register(open.epoch);
+    tracing::info!(volume = %export.name, epoch = open.epoch, primary = %origin.primary, "replica stream opened");
     let mut applier = Applier::opened(open.seq);
     while let Some(msg) = read_frame(&mut rd).await? {
         let seq = msg.seq;
         let result = match export.fence.enter(&writer) {
             Err(_) => Err(libc::EPERM as u32),
-            Ok(_inflight) => applier.apply(&export.backend, msg, export.fence.current()).await,
+            // The position moves while the frame is in flight, so a vote's
+            // fence (which drains in-flight frames) sees its final value.
+            Ok(_inflight) => {
+                let r = applier.apply(&export.backend, msg, export.fence.current()).await;
+                if r.is_ok() {
+                    tracker.applied(seq);
+                }
+                r
+            }
         };
         let errno = result.err().unwrap_or(0);
         wr.write_all(&Reply { seq, errno }.encode()).await?;

@@ -204,7 +204,7 @@ async fn a_peer_without_the_secret_is_refused_both_ways() {
     let (h, p) = w.encode();
     let mut junk = vec![0u8; crate::replica::auth::ANSWER_LEN];
     junk.extend_from_slice(&h);
-    junk.extend_from_slice(p);
+    junk.extend_from_slice(&p);
     let _ = s.write_all(&junk).await;
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await.expect("closed");

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A volume: a size and the layer its writes go to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeRec {
     /// Size in bytes.
@@ -29,6 +29,18 @@ pub struct VolumeRec {
     /// which is not built yet). They still count as copies for the quorum.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stale: Vec<String>,
+    /// Whom this copy voted for as primary at `epoch` (failover; a copy
+    /// votes once per epoch, and this record makes that survive restarts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voted_for: Option<String>,
+    /// On a replica: the node that last opened a write stream to this copy,
+    /// which NBD clients are sent to. On a primary after a failover: itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// Every copy of the volume (primary included) as that primary named
+    /// them; who votes in a failover.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<String>,
 }
 
 /// A snapshot: a frozen layer.
@@ -145,10 +157,7 @@ mod tests {
         for (id, p) in [(1, None), (2, Some(1)), (3, Some(1)), (4, Some(2)), (9, None)] {
             c.layers.insert(id, layer(p));
         }
-        c.volumes.insert(
-            "a".into(),
-            VolumeRec { size: 1, head: 4, origin: None, epoch: 0, replicas: Vec::new(), stale: Vec::new() },
-        );
+        c.volumes.insert("a".into(), VolumeRec { size: 1, head: 4, ..Default::default() });
         c.snapshots.insert(snap_key("a", "s"), SnapRec { layer: 2, size: 1 });
         assert_eq!(c.chain(4), vec![4, 2, 1]);
         assert_eq!(c.garbage(), vec![3, 9]);

@@ -16,6 +16,7 @@
 
 pub mod catalog;
 pub mod export;
+pub mod failover;
 pub mod faults;
 pub mod fence;
 pub mod files;
@@ -65,6 +66,10 @@ pub struct Volumes {
     membership: std::sync::OnceLock<Arc<Membership>>,
     /// This manager, for tasks it starts (set by [`Volumes::join`]).
     this: std::sync::OnceLock<std::sync::Weak<Volumes>>,
+    /// Where each copy this node holds as a replica is in its primary's
+    /// write stream (in memory only: a restart forgets it, see
+    /// [`failover`]).
+    positions: Mutex<HashMap<String, Arc<failover::Slot>>>,
 }
 
 fn poisoned() -> CoronaError {
@@ -132,6 +137,7 @@ impl Volumes {
             faults: faults::Faults::default(),
             membership: std::sync::OnceLock::new(),
             this: std::sync::OnceLock::new(),
+            positions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -232,11 +238,13 @@ impl Volumes {
             CoronaError::Config(format!("{name} has copies on {:?}, but this server is in no cluster", rec.replicas))
         })?;
         let timeout = std::time::Duration::from_millis(m.cluster.ack_timeout_ms);
+        let origin = failover::origin(&m.node, rec);
         let mut links: Vec<Arc<dyn ReplicaLink>> = Vec::new();
         for peer in rec.replicas.iter().filter(|r| !rec.stale.contains(r)) {
             let node = m.cluster.node(peer)?;
             let target = LinkTarget { peer: peer.clone(), addr: node.replica, timeout };
-            let spec = StreamSpec { volume: name.to_owned(), size: rec.size, epoch: rec.epoch, first_seq: 1 };
+            let origin = origin.clone();
+            let spec = StreamSpec { volume: name.to_owned(), size: rec.size, epoch: rec.epoch, first_seq: 1, origin };
             links.push(Arc::new(TcpLink::start(target, m.secret.clone(), spec).0));
         }
         let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
@@ -484,8 +492,9 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, false, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 };
         cat.layers.insert(id, layer.clone());
-        cat.volumes
-            .insert(name.to_owned(), VolumeRec { size, head: id, origin: None, epoch: 0, replicas, stale: Vec::new() });
+        cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, replicas, ..Default::default() });
+        // A volume of the same name deleted before left its position behind.
+        self.forget_position(name);
         if let Err(e) = self.commit(&old, cat) {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
@@ -526,10 +535,8 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, true, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: Some(snap.layer), parent_limit: snap.size };
         cat.layers.insert(id, layer.clone());
-        cat.volumes.insert(
-            name.to_owned(),
-            VolumeRec { size, head: id, origin: Some(key.clone()), epoch: 0, replicas: Vec::new(), stale: Vec::new() },
-        );
+        cat.volumes
+            .insert(name.to_owned(), VolumeRec { size, head: id, origin: Some(key.clone()), ..Default::default() });
         if let Err(e) = self.commit(&old, cat) {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
@@ -845,6 +852,7 @@ impl Volumes {
 /// `VOL;epoch=N` (refused below the volume's fence).
 impl ExportCatalog for Volumes {
     fn lookup(&self, name: &str) -> std::result::Result<ExportDesc, String> {
+        self.primary_here(name)?;
         let (v, declared) = self.open_export(name).map_err(|e| e.to_string())?;
         let current = v.fence.current();
         if let Some(e) = declared
@@ -898,10 +906,7 @@ fn adopt_raw_files(dir: &Path, cat: &mut Catalog) -> Result<()> {
         }
         let id = cat.alloc_layer();
         cat.layers.insert(id, LayerRec { file: name.clone(), size, parent: None, parent_limit: 0 });
-        cat.volumes.insert(
-            name.clone(),
-            VolumeRec { size, head: id, origin: None, epoch: 0, replicas: Vec::new(), stale: Vec::new() },
-        );
+        cat.volumes.insert(name.clone(), VolumeRec { size, head: id, ..Default::default() });
         tracing::info!(volume = %name, size, "adopted a raw file as a volume");
     }
     Ok(())

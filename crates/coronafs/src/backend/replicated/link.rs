@@ -12,7 +12,7 @@
 
 use crate::error::{CoronaError, Result};
 use crate::replica::auth::{self, RpcSecret};
-use crate::replica::wire::{Body, Msg, REPLY_LEN, Reply};
+use crate::replica::wire::{Body, Msg, Origin, REPLY_LEN, Reply};
 use futures::future::BoxFuture;
 use std::collections::VecDeque;
 use std::io;
@@ -119,6 +119,8 @@ pub struct StreamSpec {
     pub epoch: u64,
     /// The number of the first frame after OPEN.
     pub first_seq: u64,
+    /// The stream and who sends it (see [`Origin`]).
+    pub origin: Origin,
 }
 
 /// Connects, authenticates and opens the stream; gives the connection.
@@ -131,11 +133,11 @@ async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec) -> 
     let open = Msg {
         seq: spec.first_seq,
         epoch: spec.epoch,
-        body: Body::Open { volume: spec.volume.clone(), size: spec.size },
+        body: Body::Open { volume: spec.volume.clone(), size: spec.size, origin: spec.origin.clone() },
     };
     let (h, payload) = open.encode();
     s.write_all(&h).await?;
-    s.write_all(payload).await?;
+    s.write_all(&payload).await?;
     let mut r = [0u8; REPLY_LEN];
     s.read_exact(&mut r).await?;
     let reply = Reply::decode(&r)?;
@@ -194,7 +196,7 @@ impl TcpLink {
         epoch: u64,
         first_seq: u64,
     ) -> Result<Self> {
-        let spec = StreamSpec { volume: volume.to_owned(), size, epoch, first_seq };
+        let spec = StreamSpec { volume: volume.to_owned(), size, epoch, first_seq, origin: Origin::default() };
         let (link, ready) = TcpLink::start(target.clone(), secret.clone(), spec);
         ready.await.map_err(|_| CoronaError::Replica("link task ended".into()))??;
         Ok(link)
@@ -215,7 +217,7 @@ async fn write_frames(
             let (h, payload) = m.encode();
             r = async {
                 w.write_all(&h).await?;
-                w.write_all(payload).await
+                w.write_all(&payload).await
             }
             .await;
             if r.is_err() {

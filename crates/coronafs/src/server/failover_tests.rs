@@ -1,0 +1,244 @@
+//! Failover, end to end: three `coronafs serve` nodes in one process over
+//! loopback (NBD, control API and replica RPC), a volume with three copies,
+//! the primary lost, a copy promoted by election, the NBD client finding the
+//! new primary through the cluster's node list.
+
+use crate::CoronaError;
+use crate::api_client::ApiClient;
+use crate::client::{NbdClient, primary_hint};
+use crate::cluster::{ClusterFile, ClusterNode};
+use crate::config::ServerConfig;
+use crate::dto::CreateVolume;
+use crate::proto::NbdErrno;
+use crate::replica::auth::RpcSecret;
+use crate::service::RunningServer;
+use std::net::SocketAddr;
+
+const SIZE: u64 = 8 << 20;
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+fn data(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Three nodes in zones a, b, c; `node[i]` is `None` while it is down.
+struct Cluster {
+    file: ClusterFile,
+    cfgs: Vec<ServerConfig>,
+    node: Vec<Option<RunningServer>>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let nodes: Vec<ClusterNode> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, zone)| ClusterNode {
+                name: format!("n{}", i + 1),
+                nbd: free_addr(),
+                api: free_addr(),
+                replica: free_addr(),
+                zone: zone.to_string(),
+            })
+            .collect();
+        let secret = RpcSecret::random().expect("secret");
+        let file = ClusterFile { rpc_secret: secret.to_hex(), write_quorum: 2, ack_timeout_ms: 3000, nodes };
+        file.validate().expect("valid cluster file");
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+        let mut cfgs = Vec::new();
+        let mut node = Vec::new();
+        for (i, n) in file.nodes.iter().enumerate() {
+            let mut cfg = ServerConfig::ephemeral(dirs[i].path(), crate::backend::IoEngine::Threads);
+            (cfg.nbd, cfg.api, cfg.cluster) = (n.nbd, n.api, Some((file.clone(), n.name.clone())));
+            cfgs.push(cfg.clone());
+            node.push(Some(crate::service::start(cfg).await.expect("start")));
+        }
+        Cluster { file, cfgs, node, _dirs: dirs }
+    }
+
+    fn up(&self, i: usize) -> &RunningServer {
+        self.node[i].as_ref().expect("node is up")
+    }
+
+    fn api(&self, i: usize) -> ApiClient {
+        ApiClient::new(&self.up(i).api_url())
+    }
+
+    fn nbd(&self, i: usize) -> SocketAddr {
+        self.file.nodes[i].nbd
+    }
+
+    async fn kill(&mut self, i: usize) {
+        self.node[i].take().expect("node is up").shutdown().await;
+    }
+
+    async fn restart(&mut self, i: usize) {
+        assert!(self.node[i].is_none());
+        self.node[i] = Some(crate::service::start(self.cfgs[i].clone()).await.expect("restart"));
+    }
+
+    async fn image(&self, i: usize) -> Vec<u8> {
+        let e = self.up(i).volumes.open("vm").expect("open");
+        let (r, buf) = crate::backend::BlockBackend::read_at(&e.backend, vec![0; SIZE as usize], 0).await;
+        r.expect("read");
+        buf
+    }
+
+    async fn shutdown(mut self) {
+        for i in 0..3 {
+            if self.node[i].is_some() {
+                self.kill(i).await;
+            }
+        }
+    }
+
+    /// A volume `vm` with 3 copies, primary n1, and 8 writes flushed.
+    async fn with_volume() -> (Self, NbdClient) {
+        let c = Cluster::start().await;
+        let req = CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
+        assert_eq!(c.api(0).create_volume(&req).await.expect("create").replicas, ["n2", "n3"]);
+        let client = NbdClient::connect(c.nbd(0), "vm").await.expect("connect to n1");
+        for i in 0..8u64 {
+            client.write(i * 500_000, &data(300_000, i as u8), false).await.expect("write");
+        }
+        client.flush().await.expect("flush on 3 of 3");
+        (c, client)
+    }
+}
+
+#[test]
+fn a_refusal_names_the_primary_address_the_client_follows() {
+    let msg = "vm (vm is a replica on n2; its primary is n1, primary-nbd=127.0.0.1:4000)";
+    assert_eq!(primary_hint(msg), Some("127.0.0.1:4000".parse().expect("addr")));
+    assert_eq!(primary_hint("vm (no such volume)"), None);
+    assert_eq!(primary_hint("primary-nbd=unknown"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_primary_dies_a_promoted_copy_serves_every_flushed_byte_and_the_old_primary_is_fenced() {
+    let (mut c, client) = Cluster::with_volume().await;
+    let flushed = c.image(0).await;
+    assert_eq!(flushed[500_000..800_000], data(300_000, 1)[..]);
+    // A copy that is not the primary refuses NBD clients, naming the primary.
+    let e = NbdClient::connect(c.nbd(1), "vm").await.expect_err("n2 is a replica");
+    assert_eq!(primary_hint(&e.to_string()), Some(c.nbd(0)), "{e}");
+    let (_, at) = NbdClient::connect_primary(&[c.nbd(2), c.nbd(1), c.nbd(0)], "vm").await.expect("find n1");
+    assert_eq!(at, c.nbd(0));
+    drop(client);
+    c.kill(0).await;
+
+    let v = c.api(1).promote("vm").await.expect("promote n2");
+    assert_eq!(v.epoch, 1);
+    assert_eq!(v.replicas, ["n1", "n3"]);
+    assert_eq!(v.stale_replicas, ["n1"], "n3 was at n2's position, n1 did not vote");
+    // A second promote is refused: n2 is the primary now.
+    let e = c.api(1).promote("vm").await.expect_err("already primary");
+    assert!(e.to_string().contains("already the primary"), "{e}");
+
+    // The client finds the new primary from the node list (n1 down, n3 a
+    // replica that names n1 or n2) and reads every flushed byte.
+    let (client, at) =
+        NbdClient::connect_primary(&[c.nbd(0), c.nbd(2), c.nbd(1)], "vm;epoch=1").await.expect("find n2");
+    assert_eq!(at, c.nbd(1));
+    let got = client.read(0, SIZE as usize).await.expect("read from n2");
+    assert!(got == flushed, "the new primary lacks flushed bytes");
+    // New writes and FLUSH succeed on 2 live copies, and reach n3.
+    for i in 0..4u64 {
+        client.write(i * 700_000 + 4096, &data(100_000, 50 + i as u8), false).await.expect("write on n2");
+    }
+    client.flush().await.expect("flush on n2 and n3");
+    let now = c.image(1).await;
+    assert_eq!(now[4096..104_096], data(100_000, 50)[..]);
+    assert!(c.image(2).await == now, "n3 differs from the new primary after FLUSH");
+    // n3 now names n2 as the primary.
+    let e = NbdClient::connect(c.nbd(2), "vm").await.expect_err("n3 is a replica");
+    assert_eq!(primary_hint(&e.to_string()), Some(c.nbd(1)), "{e}");
+
+    // The old primary comes back with its old state: its frames (epoch 0)
+    // are refused by both copies, so nothing it takes is ever flushed.
+    c.restart(0).await;
+    let old = NbdClient::connect(c.nbd(0), "vm").await.expect("the old primary still serves its copy");
+    let _ = old.write(4096, &data(4096, 200), false).await;
+    let e = old.flush().await.expect_err("the old primary cannot flush");
+    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
+    let e = old.write(8192, &data(4096, 201), true).await.expect_err("nor write with FUA");
+    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
+    assert!(c.image(1).await == now, "an old-primary frame reached n2");
+    assert!(c.image(2).await == now, "an old-primary frame reached n3");
+    drop((old, client));
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_copy_votes_once_per_epoch_even_across_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let load = || crate::volume::Volumes::load(dir.path().to_path_buf(), crate::backend::Opener::Threads, false);
+    let v = load().expect("volumes");
+    v.create("vm", SIZE).await.expect("create");
+    assert_eq!(v.vote("vm", 1, "n2").await.errno, 0);
+    assert_eq!(v.vote("vm", 1, "n2").await.errno, 0, "the same vote again (a lost answer)");
+    assert_eq!(v.vote("vm", 1, "n3").await.errno, libc::EPERM as u32, "a second vote at epoch 1");
+    drop(v);
+    let v = load().expect("reload");
+    let r = v.vote("vm", 1, "n3").await;
+    assert_eq!((r.errno, r.epoch), (libc::EPERM as u32, 1), "the restart forgot the vote");
+    assert_eq!(r.position, None);
+    let r = v.vote("vm", 2, "n3").await;
+    assert_eq!((r.errno, r.position), (0, None), "a restarted copy does not know its position");
+    assert_eq!(v.info("vm").expect("info").epoch, 2, "the copy is fenced to the epoch it voted at");
+    assert_eq!(v.vote("nope", 3, "n3").await.errno, libc::ENOENT as u32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_candidates_racing_for_one_epoch_never_both_win() {
+    let (mut c, client) = Cluster::with_volume().await;
+    drop(client);
+    c.kill(0).await;
+    let (a2, a3) = (c.api(1), c.api(2));
+    let (r2, r3) = tokio::join!(a2.promote("vm"), a3.promote("vm"));
+    let winners = [&r2, &r3].iter().filter(|r| r.is_ok()).count();
+    assert!(winners <= 1, "two primaries: {r2:?} {r3:?}");
+    for r in [&r2, &r3] {
+        if let Err(e) = r {
+            assert!(e.to_string().contains("409") || e.to_string().contains("votes"), "{e}");
+        }
+    }
+    if winners == 0 {
+        // Each voted for itself at epoch 1; a later election succeeds.
+        let v = a2.promote("vm").await.expect("promote n2 at the next epoch");
+        assert_eq!(v.epoch, 2);
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_behind_a_voter_loses_and_the_copy_ahead_wins_without_live_laggards() {
+    let (mut c, client) = Cluster::with_volume().await;
+    // n3 is fenced away from the stream (its fence refuses n1's frames),
+    // so it is dropped and misses what follows.
+    c.api(2).fence("vm", 5).await.expect("fence n3's copy");
+    let _ = client.write(0, &data(4096, 9), false).await;
+    let _ = client.flush().await;
+    client.write(0, &data(65536, 10), false).await.expect("write on 2 of 3");
+    client.flush().await.expect("flush on n1 and n2");
+    let flushed = c.image(0).await;
+    drop(client);
+    c.kill(0).await;
+
+    let e = c.api(2).promote("vm").await.expect_err("n3 is behind n2");
+    assert!(e.to_string().contains("promote n2"), "{e}");
+    let v = c.api(1).promote("vm").await.expect("n2 wins");
+    assert_eq!(v.stale_replicas, ["n1", "n3"], "n3 lacks writes, so it is not live");
+    let client = NbdClient::connect(c.nbd(1), &format!("vm;epoch={}", v.epoch)).await.expect("connect to n2");
+    assert!(client.read(0, SIZE as usize).await.expect("read") == flushed);
+    // One live copy of three is below the write quorum of 2.
+    let e = client.flush().await.expect_err("below the quorum");
+    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
+    drop(client);
+    c.shutdown().await;
+}

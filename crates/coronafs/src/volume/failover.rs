@@ -1,0 +1,283 @@
+//! Failover of replicated volumes: where each replica copy is in its
+//! primary's write stream, the copy's side of a vote ([`Volumes::vote`]),
+//! and promotion ([`Volumes::promote`]): a copy asks every copy of the volume
+//! for its vote at a higher epoch and, with a majority and no voter ahead of
+//! it, becomes the primary with the copies at its own position as live
+//! replicas. The decision logic is `replica/election.rs`; the design is in
+//! docs/design/replication-volumes.md.
+//!
+//! Positions are kept in memory only (one lock per applied frame, no disk
+//! write): a copy that restarted does not know its position, votes as a
+//! copy that may lack writes, and cannot be promoted itself.
+
+use super::{Volumes, catalog::VolumeRec, fence, poisoned};
+use crate::backend::replicated::link::handshake_as_caller;
+use crate::cluster::Membership;
+use crate::dto::VolumeInfo;
+use crate::error::{CoronaError, Result};
+use crate::replica::auth::RpcSecret;
+use crate::replica::election::{self, Ballot, Outcome, VoteState};
+use crate::replica::wire::{Body, Msg, Origin, Position, VOTE_REPLY_LEN, VoteReply};
+use crate::util::validate_name;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One copy's position, shared by the replica connections writing to it.
+#[derive(Debug, Default)]
+pub struct Slot(Mutex<Option<Position>>);
+
+/// A replica connection's hold on its copy's position: it moves the
+/// position only while its own stream is the latest one opened.
+#[derive(Debug)]
+pub struct Tracker {
+    slot: Arc<Slot>,
+    epoch: u64,
+    stream: u64,
+}
+
+impl Tracker {
+    /// Frame `seq` of this stream was applied.
+    pub fn applied(&self, seq: u64) {
+        if let Ok(mut p) = self.slot.0.lock()
+            && let Some(p) = p.as_mut()
+            && (p.epoch, p.stream) == (self.epoch, self.stream)
+        {
+            p.seq = seq;
+        }
+    }
+}
+
+/// The [`Origin`] a primary sends with OPEN: a stream number from the
+/// clock (a later stream of this node is higher), itself and every copy.
+pub(super) fn origin(me: &str, rec: &VolumeRec) -> Origin {
+    let stream = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let copies = if rec.copies.is_empty() {
+        std::iter::once(me.to_owned()).chain(rec.replicas.iter().cloned()).collect()
+    } else {
+        rec.copies.clone()
+    };
+    Origin { stream, primary: me.to_owned(), copies }
+}
+
+/// The answer a copy sends when it cannot vote for another reason than an
+/// epoch (`errno`), saying its epoch.
+fn refusal(errno: i32, epoch: u64) -> VoteReply {
+    VoteReply { errno: errno as u32, epoch, position: None }
+}
+
+impl Volumes {
+    fn slot(&self, name: &str) -> Result<Arc<Slot>> {
+        let mut p = self.positions.lock().map_err(|_| poisoned())?;
+        Ok(p.entry(name.to_owned()).or_default().clone())
+    }
+
+    /// Drops what is known of `name`'s position (a new volume of that name).
+    pub(super) fn forget_position(&self, name: &str) {
+        if let Ok(mut p) = self.positions.lock() {
+            p.remove(name);
+        }
+    }
+
+    /// Where this node's copy of `name` is in its primary's write stream.
+    pub fn position(&self, name: &str) -> Option<Position> {
+        let slot = self.positions.lock().ok()?.get(name).cloned()?;
+        *slot.0.lock().ok()?
+    }
+
+    /// A primary opened a write stream to this copy at `epoch`, expecting
+    /// `first_seq` next: records who the primary and the copies are
+    /// (persisted when they changed) and starts tracking the position.
+    pub async fn stream_opened(&self, name: &str, epoch: u64, origin: &Origin, first_seq: u64) -> Result<Tracker> {
+        if !origin.primary.is_empty() {
+            let _g = self.control.lock().await;
+            let old = self.catalog()?;
+            let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+            if rec.primary.as_deref() != Some(&origin.primary) || rec.copies != origin.copies {
+                let mut cat = old.clone();
+                if let Some(r) = cat.volumes.get_mut(name) {
+                    r.primary = Some(origin.primary.clone());
+                    r.copies = origin.copies.clone();
+                }
+                self.commit(&old, cat)?;
+            }
+        }
+        let slot = self.slot(name)?;
+        let start = Position { epoch, stream: origin.stream, seq: first_seq.wrapping_sub(1) };
+        *slot.0.lock().map_err(|_| poisoned())? = Some(start);
+        Ok(Tracker { slot, epoch, stream: origin.stream })
+    }
+
+    /// This copy's answer to `candidate` asking for its vote at `epoch`:
+    /// the vote is persisted, then the copy is fenced to `epoch` (frames of
+    /// older epochs in flight drain, later ones are refused), then it says
+    /// where it is. A copy that is itself the primary refuses (`EBUSY`).
+    pub async fn vote(&self, name: &str, epoch: u64, candidate: &str) -> VoteReply {
+        match self.record_vote(name, epoch, candidate).await {
+            Ok(Ok(())) => {}
+            Ok(Err(answer)) => return answer,
+            Err(e) => {
+                tracing::warn!(volume = name, candidate, error = %e, "cannot vote");
+                return refusal(libc::EIO, 0);
+            }
+        }
+        let open = self.open.lock().ok().and_then(|o| o.get(name).cloned());
+        if let Some(v) = open
+            && let Err(left) = v.fence.raise(epoch, super::FENCE_DRAIN_TIMEOUT).await
+        {
+            tracing::error!(volume = name, epoch, left, "writes of an older epoch did not drain");
+            return refusal(libc::EIO, epoch);
+        }
+        let position = self.position(name);
+        tracing::info!(volume = name, epoch, candidate, ?position, "voted");
+        VoteReply { errno: 0, epoch, position }
+    }
+
+    /// Persists the vote, or says the refusal to answer.
+    async fn record_vote(&self, name: &str, epoch: u64, candidate: &str) -> Result<std::result::Result<(), VoteReply>> {
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let Some(rec) = old.volumes.get(name) else { return Ok(Err(refusal(libc::ENOENT, 0))) };
+        if !rec.replicas.is_empty() {
+            return Ok(Err(refusal(libc::EBUSY, rec.epoch)));
+        }
+        let seen = rec.epoch.max(self.position(name).map_or(0, |p| p.epoch));
+        let state = VoteState { epoch: seen, voted_for: rec.voted_for.clone() };
+        let new = match election::grant(&state, epoch, candidate) {
+            Ok(s) => s,
+            Err(r) => return Ok(Err(refusal(libc::EPERM, r.epoch))),
+        };
+        if new != state || rec.epoch != new.epoch {
+            let mut cat = old.clone();
+            if let Some(r) = cat.volumes.get_mut(name) {
+                (r.epoch, r.voted_for) = (new.epoch, new.voted_for);
+            }
+            // Durable before the candidate hears of it: a restart keeps it.
+            self.commit(&old, cat)?;
+        }
+        Ok(Ok(()))
+    }
+
+    /// Makes this node's copy of `name` the primary: an election at the
+    /// next epoch among the volume's copies, then, if won, the volume
+    /// reopens as the primary with the copies at this copy's position as
+    /// live replicas and the others recorded stale.
+    pub async fn promote(&self, name: &str) -> Result<VolumeInfo> {
+        validate_name(name)?;
+        self.writable()?;
+        let m: Arc<Membership> = self
+            .membership()
+            .cloned()
+            .ok_or_else(|| CoronaError::Config("promoting needs a cluster (serve with a cluster file)".into()))?;
+        let rec = self.catalog()?.volumes.get(name).cloned().ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+        if !rec.replicas.is_empty() {
+            return Err(CoronaError::Conflict(format!("{name} is already the primary on {}", m.node)));
+        }
+        if rec.copies.is_empty() {
+            return Err(CoronaError::Conflict(format!(
+                "{name} on {} is no replica: no primary ever opened a write stream to it",
+                m.node
+            )));
+        }
+        let epoch = rec.epoch.max(self.position(name).map_or(0, |p| p.epoch)) + 1;
+        let mine = self.vote(name, epoch, &m.node).await;
+        if mine.errno != 0 {
+            return Err(CoronaError::Conflict(format!(
+                "{name}: this copy cannot vote for itself at epoch {epoch} (errno {}, at epoch {})",
+                mine.errno, mine.epoch
+            )));
+        }
+        let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
+        let asks = rec.copies.iter().filter(|c| **c != m.node).map(|c| {
+            let (m, c) = (m.clone(), c.clone());
+            async move {
+                let ballot = match m.cluster.node(&c) {
+                    Ok(n) => ask_vote(n.replica, &m.secret, name, epoch, &m.node, timeout).await,
+                    Err(_) => Ballot::Silent,
+                };
+                (c, ballot)
+            }
+        });
+        let ballots = futures::future::join_all(asks).await;
+        tracing::info!(volume = name, epoch, own = ?mine.position, ?ballots, "election counted");
+        let (live, stale) = match election::decide(&rec.copies, &m.node, mine.position, &ballots) {
+            Outcome::Won { live, stale } => (live, stale),
+            Outcome::Lost(why) => return Err(CoronaError::Conflict(format!("{name} at epoch {epoch}: {why}"))),
+        };
+        {
+            let _g = self.control.lock().await;
+            let old = self.catalog()?;
+            let mut cat = old.clone();
+            let r = cat.volumes.get_mut(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+            r.replicas = rec.copies.iter().filter(|c| **c != m.node).cloned().collect();
+            r.stale = stale;
+            r.primary = Some(m.node.clone());
+            r.copies = rec.copies.clone();
+            self.commit(&old, cat)?;
+        }
+        tracing::warn!(volume = name, epoch, ?live, "promoted to primary");
+        // The copy was open as a plain volume for the old primary's stream;
+        // it reopens as the primary, linking to the live copies now.
+        self.close(&[name.to_owned()], false).await;
+        self.open(name)?;
+        self.info(name)
+    }
+
+    /// NBD clients may open a volume only on its primary: a copy that knows
+    /// another node is the primary refuses, naming where the primary is
+    /// (`primary-nbd=ADDR`, which the reconnecting client follows).
+    pub(super) fn primary_here(&self, export: &str) -> std::result::Result<(), String> {
+        let Ok((base, _)) = fence::parse_export(export) else { return Ok(()) };
+        let Some(m) = self.membership() else { return Ok(()) };
+        // The primary's name only, not a copy of the whole catalog.
+        let primary = match self.cat.lock() {
+            Ok(cat) => cat.volumes.get(base).filter(|r| r.replicas.is_empty()).and_then(|r| r.primary.clone()),
+            Err(_) => return Ok(()),
+        };
+        match primary {
+            Some(p) if p != m.node => {
+                let addr = m.cluster.node(&p).map(|n| n.nbd.to_string()).unwrap_or_else(|_| "unknown".into());
+                Err(format!("{base} is a replica on {}; its primary is {p}, primary-nbd={addr}", m.node))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Asks the copy at `addr` for its vote; any failure is a silent ballot.
+pub async fn ask_vote(
+    addr: SocketAddr,
+    secret: &RpcSecret,
+    volume: &str,
+    epoch: u64,
+    candidate: &str,
+    timeout: Duration,
+) -> Ballot {
+    let ask = async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        handshake_as_caller(&mut s, secret).await?;
+        let msg =
+            Msg { seq: 0, epoch, body: Body::Vote { volume: volume.to_owned(), candidate: candidate.to_owned() } };
+        let (h, payload) = msg.encode();
+        s.write_all(&h).await?;
+        s.write_all(&payload).await?;
+        let mut r = [0u8; VOTE_REPLY_LEN];
+        s.read_exact(&mut r).await?;
+        VoteReply::decode(&r)
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(Ok(r)) if r.errno == 0 => Ballot::Granted { position: r.position },
+        Ok(Ok(r)) => Ballot::Refused { epoch: r.epoch },
+        Ok(Err(e)) => {
+            tracing::warn!(%addr, volume, error = %e, "no vote");
+            Ballot::Silent
+        }
+        Err(_) => Ballot::Silent,
+    }
+}
