@@ -524,6 +524,7 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
         );
         assert!(v[s]["measured_by"].as_str().unwrap().contains("worker-a"), "{}", v[s]["measured_by"]);
     }
+    check_replicated_row(&v);
     // The scratch dir is on ext4 here, which takes O_DIRECT: the report says it was used.
     assert_eq!(v["local_disk"]["o_direct"], true);
     // One iteration: no spread.
@@ -594,9 +595,40 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
     assert!(md.contains("replication factor 3, read quorum 2, write quorum 2"), "quorums not from the cluster");
     assert!(md.contains("`CreateImage` latency") && md.contains("Warm `CreateVolume`"), "VM table missing");
     assert!(md.contains("page cache") && md.contains("O_DIRECT"), "the page-cache caveat is missing");
+    assert!(
+        md.contains("| Metric | CoronaFS | CoronaFS, 3 copies | 3 copies / 1 copy |")
+            && md.contains("loopback")
+            && md.contains("not replication across a network"),
+        "the replicated row or its conditions are missing"
+    );
     for svg in ["throughput.svg", "coronafs.svg", "lightningstor.svg"] {
         assert!(md.contains(svg), "report does not embed {svg}");
         assert!(std::fs::read_to_string(d.path().join(svg)).unwrap().contains("<svg"));
+    }
+}
+
+/// The "CoronaFS, 3 copies" row of an embedded run: every job measured,
+/// and each ratio the replicated figure over the single-copy figure of the
+/// same (one-iteration) run.
+fn check_replicated_row(v: &Value) {
+    let r = &v["coronafs_replicated"];
+    assert_eq!(r["status"], "measured", "coronafs_replicated: {r}");
+    assert_eq!((r["copies"].as_u64(), r["write_quorum"].as_u64()), (Some(3), Some(2)), "{r}");
+    let placement = r["placement"].as_str().unwrap_or("");
+    assert!(placement.contains("one host") && placement.contains("loopback"), "{placement}");
+    assert!(r["block"]["measured_by"].as_str().unwrap().contains("worker-a"), "{r}");
+    let figures =
+        ["seq_write_mib_s", "seq_read_mib_s", "rand_read_4k_iops", "depth32_write_mib_s", "depth32_read_mib_s"];
+    let ratios = r["ratios"].as_array().unwrap();
+    assert_eq!(ratios.len(), figures.len(), "{r}");
+    for (f, x) in figures.iter().zip(ratios) {
+        assert_eq!(x["figure"], *f);
+        let copies = r["block"][f]["median"].as_f64().unwrap_or(0.0);
+        let one = v["coronafs"][f]["median"].as_f64().unwrap_or(0.0);
+        assert!(copies > 0.0 && copies.is_finite(), "coronafs_replicated.{f} = {copies}");
+        assert_eq!((x["copies"].as_f64(), x["one_copy"].as_f64()), (Some(copies), Some(one)), "{x}");
+        let ratio = x["ratio"].as_f64().unwrap_or(0.0);
+        assert!((ratio - copies / one).abs() <= 1e-9 * ratio.max(1.0), "{f}: {ratio} vs {copies} / {one}");
     }
 }
 
@@ -744,6 +776,10 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
         assert!(x > 0.0 && x.is_finite(), "{s}.{f} = {x}");
     }
     assert_eq!(v["s3_large_object"]["nodes"], 2, "the dead node is left out");
+    // A cluster file cannot name a replicated CoronaFS volume yet: the row says why.
+    let rep = &v["coronafs_replicated"];
+    assert_eq!(rep["status"], "not_available", "{rep}");
+    assert!(rep["reason"].as_str().unwrap_or("").contains("several copies"), "{rep}");
     check_vm_section(&v);
     // The deployed cluster keeps running; the bench left no volumes or images behind.
     let images = s3_common::http_get(&plasma_addr, "/v1/images");

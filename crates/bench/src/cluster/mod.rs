@@ -7,7 +7,10 @@
 //! (`bench agent`, [`crate::agent`]): separate processes, one per worker
 //! node, each playing a role of the seed report ([`Roles`]).
 //!
-//! The embedded cluster is one CoronaFS node (in this process), a
+//! The embedded cluster is one CoronaFS node (in this process) joined by a
+//! CoronaFS cluster file with [`EMBEDDED_CORONA_COPIES`]` - 1` more nodes
+//! (also in this process, on loopback) that hold the copies of the report's
+//! replicated volume, a
 //! LightningStor cluster of [`EMBEDDED_S3_NODES`] nodes replicating every
 //! object [`EMBEDDED_RF`] ways (child processes, so a fault can kill or
 //! freeze one), PlasmaVMC (in this process), two worker agents (child
@@ -38,6 +41,11 @@ use std::sync::Arc;
 pub const EMBEDDED_S3_NODES: usize = 3;
 /// Copies of every object in the embedded LightningStor cluster.
 pub const EMBEDDED_RF: usize = 3;
+/// CoronaFS nodes of the embedded cluster, and copies of its replicated
+/// volume (one on each node; the first node is the primary).
+pub const EMBEDDED_CORONA_COPIES: usize = 3;
+/// Copies that must be live for the embedded replicated volume to take writes.
+pub const EMBEDDED_CORONA_QUORUM: usize = 2;
 /// Bucket PlasmaVMC keeps image artifacts in.
 pub const EMBEDDED_IMAGE_BUCKET: &str = "images";
 /// Keys of the embedded LightningStor nodes.
@@ -241,6 +249,8 @@ pub fn url_addr(url: &str) -> anyhow::Result<SocketAddr> {
 struct Embedded {
     dir: tempfile::TempDir,
     corona: coronafs::service::RunningServer,
+    /// The other CoronaFS nodes of its cluster (copies of replicated volumes).
+    corona_copies: Vec<coronafs::service::RunningServer>,
     /// The LightningStor nodes (child processes), shared with the fault driver.
     s3: embedded::EmbeddedFaults,
     plasma: plasmavmc::Server,
@@ -253,6 +263,85 @@ struct Embedded {
 /// A loopback address nothing listens on right now (bound, then released).
 fn free_addr() -> anyhow::Result<SocketAddr> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?)
+}
+
+/// How the bench can make a CoronaFS volume with several copies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplicatedCorona {
+    /// Copies of the volume, the primary's included.
+    pub copies: usize,
+    /// Copies that must be live for writes and flushes.
+    pub write_quorum: usize,
+    /// Where the copies are and what links them, for the report.
+    pub placement: String,
+}
+
+/// Starts the embedded CoronaFS cluster in this process: [`EMBEDDED_CORONA_COPIES`]
+/// nodes, each with its own data dir under `base`, named in one cluster file
+/// (`n1` first, the primary of the volumes the bench makes). Addresses are
+/// chosen before any node starts, so a port taken in between makes the
+/// attempt fail; it is retried.
+async fn start_corona_cluster(
+    base: &Path,
+    engine: IoEngine,
+) -> anyhow::Result<(coronafs::service::RunningServer, Vec<coronafs::service::RunningServer>)> {
+    use coronafs::cluster::{ClusterFile, ClusterNode};
+    let mut last = None;
+    for attempt in 0..3 {
+        let mut nodes = Vec::new();
+        for i in 0..EMBEDDED_CORONA_COPIES {
+            nodes.push(ClusterNode {
+                name: format!("n{}", i + 1),
+                nbd: free_addr()?,
+                api: free_addr()?,
+                replica: free_addr()?,
+                zone: format!("zone-{}", i + 1),
+            });
+        }
+        let secret = coronafs::replica::auth::RpcSecret::random().context("a replica RPC secret")?;
+        let file = ClusterFile {
+            rpc_secret: secret.to_hex(),
+            write_quorum: EMBEDDED_CORONA_QUORUM,
+            ack_timeout_ms: 10_000,
+            nodes,
+        };
+        file.validate().context("the embedded CoronaFS cluster file")?;
+        let mut started = Vec::new();
+        let mut failed = None;
+        for n in &file.nodes {
+            let dir = base.join(format!("attempt-{attempt}")).join(&n.name);
+            let mut cfg = coronafs::config::ServerConfig::ephemeral(dir, engine);
+            (cfg.nbd, cfg.api, cfg.cluster) = (n.nbd, n.api, Some((file.clone(), n.name.clone())));
+            match coronafs::service::start(cfg).await {
+                Ok(s) => started.push(s),
+                Err(e) => {
+                    failed = Some(anyhow::Error::new(e).context(format!("starting CoronaFS node {}", n.name)));
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => {
+                let primary = started.remove(0);
+                return Ok((primary, started));
+            }
+            Some(e) => {
+                for s in started {
+                    s.shutdown().await;
+                }
+                tracing::warn!(error = %format!("{e:#}"), attempt, "retrying the CoronaFS cluster start");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("CoronaFS did not start")))
+}
+
+async fn stop_corona(primary: coronafs::service::RunningServer, copies: Vec<coronafs::service::RunningServer>) {
+    primary.shutdown().await;
+    for s in copies {
+        s.shutdown().await;
+    }
 }
 
 /// Starts a LightningStor cluster as child processes: every node with its
@@ -322,6 +411,9 @@ pub struct Cluster {
     pub s3_config: Option<lightningstor::cluster::ClusterConfig>,
     /// What applies `--fault` (None: faults cannot be applied here).
     pub faults: Option<Arc<dyn FaultDriver>>,
+    /// Whether the bench can make a CoronaFS volume with several copies
+    /// here, and how they sit; or why not.
+    pub coronafs_replicated: Result<ReplicatedCorona, String>,
     embedded: Option<Embedded>,
     /// Agents this bench started for a cluster file without `[agents]`.
     local_agents: Vec<embedded::Proc>,
@@ -392,12 +484,12 @@ impl Cluster {
     pub async fn embedded(link: LinkSpec) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("fresh-bench-storage-").tempdir()?;
         let token = embedded::random_token()?;
-        let cfg = coronafs::config::ServerConfig::ephemeral(dir.path().join("coronafs"), IoEngine::Uring);
-        let corona = coronafs::service::start(cfg).await.context("starting CoronaFS")?;
+        let (corona, corona_copies) =
+            start_corona_cluster(&dir.path().join("coronafs"), IoEngine::Uring).await.context("starting CoronaFS")?;
         let (s3, s3_config) = match start_s3_cluster(&dir.path().join("lightningstor")).await {
             Ok(x) => x,
             Err(e) => {
-                corona.shutdown().await;
+                stop_corona(corona, corona_copies).await;
                 return Err(e);
             }
         };
@@ -439,7 +531,7 @@ impl Cluster {
                     sh.shutdown().await;
                 }
                 stop_s3(s3).await;
-                corona.shutdown().await;
+                stop_corona(corona, corona_copies).await;
                 return Err(anyhow::anyhow!("starting PlasmaVMC: {e}"));
             }
         };
@@ -470,7 +562,7 @@ impl Cluster {
                     sh.shutdown().await;
                 }
                 stop_s3(s3).await;
-                corona.shutdown().await;
+                stop_corona(corona, corona_copies).await;
                 return Err(e.context("starting the agents"));
             }
         };
@@ -502,7 +594,17 @@ impl Cluster {
                 .into(),
             s3_config: Some(s3_config),
             faults: Some(faults),
-            embedded: Some(Embedded { dir, corona, s3, plasma, agents: agent_procs, services_agent }),
+            coronafs_replicated: Ok(ReplicatedCorona {
+                copies: EMBEDDED_CORONA_COPIES,
+                write_quorum: EMBEDDED_CORONA_QUORUM,
+                placement: format!(
+                    "{EMBEDDED_CORONA_COPIES} CoronaFS nodes in the bench's own process on this one host, each with \
+                     its own data dir on the same file system: the copies share one disk, one page cache and the \
+                     CPU, and the primary forwards writes to the others over loopback TCP (no network crossed, \
+                     never link-emulated); write quorum {EMBEDDED_CORONA_QUORUM}"
+                ),
+            }),
+            embedded: Some(Embedded { dir, corona, corona_copies, s3, plasma, agents: agent_procs, services_agent }),
             local_agents: Vec::new(),
             shapers,
             nic,
@@ -567,6 +669,10 @@ impl Cluster {
             agents_origin,
             s3_config,
             faults,
+            coronafs_replicated: Err("the cluster file's [coronafs] names one node's NBD and API addresses and has \
+                                      no way yet to ask for a volume with several copies (or to say which nodes \
+                                      hold them), so no replicated volume is measured"
+                .into()),
             embedded: None,
             local_agents,
             shapers: Vec::new(),
@@ -641,6 +747,11 @@ impl Cluster {
         if let Some(e) = &self.embedded {
             v.push(e.corona.nbd_addr);
             v.push(e.corona.api_addr);
+            for c in &e.corona_copies {
+                v.extend([c.nbd_addr, c.api_addr]);
+                v.extend(c.replica_addr);
+            }
+            v.extend(e.corona.replica_addr);
             v.push(e.services_agent.sink);
             v.push(e.plasma.addr);
         }
@@ -668,13 +779,29 @@ impl Cluster {
             for (_, p) in nodes {
                 p.stop().await;
             }
-            e.corona.shutdown().await;
+            stop_corona(e.corona, e.corona_copies).await;
             let path = e.dir.path().to_owned();
             if let Err(err) = e.dir.close() {
                 tracing::warn!(error = %err, path = %path.display(), "could not remove the cluster's data");
             }
         }
     }
+}
+
+/// Creates a CoronaFS volume with `copies` copies through the control API
+/// of its primary.
+pub async fn create_replicated_volume(api: &str, name: &str, size: u64, copies: usize) -> anyhow::Result<()> {
+    let req = coronafs::dto::CreateVolume {
+        name: name.into(),
+        size: Some(size),
+        from_snapshot: None,
+        replicas: Some(copies),
+    };
+    coronafs::api_client::ApiClient::new(api)
+        .create_volume(&req)
+        .await
+        .with_context(|| format!("creating volume {name} with {copies} copies"))?;
+    Ok(())
 }
 
 /// Creates a CoronaFS volume through the control API.

@@ -64,6 +64,55 @@ fn latency_table(out: &mut String, cols: &[(&str, Option<&Block>)]) {
     out.push('\n');
 }
 
+/// The seed-000 figures: key in [`super::replicated::CopyRatio`], name, unit, precision.
+const JOB_NAMES: [(&str, &str, &str, usize); 5] = [
+    ("seq_write_mib_s", "Sequential write", "MiB/s", 2),
+    ("seq_read_mib_s", "Sequential read", "MiB/s", 2),
+    ("rand_read_4k_iops", "4k random read", "IOPS", 0),
+    ("depth32_write_mib_s", "Depth-32 write", "MiB/s", 2),
+    ("depth32_read_mib_s", "Depth-32 read", "MiB/s", 2),
+];
+
+/// The "CoronaFS, N copies" row: each job beside the single-copy CoronaFS
+/// figure, with their ratio.
+fn replicated_table(s: &mut String, r: &Report) {
+    let title = r.coronafs_replicated.get().map_or("several copies".to_owned(), |x| format!("{} copies", x.copies));
+    let _ = writeln!(s, "Replicated volume (CoronaFS, {title}):\n");
+    s.push_str(&na(&r.coronafs_replicated));
+    let (Some(x), Some(c)) = (r.coronafs_replicated.get(), r.coronafs.get()) else {
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "The same jobs from the same worker, in every iteration right after the single-copy row, on a volume made with `--replicas {}` (write quorum {}): {}. Measured by {}. **Conditions:** {}. So this row measures the CPU and protocol cost of the replication path, not replication across a network. The ratio is the median over iterations of each iteration's figure with {} copies over its single-copy figure.\n",
+        x.copies,
+        x.write_quorum,
+        "the NBD client talks to the primary, which forwards every write to the other copies and acknowledges a FLUSH once the write quorum has it",
+        x.block.measured_by,
+        x.placement,
+        x.copies
+    );
+    let _ = writeln!(
+        s,
+        "| Metric | CoronaFS | CoronaFS, {} copies | {} copies / 1 copy |\n|---|---:|---:|---:|",
+        x.copies, x.copies
+    );
+    let cols = [Some(c), Some(&x.block)];
+    let getters: [fn(&Block) -> &Summary; 5] = [
+        |b| &b.seq_write_mib_s,
+        |b| &b.seq_read_mib_s,
+        |b| &b.rand_read_4k_iops,
+        |b| &b.depth32_write_mib_s,
+        |b| &b.depth32_read_mib_s,
+    ];
+    for ((key, name, unit, prec), get) in JOB_NAMES.iter().zip(getters) {
+        let cells: Vec<String> = cols.iter().map(|b| b.map_or("n/a".into(), |b| fig(get(b), unit, *prec))).collect();
+        let ratio = x.ratios.iter().find(|r| r.figure == *key).map_or("n/a".into(), |r| format!("{:.2}", r.ratio));
+        let _ = writeln!(s, "| {name} | {} | {ratio} |", cells.join(" | "));
+    }
+    s.push('\n');
+}
+
 fn network_table(s: &mut String, n: &Network) {
     let _ = writeln!(s, "Measured from agent `{}` to agent `{}`:\n", n.from, n.to);
     let _ = writeln!(s, "| Metric | Result |\n|---|---:|");
@@ -386,8 +435,14 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     block_row(&mut s, "Depth-32 write", &cols, |b| (&b.depth32_write_mib_s, "MiB/s", 2));
     block_row(&mut s, "Depth-32 read", &cols, |b| (&b.depth32_read_mib_s, "MiB/s", 2));
     s.push('\n');
+    replicated_table(&mut s, r);
+    let rep = r.coronafs_replicated.get();
     if l.is_some() || c.is_some() {
-        latency_table(&mut s, &[("Local (O_DIRECT)", l), ("Local (buffered)", lb), ("CoronaFS", c)]);
+        let copies = rep.map_or("CoronaFS, copies".to_owned(), |x| format!("CoronaFS, {} copies", x.copies));
+        latency_table(
+            &mut s,
+            &[("Local (O_DIRECT)", l), ("Local (buffered)", lb), ("CoronaFS", c), (&copies, rep.map(|x| &x.block))],
+        );
     }
     if l.is_some() && c.is_some() {
         let _ = writeln!(s, "{PAGE_CACHE_NOTE}");

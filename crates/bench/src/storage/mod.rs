@@ -13,6 +13,7 @@ pub mod conditions;
 pub mod degraded;
 pub mod markdown;
 pub mod measure;
+pub mod replicated;
 pub mod vm;
 
 use crate::agent::{BlockTarget, Event};
@@ -304,6 +305,9 @@ pub struct Report {
     /// whose server reads recent data from its page cache).
     pub local_disk_buffered: Section<Block>,
     pub coronafs: Section<Block>,
+    /// The same jobs on a CoronaFS volume with several copies, with each
+    /// job's ratio to `coronafs`.
+    pub coronafs_replicated: Section<replicated::Replicated>,
     pub cross_worker: Section<CrossWorker>,
     pub s3_large_object: Section<Objects>,
     pub s3_small_batch: Section<Objects>,
@@ -317,6 +321,8 @@ pub struct Report {
 }
 
 const VOLUME: &str = "bench-vol";
+/// The replicated volume (its copies on the other CoronaFS nodes).
+const REPLICATED_VOLUME: &str = "bench-vol-copies";
 const BUCKET: &str = "bench";
 
 fn col<T>(runs: &[T], f: impl Fn(&T) -> f64) -> Summary {
@@ -425,7 +431,7 @@ impl ObjectRuns {
 
 /// Steps the progress bar counts.
 pub fn steps(opts: &Options) -> u64 {
-    3 + 7 * opts.iterations as u64
+    3 + 8 * opts.iterations as u64
         + u64::from(opts.peers || opts.ceph.is_some())
         + if opts.ceph.is_some() { 5 * opts.iterations as u64 + 1 } else { 0 }
         + 2
@@ -570,6 +576,19 @@ pub async fn run(
         }
         _ => None,
     };
+    // The replicated volume on the same primary, filled the same way.
+    let copies = match (&corona, &cluster.setup.coronafs, &cluster.coronafs_replicated) {
+        (Some(_), Some(setup), Ok(rc)) => {
+            crate::cluster::create_replicated_volume(&setup.api, REPLICATED_VOLUME, opts.volume_size, rc.copies)
+                .await
+                .or_else(|e| if format!("{e:#}").contains("exists") { Ok(()) } else { Err(e) })?;
+            measure::prefill(setup, REPLICATED_VOLUME, opts.volume_size)
+                .await
+                .context("filling the replicated CoronaFS volume")?;
+            Some(rc.clone())
+        }
+        _ => None,
+    };
     let s3 = match &ep.lightningstor {
         Some(e) => {
             let (live, dead) = measure::live_endpoints(e).await;
@@ -611,6 +630,7 @@ pub async fn run(
     let mut local = BlockRuns::new();
     let mut local_buf = BlockRuns::new();
     let mut cor = BlockRuns::new();
+    let mut cor_copies = BlockRuns::new();
     let (mut rbd3, mut rbd1) = (BlockRuns::new(), BlockRuns::new());
     let (mut rgw_large, mut rgw_batch, mut rgw_par) =
         (ObjectRuns::default(), ObjectRuns::default(), ObjectRuns::default());
@@ -647,6 +667,14 @@ pub async fn run(
             cor.push(r);
         } else {
             progress.step("CoronaFS not measured");
+        }
+        if let (Some(c), Some(rc), Some(a)) = (&corona, &copies, block_agent) {
+            progress.step(&format!("{n}: CoronaFS, {} copies, over NBD from {} (seed-000 jobs)", rc.copies, a.name));
+            let target = BlockTarget::Nbd { addr: c.nbd.clone(), export: REPLICATED_VOLUME.into() };
+            let r = measure::block(a, &target, &jobs, link, &mut cor_copies.lat).await.context("CoronaFS, copies")?;
+            cor_copies.push(r);
+        } else {
+            progress.step("replicated CoronaFS volume not measured");
         }
         if let (Some(c), Some(a)) = (&opts.ceph, block_agent) {
             for (pool, runs) in [(crate::ceph::POOL_REPLICATED, &mut rbd3), (crate::ceph::POOL_SINGLE, &mut rbd1)] {
@@ -790,6 +818,28 @@ pub async fn run(
             ))
         } else {
             Section::na(why_block("CoronaFS"))
+        },
+        coronafs_replicated: match (&copies, &cluster.coronafs_replicated) {
+            (Some(rc), _) if block_agent.is_some() && !cor.runs.is_empty() => {
+                let block = cor_copies.summary(
+                    opts.volume_size,
+                    opts.block_runtime,
+                    block_by(&format!(
+                        "NBD to {}, volume {REPLICATED_VOLUME} with {} copies",
+                        ep.coronafs.as_ref().map_or("", |c| c.nbd.as_str()),
+                        rc.copies
+                    )),
+                );
+                Section::Measured(replicated::Replicated {
+                    copies: rc.copies,
+                    write_quorum: rc.write_quorum,
+                    placement: rc.placement.clone(),
+                    ratios: replicated::ratios(&cor.runs, &cor_copies.runs),
+                    block,
+                })
+            }
+            (_, Err(why)) => Section::na(why.clone()),
+            _ => Section::na(why_block("CoronaFS")),
         },
         cross_worker: if !cross.is_empty() {
             Section::Measured(CrossWorker {

@@ -12,7 +12,7 @@
 
 use crate::error::{CoronaError, Result};
 use crate::replica::auth::{self, RpcSecret};
-use crate::replica::wire::{Body, Msg, Origin, REPLY_LEN, Reply};
+use crate::replica::wire::{Body, HEADER_LEN, Msg, Origin, REPLY_LEN, Reply};
 use futures::future::BoxFuture;
 use std::collections::VecDeque;
 use std::io;
@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -203,33 +203,71 @@ impl TcpLink {
     }
 }
 
+/// Frames gathered into one `writev` at most.
+const BATCH_FRAMES: usize = 32;
+
 async fn write_frames(
-    wr: tokio::net::tcp::OwnedWriteHalf,
+    mut wr: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Msg>,
     state: Arc<LinkState>,
 ) {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+    // Everything queued goes out in one vectored write (headers and
+    // payloads side by side): no copy of a payload into a buffer, and no
+    // header sent alone ahead of its payload.
+    let mut batch: Vec<Msg> = Vec::with_capacity(BATCH_FRAMES);
     while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        let mut r = Ok(());
-        // Write everything queued, then flush once.
-        while let Some(m) = next.take() {
-            let (h, payload) = m.encode();
-            r = async {
-                w.write_all(&h).await?;
-                w.write_all(&payload).await
+        batch.push(first);
+        while batch.len() < BATCH_FRAMES {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
             }
-            .await;
-            if r.is_err() {
-                break;
-            }
-            next = rx.try_recv().ok();
         }
-        if let Err(e) = r.and(w.flush().await) {
+        let r = write_batch(&mut wr, &batch).await;
+        batch.clear();
+        if let Err(e) = r {
             state.fail(&format!("send: {e}"));
             return;
         }
     }
+}
+
+/// Writes every frame of `batch`, in order, with as few `writev` calls as
+/// the socket takes.
+async fn write_batch(wr: &mut tokio::net::tcp::OwnedWriteHalf, batch: &[Msg]) -> io::Result<()> {
+    let encoded: Vec<([u8; HEADER_LEN], std::borrow::Cow<'_, [u8]>)> = batch.iter().map(Msg::encode).collect();
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * encoded.len());
+    for (h, payload) in &encoded {
+        parts.push(h);
+        if !payload.is_empty() {
+            parts.push(payload);
+        }
+    }
+    // `first` parts are sent; `skip` bytes of the next one too.
+    let (mut first, mut skip) = (0, 0);
+    while first < parts.len() {
+        let n = {
+            let mut iov = Vec::with_capacity(parts.len() - first);
+            iov.push(io::IoSlice::new(&parts[first][skip..]));
+            iov.extend(parts[first + 1..].iter().map(|p| io::IoSlice::new(p)));
+            wr.write_vectored(&iov).await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let mut left = n;
+        while left > 0 {
+            let rest = parts[first].len() - skip;
+            if left >= rest {
+                left -= rest;
+                (first, skip) = (first + 1, 0);
+            } else {
+                skip += left;
+                left = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn read_replies(mut rd: tokio::net::tcp::OwnedReadHalf, state: Arc<LinkState>) {
