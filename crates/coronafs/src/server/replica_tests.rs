@@ -274,6 +274,12 @@ async fn a_volume_with_three_copies_made_through_the_api_replicates_and_keeps_it
     let e = api.create_volume(&too_many).await.expect_err("4 copies on 3 nodes");
     assert!(e.to_string().contains("3 nodes"), "{e}");
     assert!(servers[1].volumes.info("big").is_err(), "a refused create left no copy behind");
+    // What would change the copies out of step is refused: flattening (it
+    // swaps the head for a plain local layer) and snapshots.
+    let e = api.flatten("vm").await.expect_err("flatten of a replicated volume");
+    assert!(e.to_string().contains("replicated"), "{e}");
+    let e = api.snapshot("vm", "s1").await.expect_err("snapshot of a replicated volume");
+    assert!(e.to_string().contains("replicated"), "{e}");
 
     let client = NbdClient::connect(servers[0].nbd_addr, "vm").await.expect("connect");
     for i in 0..16u64 {

@@ -645,6 +645,9 @@ impl Volumes {
         let _g = self.control.lock().await;
         let old = self.catalog()?;
         let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?.clone();
+        // Flattening swaps the head for a plain local layer, which would
+        // silently stop the forwarding to the copies.
+        not_replicated(name, &rec, "flattening")?;
         let v = self.open(name)?;
         let granules = map::count(rec.size);
         self.faults.check("copy granules")?;

@@ -223,8 +223,13 @@ impl<B: BlockBackend> BlockBackend for Replicated<B> {
         if offset.checked_add(len).is_none_or(|e| e > self.size()) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // Zeroes read the same however each copy makes them, so replicas
-        // always do the full job even when the client asked for fast only.
+        // A replicated zero crosses to every copy, so it is never "fast":
+        // refused before anything is forwarded (NBD_FLAG_FAST_ZERO lets the
+        // client fall back to writing zeroes). Forwarding first and then
+        // failing locally would leave the copies zeroed and the primary not.
+        if fast_only {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
         self.forward(Body::WriteZeroes { offset, len, punch }).await.map_err(eio)?;
         self.local.write_zeroes(offset, len, punch, fast_only).await
     }

@@ -64,6 +64,30 @@ async fn a_flush_puts_every_answered_write_on_every_replica() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_only_zero_is_refused_before_any_copy_changes() {
+    let f = three();
+    let (r, _) = f.backend.write_at(data(8192, 3), 0, false).await;
+    r.expect("write");
+    f.backend.flush().await.expect("flush");
+    let before = image(f.backend.local()).await;
+    let e = f.backend.write_zeroes(0, 8192, false, true).await.expect_err("fast only");
+    assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
+    f.backend.flush().await.expect("flush");
+    assert!(image(f.backend.local()).await == before, "the primary changed");
+    for r in &f.replicas {
+        assert!(image(&**r).await == before, "a replica was zeroed by a refused fast zero");
+    }
+    // Without fast-only the same zeroes go everywhere.
+    f.backend.write_zeroes(0, 8192, false, false).await.expect("zeroes");
+    f.backend.flush().await.expect("flush");
+    for r in &f.replicas {
+        let (res, got) = r.read_at(vec![1; 8192], 0).await;
+        res.expect("read");
+        assert!(got.iter().all(|&b| b == 0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fua_write_is_on_every_replica_when_it_is_answered() {
     let f = three();
     let (r, _) = f.backend.write_at(data(65536, 7), 4096, true).await;
