@@ -2095,6 +2095,35 @@ async fn sse_c_multipart_uploads_need_the_key_on_every_part(c: aws_sdk_s3::Clien
     let listed = c.list_parts().bucket("enc").key("big").upload_id(&id).send().await?;
     let sizes: Vec<_> = listed.parts().iter().map(|p| (p.part_number(), p.size())).collect();
     assert_eq!(sizes, [(Some(1), Some(5 << 20)), (Some(2), Some(300_001))]);
+    // The parts' checksums are of their plaintext: listed only with the
+    // upload's key (the SDK sends a CRC32 with every part by default).
+    let plain_sums = |l: &aws_sdk_s3::operation::list_parts::ListPartsOutput| {
+        l.parts().iter().filter(|p| p.checksum_crc32().is_some() || p.checksum_crc32_c().is_some()).count()
+    };
+    assert_eq!(plain_sums(&listed), 0, "plaintext checksums listed without the key");
+    let with_key = c
+        .list_parts()
+        .bucket("enc")
+        .key("big")
+        .upload_id(&id)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .send()
+        .await?;
+    assert_eq!(plain_sums(&with_key), 2, "with the key the parts' checksums are listed");
+    let e = c
+        .list_parts()
+        .bucket("enc")
+        .key("big")
+        .upload_id(&id)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k2)
+        .sse_customer_key_md5(&m2)
+        .send()
+        .await
+        .expect_err("ListParts with another key");
+    assert_eq!((code(&e).as_str(), status(&e)), ("AccessDenied", 403));
     let e = c
         .complete_multipart_upload()
         .bucket("enc")

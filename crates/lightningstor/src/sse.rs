@@ -130,11 +130,17 @@ pub fn for_upload(upload_md5: Option<[u8; 16]>, given: Option<CustomerKey>) -> R
         (Some(_), None) => Err(LightningError::InvalidRequest(
             "The upload was created with Server Side Encryption with a customer key: every part must provide the same key.".into(),
         )),
-        (Some(m), Some(k)) if m != k.md5 => Err(LightningError::AccessDenied(
+        (Some(m), Some(k)) if !same_md5(&m, &k.md5) => Err(LightningError::AccessDenied(
             "The SSE-C key given is not the key the upload was created with.".into(),
         )),
         (Some(_), Some(k)) => Ok(Some(k)),
     }
+}
+
+/// Whether a request's key MD5 is the stored one, compared in constant
+/// time (the stored MD5 is not the key, but it need not leak either).
+fn same_md5(stored: &[u8; 16], given: &[u8; 16]) -> bool {
+    aws_lc_rs::constant_time::verify_slices_are_equal(stored, given).is_ok()
 }
 
 /// The encryption of a multipart object assembled from parts of an upload
@@ -159,7 +165,7 @@ pub fn open(meta: &ObjectMeta, given: Option<&CustomerKey>) -> Result<Option<Cip
         (Some(_), None) => Err(LightningError::InvalidRequest(
             "The object was stored using a form of Server Side Encryption. The correct parameters must be provided to retrieve the object.".into(),
         )),
-        (Some(s), Some(k)) if s.key_md5 != k.md5 => Err(LightningError::AccessDenied(
+        (Some(s), Some(k)) if !same_md5(&s.key_md5, &k.md5) => Err(LightningError::AccessDenied(
             "The SSE-C key given is not the key the object was stored with.".into(),
         )),
         (Some(s), Some(k)) => Cipher::new(k, s, &meta.parts).map(Some),
@@ -215,7 +221,11 @@ impl Cipher {
             // The last stream starting at or before `at` (an empty part's
             // stream shares its start with the next and is skipped).
             let i = self.streams.partition_point(|(start, _)| *start <= at).saturating_sub(1);
-            let (start, iv) = self.streams.get(i).copied().unwrap_or((0, 0));
+            let (start, iv) = self
+                .streams
+                .get(i)
+                .copied()
+                .ok_or_else(|| LightningError::Db("an SSE-C object without a CTR stream".into()))?;
             let end = self.streams.get(i + 1).map_or(u64::MAX, |(s, _)| *s);
             let n = usize::try_from(end - at).map_or(rest.len(), |room| room.min(rest.len()));
             let (now, later) = rest.split_at_mut(n);
@@ -381,7 +391,8 @@ with_customer_key!(
     s3s::dto::CreateMultipartUploadInput,
     s3s::dto::UploadPartInput,
     s3s::dto::UploadPartCopyInput,
-    s3s::dto::CompleteMultipartUploadInput
+    s3s::dto::CompleteMultipartUploadInput,
+    s3s::dto::ListPartsInput
 );
 
 /// Copies, which carry the source's key in the `x-amz-copy-source-*` headers.

@@ -569,7 +569,7 @@ pub(super) async fn list_parts(node: &Arc<Node>, req: S3Request<ListPartsInput>)
     }
     let marker = u32::try_from(i.part_number_marker.unwrap_or(0)).unwrap_or(0);
     let rows: Vec<(u32, PartMeta)> = merged.into_iter().filter(|(n, _)| *n > marker).take(max + 1).collect();
-    Ok(list_parts_output(i, &upload, rows, max))
+    list_parts_output(i, &upload, rows, max)
 }
 
 pub(super) async fn list_multipart_uploads(

@@ -403,24 +403,38 @@ pub(super) async fn list_parts(store: &Arc<Store>, req: S3Request<ListPartsInput
     let max = limit(i.max_parts, "max-parts")?;
     let marker = u32::try_from(i.part_number_marker.unwrap_or(0)).unwrap_or(0);
     let rows = store.meta.list_parts(&i.upload_id, marker, max + 1)?;
-    Ok(list_parts_output(i, &upload, rows, max))
+    list_parts_output(i, &upload, rows, max)
 }
 
 /// The ListParts answer for `rows` (part number order, up to `max + 1` of
 /// them, the last only telling that the list goes on). Shared with the cluster.
+///
+/// The parts' checksums are of their plaintext, so for an SSE-C upload
+/// they are given only to a request that carries the upload's key (a
+/// caller who may list parts but lacks the key could otherwise test
+/// guesses of a part's content against them); another key is refused as
+/// UploadPart refuses it.
 pub(crate) fn list_parts_output(
     i: ListPartsInput,
     upload: &UploadMeta,
     mut rows: Vec<(u32, PartMeta)>,
     max: usize,
-) -> ListPartsOutput {
+) -> Result<ListPartsOutput> {
+    use crate::sse::WithCustomerKey as _;
+    let show_checksums = match upload.sse_c_key_md5 {
+        None => true,
+        Some(md5) => match i.customer_key()? {
+            Some(k) => crate::sse::for_upload(Some(md5), Some(k)).map(|_| true)?,
+            None => false,
+        },
+    };
     let truncated = rows.len() > max;
     rows.truncate(max);
     let next = rows.last().map(|(n, _)| *n);
     let parts = rows
         .into_iter()
         .map(|(n, p)| {
-            let c = checksum_fields(p.checksum.as_ref());
+            let c = checksum_fields(p.checksum.as_ref().filter(|_| show_checksums));
             Part {
                 part_number: i32::try_from(n).ok(),
                 size: i64::try_from(p.size).ok(),
@@ -434,7 +448,7 @@ pub(crate) fn list_parts_output(
             }
         })
         .collect();
-    ListPartsOutput {
+    Ok(ListPartsOutput {
         bucket: Some(i.bucket),
         key: Some(i.key),
         upload_id: Some(i.upload_id),
@@ -448,7 +462,7 @@ pub(crate) fn list_parts_output(
         owner: Some(owner()),
         initiator: Some(Initiator { display_name: Some("lightningstor".into()), id: Some("lightningstor".into()) }),
         ..Default::default()
-    }
+    })
 }
 
 pub(super) async fn list_multipart_uploads(
