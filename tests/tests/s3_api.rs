@@ -2142,10 +2142,73 @@ async fn sse_c_multipart_uploads_need_the_key_on_every_part(c: aws_sdk_s3::Clien
         .bucket("enc")
         .key("big")
         .upload_id(&id)
-        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done)).build())
+        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done.clone())).build())
         .send()
         .await?;
     assert!(out.e_tag().is_some_and(|t| t.ends_with("-2\"")), "{:?}", out.e_tag());
+    assert_eq!((out.checksum_crc32(), out.checksum_crc32_c()), (None, None), "plaintext checksum without the key");
+    // A retry (a lost reply) with the key gets the same object and its checksum.
+    let again = c
+        .complete_multipart_upload()
+        .bucket("enc")
+        .key("big")
+        .upload_id(&id)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(done)).build())
+        .send()
+        .await?;
+    assert_eq!(again.e_tag(), out.e_tag());
+    // An SSE-C upload with a whole-object checksum: the completion's answer
+    // carries that (plaintext) checksum only to a request with the key.
+    let sum = c
+        .create_multipart_upload()
+        .bucket("enc")
+        .key("sum")
+        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .send()
+        .await?;
+    let sum_id = sum.upload_id().expect("upload id").to_owned();
+    let p = c
+        .upload_part()
+        .bucket("enc")
+        .key("sum")
+        .upload_id(&sum_id)
+        .part_number(1)
+        .checksum_algorithm(aws_sdk_s3::types::ChecksumAlgorithm::Crc32)
+        .sse_customer_algorithm("AES256")
+        .sse_customer_key(&k1)
+        .sse_customer_key_md5(&m1)
+        .body(ByteStream::from(pseudo_random(1000, 52)))
+        .send()
+        .await?;
+    let one = vec![
+        CompletedPart::builder()
+            .part_number(1)
+            .e_tag(p.e_tag().expect("etag"))
+            .set_checksum_crc32(p.checksum_crc32().map(str::to_owned))
+            .build(),
+    ];
+    let complete = |key: Option<(&str, &str)>| {
+        c.complete_multipart_upload()
+            .bucket("enc")
+            .key("sum")
+            .upload_id(&sum_id)
+            .set_sse_customer_algorithm(key.map(|_| "AES256".to_owned()))
+            .set_sse_customer_key(key.map(|k| k.0.to_owned()))
+            .set_sse_customer_key_md5(key.map(|k| k.1.to_owned()))
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(one.clone())).build())
+            .send()
+    };
+    let without = complete(None).await?;
+    assert_eq!(without.checksum_crc32(), None, "the plaintext checksum without the key");
+    let with = complete(Some((&k1, &m1))).await?;
+    assert_eq!(with.e_tag(), without.e_tag(), "the retry is answered as the first completion");
+    assert!(with.checksum_crc32().is_some(), "with the key the checksum is given: {with:?}");
 
     let e = c.get_object().bucket("enc").key("big").send().await.expect_err("GET without the key");
     assert_eq!((code(&e).as_str(), status(&e)), ("InvalidRequest", 400));

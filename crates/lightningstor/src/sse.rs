@@ -143,6 +143,17 @@ fn same_md5(stored: &[u8; 16], given: &[u8; 16]) -> bool {
     aws_lc_rs::constant_time::verify_slices_are_equal(stored, given).is_ok()
 }
 
+/// Whether a reply about `meta` may carry its plaintext checksum: always
+/// for a plain object, for an SSE-C one only to a request that gave its key
+/// (a checksum of the plaintext lets whoever holds it test guesses).
+pub fn may_show_checksum(meta: &ObjectMeta, given: Option<&CustomerKey>) -> bool {
+    match (&meta.sse_c, given) {
+        (None, _) => true,
+        (Some(s), Some(k)) => same_md5(&s.key_md5, &k.md5),
+        (Some(_), None) => false,
+    }
+}
+
 /// The encryption of a multipart object assembled from parts of an upload
 /// with key `key_md5`, each with the IV it was stored with (in order).
 pub fn assembled(key_md5: [u8; 16], part_ivs: &[Option<[u8; 16]>]) -> Result<SseC> {

@@ -473,14 +473,16 @@ pub(super) async fn complete_multipart_upload(
         Err(e @ LightningError::NoSuchUpload(_)) => {
             let want = ops::completed_etag(&wanted);
             return match super::s3::load(node, &i.bucket, &i.key).await {
-                Ok((m, _)) if want.as_deref() == Some(m.etag.as_str()) => Ok(complete_output(&i.bucket, &i.key, &m)),
+                Ok((m, _)) if want.as_deref() == Some(m.etag.as_str()) => {
+                    Ok(complete_output(&i.bucket, &i.key, &m, given_key.as_ref()))
+                }
                 _ => Err(e),
             };
         }
         Err(e) => return Err(e),
     };
     // SSE-C headers are optional on completion; given, they must be the upload's.
-    if let Some(k) = given_key {
+    if let Some(k) = given_key.clone() {
         crate::sse::for_upload(upload.sse_c_key_md5, Some(k))?;
     }
     let meta = if i.if_match.is_some() || i.if_none_match.is_some() {
@@ -511,11 +513,19 @@ pub(super) async fn complete_multipart_upload(
     {
         tracing::warn!(upload = %i.upload_id, error = %e, "completed upload not dropped everywhere yet");
     }
-    Ok(complete_output(&i.bucket, &i.key, &meta))
+    Ok(complete_output(&i.bucket, &i.key, &meta, given_key.as_ref()))
 }
 
-fn complete_output(bucket: &str, key: &str, meta: &ObjectMeta) -> CompleteMultipartUploadOutput {
-    let c = checksum_fields(meta.checksum.as_ref());
+/// The completion's answer; the object's plaintext checksum only as
+/// [`crate::sse::may_show_checksum`] allows.
+fn complete_output(
+    bucket: &str,
+    key: &str,
+    meta: &ObjectMeta,
+    given: Option<&crate::sse::CustomerKey>,
+) -> CompleteMultipartUploadOutput {
+    let show = crate::sse::may_show_checksum(meta, given);
+    let c = checksum_fields(meta.checksum.as_ref().filter(|_| show));
     CompleteMultipartUploadOutput {
         bucket: Some(bucket.to_owned()),
         key: Some(key.to_owned()),

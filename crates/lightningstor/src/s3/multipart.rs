@@ -331,7 +331,8 @@ pub(super) async fn complete_multipart_upload(
     let i = req.input;
     let claimed = claimed_checksums(&i)?;
     // SSE-C headers are optional on completion; given, they must be the upload's.
-    if let Some(k) = i.customer_key()?
+    let given_key = i.customer_key()?;
+    if let Some(k) = given_key.clone()
         && let Some(u) = store.meta.get_upload(&i.upload_id)?
     {
         crate::sse::for_upload(u.sse_c_key_md5, Some(k))?;
@@ -363,7 +364,8 @@ pub(super) async fn complete_multipart_upload(
         },
         Err(e) => return Err(e),
     };
-    let c = checksum_fields(meta.checksum.as_ref());
+    let show = crate::sse::may_show_checksum(&meta, given_key.as_ref());
+    let c = checksum_fields(meta.checksum.as_ref().filter(|_| show));
     Ok(CompleteMultipartUploadOutput {
         bucket: Some(i.bucket.clone()),
         key: Some(i.key.clone()),
