@@ -4,7 +4,7 @@
 //! this file and the node's entry in it. Example:
 //!
 //! ```toml
-//! rpc_secret = "64 hex digits: coronafs cluster-secret prints a fresh one"
+//! rpc_secret = "64 hex digits, e.g. from `openssl rand -hex 32`"
 //! write_quorum = 2
 //!
 //! [[nodes]]

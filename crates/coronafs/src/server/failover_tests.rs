@@ -6,20 +6,14 @@
 use crate::CoronaError;
 use crate::api_client::ApiClient;
 use crate::client::{NbdClient, primary_hint};
-use crate::cluster::{ClusterFile, ClusterNode};
+use crate::cluster::ClusterFile;
 use crate::config::ServerConfig;
 use crate::dto::CreateVolume;
 use crate::proto::NbdErrno;
-use crate::replica::auth::RpcSecret;
 use crate::service::RunningServer;
 use std::net::SocketAddr;
 
 const SIZE: u64 = 8 << 20;
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
@@ -35,30 +29,9 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Self {
-        let nodes: Vec<ClusterNode> = ["a", "b", "c"]
-            .iter()
-            .enumerate()
-            .map(|(i, zone)| ClusterNode {
-                name: format!("n{}", i + 1),
-                nbd: free_addr(),
-                api: free_addr(),
-                replica: free_addr(),
-                zone: zone.to_string(),
-            })
-            .collect();
-        let secret = RpcSecret::random().expect("secret");
-        let file = ClusterFile { rpc_secret: secret.to_hex(), write_quorum: 2, ack_timeout_ms: 3000, nodes };
-        file.validate().expect("valid cluster file");
-        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
-        let mut cfgs = Vec::new();
-        let mut node = Vec::new();
-        for (i, n) in file.nodes.iter().enumerate() {
-            let mut cfg = ServerConfig::ephemeral(dirs[i].path(), crate::backend::IoEngine::Threads);
-            (cfg.nbd, cfg.api, cfg.cluster) = (n.nbd, n.api, Some((file.clone(), n.name.clone())));
-            cfgs.push(cfg.clone());
-            node.push(Some(crate::service::start(cfg).await.expect("start")));
-        }
-        Cluster { file, cfgs, node, _dirs: dirs }
+        let t = super::test_cluster::start_three(3000).await;
+        let node = t.servers.into_iter().map(Some).collect();
+        Cluster { file: t.file, cfgs: t.cfgs, node, _dirs: t.dirs }
     }
 
     fn up(&self, i: usize) -> &RunningServer {

@@ -49,4 +49,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
 mod replica_tests;
 
 #[cfg(test)]
+mod test_cluster;
+
+#[cfg(test)]
 mod failover_tests;

@@ -232,37 +232,10 @@ async fn a_replica_refuses_a_volume_it_lacks_or_of_another_size() {
     assert!(TcpLink::open(&b.target("b"), &secret, "vol", SIZE + 4096, 0, 1).await.is_err());
 }
 
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_with_three_copies_made_through_the_api_replicates_and_keeps_its_quorum_across_restarts() {
-    use crate::cluster::{ClusterFile, ClusterNode};
-    let nodes: Vec<ClusterNode> = ["a", "b", "c"]
-        .iter()
-        .enumerate()
-        .map(|(i, zone)| ClusterNode {
-            name: format!("n{}", i + 1),
-            nbd: free_addr(),
-            api: free_addr(),
-            replica: free_addr(),
-            zone: zone.to_string(),
-        })
-        .collect();
-    let secret = RpcSecret::random().expect("secret");
-    let file = ClusterFile { rpc_secret: secret.to_hex(), write_quorum: 2, ack_timeout_ms: 5000, nodes };
-    file.validate().expect("valid cluster file");
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
-    let mut servers = Vec::new();
-    let mut cfgs = Vec::new();
-    for (i, n) in file.nodes.iter().enumerate() {
-        let mut cfg = crate::config::ServerConfig::ephemeral(dirs[i].path(), crate::backend::IoEngine::Threads);
-        (cfg.nbd, cfg.api, cfg.cluster) = (n.nbd, n.api, Some((file.clone(), n.name.clone())));
-        cfgs.push(cfg.clone());
-        servers.push(crate::service::start(cfg).await.expect("start"));
-    }
+    let super::test_cluster::Three { cfgs, mut servers, dirs: _dirs, .. } =
+        super::test_cluster::start_three(5000).await;
     let api = crate::api_client::ApiClient::new(&servers[0].api_url());
     let req = crate::dto::CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
     let v = api.create_volume(&req).await.expect("create with 3 copies");
