@@ -37,7 +37,15 @@ async fn an_attached_guest_follows_a_failover_to_the_new_primary_and_loses_no_fl
     // What a FLUSH covered while the primary was alive.
     let before = att.flush_report(false).await.expect("flush on n1").log;
     assert!(!before.is_empty());
+    let killed = Instant::now();
     nodes[0].take().expect("n1").shutdown().await;
+    // From the stop until the attachment is connected to the new primary
+    // (printed for the record, not asserted: no timing bounds in tests).
+    while att.report().await.reconnects == 0 {
+        assert!(killed.elapsed() < Duration::from_secs(60), "the attachment never reconnected");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("reconnected to the new primary {:?} after n1's stop began (failover after 800 ms)", killed.elapsed());
 
     att.wait_idle().await;
     let r = att.report().await;

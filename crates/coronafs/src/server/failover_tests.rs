@@ -323,3 +323,18 @@ async fn a_copy_that_restarted_does_not_stand_and_the_copy_that_knows_its_place_
     drop(client);
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_volume_deleted_on_its_primary_do_not_promote_themselves() {
+    let (c, client) = Cluster::start_timed(100, 500).await.volume().await;
+    drop(client);
+    c.api(0).delete("vm", true).await.expect("delete on n1");
+    // The copies stop hearing n1 and probe it: it answers that the volume
+    // is gone, which they take as a reason not to stand.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    for i in [1, 2] {
+        let v = c.api(i).get("vm").await.expect("the copy is still there");
+        assert!(v.replicas.is_empty() && v.epoch == 0, "n{} promoted itself: {v:?}", i + 1);
+    }
+    c.shutdown().await;
+}

@@ -113,6 +113,7 @@ impl Volumes {
         let own = self.position(name);
         let epoch = rec.epoch.max(own.map_or(0, |p| p.epoch)) + 1;
         let timeout = Duration::from_millis(m.cluster.ack_timeout_ms.min(m.cluster.failover_after_ms));
+        let primary = rec.primary.as_deref();
         let asks = rec.copies.iter().filter(|c| **c != m.node).map(|c| async move {
             let probe = match m.cluster.node(c) {
                 Ok(n) => {
@@ -120,6 +121,10 @@ impl Volumes {
                     match ask(n.replica, &m.secret, epoch, body, timeout).await {
                         Some(r) if r.errno == 0 => Probe::Willing { position: r.position },
                         Some(r) if r.errno == libc::EBUSY as u32 => Probe::Busy,
+                        // The primary answers that it has no such volume: it
+                        // was deleted there, and its copies must not bring it
+                        // back (an operator may still promote one).
+                        Some(r) if r.errno == libc::ENOENT as u32 && primary == Some(c.as_str()) => Probe::Busy,
                         _ => Probe::Silent,
                     }
                 }
