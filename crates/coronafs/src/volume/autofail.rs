@@ -7,8 +7,9 @@
 //! ([`Volumes::probe`]) and stands for election only if
 //! [`election::stand`] says it is the best-placed copy; then it runs the
 //! same election as a promote by hand ([`Volumes::promote`]). A round that
-//! does not end in a promotion waits a jittered pause and tries again, at
-//! most [`MAX_ROUNDS`] times per silence. The design is in
+//! does not end in a promotion waits a jittered pause, doubling up to eight
+//! failover timeouts, and tries again, at most [`MAX_ROUNDS`] times per
+//! silence. The design is in
 //! docs/design/replication-volumes.md ("Failover").
 
 use super::Volumes;
@@ -112,7 +113,7 @@ impl Volumes {
         let rec = self.catalog().map_err(|e| e.to_string())?.volumes.get(name).cloned().ok_or("volume gone")?;
         let own = self.position(name);
         let epoch = rec.epoch.max(own.map_or(0, |p| p.epoch)) + 1;
-        let timeout = Duration::from_millis(m.cluster.ack_timeout_ms.min(m.cluster.failover_after_ms));
+        let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
         let primary = rec.primary.as_deref();
         let asks = rec.copies.iter().filter(|c| **c != m.node).map(|c| async move {
             let probe = match m.cluster.node(c) {
@@ -176,7 +177,9 @@ async fn watchdog(this: Weak<Volumes>, m: &Membership, name: &str, slot: &Slot) 
                         } else {
                             tracing::info!(volume = name, rounds, %why, "not standing for election this round");
                         }
-                        jitter(after)
+                        // Longer after each round (a loaded or flaky cluster
+                        // gets more time), at most eight timeouts.
+                        jitter(after * (1 << (rounds - 1).min(3)))
                     }
                 }
             }
