@@ -557,7 +557,7 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
     let id = create_vm(&st, &vol.id, "w1", 20000).id;
     let app = st.app().clone();
     let source = st.rt.block_on(app.workers.attachment("w1", &id)).expect("attached");
-    assert_eq!((source.worker.as_str(), source.epoch), ("w1", 1));
+    assert_eq!((source.worker.as_str(), source.epoch()), ("w1", 1));
     // Migrate while the guest is writing.
     while st.run(st.api.vm(&id)).expect("vm").writes_acked < 50 {
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -592,7 +592,7 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
             "block {block} lost write {seq}"
         );
     }
-    assert_eq!((target.worker.as_str(), target.epoch), ("w2", 2));
+    assert_eq!((target.worker.as_str(), target.epoch()), ("w2", 2));
     st.rt.block_on(target.write(0, &[1; 65536])).expect("target writes");
     // Same worker again is refused; the volume cannot be deleted while attached.
     assert_eq!(migrate(&st, &id, "w2").expect_err("refused").api_status(), Some(400));
@@ -667,7 +667,7 @@ fn a_migration_stalled_on_its_target_does_not_hold_up_other_vms() {
             WorkerConfig { name: "slow".into(), url: format!("http://{slow_addr}") },
         ]
     });
-    let cfg = AgentConfig { listen: fast_addr, name: "fast".into(), coronafs_nbd: st.nbd_addr().to_string() };
+    let cfg = AgentConfig { listen: fast_addr, name: "fast".into(), coronafs_nbd: st.nbd_addr().to_string(), coronafs_nodes: Vec::new() };
     let fast = st.run(AgentServer::start(cfg)).expect("agent");
     let dir = st.work();
     let img = st.upload_ok("two", &make_raw(&dir, "two.raw", 13));
