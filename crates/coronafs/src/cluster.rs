@@ -79,6 +79,14 @@ fn default_ack_timeout_ms() -> u64 {
     10_000
 }
 
+fn default_resync_rate() -> u64 {
+    crate::backend::replicated::resync::DEFAULT_RATE
+}
+
+fn default_resync_retry_ms() -> u64 {
+    crate::backend::replicated::resync::DEFAULT_RETRY.as_millis() as u64
+}
+
 /// The whole cluster file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +101,14 @@ pub struct ClusterFile {
     /// milliseconds [default: 10000].
     #[serde(default = "default_ack_timeout_ms")]
     pub ack_timeout_ms: u64,
+    /// Throttle of a resync (a primary copying what a returning replica
+    /// lacks), in bytes per second per volume [default: 64 MiB/s].
+    #[serde(default = "default_resync_rate")]
+    pub resync_bytes_per_sec: u64,
+    /// How long a primary waits between attempts to reach a replica out of
+    /// the live set, in milliseconds [default: 2000].
+    #[serde(default = "default_resync_retry_ms")]
+    pub resync_retry_ms: u64,
     /// Every node, in any order.
     pub nodes: Vec<ClusterNode>,
 }
@@ -207,7 +223,14 @@ mod tests {
                 zone: z.to_string(),
             })
             .collect();
-        ClusterFile { rpc_secret: "ab".repeat(32), write_quorum: 2, ack_timeout_ms: 10_000, nodes }
+        ClusterFile {
+            rpc_secret: "ab".repeat(32),
+            write_quorum: 2,
+            ack_timeout_ms: 10_000,
+            resync_bytes_per_sec: default_resync_rate(),
+            resync_retry_ms: default_resync_retry_ms(),
+            nodes,
+        }
     }
 
     fn names(v: Vec<&ClusterNode>) -> Vec<&str> {

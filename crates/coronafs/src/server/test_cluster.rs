@@ -35,7 +35,14 @@ pub(super) async fn start_three(ack_timeout_ms: u64) -> Three {
         })
         .collect();
     let secret = RpcSecret::random().expect("secret");
-    let file = ClusterFile { rpc_secret: secret.to_hex(), write_quorum: 2, ack_timeout_ms, nodes };
+    let file = ClusterFile {
+        rpc_secret: secret.to_hex(),
+        write_quorum: 2,
+        ack_timeout_ms,
+        resync_bytes_per_sec: crate::backend::replicated::resync::DEFAULT_RATE,
+        resync_retry_ms: 200,
+        nodes,
+    };
     file.validate().expect("valid cluster file");
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let mut cfgs = Vec::new();

@@ -25,9 +25,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// One copy's position, shared by the replica connections writing to it.
+/// One copy's position, shared by the replica connections writing to it,
+/// and the number of the latest OPEN it accepted: held while a frame is
+/// applied, so a stream superseded by a later OPEN applies nothing more.
 #[derive(Debug, Default)]
-pub struct Slot(Mutex<Option<Position>>);
+pub struct Slot(Mutex<Option<Position>>, tokio::sync::Mutex<u64>);
 
 /// A replica connection's hold on its copy's position: it moves the
 /// position only while its own stream is the latest one opened.
@@ -36,9 +38,18 @@ pub struct Tracker {
     slot: Arc<Slot>,
     epoch: u64,
     stream: u64,
+    /// Which OPEN of this copy this stream is.
+    opened: u64,
 }
 
 impl Tracker {
+    /// This stream's turn to apply a frame; `None` once a later OPEN (a new
+    /// stream or a resync) superseded it.
+    pub async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, u64>> {
+        let g = self.slot.1.lock().await;
+        (*g == self.opened).then_some(g)
+    }
+
     /// Frame `seq` of this stream was applied.
     pub fn applied(&self, seq: u64) {
         if let Ok(mut p) = self.slot.0.lock()
@@ -108,8 +119,14 @@ impl Volumes {
         }
         let slot = self.slot(name)?;
         let start = Position { epoch, stream: origin.stream, seq: first_seq.wrapping_sub(1) };
-        *slot.0.lock().map_err(|_| poisoned())? = Some(start);
-        Ok(Tracker { slot, epoch, stream: origin.stream })
+        let opened = {
+            // After every frame of an earlier stream being applied now.
+            let mut turn = slot.1.lock().await;
+            *turn += 1;
+            *slot.0.lock().map_err(|_| poisoned())? = Some(start);
+            *turn
+        };
+        Ok(Tracker { slot, epoch, stream: origin.stream, opened })
     }
 
     /// This copy's answer to `candidate` asking for its vote at `epoch`:
@@ -218,7 +235,9 @@ impl Volumes {
             r.stale = stale;
             r.primary = Some(m.node.clone());
             r.copies = rec.copies.clone();
+            let (size, replicas, stale) = (r.size, r.replicas.clone(), r.stale.clone());
             self.commit(&old, cat)?;
+            self.reset_log(name, size, &replicas, &stale)?;
         }
         tracing::warn!(volume = name, epoch, ?live, "promoted to primary");
         // The copy was open as a plain volume for the old primary's stream;
