@@ -235,9 +235,10 @@ impl Volumes {
             r.stale = stale;
             r.primary = Some(m.node.clone());
             r.copies = rec.copies.clone();
-            let (size, replicas, stale) = (r.size, r.replicas.clone(), r.stale.clone());
+            // The log first: a crash before the commit leaves this copy a
+            // replica, whose log is unused until it is promoted.
+            self.reset_log(name, r.size, &r.replicas, &r.stale)?;
             self.commit(&old, cat)?;
-            self.reset_log(name, size, &replicas, &stale)?;
         }
         tracing::warn!(volume = name, epoch, ?live, "promoted to primary");
         // The copy was open as a plain volume for the old primary's stream;

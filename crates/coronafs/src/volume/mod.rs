@@ -309,6 +309,10 @@ impl Volumes {
         for v in vols {
             if kill {
                 v.backend.kill();
+                // No resync or log write for a volume that is gone.
+                if let Some(h) = &v.replication {
+                    h.abandon().await;
+                }
             } else if let Err(e) = replication::close_export(&v).await {
                 tracing::warn!(volume = %v.name, error = %e, "flush on close failed");
             }

@@ -417,7 +417,16 @@ impl<B: BlockBackend> Inner<B> {
             Ok(t) if t.elapsed() >= Duration::from_secs(1) => {}
             _ => return,
         }
-        // No write between recording its region and marking it.
+        {
+            let o = self.order.lock().await;
+            let union = o.drl.union(o.peers.iter().map(|p| p.history));
+            if s.durable.lock().map(|d| *d == union).unwrap_or(true) {
+                return;
+            }
+        }
+        // No write between recording its region and marking it: a write
+        // that found its region in the record and is not marked yet would
+        // lose it from the record (writes wait for this one disk write).
         let _g = self.gate.write().await;
         let _w = s.writing.lock().await;
         let (union, rec) = {
