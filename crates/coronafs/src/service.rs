@@ -61,6 +61,15 @@ impl RunningServer {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
         self.volumes.abandon().await;
+        // The next start opens the same store: wait (at most 5 s) until no
+        // task holds the volume manager any more.
+        for _ in 0..500 {
+            if Arc::strong_count(&self.volumes) == 1 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tracing::warn!("the volume manager is still held after the crash");
     }
 
     /// Runs until ctrl-c or SIGTERM, then shuts down.

@@ -330,6 +330,15 @@ impl Volumes {
                 h.abandon().await;
             }
         }
+        // Tasks of the dropped exports (a record write in the blocking
+        // pool, a connection's helper) let go of the store soon after.
+        for _ in 0..500 {
+            if Arc::strong_count(&self.meta) == 1 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tracing::warn!("the metadata store is still held after abandoning the volumes");
     }
 
     /// Flushes every open volume (server shutdown).
