@@ -36,6 +36,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+/// Regions logged beyond a write's own when it dirties a new one.
+const LOG_AHEAD: usize = 7;
+
 /// Default time a replica has to answer a FLUSH before it leaves the live set.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -399,6 +402,13 @@ impl<B: BlockBackend> Inner<B> {
             return Ok(());
         }
         all.extend(want.iter().copied());
+        // And the next few regions in the same commit: a sequential writer
+        // then pays one record write per LOG_AHEAD + 1 regions. A region
+        // logged and never written costs only copying after a restart.
+        if let Some(&last) = want.last() {
+            let count = drl::regions_of(self.local.size(), 0, self.local.size()).end() + 1;
+            all.extend((last + 1..count).take(LOG_AHEAD));
+        }
         let rec = {
             let o = self.order.lock().await;
             self.record(&o, &all, true)

@@ -165,17 +165,23 @@ async fn a_region_is_recorded_once_before_its_first_write_is_answered_and_droppe
     write(&f, 3 * MIB + 10, 100, 1).await;
     let rec = f.store.last.lock().expect("lock").clone().expect("recorded before the answer");
     assert!(rec.open);
-    assert_eq!(rec.regions(SIZE), [3].into_iter().collect());
+    assert_eq!(rec.regions(SIZE), (3..11).collect(), "region 3 and the 7 after it, in one record write");
     let saves = f.store.saves.load(Relaxed);
     for i in 0..50 {
         write(&f, 3 * MIB + i * 4096, 4096, i as u8).await;
     }
+    // A sequential writer through regions 4..=10 needs no record write either.
+    for g in 4..11 {
+        write(&f, g * MIB, MIB, g as u8).await;
+    }
     assert_eq!(f.store.saves.load(Relaxed), saves, "rewriting a recorded region costs no record write");
+    write(&f, 11 * MIB, 4096, 11).await;
+    assert_eq!(f.store.saves.load(Relaxed), saves + 1, "region 11 is new: one record write");
     // Trimming runs at most once a second, after a flush every copy answered.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     f.backend.flush().await.expect("flush");
     let rec = f.store.last.lock().expect("lock").clone().expect("a record");
-    assert!(rec.regions(SIZE).is_empty(), "every copy holds region 3: {rec:?}");
+    assert!(rec.regions(SIZE).is_empty(), "every copy holds every region written: {rec:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
