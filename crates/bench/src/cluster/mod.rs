@@ -305,6 +305,8 @@ async fn start_corona_cluster(
             ack_timeout_ms: 10_000,
             resync_bytes_per_sec: coronafs::backend::replicated::resync::DEFAULT_RATE,
             resync_retry_ms: 2_000,
+            heartbeat_ms: 1_000,
+            failover_after_ms: 5_000,
             nodes,
         };
         file.validate().context("the embedded CoronaFS cluster file")?;

@@ -14,6 +14,7 @@
 //! of dropped layers (removed at start) or a size not yet applied to a file
 //! (fixed when the layer opens). See docs/design/volumes.md.
 
+pub mod autofail;
 pub mod catalog;
 pub mod export;
 pub mod failover;
@@ -265,6 +266,9 @@ impl Volumes {
                 let mut cat = old.clone();
                 if let Some(r) = cat.volumes.get_mut(name) {
                     r.epoch = epoch;
+                    // The epoch a failover reached is passed: no client of
+                    // the old primary may follow to this one.
+                    r.promoted_from = None;
                 }
                 // Durable before any connection is told: a restart keeps it.
                 self.commit(&old, cat)?;
@@ -282,6 +286,7 @@ impl Volumes {
         } else {
             tracing::info!(volume = name, epoch, "volume fenced (not open)");
         }
+        self.replicate_fence(name, epoch).await?;
         self.info(name)
     }
 
@@ -862,7 +867,10 @@ impl ExportCatalog for Volumes {
         if let Some(e) = declared
             && e < current
         {
-            return Err(format!("export {name:?} declares epoch {e}, but the volume is fenced at epoch {current}"));
+            let note = self.failover_note(name, e, current).unwrap_or_default();
+            return Err(format!(
+                "export {name:?} declares epoch {e}, but the volume is fenced at epoch {current}{note}"
+            ));
         }
         // A client that declares no epoch holds epoch 0: once the volume has
         // been fenced it may only read, so it is told the export is read-only.

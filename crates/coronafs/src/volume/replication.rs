@@ -80,10 +80,11 @@ impl Volumes {
             CoronaError::Config(format!("{name} has copies on {:?}, but this server is in no cluster", rec.replicas))
         })?;
         let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
+        let heartbeat = Some(Duration::from_millis(m.cluster.heartbeat_ms));
         let mut targets = HashMap::new();
         for peer in &rec.replicas {
             let node = m.cluster.node(peer)?;
-            targets.insert(peer.clone(), LinkTarget { peer: peer.clone(), addr: node.replica, timeout });
+            targets.insert(peer.clone(), LinkTarget { peer: peer.clone(), addr: node.replica, timeout, heartbeat });
         }
         let prev = self.meta.drl(name)?;
         let plan = drl::plan(prev.as_ref(), rec.size, &rec.replicas, &rec.stale);

@@ -48,7 +48,8 @@ pub struct ReplicationPolicy {
     /// Copies (the primary included) that must be live for a write or a
     /// flush to be accepted.
     pub write_quorum: usize,
-    /// The primary's epoch, sent with every frame.
+    /// The primary's epoch when the volume opened, sent with every frame
+    /// (raised later by [`Replicated::raise_epoch`]).
     pub epoch: u64,
     /// How long a FLUSH waits for each replica.
     pub ack_timeout: Duration,
@@ -113,6 +114,8 @@ struct Saver {
 pub struct Inner<B> {
     local: B,
     policy: ReplicationPolicy,
+    /// The epoch frames carry: the policy's, raised with the volume's fence.
+    epoch: std::sync::atomic::AtomicU64,
     order: tokio::sync::Mutex<Order>,
     /// Writes hold it shared from before their region is recorded until
     /// their local write is done; a resync reads a region holding it
@@ -205,6 +208,7 @@ impl<B: BlockBackend> Replicated<B> {
             inner: Arc::new(Inner {
                 local,
                 policy,
+                epoch: std::sync::atomic::AtomicU64::new(policy.epoch),
                 order: tokio::sync::Mutex::new(order),
                 gate: tokio::sync::RwLock::new(()),
                 metrics,
@@ -263,6 +267,14 @@ impl<B: BlockBackend> Replicated<B> {
             }
         }
         self
+    }
+
+    /// Frames queued from now on carry `epoch` (if above the current one):
+    /// the volume's fence was raised, and the copies must learn it, so that
+    /// a failover elects a primary above it. Read under the order lock, so
+    /// the epochs of a stream never go down as its `seq` goes up.
+    pub fn raise_epoch(&self, epoch: u64) {
+        self.inner.epoch.fetch_max(epoch, Relaxed);
     }
 
     /// The local copy.
@@ -340,7 +352,7 @@ impl<B: BlockBackend> Inner<B> {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
         let seq = o.next_seq;
-        let msg = Msg { seq, epoch: self.policy.epoch, body };
+        let msg = Msg { seq, epoch: self.epoch.load(Relaxed), body };
         o.next_seq = o.next_seq.wrapping_add(1);
         if let Some((offset, len)) = range(&msg.body) {
             o.drl.mark(offset, len, seq);

@@ -123,7 +123,7 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
     let link = r.connector.connect(&name, true, 1).map_err(fail)?;
     // A FLUSH first: the replica is reachable and took the stream before
     // anything holds writes up for it.
-    let probe = link.send(Msg { seq: 1, epoch: inner.policy.epoch, body: Body::Flush }).await.map_err(fail)?;
+    let probe = link.send(Msg { seq: 1, epoch: inner.epoch.load(Relaxed), body: Body::Flush }).await.map_err(fail)?;
     let timeout = inner.policy.ack_timeout;
     tokio::time::timeout(timeout, probe)
         .await
@@ -177,7 +177,7 @@ async fn region_frame<B: BlockBackend>(inner: &Inner<B>, g: u64, seq: u64) -> io
     } else {
         Body::Write { offset, data: Bytes::from(buf) }
     };
-    Ok((Msg { seq, epoch: inner.policy.epoch, body }, len))
+    Ok((Msg { seq, epoch: inner.epoch.load(Relaxed), body }, len))
 }
 
 /// The last regions with writes held, a FLUSH, and the switch into the
@@ -202,7 +202,7 @@ async fn finish<B: BlockBackend + 'static>(
         copied += len;
         inner.metrics.resync_bytes.fetch_add(len, Relaxed);
     }
-    acks.push(link.send(Msg { seq, epoch: inner.policy.epoch, body: Body::Flush }).await?);
+    acks.push(link.send(Msg { seq, epoch: inner.epoch.load(Relaxed), body: Body::Flush }).await?);
     let timeout = inner.policy.ack_timeout;
     for a in acks {
         tokio::time::timeout(timeout, a)
