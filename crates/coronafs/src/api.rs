@@ -102,7 +102,7 @@ async fn list(State(s): S) -> Result<impl IntoResponse, CoronaError> {
 }
 
 async fn show(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
-    Ok(Json(s.volumes.info(&name)?))
+    Ok(Json(s.volumes.show(&name).await?))
 }
 
 async fn create(State(s): S, b: Result<Json<CreateVolume>, JsonRejection>) -> Result<Response, CoronaError> {

@@ -81,6 +81,14 @@ fn default_ack_timeout_ms() -> u64 {
     10_000
 }
 
+fn default_resync_rate() -> u64 {
+    crate::backend::replicated::resync::DEFAULT_RATE
+}
+
+fn default_resync_retry_ms() -> u64 {
+    crate::backend::replicated::resync::DEFAULT_RETRY.as_millis() as u64
+}
+
 fn default_heartbeat_ms() -> u64 {
     1_000
 }
@@ -103,6 +111,14 @@ pub struct ClusterFile {
     /// milliseconds [default: 10000].
     #[serde(default = "default_ack_timeout_ms")]
     pub ack_timeout_ms: u64,
+    /// Throttle of a resync (a primary copying what a returning replica
+    /// lacks), in bytes per second per volume [default: 64 MiB/s].
+    #[serde(default = "default_resync_rate")]
+    pub resync_bytes_per_sec: u64,
+    /// How long a primary waits between attempts to reach a replica out of
+    /// the live set, in milliseconds [default: 2000].
+    #[serde(default = "default_resync_retry_ms")]
+    pub resync_retry_ms: u64,
     /// How often a primary sends a heartbeat on an idle replica link, in
     /// milliseconds [default: 1000].
     #[serde(default = "default_heartbeat_ms")]
@@ -192,6 +208,8 @@ impl ClusterFile {
             rpc_secret: RpcSecret::random()?.to_hex(),
             write_quorum: n.min(2),
             ack_timeout_ms: default_ack_timeout_ms(),
+            resync_bytes_per_sec: default_resync_rate(),
+            resync_retry_ms: default_resync_retry_ms(),
             heartbeat_ms: default_heartbeat_ms(),
             failover_after_ms: default_failover_after_ms(),
             nodes,
@@ -268,6 +286,8 @@ mod tests {
             rpc_secret: "ab".repeat(32),
             write_quorum: 2,
             ack_timeout_ms: 10_000,
+            resync_bytes_per_sec: default_resync_rate(),
+            resync_retry_ms: default_resync_retry_ms(),
             heartbeat_ms: 1_000,
             failover_after_ms: 5_000,
             nodes,

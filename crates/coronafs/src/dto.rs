@@ -26,10 +26,38 @@ pub struct VolumeInfo {
     /// Nodes holding the other copies of a replicated volume (empty: this node only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<String>,
-    /// Those of `replicas` dropped from the live set after a failure: they
-    /// miss writes and are not linked again (no resync yet).
+    /// Those of `replicas` out of the live set (dropped after a failure, or
+    /// not in sync at the primary's start) until they caught up again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stale_replicas: Vec<String>,
+    /// Each replica's state, while this node has the volume open as its
+    /// primary (`GET /v1/volumes/{name}` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_states: Vec<ReplicaStatus>,
+}
+
+/// One replica of a replicated volume, as its primary sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    /// The replica's node.
+    pub node: String,
+    pub state: ReplicaSync,
+    /// While catching up: bytes of regions the running pass has still to copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_left: Option<u64>,
+}
+
+/// Where a replica stands.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaSync {
+    /// In the live set: it gets every write and FLUSH waits for it.
+    InSync,
+    /// The primary is copying the regions it lacks (resync).
+    CatchingUp,
+    /// Out of the live set and not being copied to now (unreachable, or
+    /// waiting for the next attempt).
+    Stale,
 }
 
 /// A snapshot as the API shows it.

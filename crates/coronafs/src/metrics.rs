@@ -52,6 +52,10 @@ pub struct Metrics {
     pub extended_sessions: AtomicU64,
     /// Replicas a replicated volume dropped from its live set.
     pub replicas_dropped: AtomicU64,
+    /// Bytes of regions a primary copied to replicas catching up (resync).
+    pub resync_bytes: AtomicU64,
+    /// Replicas that caught up and rejoined a live set.
+    pub replicas_rejoined: AtomicU64,
 }
 
 fn index(c: Command) -> usize {
@@ -138,6 +142,16 @@ impl Metrics {
                 "Replicas dropped from a replicated volume's live set (failed, gone or too slow).",
                 &self.replicas_dropped,
             ),
+            (
+                "coronafs_replica_resync_bytes_total",
+                "Bytes of dirty regions copied to replicas catching up (zero regions sent as WRITE_ZEROES count too).",
+                &self.resync_bytes,
+            ),
+            (
+                "coronafs_replica_rejoined_total",
+                "Replicas that caught up and rejoined a replicated volume's live set.",
+                &self.replicas_rejoined,
+            ),
         ];
         for (name, help, c) in counters {
             t.counter(name, help, c.load(Relaxed));
@@ -179,8 +193,10 @@ mod tests {
         );
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!((types.len(), helps), (13, 13), "{text}");
+        assert_eq!((types.len(), helps), (15, 15), "{text}");
         assert!(text.contains("coronafs_replica_dropped_total 0\n"), "{text}");
+        assert!(text.contains("coronafs_replica_resync_bytes_total 0\n"), "{text}");
+        assert!(text.contains("coronafs_replica_rejoined_total 0\n"), "{text}");
         assert_eq!(types.iter().filter(|l| l.ends_with(" histogram")).count(), 1);
     }
 }

@@ -154,7 +154,12 @@ pub fn document() -> Value {
                 "nbd_export": {"type": "string"},
                 "epoch": {"type": "integer", "format": "int64", "description": "write epoch; exports opened as VOL;epoch=N with a lower N cannot write"},
                 "replicas": {"type": "array", "items": {"type": "string"}, "description": "nodes holding the other copies of a replicated volume; absent for a volume on this node only"},
-                "stale_replicas": {"type": "array", "items": {"type": "string"}, "description": "those of replicas dropped after a failure: they miss writes and are not linked again"}}},
+                "stale_replicas": {"type": "array", "items": {"type": "string"}, "description": "those of replicas out of the live set (dropped after a failure, or not in sync when the primary opened the volume) until a resync brought them back"},
+                "replica_states": {"type": "array", "description": "GET /v1/volumes/{name} on the primary while it has the volume open: each replica's state", "items": {"$ref": "#/components/schemas/ReplicaStatus"}}}},
+            "ReplicaStatus": {"type": "object", "required": ["node", "state"], "properties": {
+                "node": {"type": "string"},
+                "state": {"type": "string", "enum": ["in_sync", "catching_up", "stale"], "description": "in_sync: in the live set; catching_up: the primary is copying the regions it lacks; stale: out of the live set, not being copied to now"},
+                "bytes_left": {"type": "integer", "format": "int64", "description": "catching_up only: bytes the running resync pass has still to copy"}}},
             "SnapshotInfo": {"type": "object", "required": ["volume", "name", "size", "allocated_bytes", "clones", "nbd_export"], "properties": {
                 "volume": {"type": "string"},
                 "name": {"type": "string"},

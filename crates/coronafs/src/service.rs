@@ -53,6 +53,25 @@ impl RunningServer {
         self.volumes.flush_all().await;
     }
 
+    /// Stops like a crash (kill -9) as far as the data dir can tell: the
+    /// listeners and tasks stop, open volumes are dropped without a flush
+    /// or a clean close, so every mark and record stays as it was.
+    #[cfg(any(test, feature = "testing"))]
+    pub async fn crash(mut self) {
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        self.volumes.abandon().await;
+        // The next start opens the same store: wait (at most 5 s) until no
+        // task holds the volume manager any more.
+        for _ in 0..500 {
+            if Arc::strong_count(&self.volumes) == 1 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tracing::warn!("the volume manager is still held after the crash");
+    }
+
     /// Runs until ctrl-c or SIGTERM, then shuts down.
     pub async fn run_until_signal(self) {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

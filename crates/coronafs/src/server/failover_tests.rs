@@ -315,7 +315,10 @@ async fn a_copy_that_restarted_does_not_stand_and_the_copy_that_knows_its_place_
     // n2 comes first by name, but only n3 knows its place.
     let (v, _) = until_primary(&c, 2, std::time::Duration::from_secs(30)).await;
     assert_eq!(v.epoch, 1);
-    assert_eq!(v.stale_replicas, ["n1", "n2"], "{v:?}");
+    // n2 did not know its place, so n3 counted it stale; n3's resync may
+    // already have given it a full copy and taken it back (resync_tests.rs).
+    assert_eq!(v.stale_replicas.first().map(String::as_str), Some("n1"), "{v:?}");
+    assert!(v.stale_replicas.len() == 2 || v.replica_states.iter().any(|s| s.node == "n2"), "{v:?}");
     let n2 = c.api(1).get("vm").await.expect("n2");
     assert!(n2.replicas.is_empty(), "the restarted copy became a primary: {n2:?}");
     let client = NbdClient::connect(c.nbd(2), "vm;epoch=1").await.expect("connect to n3");

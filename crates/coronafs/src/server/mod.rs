@@ -53,3 +53,6 @@ mod test_cluster;
 
 #[cfg(test)]
 mod failover_tests;
+
+#[cfg(test)]
+mod resync_tests;

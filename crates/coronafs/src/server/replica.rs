@@ -101,12 +101,18 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
         }
         _ => return Err(CoronaError::Replica("the first frame is neither OPEN, VOTE nor PROBE".into())),
     };
-    let export = match volumes.open(volume) {
-        Ok(e) if e.read_only => Err(libc::EROFS),
-        Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => Err(libc::EINVAL),
-        Ok(e) if open.epoch < e.fence.current() => Err(libc::EPERM),
-        Ok(e) => Ok(e),
-        Err(_) => Err(libc::ENOENT),
+    // A node that is the volume's primary takes no stream for it (a deposed
+    // primary is not a replica until an operator makes it one).
+    let export = if volumes.is_primary(volume) {
+        Err(libc::EBUSY)
+    } else {
+        match volumes.open(volume) {
+            Ok(e) if e.read_only => Err(libc::EROFS),
+            Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => Err(libc::EINVAL),
+            Ok(e) if open.epoch < e.fence.current() => Err(libc::EPERM),
+            Ok(e) => Ok(e),
+            Err(_) => Err(libc::ENOENT),
+        }
     };
     let export = match export {
         Ok(e) => e,
@@ -141,15 +147,20 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             Err(_) => Err(libc::EPERM as u32),
             // The position moves while the frame is in flight, so a vote's
             // fence (which drains in-flight frames) sees its final value.
-            Ok(_inflight) => {
-                tracker.heard();
-                let epoch = msg.epoch;
-                let r = applier.apply(&export.backend, msg, export.fence.current()).await;
-                if r.is_ok() {
-                    tracker.applied(seq, epoch);
+            Ok(_inflight) => match tracker.turn().await {
+                // A later OPEN (the primary's next stream, or a resync)
+                // took over this copy: nothing more from this one.
+                None => Err(libc::ESTALE as u32),
+                Some(_turn) => {
+                    tracker.heard();
+                    let epoch = msg.epoch;
+                    let r = applier.apply(&export.backend, msg, export.fence.current()).await;
+                    if r.is_ok() {
+                        tracker.applied(seq, epoch);
+                    }
+                    r
                 }
-                r
-            }
+            },
         };
         let errno = result.err().unwrap_or(0);
         wr.write_all(&Reply { seq, errno }.encode()).await?;

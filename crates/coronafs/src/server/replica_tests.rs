@@ -273,7 +273,7 @@ async fn a_volume_with_three_copies_made_through_the_api_replicates_and_keeps_it
         assert!(image(s).await == want, "a copy differs after FLUSH");
     }
     // Node 3 goes away: the primary goes on with 2 of 3 and records n3 as
-    // stale, so it is not linked again when the volume reopens.
+    // stale, so it is not linked as live when the volume reopens.
     servers.pop().expect("node 3").shutdown().await;
     client.write(0, &data(4096, 77), false).await.expect("write on 2 of 3");
     client.flush().await.expect("flush on 2 of 3");

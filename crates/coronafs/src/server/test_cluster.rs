@@ -25,6 +25,7 @@ pub(super) async fn start_three_timed(ack_timeout_ms: u64, heartbeat_ms: u64, fa
     let mut file = ClusterFile::on_loopback(3).expect("a loopback cluster");
     (file.ack_timeout_ms, file.heartbeat_ms, file.failover_after_ms) =
         (ack_timeout_ms, heartbeat_ms, failover_after_ms);
+    file.resync_retry_ms = 200;
     file.validate().expect("valid cluster file");
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let mut cfgs = Vec::new();

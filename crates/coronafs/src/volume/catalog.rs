@@ -25,8 +25,9 @@ pub struct VolumeRec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<String>,
     /// Those of `replicas` the primary dropped from the live set: they miss
-    /// writes, so the volume never links to them again (until a resync,
-    /// which is not built yet). They still count as copies for the quorum.
+    /// writes, so they rejoin only after a resync copied what they lack
+    /// (`backend/replicated/resync.rs`). They still count as copies for
+    /// the quorum.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stale: Vec<String>,
     /// Whom this copy voted for as primary at `epoch` (failover; a copy

@@ -27,10 +27,19 @@ pub struct Export {
     pub connections: AtomicUsize,
     /// The write epoch (see [`super::fence`]).
     pub fence: Fence,
+    /// On a replicated volume's primary: its replicas' states and clean close.
+    pub replication: Option<super::replication::Handle>,
 }
 
 impl Export {
     pub fn new(name: &str, backend: Layered<AnyBackend>, read_only: bool, epoch: u64) -> Self {
-        Export { name: name.to_owned(), backend, read_only, connections: AtomicUsize::new(0), fence: Fence::new(epoch) }
+        Export {
+            name: name.to_owned(),
+            backend,
+            read_only,
+            connections: AtomicUsize::new(0),
+            fence: Fence::new(epoch),
+            replication: None,
+        }
     }
 }

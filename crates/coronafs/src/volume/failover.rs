@@ -27,13 +27,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// One copy's position, shared by the replica connections writing to it,
-/// and when it last heard its primary (for the watchdog, `autofail.rs`).
+/// when it last heard its primary (for the watchdog, `autofail.rs`), and
+/// the number of the latest OPEN it accepted: held while a frame is
+/// applied, so a stream superseded by a later OPEN applies nothing more.
 #[derive(Debug, Default)]
 pub struct Slot {
     pos: Mutex<Option<Position>>,
     heard: Mutex<Option<Instant>>,
     /// A watchdog runs for this copy.
     pub(super) watching: AtomicBool,
+    turn: tokio::sync::Mutex<u64>,
 }
 
 impl Slot {
@@ -57,9 +60,18 @@ pub struct Tracker {
     slot: Arc<Slot>,
     epoch: u64,
     stream: u64,
+    /// Which OPEN of this copy this stream is.
+    opened: u64,
 }
 
 impl Tracker {
+    /// This stream's turn to apply a frame; `None` once a later OPEN (a new
+    /// stream or a resync) superseded it.
+    pub async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, u64>> {
+        let g = self.slot.turn.lock().await;
+        (*g == self.opened).then_some(g)
+    }
+
     /// Frame `seq` of this stream, carrying `epoch`, was applied. A
     /// primary's epoch rises within a stream when its fence is raised
     /// (`Volumes::fence`), so the position's epoch follows the frames'.
@@ -138,12 +150,18 @@ impl Volumes {
         }
         let slot = self.slot(name)?;
         let start = Position { epoch, stream: origin.stream, seq: first_seq.wrapping_sub(1) };
-        *slot.pos.lock().map_err(|_| poisoned())? = Some(start);
+        let opened = {
+            // After every frame of an earlier stream being applied now.
+            let mut turn = slot.turn.lock().await;
+            *turn += 1;
+            *slot.pos.lock().map_err(|_| poisoned())? = Some(start);
+            *turn
+        };
         slot.hear();
         if !origin.primary.is_empty() {
             self.watch(name, &slot);
         }
-        Ok(Tracker { slot, epoch, stream: origin.stream })
+        Ok(Tracker { slot, epoch, stream: origin.stream, opened })
     }
 
     /// This copy's answer to `candidate` asking for its vote at `epoch`:
@@ -253,6 +271,9 @@ impl Volumes {
             r.primary = Some(m.node.clone());
             r.copies = rec.copies.clone();
             r.promoted_from = mine.position.map(|p| p.epoch);
+            // The log first: a crash before the commit leaves this copy a
+            // replica, whose log is unused until it is promoted.
+            self.reset_log(name, r.size, &r.replicas, &r.stale)?;
             self.commit(&old, cat)?;
         }
         tracing::warn!(volume = name, epoch, ?live, "promoted to primary");

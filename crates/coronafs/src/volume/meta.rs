@@ -4,8 +4,14 @@
 //! (`VOL@SNAP` -> JSON [`SnapRec`]), `layers` (id -> JSON [`LayerRec`]) and
 //! `counters` (`next_layer`). A change is written as the difference between
 //! two catalogs in one write transaction, so it is all there or none of it.
+//!
+//! A fifth table, `replication` (name -> JSON [`DrlRecord`]), holds what a
+//! replicated volume's primary keeps of its copies (the clean-shutdown mark
+//! and the dirty-region log). It is written by transactions of its own, never
+//! by a catalog commit, so the two never overwrite each other's changes.
 
 use super::catalog::{Catalog, LayerRec, SnapRec, VolumeRec};
+use crate::backend::replicated::drl::DrlRecord;
 use crate::error::{CoronaError, Result};
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::Serialize;
@@ -17,6 +23,7 @@ const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 const LAYERS: TableDefinition<u64, &[u8]> = TableDefinition::new("layers");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+const REPLICATION: TableDefinition<&str, &[u8]> = TableDefinition::new("replication");
 
 fn err(e: impl Into<redb::Error>) -> CoronaError {
     CoronaError::Meta(e.into().to_string())
@@ -45,6 +52,7 @@ impl Meta {
             tx.open_table(SNAPSHOTS).map_err(err)?;
             tx.open_table(LAYERS).map_err(err)?;
             tx.open_table(COUNTERS).map_err(err)?;
+            tx.open_table(REPLICATION).map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(Meta { db })
@@ -91,6 +99,30 @@ impl Meta {
             })?;
             if old.next_layer != new.next_layer {
                 tx.open_table(COUNTERS).map_err(err)?.insert("next_layer", new.next_layer).map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
+    }
+}
+
+impl Meta {
+    /// The replication record of volume `name`, if any.
+    pub fn drl(&self, name: &str) -> Result<Option<DrlRecord>> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let t = tx.open_table(REPLICATION).map_err(err)?;
+        let v = t.get(name).map_err(err)?;
+        v.map(|v| decode("replication", v.value())).transpose()
+    }
+
+    /// Replaces (`Some`) or removes (`None`) the replication record of
+    /// `name`, durably, in a transaction of its own.
+    pub fn put_drl(&self, name: &str, rec: Option<&DrlRecord>) -> Result<()> {
+        let tx = self.db.begin_write().map_err(err)?;
+        {
+            let mut t = tx.open_table(REPLICATION).map_err(err)?;
+            match rec {
+                Some(r) => t.insert(name, encode(r)?.as_slice()).map(drop).map_err(err)?,
+                None => t.remove(name).map(drop).map_err(err)?,
             }
         }
         tx.commit().map_err(err)

@@ -22,10 +22,10 @@ pub mod faults;
 pub mod fence;
 pub mod files;
 pub mod meta;
+pub mod replication;
 
 use crate::backend::layered::{Layer, Layered, MAX_DEPTH, map};
-use crate::backend::replicated::link::{LinkTarget, ReplicaLink, StreamSpec, TcpLink};
-use crate::backend::replicated::{DynBackend, Replicated, ReplicationPolicy};
+use crate::backend::replicated::drl::DrlRecord;
 use crate::backend::{AnyBackend, BlockBackend, Opener, pagecache};
 use crate::cluster::{ClusterNode, Membership};
 use crate::dto::{EvictReport, SnapshotInfo, VolumeInfo};
@@ -53,7 +53,7 @@ pub struct Volumes {
     dir: PathBuf,
     opener: Opener,
     read_only: bool,
-    meta: Meta,
+    meta: Arc<Meta>,
     cat: Mutex<Catalog>,
     /// Serializes changes to the catalog.
     control: tokio::sync::Mutex<()>,
@@ -131,7 +131,7 @@ impl Volumes {
             dir,
             opener,
             read_only,
-            meta,
+            meta: Arc::new(meta),
             cat: Mutex::new(cat),
             control: tokio::sync::Mutex::new(()),
             open: Mutex::new(HashMap::new()),
@@ -220,8 +220,10 @@ impl Volumes {
             let layer =
                 files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None, &self.faults)?;
             if !rec.replicas.is_empty() && !self.read_only {
-                let backend = self.replicated(name, rec, Layered::new(layer))?;
-                let v = Arc::new(Export::new(name, Layered::new(Layer::base(0, rec.size, backend)), false, rec.epoch));
+                let (backend, handle) = self.replicated(name, rec, Layered::new(layer))?;
+                let mut e = Export::new(name, Layered::new(Layer::base(0, rec.size, backend)), false, rec.epoch);
+                e.replication = Some(handle);
+                let v = Arc::new(e);
                 open.insert(name.to_owned(), v.clone());
                 return Ok(v);
             }
@@ -230,41 +232,6 @@ impl Volumes {
         let v = Arc::new(Export::new(name, Layered::new(layer), ro, epoch));
         open.insert(name.to_owned(), v.clone());
         Ok(v)
-    }
-
-    /// The primary's backend of a replicated volume: `local`, forwarding to
-    /// a link per replica (connecting in the background).
-    fn replicated(&self, name: &str, rec: &VolumeRec, local: Layered<AnyBackend>) -> Result<AnyBackend> {
-        let m = self.membership().ok_or_else(|| {
-            CoronaError::Config(format!("{name} has copies on {:?}, but this server is in no cluster", rec.replicas))
-        })?;
-        let timeout = std::time::Duration::from_millis(m.cluster.ack_timeout_ms);
-        let heartbeat = Some(std::time::Duration::from_millis(m.cluster.heartbeat_ms));
-        let origin = failover::origin(&m.node, rec);
-        let mut links: Vec<Arc<dyn ReplicaLink>> = Vec::new();
-        for peer in rec.replicas.iter().filter(|r| !rec.stale.contains(r)) {
-            let node = m.cluster.node(peer)?;
-            let target = LinkTarget { peer: peer.clone(), addr: node.replica, timeout, heartbeat };
-            let origin = origin.clone();
-            let spec = StreamSpec { volume: name.to_owned(), size: rec.size, epoch: rec.epoch, first_seq: 1, origin };
-            links.push(Arc::new(TcpLink::start(target, m.secret.clone(), spec).0));
-        }
-        let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
-        let this = self.this.get().cloned();
-        let volume = name.to_owned();
-        let hook = Box::new(move |peer: &str| {
-            let (Some(v), peer, volume) = (this.as_ref().and_then(|w| w.upgrade()), peer.to_owned(), volume.clone())
-            else {
-                return;
-            };
-            tokio::spawn(async move {
-                if let Err(e) = v.mark_stale(&volume, &peer).await {
-                    tracing::error!(volume, peer, error = %e, "could not record a stale replica");
-                }
-            });
-        });
-        let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone()).on_drop(hook);
-        Ok(AnyBackend::Replicated(Box::new(r)))
     }
 
     /// Opens the export an NBD client named: `VOL`, `VOL@SNAP` or
@@ -347,10 +314,36 @@ impl Volumes {
         for v in vols {
             if kill {
                 v.backend.kill();
-            } else if let Err(e) = BlockBackend::flush(&v.backend).await {
+                // No resync or log write for a volume that is gone.
+                if let Some(h) = &v.replication {
+                    h.abandon().await;
+                }
+            } else if let Err(e) = replication::close_export(&v).await {
                 tracing::warn!(volume = %v.name, error = %e, "flush on close failed");
             }
         }
+    }
+
+    /// Drops every open volume without flushing or closing it (a crash, for
+    /// tests), once its background tasks stopped.
+    #[cfg(any(test, feature = "testing"))]
+    pub async fn abandon(&self) {
+        let vols: Vec<Arc<Export>> =
+            self.open.lock().map(|mut o| o.drain().map(|(_, v)| v).collect()).unwrap_or_default();
+        for v in vols {
+            if let Some(h) = &v.replication {
+                h.abandon().await;
+            }
+        }
+        // Tasks of the dropped exports (a record write in the blocking
+        // pool, a connection's helper) let go of the store soon after.
+        for _ in 0..500 {
+            if Arc::strong_count(&self.meta) == 1 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tracing::warn!("the metadata store is still held after abandoning the volumes");
     }
 
     /// Flushes every open volume (server shutdown).
@@ -358,7 +351,7 @@ impl Volumes {
         let vols: Vec<Arc<Export>> = self.open.lock().map(|o| o.values().cloned().collect()).unwrap_or_default();
         for v in vols {
             if !v.read_only
-                && let Err(e) = BlockBackend::flush(&v.backend).await
+                && let Err(e) = replication::close_export(&v).await
             {
                 tracing::warn!(volume = %v.name, error = %e, "flush at shutdown failed");
             }
@@ -386,6 +379,7 @@ impl Volumes {
             epoch: v.epoch,
             replicas: v.replicas.clone(),
             stale_replicas: v.stale.clone(),
+            replica_states: Vec::new(),
         })
     }
 
@@ -498,10 +492,13 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, false, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: None, parent_limit: 0 };
         cat.layers.insert(id, layer.clone());
+        // A new replicated volume starts with every copy in sync (all empty).
+        let log = (!replicas.is_empty()).then(|| DrlRecord::fresh(size, &replicas));
         cat.volumes.insert(name.to_owned(), VolumeRec { size, head: id, replicas, ..Default::default() });
         // A volume of the same name deleted before left its position behind.
         self.forget_position(name);
-        if let Err(e) = self.commit(&old, cat) {
+        let r = self.meta.put_drl(name, log.as_ref()).and_then(|()| self.commit(&old, cat));
+        if let Err(e) = r {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
         }
@@ -723,6 +720,9 @@ impl Volumes {
         let garbage = cat.collect_garbage();
         self.commit(&old, cat)?;
         self.close(&exports, true).await;
+        if let Err(e) = self.meta.put_drl(name, None) {
+            tracing::warn!(volume = name, error = %e, "could not remove the replication record");
+        }
         for (id, l) in &garbage {
             files::remove_layer(&self.dir, *id, l);
         }

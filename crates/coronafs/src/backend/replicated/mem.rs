@@ -95,3 +95,47 @@ impl ReplicaLink for MemLink {
         })
     }
 }
+
+/// Opens [`MemLink`]s to in-memory replicas by name (tests): a replica
+/// taken offline gets links that are down from the start.
+pub struct MemConnector<B> {
+    pub replicas: std::collections::HashMap<String, Arc<B>>,
+    pub offline: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Every link opened, newest last, with whether it was a resync stream.
+    pub opened: std::sync::Mutex<Vec<(String, bool, Arc<MemLink>)>>,
+}
+
+impl<B: BlockBackend> MemConnector<B> {
+    pub fn new(replicas: impl IntoIterator<Item = (String, Arc<B>)>) -> Self {
+        MemConnector {
+            replicas: replicas.into_iter().collect(),
+            offline: Default::default(),
+            opened: Default::default(),
+        }
+    }
+
+    /// Whether `peer` can be reached from now on.
+    pub fn set_offline(&self, peer: &str, offline: bool) {
+        if let Ok(mut o) = self.offline.lock() {
+            if offline {
+                o.insert(peer.to_owned());
+            } else {
+                o.remove(peer);
+            }
+        }
+    }
+}
+
+impl<B: BlockBackend + 'static> super::resync::Connector for MemConnector<B> {
+    fn connect(&self, peer: &str, resync: bool, first_seq: u64) -> io::Result<Arc<dyn ReplicaLink>> {
+        let backend = self.replicas.get(peer).cloned().ok_or_else(|| io::Error::other(format!("no replica {peer}")))?;
+        let link = Arc::new(MemLink::new(peer, backend, first_seq, 0));
+        if self.offline.lock().map(|o| o.contains(peer)).unwrap_or(false) {
+            link.kill();
+        }
+        if let Ok(mut o) = self.opened.lock() {
+            o.push((peer.to_owned(), resync, link.clone()));
+        }
+        Ok(link)
+    }
+}

@@ -6,13 +6,19 @@
 //! - [`apply`]: the replica's side, shared by the TCP listener and tests;
 //! - [`link`]: the link trait and its TCP implementation;
 //! - [`local`]: the boxed local copy `AnyBackend` holds;
+//! - [`drl`]: the dirty-region log (sans-IO) and its persisted record;
+//! - [`resync`]: bringing a replica that is behind back into the live set;
 //! - `mem`: an in-memory link that can be killed or stalled (tests only).
 
 pub mod apply;
+pub mod drl;
 pub mod link;
 pub mod local;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
+pub mod resync;
+#[cfg(test)]
+mod resync_tests;
 #[cfg(test)]
 mod tests;
 
@@ -20,12 +26,18 @@ use super::traits::{BlockBackend, BufResult, Extent64, SpliceSource};
 use crate::metrics::Metrics;
 use crate::replica::wire::{Body, Msg};
 use bytes::Bytes;
+use drl::{Drl, History};
 use link::{Ack, ReplicaLink};
 pub use local::DynBackend;
+pub use resync::{Connector, DrlStore, Resync};
+use std::collections::BTreeSet;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
+
+/// Regions logged beyond a write's own when it dirties a new one.
+const LOG_AHEAD: usize = 7;
 
 /// Default time a replica has to answer a FLUSH before it leaves the live set.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,34 +55,110 @@ pub struct ReplicationPolicy {
     pub ack_timeout: Duration,
 }
 
-/// Where the write stream is: the next number and who still gets it.
-#[derive(Debug)]
+/// One replica as the primary sees it.
+struct Peer {
+    name: String,
+    /// The write-stream link, while the replica is live.
+    link: Option<Arc<dyn ReplicaLink>>,
+    /// What the replica holds: every frame below `Acked(F)` durably.
+    history: History,
+    /// Bytes still to copy while a resync pass runs.
+    left: Option<u64>,
+    /// Bumped whenever the replica leaves or joins the live set, so an
+    /// answer to a frame of an earlier link is not taken for this one.
+    turn: u64,
+}
+
+impl Peer {
+    fn live(&self) -> bool {
+        self.link.is_some()
+    }
+}
+
+/// Where the write stream is: the next number, who gets it, what each
+/// replica may lack.
 struct Order {
     next_seq: u64,
-    live: Vec<bool>,
+    peers: Vec<Peer>,
+    drl: Drl,
+    /// Closed cleanly: no write is taken any more.
+    closed: bool,
+}
+
+/// A replica's state, for `volume show`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerState {
+    /// In the live set: gets every write; FLUSH waits for it.
+    InSync,
+    /// A resync pass is copying what it lacks; `bytes_left` of this pass.
+    CatchingUp { bytes_left: u64 },
+    /// Out of the live set, not being copied to right now (unreachable,
+    /// or waiting for the next attempt).
+    Stale,
+}
+
+/// What the persisted record of the log is, and how it is written.
+struct Saver {
+    store: Arc<dyn DrlStore>,
+    /// Regions the record holds now.
+    durable: std::sync::Mutex<BTreeSet<u64>>,
+    /// Held while the record is being written (one writer; later ones find
+    /// their regions already written: a group commit).
+    writing: tokio::sync::Mutex<()>,
+    /// When the record last dropped regions (at most once a second).
+    last_trim: std::sync::Mutex<std::time::Instant>,
+}
+
+/// The shared part of [`Replicated`], also held by its resync task and by
+/// the volume manager (for `volume show` and a clean close).
+pub struct Inner<B> {
+    local: B,
+    policy: ReplicationPolicy,
+    /// The epoch frames carry: the policy's, raised with the volume's fence.
+    epoch: std::sync::atomic::AtomicU64,
+    order: tokio::sync::Mutex<Order>,
+    /// Writes hold it shared from before their region is recorded until
+    /// their local write is done; a resync reads a region holding it
+    /// exclusively, so the copy holds every write numbered before it.
+    gate: tokio::sync::RwLock<()>,
+    metrics: Arc<Metrics>,
+    /// Told the name of each replica that leaves (false) or rejoins (true)
+    /// the live set, so the volume manager records it.
+    on_change: Option<ChangeHook>,
+    saver: Option<Saver>,
+    resync: Option<Resync>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A local backend plus its replicas.
 pub struct Replicated<B> {
-    local: B,
-    links: Vec<Arc<dyn ReplicaLink>>,
-    policy: ReplicationPolicy,
-    order: tokio::sync::Mutex<Order>,
-    /// The epoch frames carry: the policy's, raised with the volume's fence.
-    epoch: std::sync::atomic::AtomicU64,
-    metrics: Arc<Metrics>,
-    /// Told the name of each replica dropped, so the volume manager can
-    /// record it as stale (it must not rejoin without a resync).
-    on_drop: Option<DropHook>,
+    inner: Arc<Inner<B>>,
 }
 
-/// See [`Replicated::on_drop`].
-pub type DropHook = Box<dyn Fn(&str) + Send + Sync>;
+/// See [`Replicated::on_change`].
+pub type ChangeHook = Box<dyn Fn(&str, bool) + Send + Sync>;
 
 impl<B: std::fmt::Debug> std::fmt::Debug for Replicated<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let peers: Vec<_> = self.links.iter().map(|l| (l.peer().to_owned(), l.is_up())).collect();
-        f.debug_struct("Replicated").field("local", &self.local).field("replicas", &peers).finish()
+        let peers: Vec<_> = match self.inner.order.try_lock() {
+            Ok(o) => o.peers.iter().map(|p| (p.name.clone(), p.live())).collect(),
+            Err(_) => Vec::new(),
+        };
+        f.debug_struct("Replicated").field("local", &self.inner.local).field("replicas", &peers).finish()
+    }
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for Inner<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner").field("local", &self.local).field("policy", &self.policy).finish()
+    }
+}
+
+impl<B> Drop for Replicated<B> {
+    fn drop(&mut self) {
+        if let Some(t) = self.inner.task.lock().ok().and_then(|mut t| t.take()) {
+            t.abort();
+        }
     }
 }
 
@@ -84,9 +172,19 @@ fn eio(e: io::Error) -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }
 
+/// The byte range a frame writes.
+fn range(body: &Body) -> Option<(u64, u64)> {
+    match body {
+        Body::Write { offset, data } => Some((*offset, data.len() as u64)),
+        Body::WriteZeroes { offset, len, .. } | Body::Trim { offset, len } => Some((*offset, *len)),
+        _ => None,
+    }
+}
+
 impl<B: BlockBackend> Replicated<B> {
     /// `local` replicated to `links`, each opened so that the next frame it
-    /// expects is numbered `first_seq`.
+    /// expects is numbered `first_seq`; every replica starts in sync, and
+    /// none that leaves is brought back (see [`Replicated::with_resync`]).
     pub fn new(
         local: B,
         links: Vec<Arc<dyn ReplicaLink>>,
@@ -94,21 +192,80 @@ impl<B: BlockBackend> Replicated<B> {
         first_seq: u64,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let live = vec![true; links.len()];
+        let size = local.size();
+        let peers = links
+            .into_iter()
+            .map(|l| Peer {
+                name: l.peer().to_owned(),
+                link: Some(l),
+                history: History::Acked(first_seq),
+                left: None,
+                turn: 0,
+            })
+            .collect();
+        let order = Order { next_seq: first_seq, peers, drl: Drl::new(size, &BTreeSet::new()), closed: false };
         Replicated {
-            local,
-            links,
-            policy,
-            order: tokio::sync::Mutex::new(Order { next_seq: first_seq, live }),
-            epoch: std::sync::atomic::AtomicU64::new(policy.epoch),
-            metrics,
-            on_drop: None,
+            inner: Arc::new(Inner {
+                local,
+                policy,
+                epoch: std::sync::atomic::AtomicU64::new(policy.epoch),
+                order: tokio::sync::Mutex::new(order),
+                gate: tokio::sync::RwLock::new(()),
+                metrics,
+                on_change: None,
+                saver: None,
+                resync: None,
+                task: std::sync::Mutex::new(None),
+            }),
         }
     }
 
-    /// Calls `hook` with the name of every replica dropped from the live set.
-    pub fn on_drop(mut self, hook: DropHook) -> Self {
-        self.on_drop = Some(hook);
+    fn setup(&mut self) -> &mut Inner<B> {
+        Arc::get_mut(&mut self.inner).expect("configured before it is shared")
+    }
+
+    /// Calls `hook` with the name of every replica that leaves (`false`)
+    /// or rejoins (`true`) the live set.
+    pub fn on_change(mut self, hook: ChangeHook) -> Self {
+        self.setup().on_change = Some(hook);
+        self
+    }
+
+    /// Keeps the dirty-region log in `r.store`, starts the replicas of
+    /// `r.behind` out of the live set with their history, with `inherited`
+    /// regions dirty from before, and starts the task that brings every
+    /// replica out of the live set back (see [`resync`]).
+    pub fn with_resync(mut self, r: Resync, behind: Vec<(String, History)>, inherited: BTreeSet<u64>) -> Self {
+        let inner = self.setup();
+        let order = inner.order.get_mut();
+        order.drl = Drl::new(inner.local.size(), &inherited);
+        for (name, history) in behind {
+            match order.peers.iter_mut().find(|p| p.name == name) {
+                Some(p) => (p.link, p.history) = (None, history),
+                None => order.peers.push(Peer { name, link: None, history, left: None, turn: 0 }),
+            }
+        }
+        inner.saver = Some(Saver {
+            store: r.store.clone(),
+            durable: std::sync::Mutex::new(inherited),
+            writing: tokio::sync::Mutex::new(()),
+            last_trim: std::sync::Mutex::new(std::time::Instant::now()),
+        });
+        inner.resync = Some(r);
+        self
+    }
+
+    /// Starts the resync task (after [`Replicated::with_resync`]).
+    pub fn start(self) -> Self
+    where
+        B: 'static,
+    {
+        if self.inner.resync.is_some() {
+            let task = tokio::spawn(resync::run(self.inner.clone()));
+            if let Ok(mut t) = self.inner.task.lock() {
+                *t = Some(task);
+            }
+        }
         self
     }
 
@@ -117,103 +274,305 @@ impl<B: BlockBackend> Replicated<B> {
     /// a failover elects a primary above it. Read under the order lock, so
     /// the epochs of a stream never go down as its `seq` goes up.
     pub fn raise_epoch(&self, epoch: u64) {
-        self.epoch.fetch_max(epoch, Relaxed);
+        self.inner.epoch.fetch_max(epoch, Relaxed);
     }
 
     /// The local copy.
     pub fn local(&self) -> &B {
-        &self.local
+        &self.inner.local
     }
 
-    /// Names of the replicas still in the live set.
+    /// The part the volume manager keeps (states, clean close).
+    pub fn handle(&self) -> Arc<Inner<B>> {
+        self.inner.clone()
+    }
+
+    /// Names of the replicas in the live set.
+    pub async fn live_replicas(&self) -> Vec<String> {
+        self.inner.live_replicas().await
+    }
+}
+
+impl<B: BlockBackend> Inner<B> {
+    /// Names of the replicas in the live set.
     pub async fn live_replicas(&self) -> Vec<String> {
         let o = self.order.lock().await;
-        self.links.iter().zip(&o.live).filter(|(_, l)| **l).map(|(k, _)| k.peer().to_owned()).collect()
+        o.peers.iter().filter(|p| p.live()).map(|p| p.name.clone()).collect()
+    }
+
+    /// Every replica's state, in the order the volume names them.
+    pub async fn states(&self) -> Vec<(String, PeerState)> {
+        let o = self.order.lock().await;
+        o.peers
+            .iter()
+            .map(|p| {
+                let s = match (p.live(), p.left) {
+                    (true, _) => PeerState::InSync,
+                    (false, Some(bytes_left)) => PeerState::CatchingUp { bytes_left },
+                    (false, None) => PeerState::Stale,
+                };
+                (p.name.clone(), s)
+            })
+            .collect()
     }
 
     fn drop_replica(&self, o: &mut Order, i: usize, why: &dyn std::fmt::Display) {
-        if o.live[i] {
-            o.live[i] = false;
+        let p = &mut o.peers[i];
+        if p.link.take().is_some() {
+            p.turn += 1;
             self.metrics.replicas_dropped.fetch_add(1, Relaxed);
-            tracing::warn!(peer = self.links[i].peer(), %why, "replica dropped from the live set");
-            if let Some(hook) = &self.on_drop {
-                hook(self.links[i].peer());
+            tracing::warn!(peer = %p.name, %why, "replica dropped from the live set");
+            if let Some(hook) = &self.on_change {
+                hook(&p.name, false);
             }
         }
     }
 
     /// Live copies, the primary included, after dropping links that went down.
     fn refresh(&self, o: &mut Order) -> usize {
-        for i in 0..self.links.len() {
-            if o.live[i] && !self.links[i].is_up() {
+        for i in 0..o.peers.len() {
+            if o.peers[i].link.as_ref().is_some_and(|l| !l.is_up()) {
                 self.drop_replica(o, i, &"link down");
             }
         }
-        1 + o.live.iter().filter(|l| **l).count()
+        1 + o.peers.iter().filter(|p| p.live()).count()
     }
 
     /// Numbers `body` and queues it on every live replica, in number order;
-    /// gives each replica's index and answer. Fails, queueing nothing more,
-    /// when the live copies are below the quorum.
-    async fn forward(&self, body: Body) -> io::Result<Vec<(usize, Ack)>> {
+    /// gives its number and each replica's index, generation and answer.
+    /// Fails, queueing nothing more, when the live copies are below the
+    /// quorum or the volume was closed.
+    async fn forward(&self, body: Body) -> io::Result<(u64, Vec<(usize, u64, Ack)>)> {
         let mut o = self.order.lock().await;
+        if o.closed && !matches!(body, Body::Flush) {
+            return Err(io::Error::other("the volume was closed"));
+        }
         let live = self.refresh(&mut o);
         if live < self.policy.write_quorum {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
-        let msg = Msg { seq: o.next_seq, epoch: self.epoch.load(Relaxed), body };
+        let seq = o.next_seq;
+        let msg = Msg { seq, epoch: self.epoch.load(Relaxed), body };
         o.next_seq = o.next_seq.wrapping_add(1);
-        let mut acks = Vec::with_capacity(self.links.len());
-        for i in 0..self.links.len() {
-            if !o.live[i] {
-                continue;
-            }
-            match self.links[i].send(msg.clone()).await {
-                Ok(ack) => acks.push((i, ack)),
+        if let Some((offset, len)) = range(&msg.body) {
+            o.drl.mark(offset, len, seq);
+        }
+        let mut acks = Vec::with_capacity(o.peers.len());
+        for i in 0..o.peers.len() {
+            let Some(link) = o.peers[i].link.clone() else { continue };
+            match link.send(msg.clone()).await {
+                Ok(ack) => acks.push((i, o.peers[i].turn, ack)),
                 Err(e) => self.drop_replica(&mut o, i, &e),
             }
         }
-        let live = 1 + o.live.iter().filter(|l| **l).count();
+        let live = 1 + o.peers.iter().filter(|p| p.live()).count();
         if live < self.policy.write_quorum {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
-        Ok(acks)
+        Ok((seq, acks))
+    }
+
+    /// The record of the log as it stands, holding `regions`.
+    fn record(&self, o: &Order, regions: &BTreeSet<u64>, open: bool) -> drl::DrlRecord {
+        let in_sync = if open {
+            Vec::new()
+        } else {
+            o.peers.iter().filter(|p| p.live() && o.drl.dirty(p.history).is_empty()).map(|p| p.name.clone()).collect()
+        };
+        drl::DrlRecord {
+            open,
+            region: o.drl.region(),
+            bits: drl::encode_bits(regions.iter().copied()),
+            in_sync,
+            untracked: o.peers.iter().filter(|p| p.history == History::Unknown).map(|p| p.name.clone()).collect(),
+        }
+    }
+
+    /// Writes the record (through the blocking pool: the store commits to disk).
+    async fn save(&self, s: &Saver, rec: drl::DrlRecord) -> io::Result<()> {
+        let store = s.store.clone();
+        tokio::task::spawn_blocking(move || store.save(&rec))
+            .await
+            .map_err(|e| io::Error::other(format!("saving the dirty-region log: {e}")))?
+    }
+
+    /// Makes the record hold the regions of `[offset, offset + len)` before
+    /// the write is sent anywhere; no disk write when it holds them already.
+    async fn log_dirty(&self, offset: u64, len: u64) -> io::Result<()> {
+        let Some(s) = &self.saver else { return Ok(()) };
+        if len == 0 {
+            return Ok(());
+        }
+        let want: Vec<u64> = drl::regions_of(self.local.size(), offset, len).collect();
+        let missing = |d: &BTreeSet<u64>| want.iter().any(|g| !d.contains(g));
+        if !missing(&*s.durable.lock().map_err(|_| io::Error::other("log poisoned"))?) {
+            return Ok(());
+        }
+        let _w = s.writing.lock().await;
+        let mut all = s.durable.lock().map_err(|_| io::Error::other("log poisoned"))?.clone();
+        if !missing(&all) {
+            return Ok(());
+        }
+        all.extend(want.iter().copied());
+        // And the next few regions in the same commit: a sequential writer
+        // then pays one record write per LOG_AHEAD + 1 regions. A region
+        // logged and never written costs only copying after a restart.
+        if let Some(&last) = want.last() {
+            let count = drl::regions_of(self.local.size(), 0, self.local.size()).end() + 1;
+            all.extend((last + 1..count).take(LOG_AHEAD));
+        }
+        let rec = {
+            let o = self.order.lock().await;
+            self.record(&o, &all, true)
+        };
+        self.save(s, rec).await?;
+        *s.durable.lock().map_err(|_| io::Error::other("log poisoned"))? = all;
+        Ok(())
+    }
+
+    /// Drops from the record the regions every tracked copy holds (at most
+    /// once a second: each costs a disk write, and stale bits only cost
+    /// extra copying after a crash).
+    async fn trim_log(&self) {
+        let Some(s) = &self.saver else { return };
+        match s.last_trim.lock() {
+            Ok(t) if t.elapsed() >= Duration::from_secs(1) => {}
+            _ => return,
+        }
+        {
+            let o = self.order.lock().await;
+            let union = o.drl.union(o.peers.iter().map(|p| p.history));
+            if s.durable.lock().map(|d| *d == union).unwrap_or(true) {
+                return;
+            }
+        }
+        // No write between recording its region and marking it: a write
+        // that found its region in the record and is not marked yet would
+        // lose it from the record (writes wait for this one disk write).
+        let _g = self.gate.write().await;
+        let _w = s.writing.lock().await;
+        let (union, rec) = {
+            let o = self.order.lock().await;
+            let union = o.drl.union(o.peers.iter().map(|p| p.history));
+            if s.durable.lock().map(|d| *d == union).unwrap_or(true) {
+                return;
+            }
+            let rec = self.record(&o, &union, !o.closed);
+            (union, rec)
+        };
+        if let Ok(mut t) = s.last_trim.lock() {
+            *t = std::time::Instant::now();
+        }
+        match self.save(s, rec).await {
+            Ok(()) => {
+                if let Ok(mut d) = s.durable.lock() {
+                    *d = union;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not trim the dirty-region log"),
+        }
+    }
+
+    /// Writes the record again as it stands (after a replica's history
+    /// became known).
+    async fn resave(&self) {
+        let Some(s) = &self.saver else { return };
+        let _w = s.writing.lock().await;
+        let regions = s.durable.lock().map(|d| d.clone()).unwrap_or_default();
+        let rec = {
+            let o = self.order.lock().await;
+            self.record(&o, &regions, !o.closed)
+        };
+        if let Err(e) = self.save(s, rec).await {
+            tracing::warn!(error = %e, "could not save the dirty-region log");
+        }
     }
 
     /// A FLUSH on every live replica and locally; Ok once the local flush
     /// and at least `quorum - 1` replicas succeeded. Replicas that fail or
     /// do not answer in time leave the live set.
     async fn flush_all(&self) -> io::Result<()> {
-        let acks = self.forward(Body::Flush).await?;
+        let (seq, acks) = self.forward(Body::Flush).await?;
         let timeout = self.policy.ack_timeout;
         let remote = futures::future::join_all(
-            acks.into_iter().map(|(i, ack)| async move { (i, tokio::time::timeout(timeout, ack).await) }),
+            acks.into_iter().map(|(i, g, ack)| async move { (i, g, tokio::time::timeout(timeout, ack).await) }),
         );
         let (local, remote) = futures::join!(self.local.flush(), remote);
         local?;
-        let mut o = self.order.lock().await;
         let mut acked = 1;
-        for (i, r) in remote {
-            match r {
-                Ok(Ok(())) => acked += 1,
-                Ok(Err(e)) => self.drop_replica(&mut o, i, &e),
-                Err(_) => self.drop_replica(&mut o, i, &format!("no answer to FLUSH within {timeout:?}")),
+        {
+            let mut o = self.order.lock().await;
+            for (i, g, r) in remote {
+                match r {
+                    Ok(Ok(())) => {
+                        acked += 1;
+                        let p = &mut o.peers[i];
+                        if p.turn == g
+                            && let History::Acked(f) = p.history
+                        {
+                            p.history = History::Acked(f.max(seq));
+                        }
+                    }
+                    Ok(Err(e)) if o.peers[i].turn == g => self.drop_replica(&mut o, i, &e),
+                    Err(_) if o.peers[i].turn == g => {
+                        self.drop_replica(&mut o, i, &format!("no answer to FLUSH within {timeout:?}"))
+                    }
+                    _ => {}
+                }
             }
         }
         if acked < self.policy.write_quorum {
             return Err(below_quorum(acked, self.policy.write_quorum));
         }
+        self.trim_log().await;
         Ok(())
+    }
+
+    /// Stops the resync task and takes no write any more, leaving the
+    /// record as it is (a crash, for tests).
+    pub async fn abandon(&self) {
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = task {
+            t.abort();
+            let _ = t.await;
+        }
+        self.order.lock().await.closed = true;
+    }
+
+    /// A clean close: no write is taken from now on, a last FLUSH, and the
+    /// record says which replicas hold everything (they relink as live at
+    /// the next open; the others resync). Stops the resync task.
+    pub async fn close(&self) -> io::Result<()> {
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = task {
+            t.abort();
+            let _ = t.await;
+        }
+        {
+            let _g = self.gate.write().await;
+            self.order.lock().await.closed = true;
+        }
+        if let Err(e) = self.flush_all().await {
+            tracing::warn!(error = %e, "the last flush before closing failed");
+        }
+        let Some(s) = &self.saver else { return Ok(()) };
+        let _w = s.writing.lock().await;
+        let rec = {
+            let o = self.order.lock().await;
+            let union = o.drl.union(o.peers.iter().map(|p| p.history));
+            self.record(&o, &union, false)
+        };
+        self.save(s, rec).await
     }
 }
 
 impl<B: BlockBackend> BlockBackend for Replicated<B> {
     fn size(&self) -> u64 {
-        self.local.size()
+        self.inner.local.size()
     }
 
     async fn read_at(&self, buf: Vec<u8>, offset: u64) -> BufResult {
-        self.local.read_at(buf, offset).await
+        self.inner.local.read_at(buf, offset).await
     }
 
     async fn write_at(&self, buf: Vec<u8>, offset: u64, fua: bool) -> BufResult {
@@ -221,14 +580,20 @@ impl<B: BlockBackend> BlockBackend for Replicated<B> {
         if end.is_none_or(|e| e > self.size()) {
             return (Err(io::Error::from_raw_os_error(libc::EINVAL)), buf);
         }
-        if let Err(e) = self.forward(Body::Write { offset, data: Bytes::copy_from_slice(&buf) }).await {
+        let i = &self.inner;
+        let gate = i.gate.read().await;
+        if let Err(e) = i.log_dirty(offset, buf.len() as u64).await {
             return (Err(eio(e)), buf);
         }
-        let (r, buf) = self.local.write_at(buf, offset, false).await;
+        if let Err(e) = i.forward(Body::Write { offset, data: Bytes::copy_from_slice(&buf) }).await {
+            return (Err(eio(e)), buf);
+        }
+        let (r, buf) = i.local.write_at(buf, offset, false).await;
+        drop(gate);
         if r.is_err() || !fua {
             return (r, buf);
         }
-        (self.flush_all().await.map_err(eio), buf)
+        (i.flush_all().await.map_err(eio), buf)
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, punch: bool, fast_only: bool) -> io::Result<()> {
@@ -242,37 +607,43 @@ impl<B: BlockBackend> BlockBackend for Replicated<B> {
         if fast_only {
             return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
         }
-        self.forward(Body::WriteZeroes { offset, len, punch }).await.map_err(eio)?;
-        self.local.write_zeroes(offset, len, punch, fast_only).await
+        let i = &self.inner;
+        let _gate = i.gate.read().await;
+        i.log_dirty(offset, len).await.map_err(eio)?;
+        i.forward(Body::WriteZeroes { offset, len, punch }).await.map_err(eio)?;
+        i.local.write_zeroes(offset, len, punch, fast_only).await
     }
 
     async fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
         if offset.checked_add(len).is_none_or(|e| e > self.size()) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        self.forward(Body::Trim { offset, len }).await.map_err(eio)?;
-        self.local.trim(offset, len).await
+        let i = &self.inner;
+        let _gate = i.gate.read().await;
+        i.log_dirty(offset, len).await.map_err(eio)?;
+        i.forward(Body::Trim { offset, len }).await.map_err(eio)?;
+        i.local.trim(offset, len).await
     }
 
     async fn flush(&self) -> io::Result<()> {
-        self.flush_all().await.map_err(eio)
+        self.inner.flush_all().await.map_err(eio)
     }
 
     async fn cache(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.local.cache(offset, len).await
+        self.inner.local.cache(offset, len).await
     }
 
     async fn extents(&self, offset: u64, len: u64, max: usize) -> io::Result<Vec<Extent64>> {
-        self.local.extents(offset, len, max).await
+        self.inner.local.extents(offset, len, max).await
     }
 
     fn try_read_now(&self, buf: &mut [u8], offset: u64) -> bool {
-        self.local.try_read_now(buf, offset)
+        self.inner.local.try_read_now(buf, offset)
     }
 
     // try_write_now stays `false`: every write must be forwarded.
 
     fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
-        self.local.splice_source(offset, len)
+        self.inner.local.splice_source(offset, len)
     }
 }

@@ -1,0 +1,213 @@
+//! A replicated volume on its primary, as the volume manager runs it: the
+//! links to the replicas over TCP ([`TcpConnector`]), the persisted record
+//! of the clean-shutdown mark and the dirty-region log ([`MetaStore`], in
+//! its own table of the metadata store), and the start of the replicated
+//! backend from that record (docs/design/replication-volumes.md).
+
+use super::catalog::VolumeRec;
+use super::meta::Meta;
+use super::{Volumes, failover, poisoned};
+use crate::backend::layered::Layered;
+use crate::backend::replicated::drl::{self, DrlRecord, History};
+use crate::backend::replicated::link::{LinkTarget, ReplicaLink, StreamSpec, TcpLink};
+use crate::backend::replicated::{Connector, DrlStore, DynBackend, Inner, Replicated, ReplicationPolicy, Resync};
+use crate::backend::{AnyBackend, BlockBackend};
+use crate::dto::{ReplicaStatus, ReplicaSync, VolumeInfo};
+use crate::error::{CoronaError, Result};
+use crate::replica::auth::RpcSecret;
+use crate::replica::wire::Origin;
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The primary's handle on a replicated volume it has open.
+pub type Handle = Arc<Inner<DynBackend>>;
+
+/// Saves a volume's [`DrlRecord`] in the metadata store.
+pub struct MetaStore {
+    meta: Arc<Meta>,
+    name: String,
+}
+
+impl DrlStore for MetaStore {
+    fn save(&self, rec: &DrlRecord) -> io::Result<()> {
+        self.meta.put_drl(&self.name, Some(rec)).map_err(|e| io::Error::other(e.to_string()))
+    }
+}
+
+/// Opens TCP links to a volume's replicas: write-stream links carry the
+/// primary's stream number; a resync stream carries stream 0, so a copy
+/// catching up never reports a position comparable with the live copies'.
+pub struct TcpConnector {
+    targets: HashMap<String, LinkTarget>,
+    secret: RpcSecret,
+    volume: String,
+    size: u64,
+    epoch: u64,
+    origin: Origin,
+}
+
+impl Connector for TcpConnector {
+    fn connect(&self, peer: &str, resync: bool, first_seq: u64) -> io::Result<Arc<dyn ReplicaLink>> {
+        let target = self
+            .targets
+            .get(peer)
+            .cloned()
+            .ok_or_else(|| io::Error::other(format!("{peer} is not a replica of {}", self.volume)))?;
+        let mut origin = self.origin.clone();
+        if resync {
+            origin.stream = 0;
+        }
+        let spec = StreamSpec { volume: self.volume.clone(), size: self.size, epoch: self.epoch, first_seq, origin };
+        Ok(Arc::new(TcpLink::start(target, self.secret.clone(), spec).0))
+    }
+}
+
+impl Volumes {
+    /// The primary's backend of a replicated volume: `local`, forwarding to
+    /// a link per replica in sync (connecting in the background) and
+    /// bringing the others back. Before anything else it durably sets the
+    /// clean-shutdown mark; found set, the last stop was unclean and no
+    /// replica starts live.
+    pub(super) fn replicated(
+        &self,
+        name: &str,
+        rec: &VolumeRec,
+        local: Layered<AnyBackend>,
+    ) -> Result<(AnyBackend, Handle)> {
+        let m = self.membership().ok_or_else(|| {
+            CoronaError::Config(format!("{name} has copies on {:?}, but this server is in no cluster", rec.replicas))
+        })?;
+        let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
+        let heartbeat = Some(Duration::from_millis(m.cluster.heartbeat_ms));
+        let mut targets = HashMap::new();
+        for peer in &rec.replicas {
+            let node = m.cluster.node(peer)?;
+            targets.insert(peer.clone(), LinkTarget { peer: peer.clone(), addr: node.replica, timeout, heartbeat });
+        }
+        let prev = self.meta.drl(name)?;
+        let plan = drl::plan(prev.as_ref(), rec.size, &rec.replicas, &rec.stale);
+        if plan.unclean {
+            tracing::warn!(
+                volume = name,
+                regions = plan.inherited.len(),
+                "the primary stopped uncleanly: every replica catches up before it counts as in sync"
+            );
+        }
+        let mark = DrlRecord {
+            open: true,
+            region: drl::region_size(rec.size),
+            bits: drl::encode_bits(plan.inherited.iter().copied()),
+            in_sync: Vec::new(),
+            untracked: plan.behind.iter().filter(|(_, h)| *h == History::Unknown).map(|(n, _)| n.clone()).collect(),
+        };
+        // Durable before the export exists, so before any write is answered.
+        self.meta.put_drl(name, Some(&mark))?;
+        let connector = Arc::new(TcpConnector {
+            targets,
+            secret: m.secret.clone(),
+            volume: name.to_owned(),
+            size: rec.size,
+            epoch: rec.epoch,
+            origin: failover::origin(&m.node, rec),
+        });
+        let mut links = Vec::new();
+        for peer in rec.replicas.iter().filter(|r| !plan.behind.iter().any(|(b, _)| b == *r)) {
+            links.push(connector.connect(peer, false, 1)?);
+        }
+        let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
+        let this = self.this.get().cloned();
+        let volume = name.to_owned();
+        let hook = Box::new(move |peer: &str, in_sync: bool| {
+            let (Some(v), peer, volume) = (this.as_ref().and_then(|w| w.upgrade()), peer.to_owned(), volume.clone())
+            else {
+                return;
+            };
+            tokio::spawn(async move {
+                let r = if in_sync { v.mark_in_sync(&volume, &peer).await } else { v.mark_stale(&volume, &peer).await };
+                if let Err(e) = r {
+                    tracing::error!(volume, peer, in_sync, error = %e, "could not record a replica's state");
+                }
+            });
+        });
+        let resync = Resync {
+            connector,
+            store: Arc::new(MetaStore { meta: self.meta.clone(), name: name.to_owned() }),
+            rate: m.cluster.resync_bytes_per_sec,
+            retry: Duration::from_millis(m.cluster.resync_retry_ms),
+        };
+        let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone())
+            .on_change(hook)
+            .with_resync(resync, plan.behind, plan.inherited)
+            .start();
+        let handle = r.handle();
+        Ok((AnyBackend::Replicated(Box::new(r)), handle))
+    }
+
+    /// Takes `peer` off `name`'s stale list: it caught up and is live again.
+    pub async fn mark_in_sync(&self, name: &str, peer: &str) -> Result<()> {
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let mut cat = old.clone();
+        let Some(rec) = cat.volumes.get_mut(name) else { return Ok(()) };
+        if !rec.stale.iter().any(|r| r == peer) {
+            return Ok(());
+        }
+        rec.stale.retain(|r| r != peer);
+        self.commit(&old, cat)?;
+        tracing::info!(volume = name, peer, "replica caught up: in sync again");
+        Ok(())
+    }
+
+    /// The record of a volume this node just became the primary of: the
+    /// copies at its position are in sync, the others' history is unknown
+    /// to it (it kept no log as a replica), so they get full copies.
+    pub(super) fn reset_log(&self, name: &str, size: u64, replicas: &[String], stale: &[String]) -> Result<()> {
+        let rec = DrlRecord {
+            in_sync: replicas.iter().filter(|r| !stale.contains(r)).cloned().collect(),
+            untracked: stale.to_vec(),
+            ..DrlRecord::fresh(size, &[])
+        };
+        self.meta.put_drl(name, Some(&rec))
+    }
+
+    /// Whether this node is the primary of `name` (its record names replicas).
+    pub fn is_primary(&self, name: &str) -> bool {
+        self.cat.lock().map(|c| c.volumes.get(name).is_some_and(|r| !r.replicas.is_empty())).unwrap_or(false)
+    }
+
+    /// [`Volumes::info`] with each replica's state, while this node has the
+    /// volume open as its primary.
+    pub async fn show(&self, name: &str) -> Result<VolumeInfo> {
+        let mut info = self.info(name)?;
+        let handle = self.open.lock().map_err(|_| poisoned())?.get(name).and_then(|e| e.replication.clone());
+        if let Some(h) = handle {
+            let states: HashMap<String, _> = h.states().await.into_iter().collect();
+            info.replica_states = info
+                .replicas
+                .iter()
+                .filter_map(|r| states.get(r).map(|s| (r, s)))
+                .map(|(r, s)| {
+                    use crate::backend::replicated::PeerState as P;
+                    let (state, bytes_left) = match s {
+                        P::InSync => (ReplicaSync::InSync, None),
+                        P::CatchingUp { bytes_left } => (ReplicaSync::CatchingUp, Some(*bytes_left)),
+                        P::Stale => (ReplicaSync::Stale, None),
+                    };
+                    ReplicaStatus { node: r.clone(), state, bytes_left }
+                })
+                .collect();
+        }
+        Ok(info)
+    }
+}
+
+/// Closes a replicated export cleanly (the mark cleared, see
+/// [`Inner::close`]), or flushes any other.
+pub(super) async fn close_export(e: &super::export::Export) -> io::Result<()> {
+    match &e.replication {
+        Some(h) => h.close().await,
+        None => BlockBackend::flush(&e.backend).await,
+    }
+}
