@@ -58,7 +58,7 @@ impl Node {
     /// Sends `make(n)` to every node of `targets` and returns those that
     /// accepted it; fails when a write set of (bucket, key) lacks its write
     /// quorum. A replica's NoSuchUpload is passed on as such.
-    async fn quorum_call(
+    pub(super) async fn quorum_call(
         self: &Arc<Self>,
         bucket: &str,
         key: &[u8],

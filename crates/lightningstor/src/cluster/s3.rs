@@ -7,14 +7,12 @@ use super::node::Node;
 use crate::checksum::ChecksumPlan;
 use crate::conditions::{DeleteConditions, Mode};
 use crate::error::{LightningError, Result};
-use crate::lifecycle::Lifecycle;
 use crate::meta::now_ms;
 use crate::meta::types::{ObjectMeta, Row};
 use crate::s3::convert::{
-    check_bucket_name, check_key, checksum_fields, checksum_headers, delete_conditions, entry_conditions, etag,
+    check_key, checksum_fields, checksum_headers, delete_conditions, entry_conditions, etag,
     object_headers, trailer_value,
 };
-use crate::s3::list::{v1_output, v1_query, v2_output, v2_query};
 use crate::s3::object::{
     check_copy_to_itself, copied_headers, copy_output, copy_source, get_output, head_output, preconditions, recrypted,
     select_meta,
@@ -367,16 +365,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let name = req.input.bucket;
-        let r = async {
-            check_bucket_name(&name)?;
-            node.create_bucket(&name).await?;
-            let creds = req.credentials.as_ref();
-            crate::s3::bucket::created_by(&**node, &node.store.config, creds, &name).await?;
-            Ok(CreateBucketOutput { location: Some(format!("/{name}")) })
-        }
-        .await;
+        let r = crate::s3::bucket::create_bucket(self.node(), req).await;
         self.finish(r)
     }
 
@@ -384,12 +373,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let r = async {
-            node.require_bucket(&req.input.bucket).await?;
-            Ok(HeadBucketOutput { bucket_region: Some(node.store.config.region.clone()), ..Default::default() })
-        }
-        .await;
+        let r = crate::s3::bucket::head_bucket(self.node(), req).await;
         self.finish(r)
     }
 
@@ -397,14 +381,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let bucket = &req.input.bucket;
-        let r = async {
-            node.delete_bucket(bucket).await?;
-            crate::keys::forget_bucket(&**node, bucket).await?;
-            Ok(DeleteBucketOutput {})
-        }
-        .await;
+        let r = crate::s3::bucket::delete_bucket(self.node(), req).await;
         self.finish(r)
     }
 
@@ -412,14 +389,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let region = node.store.config.region.clone();
-        let creds = req.credentials.as_ref();
-        let r = match node.list_buckets().await {
-            Ok(all) => crate::s3::bucket::visible(&**node, &node.store.config, creds, all)
-                .and_then(|all| crate::s3::bucket::bucket_page(all, req.input, &region)),
-            Err(e) => Err(e),
-        };
+        let r = crate::s3::bucket::list_buckets(self.node(), req).await;
         self.finish(r)
     }
 
@@ -430,15 +400,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let r = async {
-            node.require_bucket(&req.input.bucket).await?;
-            let region = &node.store.config.region;
-            Ok(GetBucketLocationOutput {
-                location_constraint: (region != "us-east-1").then(|| BucketLocationConstraint::from(region.clone())),
-            })
-        }
-        .await;
+        let r = crate::s3::bucket::get_bucket_location(self.node(), req).await;
         self.finish(r)
     }
 
@@ -500,15 +462,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let r = async {
-            let i = req.input;
-            let (q, url, max) = v1_query(&i)?;
-            node.require_bucket(&i.bucket).await?;
-            let p = node.list(&i.bucket, q).await?;
-            v1_output(i, &p, url, max)
-        }
-        .await;
+        let r = crate::s3::list::list_objects(self.node(), req).await;
         self.finish(r)
     }
 
@@ -516,15 +470,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let r = async {
-            let i = req.input;
-            let (q, url, max) = v2_query(&i)?;
-            node.require_bucket(&i.bucket).await?;
-            let p = node.list(&i.bucket, q).await?;
-            v2_output(i, &p, url, max)
-        }
-        .await;
+        let r = crate::s3::list::list_objects_v2(self.node(), req).await;
         self.finish(r)
     }
 
@@ -613,13 +559,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let r = async {
-            let rules = crate::s3::lifecycle::rules_from(&req.input)?;
-            node.put_lifecycle(&req.input.bucket, Lifecycle { version: node.hlc.now(), rules }).await?;
-            Ok(PutBucketLifecycleConfigurationOutput::default())
-        }
-        .await;
+        let r = crate::s3::lifecycle::put_bucket_lifecycle_configuration(self.node(), req).await;
         self.finish(r)
     }
 
@@ -630,13 +570,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let bucket = &req.input.bucket;
-        let r = async {
-            let lc = node.get_lifecycle(bucket).await?;
-            crate::s3::lifecycle::rules_output(bucket, lc.as_ref().map_or(&[], |l| &l.rules))
-        }
-        .await;
+        let r = crate::s3::lifecycle::get_bucket_lifecycle_configuration(self.node(), req).await;
         self.finish(r)
     }
 
@@ -647,14 +581,7 @@ impl S3 for ClusterS3 {
         if let Err(e) = req.input.check_supported() {
             return self.finish(Err(e));
         }
-        let node = self.node();
-        let r = async {
-            // An empty configuration with a new version replaces the rules everywhere.
-            let lc = Lifecycle { version: node.hlc.now(), rules: Vec::new() };
-            node.put_lifecycle(&req.input.bucket, lc).await?;
-            Ok(DeleteBucketLifecycleOutput::default())
-        }
-        .await;
+        let r = crate::s3::lifecycle::delete_bucket_lifecycle(self.node(), req).await;
         self.finish(r)
     }
 }

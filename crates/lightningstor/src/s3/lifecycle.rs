@@ -5,7 +5,8 @@
 
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
-use crate::lifecycle::{self, Candidate, Lifecycle, Page, PendingUpload, Rule, Scope, Target};
+use crate::engine::Engine;
+use crate::lifecycle::{self, Candidate, Page, PendingUpload, Rule, Scope, Target};
 use crate::meta::ops;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -138,34 +139,28 @@ pub(crate) fn rules_output(bucket: &str, rules: &[Rule]) -> Result<GetBucketLife
     Ok(GetBucketLifecycleConfigurationOutput { rules: Some(rules), transition_default_minimum_object_size: None })
 }
 
-pub(super) async fn put_bucket_lifecycle_configuration(
-    store: &Arc<Store>,
+pub(crate) async fn put_bucket_lifecycle_configuration<E: Engine>(
+    e: &E,
     req: S3Request<PutBucketLifecycleConfigurationInput>,
 ) -> Result<PutBucketLifecycleConfigurationOutput> {
     let rules = rules_from(&req.input)?;
-    let lc = Lifecycle { version: store.meta.next_version(), rules };
-    let bucket = req.input.bucket;
-    store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lc, false)).await?;
+    e.set_lifecycle(&req.input.bucket, rules).await?;
     Ok(PutBucketLifecycleConfigurationOutput::default())
 }
 
-pub(super) async fn get_bucket_lifecycle_configuration(
-    store: &Arc<Store>,
+pub(crate) async fn get_bucket_lifecycle_configuration<E: Engine>(
+    e: &E,
     req: S3Request<GetBucketLifecycleConfigurationInput>,
 ) -> Result<GetBucketLifecycleConfigurationOutput> {
     let bucket = req.input.bucket;
-    let row = store.meta.get_bucket(&bucket)?.ok_or_else(|| LightningError::NoSuchBucket(bucket.clone()))?;
-    rules_output(&bucket, row.rules())
+    rules_output(&bucket, &e.lifecycle(&bucket).await?)
 }
 
-pub(super) async fn delete_bucket_lifecycle(
-    store: &Arc<Store>,
+pub(crate) async fn delete_bucket_lifecycle<E: Engine>(
+    e: &E,
     req: S3Request<DeleteBucketLifecycleInput>,
 ) -> Result<DeleteBucketLifecycleOutput> {
-    // Kept as an empty configuration with a new version (see `Lifecycle`).
-    let lc = Lifecycle { version: store.meta.next_version(), rules: Vec::new() };
-    let bucket = req.input.bucket;
-    store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lc, false)).await?;
+    e.set_lifecycle(&req.input.bucket, Vec::new()).await?;
     Ok(DeleteBucketLifecycleOutput::default())
 }
 
