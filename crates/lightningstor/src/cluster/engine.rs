@@ -55,7 +55,7 @@ impl Node {
 
     /// Writes the tombstone of `key`; a conditional delete checks `cond` against
     /// a quorum read under the key's lease, as a conditional PUT does.
-    pub(super) async fn delete_row(self: &Arc<Self>, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
+    async fn delete_row(self: &Arc<Self>, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
         if cond.is_empty() {
             return self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.hlc.now())).await;
         }
@@ -70,19 +70,6 @@ impl Node {
             self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.hlc.now())).await
         })
         .await
-    }
-
-    /// Aborts an upload on its replicas (AbortMultipartUpload and lifecycle):
-    /// NoSuchUpload unless a quorum read finds it in progress.
-    pub(super) async fn abort_upload(self: &Arc<Self>, bucket: &str, key: &str, id: &str) -> Result<()> {
-        self.upload_state(bucket, key, id, false).await?;
-        let targets = union(&self.write_sets(bucket, key.as_bytes()));
-        self.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload {
-            id: id.to_owned(),
-            bucket: bucket.to_owned(),
-        })
-        .await?;
-        Ok(())
     }
 }
 
@@ -310,7 +297,15 @@ impl Engine for Arc<Node> {
     }
 
     async fn abort_upload(&self, bucket: &str, key: &str, id: &str) -> Result<()> {
-        Node::abort_upload(self, bucket, key, id).await
+        // NoSuchUpload unless a quorum read finds it in progress.
+        self.upload_state(bucket, key, id, false).await?;
+        let targets = union(&self.write_sets(bucket, key.as_bytes()));
+        self.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload {
+            id: id.to_owned(),
+            bucket: bucket.to_owned(),
+        })
+        .await?;
+        Ok(())
     }
 
     async fn uploads(
