@@ -176,11 +176,25 @@ pub fn primary_hint(refusal: &str) -> Option<std::net::SocketAddr> {
     rest.split(|c: char| c.is_whitespace() || c == ')').next()?.parse().ok()
 }
 
+/// In a refusal of `VOL;epoch=N` from a primary that a failover elected
+/// after a stream of epoch N: `(N, M)`, M the epoch it serves at
+/// (`... failover-from=N failover-epoch=M`). A client that held epoch N
+/// on the old primary may reconnect declaring M; nobody else may.
+pub fn failover_hint(refusal: &str) -> Option<(u64, u64)> {
+    let num = |key: &str| -> Option<u64> {
+        let (_, rest) = refusal.split_once(key)?;
+        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    Some((num("failover-from=")?, num("failover-epoch=")?))
+}
+
 impl NbdClient {
     /// Connects to `export` on whichever of `nodes` (a cluster file's NBD
     /// addresses) serves it: each in turn, following a replica's "the
     /// primary is at" answer first. Gives the client and the address that
-    /// took it; bounded by twice the number of nodes.
+    /// took it; bounded by twice the number of nodes. A primary's refusal
+    /// that names a failover ([`failover_hint`]) ends the search: it is the
+    /// primary, and the caller decides whether to follow.
     pub async fn connect_primary(nodes: &[std::net::SocketAddr], export: &str) -> Result<(Self, std::net::SocketAddr)> {
         let mut queue: std::collections::VecDeque<std::net::SocketAddr> = nodes.iter().copied().collect();
         let mut last = CoronaError::Negotiation(format!("no node to connect to for {export}"));
@@ -189,7 +203,11 @@ impl NbdClient {
             match NbdClient::connect(addr, export).await {
                 Ok(c) => return Ok((c, addr)),
                 Err(e) => {
-                    if let Some(p) = primary_hint(&e.to_string()) {
+                    let msg = e.to_string();
+                    if failover_hint(&msg).is_some() {
+                        return Err(e);
+                    }
+                    if let Some(p) = primary_hint(&msg) {
                         queue.retain(|a| *a != p);
                         queue.push_front(p);
                     }

@@ -6,6 +6,8 @@
 //! ```toml
 //! rpc_secret = "64 hex digits, e.g. from `openssl rand -hex 32`"
 //! write_quorum = 2
+//! heartbeat_ms = 1000        # a primary's heartbeat on an idle replica link
+//! failover_after_ms = 5000   # silence after which a copy starts a failover (0: off)
 //!
 //! [[nodes]]
 //! name = "node01"
@@ -79,6 +81,14 @@ fn default_ack_timeout_ms() -> u64 {
     10_000
 }
 
+fn default_heartbeat_ms() -> u64 {
+    1_000
+}
+
+fn default_failover_after_ms() -> u64 {
+    5_000
+}
+
 /// The whole cluster file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +103,15 @@ pub struct ClusterFile {
     /// milliseconds [default: 10000].
     #[serde(default = "default_ack_timeout_ms")]
     pub ack_timeout_ms: u64,
+    /// How often a primary sends a heartbeat on an idle replica link, in
+    /// milliseconds [default: 1000].
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// How long a replica copy may hear nothing from its primary before it
+    /// starts an automatic failover, in milliseconds; 0 turns automatic
+    /// failover off [default: 5000]. At least twice `heartbeat_ms`.
+    #[serde(default = "default_failover_after_ms")]
+    pub failover_after_ms: u64,
     /// Every node, in any order.
     pub nodes: Vec<ClusterNode>,
 }
@@ -133,6 +152,15 @@ impl ClusterFile {
                 }
             }
         }
+        if self.heartbeat_ms == 0 {
+            return Err(CoronaError::Config("heartbeat_ms must be above 0".into()));
+        }
+        if self.failover_after_ms != 0 && self.failover_after_ms < 2 * self.heartbeat_ms {
+            return Err(CoronaError::Config(format!(
+                "failover_after_ms {} must be 0 (off) or at least twice heartbeat_ms {}",
+                self.failover_after_ms, self.heartbeat_ms
+            )));
+        }
         if self.write_quorum == 0 || self.write_quorum > self.nodes.len() {
             return Err(CoronaError::Config(format!(
                 "write_quorum {} must be between 1 and the {} nodes",
@@ -141,6 +169,35 @@ impl ClusterFile {
             )));
         }
         Ok(())
+    }
+
+    /// A cluster of `n` nodes `n1`..`nN` on loopback, in zones `z1`..`zN`,
+    /// each with three ports free right now, a fresh secret, write quorum
+    /// 2 (1 for a single node) and the default timeouts: for tests and
+    /// benches that run every node in one process.
+    pub fn on_loopback(n: usize) -> Result<Self> {
+        let free = || -> Result<SocketAddr> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?) };
+        let nodes = (1..=n)
+            .map(|i| {
+                Ok(ClusterNode {
+                    name: format!("n{i}"),
+                    nbd: free()?,
+                    api: free()?,
+                    replica: free()?,
+                    zone: format!("z{i}"),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let f = ClusterFile {
+            rpc_secret: RpcSecret::random()?.to_hex(),
+            write_quorum: n.min(2),
+            ack_timeout_ms: default_ack_timeout_ms(),
+            heartbeat_ms: default_heartbeat_ms(),
+            failover_after_ms: default_failover_after_ms(),
+            nodes,
+        };
+        f.validate()?;
+        Ok(f)
     }
 
     /// The RPC secret.
@@ -207,7 +264,14 @@ mod tests {
                 zone: z.to_string(),
             })
             .collect();
-        ClusterFile { rpc_secret: "ab".repeat(32), write_quorum: 2, ack_timeout_ms: 10_000, nodes }
+        ClusterFile {
+            rpc_secret: "ab".repeat(32),
+            write_quorum: 2,
+            ack_timeout_ms: 10_000,
+            heartbeat_ms: 1_000,
+            failover_after_ms: 5_000,
+            nodes,
+        }
     }
 
     fn names(v: Vec<&ClusterNode>) -> Vec<&str> {
@@ -242,7 +306,11 @@ mod tests {
         assert!(f.to_string().contains("write_quorum"), "{f}");
         let f = ClusterFile::from_toml(&format!("write_quorum = 1\n{text}")).expect("valid");
         assert_eq!(f.nodes[0].zone, "default");
-        assert_eq!(f.ack_timeout_ms, 10_000);
+        assert_eq!((f.ack_timeout_ms, f.heartbeat_ms, f.failover_after_ms), (10_000, 1_000, 5_000));
+        let e = ClusterFile::from_toml(&format!("write_quorum = 1\nfailover_after_ms = 1500\n{text}"));
+        assert!(e.expect_err("below twice the heartbeat").to_string().contains("twice"));
+        let off = ClusterFile::from_toml(&format!("write_quorum = 1\nfailover_after_ms = 0\n{text}"));
+        assert_eq!(off.expect("0 turns it off").failover_after_ms, 0);
         let e = ClusterFile::from_toml(&format!("write_quorum = 1\nrpc_secrets = 1\n{text}")).expect_err("typo");
         assert!(e.to_string().contains("rpc_secrets"), "{e}");
         let bad = ClusterFile::from_toml(&format!("write_quorum = 1\n{}", text.replace(&"cd".repeat(32), "short")));

@@ -86,6 +86,9 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
             let listener = TcpListener::bind(m.me()?.replica).await?;
             let secret = m.secret.clone();
             volumes.join(m)?;
+            if !cfg.read_only {
+                volumes.open_primaries();
+            }
             Some((listener, secret))
         }
         None => None,

@@ -29,6 +29,9 @@ pub struct AgentConfig {
     pub name: String,
     /// CoronaFS NBD address the VMs' volumes are reached at, `host:port`.
     pub coronafs_nbd: String,
+    /// The NBD addresses of the other nodes of a CoronaFS cluster, where a
+    /// replicated volume's primary is looked for after a failover.
+    pub coronafs_nodes: Vec<String>,
 }
 
 impl Default for AgentConfig {
@@ -37,6 +40,7 @@ impl Default for AgentConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8090)),
             name: String::new(),
             coronafs_nbd: "127.0.0.1:10809".into(),
+            coronafs_nodes: Vec::new(),
         }
     }
 }
@@ -50,8 +54,9 @@ impl AgentConfig {
 
     pub fn validate(&self) -> Result<()> {
         wire::check_worker(&self.name).map_err(|e| PlasmaError::Config(format!("name: {e}")))?;
-        if self.coronafs_nbd.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
-            return Err(PlasmaError::Config(format!("coronafs_nbd {:?} must be host:port", self.coronafs_nbd)));
+        crate::config::check_host_port("coronafs_nbd", &self.coronafs_nbd)?;
+        for n in &self.coronafs_nodes {
+            crate::config::check_host_port("coronafs_nodes", n)?;
         }
         Ok(())
     }
@@ -139,7 +144,8 @@ impl AgentServer {
             .await
             .map_err(|e| PlasmaError::Config(format!("cannot listen on {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr()?;
-        let agent = Arc::new(LocalWorker::new(&cfg.name, &cfg.coronafs_nbd, Arc::default()));
+        let nodes = crate::config::nbd_nodes(&cfg.coronafs_nbd, &cfg.coronafs_nodes);
+        let agent = Arc::new(LocalWorker::new(&cfg.name, &nodes, Arc::default()));
         let (stop, mut stopped) = watch::channel(false);
         let app = router(agent.clone());
         let task = tokio::spawn(async move {
@@ -179,6 +185,14 @@ mod tests {
             svc_kit::config::parse("name = \"w1\"\ncoronafs_nbd = \"10.0.0.1:10809\"\n").expect("parse");
         c.validate().expect("valid");
         assert!(AgentConfig { name: String::new(), ..c.clone() }.validate().is_err());
-        assert!(AgentConfig { coronafs_nbd: "nowhere".into(), ..c }.validate().is_err());
+        assert!(AgentConfig { coronafs_nbd: "nowhere".into(), ..c.clone() }.validate().is_err());
+        let c: AgentConfig = svc_kit::config::parse(
+            "name = \"w1\"\ncoronafs_nbd = \"10.0.0.1:10809\"\ncoronafs_nodes = [\"10.0.0.2:10809\", \"10.0.0.1:10809\"]\n",
+        )
+        .expect("parse");
+        c.validate().expect("valid");
+        let nodes = crate::config::nbd_nodes(&c.coronafs_nbd, &c.coronafs_nodes);
+        assert_eq!(nodes, ["10.0.0.1:10809", "10.0.0.2:10809"], "the configured address first, once");
+        assert!(AgentConfig { coronafs_nodes: vec!["10.0.0.3".into()], ..c }.validate().is_err());
     }
 }

@@ -50,7 +50,8 @@ impl App {
     pub fn new(cfg: Config) -> Result<Arc<Self>> {
         let meta = Meta::open(&cfg.data_dir)?;
         let metrics = Metrics::default();
-        let workers = Workers::new(&cfg.coronafs_nbd, &cfg.workers, metrics.fenced_writes.clone());
+        let nodes = crate::config::nbd_nodes(&cfg.coronafs_nbd, &cfg.coronafs_nodes);
+        let workers = Workers::new(nodes, &cfg.workers, metrics.fenced_writes.clone());
         let app = App {
             s3: ObjectStore::new(&cfg),
             corona: Corona::new(&cfg.coronafs_api, &cfg.coronafs_nbd),

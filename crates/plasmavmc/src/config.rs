@@ -27,6 +27,10 @@ pub struct Config {
     pub coronafs_api: String,
     /// CoronaFS NBD address, e.g. `127.0.0.1:10809`.
     pub coronafs_nbd: String,
+    /// The NBD addresses of the other nodes of a CoronaFS cluster
+    /// (`host:port`), where in-process workers look for a replicated
+    /// volume's primary after a failover. Empty: `coronafs_nbd` only.
+    pub coronafs_nodes: Vec<String>,
     /// Largest accepted virtual image size in bytes.
     pub max_virtual_size: u64,
     /// Largest accepted artifact in bytes.
@@ -63,6 +67,20 @@ pub struct WorkerConfig {
     pub url: String,
 }
 
+/// Refuses an address that is not `host:port`.
+pub fn check_host_port(key: &str, v: &str) -> Result<()> {
+    if v.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+        return Err(PlasmaError::Config(format!("{key} {v:?} must be host:port")));
+    }
+    Ok(())
+}
+
+/// The CoronaFS NBD addresses to look for a volume's primary at: `first`,
+/// then the others of `more` in their order.
+pub fn nbd_nodes(first: &str, more: &[String]) -> Vec<String> {
+    std::iter::once(first.to_owned()).chain(more.iter().filter(|n| *n != first).cloned()).collect()
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -75,6 +93,7 @@ impl Default for Config {
             s3_region: "us-east-1".into(),
             coronafs_api: "http://127.0.0.1:7070".into(),
             coronafs_nbd: "127.0.0.1:10809".into(),
+            coronafs_nodes: Vec::new(),
             max_virtual_size: 16 << 40,
             max_artifact_size: 1 << 40,
             part_size: 8 << 20,
@@ -128,8 +147,9 @@ impl Config {
         if self.cache_max_bases == 0 {
             return bad("cache_max_bases must be at least 1".into());
         }
-        if self.coronafs_nbd.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
-            return bad(format!("coronafs_nbd {:?} must be host:port", self.coronafs_nbd));
+        check_host_port("coronafs_nbd", &self.coronafs_nbd)?;
+        for n in &self.coronafs_nodes {
+            check_host_port("coronafs_nodes", n)?;
         }
         let mut seen = std::collections::HashSet::new();
         for w in &self.workers {

@@ -12,17 +12,27 @@
 //! Both in-process workers and `plasmavmc agent` run guests through this type;
 //! the fence that stops a stale guest is CoronaFS's (its writes answer EPERM).
 //!
-//! Like a hypervisor's NBD client, an attachment survives a CoronaFS restart:
-//! when its connection breaks it reconnects to the same export and epoch
-//! (retrying for up to [`RECONNECT_FOR`]) and resends the request that was
-//! in flight. NBD writes are idempotent, and only what a FLUSH covered is
+//! Like a hypervisor's NBD client, an attachment survives a CoronaFS restart
+//! and a failover of a replicated volume: when its connection breaks it
+//! reconnects (retrying for up to [`RECONNECT_FOR`]) to whichever of the
+//! CoronaFS nodes it knows is the volume's primary
+//! ([`NbdClient::connect_primary`]) and resends the request that was in
+//! flight. NBD writes are idempotent, and only what a FLUSH covered is
 //! promised durable, so resending is safe; on a reconnect the write log
 //! goes back to what the last FLUSH covered, as a guest may assume nothing
 //! about writes it never flushed.
+//!
+//! A failover elects the new primary at a higher epoch than the one this
+//! attachment declared. The new primary refuses the old epoch, and says in
+//! its refusal which epoch the stream it took over was written at
+//! (`failover-from=N failover-epoch=M`, [`coronafs::client::failover_hint`]);
+//! only an attachment that held exactly that epoch N follows to M. One that
+//! was fenced out before (a migration's source, at a lower epoch) is refused
+//! as before, so a failover never lets a stale attachment write again.
 
 use crate::error::{PlasmaError, Result};
 use crate::wire::{Report, Verified, WriteLog};
-use coronafs::client::NbdClient;
+use coronafs::client::{NbdClient, failover_hint, primary_hint};
 use coronafs::proto::NbdErrno;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,6 +49,11 @@ const FLUSH_EVERY: u64 = 16;
 pub const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 /// Pause between reconnect attempts.
 const RECONNECT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `VOL;epoch=N`.
+fn export_name(volume: &str, epoch: u64) -> String {
+    format!("{volume}{}{epoch}", coronafs::volume::fence::EPOCH_SUFFIX)
+}
 
 /// The guest's content for `block` at write number `seq`. Pure.
 pub fn pattern(vm_id: &str, block: u64, seq: u64) -> Vec<u8> {
@@ -75,16 +90,36 @@ fn block_of(seq: u64, blocks: u64) -> u64 {
     (seq.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 17) % blocks
 }
 
-/// A volume attached on a worker, holding one epoch.
+/// Whether a failed connect may succeed later: the node was unreachable, or
+/// it holds only a replica whose primary is not reachable yet (a failover
+/// may be under way).
+fn may_come_back(e: &coronafs::CoronaError) -> bool {
+    connection_lost(e) || primary_hint(&e.to_string()).is_some()
+}
+
+/// Resolves `host:port` names (unresolvable ones are left out, logged).
+async fn resolve(nodes: &[String]) -> Vec<std::net::SocketAddr> {
+    let mut out = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        match tokio::net::lookup_host(n.as_str()).await.map(|mut a| a.next()) {
+            Ok(Some(a)) => out.push(a),
+            _ => tracing::warn!(node = %n, "cannot resolve a CoronaFS NBD address"),
+        }
+    }
+    out
+}
+
+/// A volume attached on a worker, holding one epoch (a higher one after
+/// following a failover).
 #[derive(Debug)]
 pub struct Attachment {
     pub vm_id: String,
     pub worker: String,
     pub volume: String,
-    pub epoch: u64,
+    epoch: AtomicU64,
     size: u64,
-    nbd_addr: String,
-    export: String,
+    /// The CoronaFS NBD addresses to find the primary among.
+    nodes: Vec<String>,
     nbd: tokio::sync::RwLock<Arc<NbdClient>>,
     reconnects: AtomicU64,
     log: Mutex<WriteLog>,
@@ -99,30 +134,31 @@ pub struct Attachment {
 }
 
 impl Attachment {
-    /// Connects to `volume` at `nbd_addr` declaring `epoch`.
+    /// Connects to `volume` declaring `epoch`, at the primary among `nodes`
+    /// (CoronaFS NBD addresses, `host:port`; one for a CoronaFS without
+    /// replicas).
     pub async fn connect(
-        nbd_addr: &str,
+        nodes: &[String],
         vm_id: &str,
         worker: &str,
         volume: &str,
         epoch: u64,
         fenced: Arc<AtomicU64>,
     ) -> Result<Arc<Self>> {
-        let export = format!("{volume}{}{epoch}", coronafs::volume::fence::EPOCH_SUFFIX);
-        let nbd = NbdClient::connect(nbd_addr, &export)
+        let export = export_name(volume, epoch);
+        let (nbd, at) = NbdClient::connect_primary(&resolve(nodes).await, &export)
             .await
-            .map_err(|e| PlasmaError::Volume(format!("attaching {export} at {nbd_addr}: {e}")))?;
+            .map_err(|e| PlasmaError::Volume(format!("attaching {export} at {}: {e}", nodes.join(", "))))?;
         if nbd.info().read_only() {
-            return Err(PlasmaError::Volume(format!("{export} at {nbd_addr} is exported read-only")));
+            return Err(PlasmaError::Volume(format!("{export} at {at} is exported read-only")));
         }
         Ok(Arc::new(Attachment {
             vm_id: vm_id.to_owned(),
             worker: worker.to_owned(),
             volume: volume.to_owned(),
-            epoch,
+            epoch: AtomicU64::new(epoch),
             size: nbd.size(),
-            nbd_addr: nbd_addr.to_owned(),
-            export,
+            nodes: nodes.to_vec(),
             nbd: tokio::sync::RwLock::new(Arc::new(nbd)),
             reconnects: AtomicU64::new(0),
             log: Mutex::default(),
@@ -136,6 +172,15 @@ impl Attachment {
         }))
     }
 
+    /// The epoch this attachment declares now.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    fn export(&self) -> String {
+        export_name(&self.volume, self.epoch())
+    }
+
     /// One guest write. A write CoronaFS refuses for a stale epoch is
     /// [`PlasmaError::Fenced`].
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -143,7 +188,7 @@ impl Attachment {
             Ok(()) => Ok(()),
             Err(coronafs::CoronaError::Nbd { errno: NbdErrno::Perm, message }) => {
                 self.fenced.fetch_add(1, Ordering::Relaxed);
-                Err(PlasmaError::Fenced { vm: self.vm_id.clone(), held: self.epoch, reason: message })
+                Err(PlasmaError::Fenced { vm: self.vm_id.clone(), held: self.epoch(), reason: message })
             }
             Err(e) => Err(e.into()),
         }
@@ -195,7 +240,7 @@ impl Attachment {
             let c = self.nbd.read().await.clone();
             match op(c.clone()).await {
                 Err(e) if connection_lost(&e) => {
-                    tracing::warn!(vm = %self.vm_id, export = %self.export, error = %e, "NBD connection lost; reconnecting");
+                    tracing::warn!(vm = %self.vm_id, export = %self.export(), error = %e, "NBD connection lost; reconnecting");
                     self.reconnect(&c, started).await?;
                 }
                 r => return r,
@@ -204,16 +249,19 @@ impl Attachment {
     }
 
     /// Replaces the broken connection `old` (unless another request already
-    /// did). Gives up after [`RECONNECT_FOR`] since `started`, or at once
-    /// when CoronaFS answers but refuses the export (fenced, deleted).
+    /// did) with one to the volume's primary, following a failover's new
+    /// epoch when this attachment held the epoch the failover took over.
+    /// Gives up after [`RECONNECT_FOR`] since `started`, or at once when
+    /// CoronaFS answers but refuses the export (fenced, deleted).
     async fn reconnect(&self, old: &Arc<NbdClient>, started: std::time::Instant) -> coronafs::Result<()> {
         let mut cur = self.nbd.write().await;
         if !Arc::ptr_eq(&cur, old) {
             return Ok(());
         }
         loop {
-            match NbdClient::connect(self.nbd_addr.as_str(), &self.export).await {
-                Ok(c) if c.size() == self.size && !c.info().read_only() => {
+            let export = self.export();
+            match NbdClient::connect_primary(&resolve(&self.nodes).await, &export).await {
+                Ok((c, at)) if c.size() == self.size && !c.info().read_only() => {
                     *cur = Arc::new(c);
                     // The server may have restarted: only what a FLUSH covered
                     // is promised to be there. Writes acknowledged since then
@@ -221,22 +269,29 @@ impl Attachment {
                     let flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     *self.log.lock().unwrap_or_else(|e| e.into_inner()) = flushed;
                     self.reconnects.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(vm = %self.vm_id, export = %self.export, "NBD connection re-established");
+                    tracing::info!(vm = %self.vm_id, %export, %at, "NBD connection re-established");
                     return Ok(());
                 }
-                Ok(c) => {
+                Ok((c, _)) => {
                     return Err(coronafs::CoronaError::Negotiation(format!(
-                        "{} reopened with size {} (was {}){}",
-                        self.export,
+                        "{export} reopened with size {} (was {}){}",
                         c.size(),
                         self.size,
                         if c.info().read_only() { ", read-only" } else { "" }
                     )));
                 }
-                Err(e) if connection_lost(&e) && started.elapsed() < RECONNECT_FOR => {
-                    tokio::time::sleep(RECONNECT_EVERY).await;
-                }
-                Err(e) => return Err(e),
+                Err(e) => match failover_hint(&e.to_string()) {
+                    // The primary a failover elected took over the stream of
+                    // this attachment's epoch: follow it (the epoch only rises).
+                    Some((from, to)) if from == self.epoch() && to > from && started.elapsed() < RECONNECT_FOR => {
+                        tracing::warn!(vm = %self.vm_id, volume = %self.volume, from, to, "following a failover to its new epoch");
+                        self.epoch.store(to, Ordering::SeqCst);
+                    }
+                    _ if may_come_back(&e) && started.elapsed() < RECONNECT_FOR => {
+                        tokio::time::sleep(RECONNECT_EVERY).await;
+                    }
+                    _ => return Err(e),
+                },
             }
         }
     }
@@ -253,7 +308,7 @@ impl Attachment {
             vm_id: self.vm_id.clone(),
             worker: self.worker.clone(),
             volume: self.volume.clone(),
-            epoch: self.epoch,
+            epoch: self.epoch(),
             running,
             writes_acked: self.acked.load(Ordering::Relaxed),
             next_seq: self.next_seq.load(Ordering::Relaxed),

@@ -29,6 +29,8 @@ pub mod config;
 pub mod convert;
 pub mod corona;
 pub mod error;
+#[cfg(test)]
+mod failover_tests;
 pub mod guest;
 pub mod images;
 pub mod locks;

@@ -85,7 +85,7 @@ struct Serve {
 
 #[derive(clap::Args)]
 struct AgentArgs {
-    /// TOML config file with `listen`, `name`, `coronafs_nbd` (unknown keys
+    /// TOML config file with `listen`, `name`, `coronafs_nbd`, `coronafs_nodes` (unknown keys
     /// are an error); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -98,6 +98,11 @@ struct AgentArgs {
     /// CoronaFS NBD address (host:port) the VMs' volumes are opened at.
     #[arg(long, value_name = "ADDR")]
     coronafs_nbd: Option<String>,
+    /// The NBD addresses (host:port, comma-separated) of the other nodes of
+    /// a CoronaFS cluster, where a replicated volume's primary is looked for
+    /// after a failover.
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',')]
+    coronafs_nodes: Option<Vec<String>>,
 }
 
 #[derive(Subcommand)]
@@ -209,6 +214,9 @@ fn agent_config(a: AgentArgs) -> Result<plasmavmc::agent::AgentConfig> {
     }
     if let Some(v) = a.coronafs_nbd {
         c.coronafs_nbd = v;
+    }
+    if let Some(v) = a.coronafs_nodes {
+        c.coronafs_nodes = v;
     }
     c.validate()?;
     Ok(c)

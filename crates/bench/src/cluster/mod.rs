@@ -303,6 +303,8 @@ async fn start_corona_cluster(
             rpc_secret: secret.to_hex(),
             write_quorum: EMBEDDED_CORONA_QUORUM,
             ack_timeout_ms: 10_000,
+            heartbeat_ms: 1_000,
+            failover_after_ms: 5_000,
             nodes,
         };
         file.validate().context("the embedded CoronaFS cluster file")?;

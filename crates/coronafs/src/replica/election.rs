@@ -8,6 +8,12 @@
 //! no voter is further in the write stream than itself: a voter further on
 //! may hold flushed writes the candidate lacks. See
 //! docs/design/replication-volumes.md.
+//!
+//! Automatic failover adds a step before the vote ([`stand`]): a copy that
+//! stopped hearing its primary first probes the other copies, and stands
+//! only if none still hears the primary, a majority answered, and no copy
+//! is further in the stream (or as far and first by name), so of the copies
+//! that see the same answers only the best-placed one stands.
 
 use super::wire::Position;
 
@@ -109,6 +115,48 @@ pub fn decide(copies: &[String], candidate: &str, own: Option<Position>, ballots
     Outcome::Won { live, stale }
 }
 
+/// One copy's answer to a probe, as the probing copy received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// The copy no longer hears the primary either and is at `position`
+    /// (`None`: it does not know).
+    Willing { position: Option<Position> },
+    /// The copy is the primary, or heard from it within the failover timeout.
+    Busy,
+    /// No answer (down, partitioned, timed out).
+    Silent,
+}
+
+/// Whether copy `me`, at `own`, should stand for election after probing
+/// the other copies of `copies`: `Ok(())` to stand, or why not.
+pub fn stand(copies: &[String], me: &str, own: Option<Position>, probes: &[(String, Probe)]) -> Result<(), String> {
+    let Some(own) = own else {
+        return Err(format!("{me} does not know its place in the write stream"));
+    };
+    let mut willing = 1;
+    for c in copies.iter().filter(|c| *c != me) {
+        match probes.iter().find(|(n, _)| n == c).map(|(_, p)| p) {
+            Some(Probe::Busy) => return Err(format!("{c} is the primary or still hears it")),
+            Some(Probe::Willing { position }) => {
+                willing += 1;
+                match position {
+                    Some(p) if *p > own => return Err(format!("{c} is further in the write stream")),
+                    Some(p) if *p == own && c.as_str() < me => {
+                        return Err(format!("{c} is as far in the write stream and comes first by name"));
+                    }
+                    _ => {}
+                }
+            }
+            Some(Probe::Silent) | None => {}
+        }
+    }
+    let majority = copies.len() / 2 + 1;
+    if willing < majority {
+        return Err(format!("{willing} of {} copies answered, a majority is {majority}", copies.len()));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +211,57 @@ mod tests {
         // A ballot from a node that holds no copy counts for nothing.
         let outsider = [("n9".to_owned(), Ballot::Granted { position: pos(9) })];
         assert!(matches!(decide(&names(3), "n2", pos(9), &outsider), Outcome::Lost(_)));
+    }
+
+    #[test]
+    fn only_the_best_placed_copy_that_a_majority_answered_stands() {
+        let willing = |seq| Probe::Willing { position: pos(seq) };
+        let all = |a, b| vec![("n1".to_owned(), Probe::Silent), ("n2".to_owned(), a), ("n3".to_owned(), b)];
+        // n2 and n3 at the same place: n2 (first by name) stands, n3 does not.
+        assert_eq!(stand(&names(3), "n2", pos(5), &all(Probe::Silent, willing(5))), Ok(()));
+        let e = stand(&names(3), "n3", pos(5), &all(willing(5), Probe::Silent)).expect_err("n2 comes first");
+        assert!(e.contains("first by name"), "{e}");
+        // The copy further on stands, whatever its name.
+        assert_eq!(stand(&names(3), "n3", pos(6), &all(willing(5), Probe::Silent)), Ok(()));
+        assert!(stand(&names(3), "n2", pos(5), &all(Probe::Silent, willing(6))).is_err());
+        // A copy that still hears the primary stops everyone.
+        let e = stand(&names(3), "n2", pos(9), &all(Probe::Silent, Probe::Busy)).expect_err("busy");
+        assert!(e.contains("still hears"), "{e}");
+        // Alone, or without a position, no copy stands.
+        let e = stand(&names(3), "n2", pos(9), &all(Probe::Silent, Probe::Silent)).expect_err("alone");
+        assert!(e.contains("majority"), "{e}");
+        assert!(stand(&names(3), "n2", None, &all(Probe::Silent, willing(1))).is_err());
+        // A copy that does not know its place does not stop a copy that does.
+        assert_eq!(stand(&names(3), "n3", pos(1), &all(Probe::Willing { position: None }, Probe::Silent)), Ok(()));
+    }
+
+    proptest! {
+        /// Every copy probes every other one and all answers arrive: at most
+        /// one copy stands, and it is at the highest position there is.
+        #[test]
+        fn of_copies_that_hear_each_other_at_most_one_stands_and_it_is_furthest(
+            n in 1usize..7,
+            seqs in proptest::collection::vec(proptest::option::of(0u64..4), 7),
+        ) {
+            let copies = names(n);
+            let at = |i: usize| seqs[i].and_then(pos);
+            let standing: Vec<usize> = (0..n)
+                .filter(|&me| {
+                    let probes: Vec<(String, Probe)> = (0..n)
+                        .filter(|&o| o != me)
+                        .map(|o| (copies[o].clone(), Probe::Willing { position: at(o) }))
+                        .collect();
+                    stand(&copies, &copies[me], at(me), &probes).is_ok()
+                })
+                .collect();
+            prop_assert!(standing.len() <= 1, "{:?} stand", standing);
+            let best = (0..n).map(at).max().flatten();
+            if let Some(&w) = standing.first() {
+                prop_assert_eq!(at(w), best);
+            } else {
+                prop_assert!(best.is_none(), "nobody stands though a copy knows its place");
+            }
+        }
     }
 
     proptest! {

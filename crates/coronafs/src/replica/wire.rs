@@ -1,7 +1,8 @@
 //! The replica RPC's frames, sans-IO: a primary's requests (OPEN, WRITE,
 //! WRITE_ZEROES, TRIM, FLUSH), each numbered and tagged with the primary's
-//! epoch, and the replica's in-order answers; and a candidate's VOTE request
-//! with its answer ([`VoteReply`]). Layout in
+//! epoch, and the replica's in-order answers; the primary's unanswered
+//! HEARTBEAT on an idle stream; and a candidate's PROBE and VOTE requests
+//! with their answer ([`VoteReply`]). Layout in
 //! docs/design/replication-volumes.md.
 
 use crate::error::{CoronaError, Result};
@@ -44,6 +45,13 @@ pub enum Body {
     /// Asks for the copy's vote: `candidate` wants to be the primary of
     /// `volume` at the frame's epoch (the only frame of its connection).
     Vote { volume: String, candidate: String },
+    /// The primary is alive: sent on an idle stream every heartbeat period.
+    /// Carries `seq` 0, takes no number of the stream and gets no answer.
+    Heartbeat,
+    /// Asks, without voting, whether the copy would stand behind `candidate`
+    /// at the frame's epoch: whether it still hears its primary, and where it
+    /// is (the only frame of its connection; answered like a VOTE).
+    Probe { volume: String, candidate: String },
 }
 
 /// Who sends a write stream: the stream's number (its start time on the
@@ -133,7 +141,7 @@ impl Msg {
                     put_name(&mut names, c);
                 }
             }
-            Body::Vote { volume, candidate } => {
+            Body::Vote { volume, candidate } | Body::Probe { volume, candidate } => {
                 put_name(&mut names, volume);
                 put_name(&mut names, candidate);
             }
@@ -146,6 +154,8 @@ impl Msg {
             Body::WriteZeroes { offset, len, punch } => (2, if *punch { FLAG_PUNCH } else { 0 }, *offset, *len, &[]),
             Body::Trim { offset, len } => (3, 0, *offset, *len, &[]),
             Body::Flush => (4, 0, 0, 0, &[]),
+            Body::Heartbeat => (6, 0, 0, 0, &[]),
+            Body::Probe { .. } => (7, 0, 0, names.len() as u64, &[]),
         };
         let mut h = [0u8; HEADER_LEN];
         h[..4].copy_from_slice(REQUEST_MAGIC);
@@ -180,15 +190,16 @@ impl Header {
             len: be64(&h[32..]),
         };
         let known_flags = if hd.kind == 2 { FLAG_PUNCH } else { 0 };
-        if hd.kind > 5 {
+        if hd.kind > 7 {
             return Err(bad(format!("unknown kind {}", hd.kind)));
         }
         if hd.flags & !known_flags != 0 || h[6..8] != [0, 0] {
             return Err(bad(format!("unknown flags {:#x} for kind {}", hd.flags, hd.kind)));
         }
         match hd.kind {
-            0 | 5 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => Err(bad(format!("names of {} bytes", hd.len))),
-            5 if hd.seq != 0 || hd.offset != 0 => Err(bad("vote with a seq or an offset".into())),
+            0 | 5 | 7 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => Err(bad(format!("names of {} bytes", hd.len))),
+            5 | 7 if hd.seq != 0 || hd.offset != 0 => Err(bad("vote or probe with a seq or an offset".into())),
+            6 if hd.seq != 0 || hd.offset != 0 || hd.len != 0 => Err(bad("heartbeat with a seq or a range".into())),
             1 if hd.len > MAX_PAYLOAD => Err(bad(format!("write of {} bytes (at most {MAX_PAYLOAD})", hd.len))),
             4 if hd.offset != 0 || hd.len != 0 => Err(bad("flush with a range".into())),
             _ => Ok(hd),
@@ -198,7 +209,7 @@ impl Header {
     /// Bytes of payload that follow this header.
     pub fn payload_len(&self) -> usize {
         match self.kind {
-            0 | 1 | 5 => self.len as usize,
+            0 | 1 | 5 | 7 => self.len as usize,
             _ => 0,
         }
     }
@@ -225,12 +236,13 @@ impl Header {
                 }
                 Body::Open { volume, size: self.offset, origin: Origin { stream, primary, copies } }
             }
-            5 => {
+            5 | 7 => {
                 let mut r = Names(&payload);
                 let (volume, candidate) = (r.name()?, r.name()?);
                 r.end()?;
-                Body::Vote { volume, candidate }
+                if self.kind == 5 { Body::Vote { volume, candidate } } else { Body::Probe { volume, candidate } }
             }
+            6 => Body::Heartbeat,
             1 => Body::Write { offset: self.offset, data: Bytes::from(payload) },
             2 => Body::WriteZeroes { offset: self.offset, len: self.len, punch: self.flags & FLAG_PUNCH != 0 },
             3 => Body::Trim { offset: self.offset, len: self.len },
@@ -337,6 +349,8 @@ mod tests {
                     origin: Origin { stream, primary, copies }
                 }),
             ("[a-z]{1,20}", "[a-z0-9]{0,8}").prop_map(|(volume, candidate)| Body::Vote { volume, candidate }),
+            ("[a-z]{1,20}", "[a-z0-9]{0,8}").prop_map(|(volume, candidate)| Body::Probe { volume, candidate }),
+            Just(Body::Heartbeat),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..300))
                 .prop_map(|(offset, d)| Body::Write { offset, data: Bytes::from(d) }),
             (any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(offset, len, punch)| Body::WriteZeroes {
@@ -352,7 +366,7 @@ mod tests {
     proptest! {
         #[test]
         fn every_frame_decodes_to_what_was_encoded(seq in any::<u64>(), epoch in any::<u64>(), body in body()) {
-            let seq = if matches!(body, Body::Vote { .. }) { 0 } else { seq };
+            let seq = if matches!(body, Body::Vote { .. } | Body::Probe { .. } | Body::Heartbeat) { 0 } else { seq };
             let m = Msg { seq, epoch, body };
             prop_assert_eq!(round_trip(&m), m);
         }
@@ -372,7 +386,7 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_payloads_of_open_and_vote_never_panic(kind in prop_oneof![Just(0u8), Just(5u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
+        fn arbitrary_payloads_of_open_vote_and_probe_never_panic(kind in prop_oneof![Just(0u8), Just(5u8), Just(7u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
             let (mut h, _) = Msg { seq: 0, epoch: 0, body: Body::Flush }.encode();
             h[4] = kind;
             h[32..40].copy_from_slice(&(payload.len() as u64).to_be_bytes());
@@ -397,6 +411,9 @@ mod tests {
         let (mut h, _) = Msg { seq: 1, epoch: 0, body: Body::Flush }.encode();
         h[4] = 9;
         assert!(Header::decode(&h).expect_err("kind").to_string().contains("unknown kind 9"));
+        let (mut h, _) = Msg { seq: 0, epoch: 1, body: Body::Heartbeat }.encode();
+        h[8..16].copy_from_slice(&3u64.to_be_bytes());
+        assert!(Header::decode(&h).is_err(), "a heartbeat takes no number of the stream");
         let (mut h, _) =
             Msg { seq: 0, epoch: 3, body: Body::Vote { volume: "v".into(), candidate: "n2".into() } }.encode();
         h[8..16].copy_from_slice(&7u64.to_be_bytes());

@@ -5,7 +5,7 @@
 
 use crate::CoronaError;
 use crate::api_client::ApiClient;
-use crate::client::{NbdClient, primary_hint};
+use crate::client::{NbdClient, failover_hint, primary_hint};
 use crate::cluster::ClusterFile;
 use crate::config::ServerConfig;
 use crate::dto::CreateVolume;
@@ -19,7 +19,7 @@ fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-/// Three nodes in zones a, b, c; `node[i]` is `None` while it is down.
+/// Three nodes in zones z1, z2, z3; `node[i]` is `None` while it is down.
 struct Cluster {
     file: ClusterFile,
     cfgs: Vec<ServerConfig>,
@@ -29,7 +29,16 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Self {
-        let t = super::test_cluster::start_three(3000).await;
+        Self::of(super::test_cluster::start_three(3000).await)
+    }
+
+    /// With heartbeats every `heartbeat_ms` and automatic failover after
+    /// `failover_after_ms` of silence.
+    async fn start_timed(heartbeat_ms: u64, failover_after_ms: u64) -> Self {
+        Self::of(super::test_cluster::start_three_timed(3000, heartbeat_ms, failover_after_ms).await)
+    }
+
+    fn of(t: super::test_cluster::Three) -> Self {
         let node = t.servers.into_iter().map(Some).collect();
         Cluster { file: t.file, cfgs: t.cfgs, node, _dirs: t.dirs }
     }
@@ -72,7 +81,11 @@ impl Cluster {
 
     /// A volume `vm` with 3 copies, primary n1, and 8 writes flushed.
     async fn with_volume() -> (Self, NbdClient) {
-        let c = Cluster::start().await;
+        Cluster::start().await.volume().await
+    }
+
+    async fn volume(self) -> (Self, NbdClient) {
+        let c = self;
         let req = CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
         assert_eq!(c.api(0).create_volume(&req).await.expect("create").replicas, ["n2", "n3"]);
         let client = NbdClient::connect(c.nbd(0), "vm").await.expect("connect to n1");
@@ -90,6 +103,9 @@ fn a_refusal_names_the_primary_address_the_client_follows() {
     assert_eq!(primary_hint(msg), Some("127.0.0.1:4000".parse().expect("addr")));
     assert_eq!(primary_hint("vm (no such volume)"), None);
     assert_eq!(primary_hint("primary-nbd=unknown"), None);
+    let fenced = "vm;epoch=1 (declares epoch 1, but the volume is fenced at epoch 2; a failover made this node the primary at epoch 2: failover-from=1 failover-epoch=2)";
+    assert_eq!(failover_hint(fenced), Some((1, 2)));
+    assert_eq!(failover_hint("declares epoch 1, but the volume is fenced at epoch 2"), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,5 +229,112 @@ async fn a_candidate_behind_a_voter_loses_and_the_copy_ahead_wins_without_live_l
     let e = client.flush().await.expect_err("below the quorum");
     assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
     drop(client);
+    c.shutdown().await;
+}
+
+/// Polls `node`'s record of `vm` until it is the primary (it names
+/// replicas), for at most `limit`; gives the record and how long it took.
+async fn until_primary(
+    c: &Cluster,
+    node: usize,
+    limit: std::time::Duration,
+) -> (crate::dto::VolumeInfo, std::time::Duration) {
+    let t = std::time::Instant::now();
+    loop {
+        let v = c.api(node).get("vm").await.expect("record");
+        if !v.replicas.is_empty() {
+            return (v, t.elapsed());
+        }
+        assert!(t.elapsed() < limit, "n{} did not become the primary within {limit:?}: {v:?}", node + 1);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_primary_dies_a_copy_promotes_itself_without_an_operator_and_serves_every_flushed_byte() {
+    let (mut c, client) = Cluster::start_timed(100, 800).await.volume().await;
+    let flushed = c.image(0).await;
+    drop(client);
+    c.kill(0).await;
+    // n2 and n3 are at the same place: n2 stands (first by name), n3 does not.
+    let (v, took) = until_primary(&c, 1, std::time::Duration::from_secs(30)).await;
+    eprintln!("n2 became the primary {took:?} after n1 stopped (failover after 800 ms of silence)");
+    assert_eq!(v.epoch, 1);
+    assert_eq!(v.stale_replicas, ["n1"], "n3 was at n2's place and voted");
+    assert!(c.api(2).get("vm").await.expect("n3").replicas.is_empty(), "n3 stood too");
+
+    let (client, at) =
+        NbdClient::connect_primary(&[c.nbd(0), c.nbd(2), c.nbd(1)], "vm;epoch=1").await.expect("find n2");
+    assert_eq!(at, c.nbd(1));
+    assert!(client.read(0, SIZE as usize).await.expect("read") == flushed, "a flushed byte is missing");
+    client.write(12_345, &data(50_000, 77), false).await.expect("write on the new primary");
+    client.flush().await.expect("flush on n2 and n3");
+    let now = c.image(1).await;
+    assert_eq!(now[12_345..62_345], data(50_000, 77)[..]);
+    assert!(c.image(2).await == now, "n3 differs from the new primary after FLUSH");
+    drop(client);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_primary_lives_and_idles_its_heartbeats_keep_every_copy_from_standing() {
+    let (c, client) = Cluster::start_timed(100, 500).await.volume().await;
+    // Six failover timeouts without a write: only heartbeats cross the links.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // Each copy heard its primary within the last 500 ms: a probe finds it busy.
+    for (i, other) in [(1, "n3"), (2, "n2")] {
+        let r = c.up(i).volumes.probe("vm", 1, other);
+        assert_eq!(r.errno, libc::EBUSY as u32, "n{} has not heard n1 lately: {r:?}", i + 1);
+    }
+    for i in 0..3 {
+        let v = c.api(i).get("vm").await.expect("record");
+        assert_eq!(v.epoch, 0, "n{} moved to epoch {}", i + 1, v.epoch);
+    }
+    let p = c.api(0).get("vm").await.expect("n1");
+    assert_eq!((p.replicas.len(), p.stale_replicas.len()), (2, 0), "{p:?}");
+    assert!(c.api(1).get("vm").await.expect("n2").replicas.is_empty());
+    client.write(0, &data(65_536, 3), false).await.expect("write on n1");
+    client.flush().await.expect("flush on all three");
+    let now = c.image(0).await;
+    assert!(c.image(1).await == now && c.image(2).await == now, "a copy missed the write");
+    drop(client);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_restarted_does_not_stand_and_the_copy_that_knows_its_place_wins() {
+    let (mut c, client) = Cluster::start_timed(100, 800).await.volume().await;
+    // n2 restarts: it forgets its place, and n1 drops it at the next write.
+    c.kill(1).await;
+    c.restart(1).await;
+    client.write(0, &data(65_536, 20), false).await.expect("write on n1 and n3");
+    client.flush().await.expect("flush on n1 and n3");
+    let flushed = c.image(0).await;
+    drop(client);
+    c.kill(0).await;
+    // n2 comes first by name, but only n3 knows its place.
+    let (v, _) = until_primary(&c, 2, std::time::Duration::from_secs(30)).await;
+    assert_eq!(v.epoch, 1);
+    assert_eq!(v.stale_replicas, ["n1", "n2"], "{v:?}");
+    let n2 = c.api(1).get("vm").await.expect("n2");
+    assert!(n2.replicas.is_empty(), "the restarted copy became a primary: {n2:?}");
+    let client = NbdClient::connect(c.nbd(2), "vm;epoch=1").await.expect("connect to n3");
+    assert!(client.read(0, SIZE as usize).await.expect("read") == flushed, "a flushed byte is missing");
+    drop(client);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_volume_deleted_on_its_primary_do_not_promote_themselves() {
+    let (c, client) = Cluster::start_timed(100, 500).await.volume().await;
+    drop(client);
+    c.api(0).delete("vm", true).await.expect("delete on n1");
+    // The copies stop hearing n1 and probe it: it answers that the volume
+    // is gone, which they take as a reason not to stand.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    for i in [1, 2] {
+        let v = c.api(i).get("vm").await.expect("the copy is still there");
+        assert!(v.replicas.is_empty() && v.epoch == 0, "n{} promoted itself: {v:?}", i + 1);
+    }
     c.shutdown().await;
 }

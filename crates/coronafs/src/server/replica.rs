@@ -1,7 +1,8 @@
 //! The replica listener: takes a primary's authenticated connection, binds
 //! it to one of this node's volumes (OPEN), and applies its frames in
-//! order through the volume's fence, answering each; or answers a
-//! candidate's VOTE (`volume/failover.rs`) on a connection of its own
+//! order through the volume's fence, answering each, and noting each frame
+//! and heartbeat as a sign of the primary's life; or answers a candidate's
+//! PROBE or VOTE (`volume/failover.rs`) on a connection of its own
 //! (docs/design/replication-volumes.md).
 
 use crate::backend::replicated::apply::Applier;
@@ -92,7 +93,13 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             wr.flush().await?;
             return Ok(());
         }
-        _ => return Err(CoronaError::Replica("the first frame is neither OPEN nor VOTE".into())),
+        Body::Probe { volume, candidate } => {
+            let answer = volumes.probe(volume, open.epoch, candidate);
+            wr.write_all(&answer.encode()).await?;
+            wr.flush().await?;
+            return Ok(());
+        }
+        _ => return Err(CoronaError::Replica("the first frame is neither OPEN, VOTE nor PROBE".into())),
     };
     let export = match volumes.open(volume) {
         Ok(e) if e.read_only => Err(libc::EROFS),
@@ -116,15 +123,30 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
     tracing::info!(volume = %export.name, epoch = open.epoch, primary = %origin.primary, "replica stream opened");
     let mut applier = Applier::opened(open.seq);
     while let Some(msg) = read_frame(&mut rd).await? {
+        if msg.body == Body::Heartbeat {
+            // Unanswered. A heartbeat of a fenced primary is not heard: the
+            // stream ends, as at its next write.
+            if msg.epoch < export.fence.current() || export.fence.enter(&writer).is_err() {
+                wr.flush().await?;
+                return Err(CoronaError::Replica(format!("heartbeat at epoch {} from a fenced primary", msg.epoch)));
+            }
+            tracker.heard();
+            if rd.buffer().is_empty() {
+                wr.flush().await?;
+            }
+            continue;
+        }
         let seq = msg.seq;
         let result = match export.fence.enter(&writer) {
             Err(_) => Err(libc::EPERM as u32),
             // The position moves while the frame is in flight, so a vote's
             // fence (which drains in-flight frames) sees its final value.
             Ok(_inflight) => {
+                tracker.heard();
+                let epoch = msg.epoch;
                 let r = applier.apply(&export.backend, msg, export.fence.current()).await;
                 if r.is_ok() {
-                    tracker.applied(seq);
+                    tracker.applied(seq, epoch);
                 }
                 r
             }

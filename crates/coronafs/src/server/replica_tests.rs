@@ -51,7 +51,7 @@ impl ReplicaNode {
     }
 
     fn target(&self, peer: &str) -> LinkTarget {
-        LinkTarget { peer: peer.to_owned(), addr: self.addr, timeout: Duration::from_secs(5) }
+        LinkTarget { peer: peer.to_owned(), addr: self.addr, timeout: Duration::from_secs(5), heartbeat: None }
     }
 }
 
@@ -219,7 +219,7 @@ async fn a_peer_without_the_secret_is_refused_both_ways() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
-    let target = LinkTarget { peer: "rogue".into(), addr, timeout: Duration::from_secs(5) };
+    let target = LinkTarget { peer: "rogue".into(), addr, timeout: Duration::from_secs(5), heartbeat: None };
     assert!(TcpLink::open(&target, &secret, "vol", SIZE, 0, 1).await.is_err());
 }
 

@@ -1,17 +1,9 @@
 //! The fixture of the replica and failover tests: three `coronafs serve`
-//! nodes of one cluster in this process, over loopback, in zones a, b, c.
+//! nodes of one cluster in this process, over loopback, in zones z1, z2, z3.
 
-use crate::cluster::{ClusterFile, ClusterNode};
+use crate::cluster::ClusterFile;
 use crate::config::ServerConfig;
-use crate::replica::auth::RpcSecret;
 use crate::service::RunningServer;
-use std::net::SocketAddr;
-
-/// A loopback address free right now.
-pub(super) fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
 
 /// Three started nodes `n1`..`n3` (write quorum 2), their cluster file,
 /// their configs (to restart one) and their data dirs (kept while held).
@@ -22,20 +14,17 @@ pub(super) struct Three {
     pub dirs: Vec<tempfile::TempDir>,
 }
 
+/// Three nodes with automatic failover off (the tests that promote by hand).
 pub(super) async fn start_three(ack_timeout_ms: u64) -> Three {
-    let nodes: Vec<ClusterNode> = ["a", "b", "c"]
-        .iter()
-        .enumerate()
-        .map(|(i, zone)| ClusterNode {
-            name: format!("n{}", i + 1),
-            nbd: free_addr(),
-            api: free_addr(),
-            replica: free_addr(),
-            zone: zone.to_string(),
-        })
-        .collect();
-    let secret = RpcSecret::random().expect("secret");
-    let file = ClusterFile { rpc_secret: secret.to_hex(), write_quorum: 2, ack_timeout_ms, nodes };
+    start_three_timed(ack_timeout_ms, 1_000, 0).await
+}
+
+/// Three nodes whose primaries send a heartbeat every `heartbeat_ms` and
+/// whose copies start a failover after `failover_after_ms` of silence (0: never).
+pub(super) async fn start_three_timed(ack_timeout_ms: u64, heartbeat_ms: u64, failover_after_ms: u64) -> Three {
+    let mut file = ClusterFile::on_loopback(3).expect("a loopback cluster");
+    (file.ack_timeout_ms, file.heartbeat_ms, file.failover_after_ms) =
+        (ack_timeout_ms, heartbeat_ms, failover_after_ms);
     file.validate().expect("valid cluster file");
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let mut cfgs = Vec::new();

@@ -41,6 +41,13 @@ pub struct VolumeRec {
     /// them; who votes in a failover.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
+    /// On a primary made by a failover, while `epoch` is still the one it
+    /// was elected at: the write epoch of the stream it took over (the old
+    /// primary's, which that primary's NBD clients declared). Cleared when
+    /// the epoch is raised by a fence. NBD clients that declared exactly
+    /// this epoch are told the new one (docs/design/replication-volumes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_from: Option<u64>,
 }
 
 /// A snapshot: a frozen layer.

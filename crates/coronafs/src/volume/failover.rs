@@ -20,14 +20,35 @@ use crate::replica::election::{self, Ballot, Outcome, VoteState};
 use crate::replica::wire::{Body, Msg, Origin, Position, VOTE_REPLY_LEN, VoteReply};
 use crate::util::validate_name;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// One copy's position, shared by the replica connections writing to it.
+/// One copy's position, shared by the replica connections writing to it,
+/// and when it last heard its primary (for the watchdog, `autofail.rs`).
 #[derive(Debug, Default)]
-pub struct Slot(Mutex<Option<Position>>);
+pub struct Slot {
+    pos: Mutex<Option<Position>>,
+    heard: Mutex<Option<Instant>>,
+    /// A watchdog runs for this copy.
+    pub(super) watching: AtomicBool,
+}
+
+impl Slot {
+    /// When a frame or heartbeat of a primary last arrived (`None`: no
+    /// stream was opened to this copy since the node started).
+    pub fn heard(&self) -> Option<Instant> {
+        self.heard.lock().ok().and_then(|h| *h)
+    }
+
+    fn hear(&self) {
+        if let Ok(mut h) = self.heard.lock() {
+            *h = Some(Instant::now());
+        }
+    }
+}
 
 /// A replica connection's hold on its copy's position: it moves the
 /// position only while its own stream is the latest one opened.
@@ -39,14 +60,23 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// Frame `seq` of this stream was applied.
-    pub fn applied(&self, seq: u64) {
-        if let Ok(mut p) = self.slot.0.lock()
+    /// Frame `seq` of this stream, carrying `epoch`, was applied. A
+    /// primary's epoch rises within a stream when its fence is raised
+    /// (`Volumes::fence`), so the position's epoch follows the frames'.
+    pub fn applied(&self, seq: u64, epoch: u64) {
+        if let Ok(mut p) = self.slot.pos.lock()
             && let Some(p) = p.as_mut()
-            && (p.epoch, p.stream) == (self.epoch, self.stream)
+            && p.stream == self.stream
+            && p.epoch >= self.epoch
         {
             p.seq = seq;
+            p.epoch = p.epoch.max(epoch);
         }
+    }
+
+    /// A frame or heartbeat of this stream arrived inside the fence.
+    pub fn heard(&self) {
+        self.slot.hear();
     }
 }
 
@@ -66,12 +96,12 @@ pub(super) fn origin(me: &str, rec: &VolumeRec) -> Origin {
 
 /// The answer a copy sends when it cannot vote for another reason than an
 /// epoch (`errno`), saying its epoch.
-fn refusal(errno: i32, epoch: u64) -> VoteReply {
+pub(super) fn refusal(errno: i32, epoch: u64) -> VoteReply {
     VoteReply { errno: errno as u32, epoch, position: None }
 }
 
 impl Volumes {
-    fn slot(&self, name: &str) -> Result<Arc<Slot>> {
+    pub(super) fn slot(&self, name: &str) -> Result<Arc<Slot>> {
         let mut p = self.positions.lock().map_err(|_| poisoned())?;
         Ok(p.entry(name.to_owned()).or_default().clone())
     }
@@ -86,7 +116,7 @@ impl Volumes {
     /// Where this node's copy of `name` is in its primary's write stream.
     pub fn position(&self, name: &str) -> Option<Position> {
         let slot = self.positions.lock().ok()?.get(name).cloned()?;
-        *slot.0.lock().ok()?
+        *slot.pos.lock().ok()?
     }
 
     /// A primary opened a write stream to this copy at `epoch`, expecting
@@ -108,7 +138,11 @@ impl Volumes {
         }
         let slot = self.slot(name)?;
         let start = Position { epoch, stream: origin.stream, seq: first_seq.wrapping_sub(1) };
-        *slot.0.lock().map_err(|_| poisoned())? = Some(start);
+        *slot.pos.lock().map_err(|_| poisoned())? = Some(start);
+        slot.hear();
+        if !origin.primary.is_empty() {
+            self.watch(name, &slot);
+        }
         Ok(Tracker { slot, epoch, stream: origin.stream })
     }
 
@@ -218,6 +252,7 @@ impl Volumes {
             r.stale = stale;
             r.primary = Some(m.node.clone());
             r.copies = rec.copies.clone();
+            r.promoted_from = mine.position.map(|p| p.epoch);
             self.commit(&old, cat)?;
         }
         tracing::warn!(volume = name, epoch, ?live, "promoted to primary");
@@ -226,6 +261,42 @@ impl Volumes {
         self.close(&[name.to_owned()], false).await;
         self.open(name)?;
         self.info(name)
+    }
+
+    /// On the primary of a replicated volume, after its fence was raised to
+    /// `epoch`: frames carry `epoch` from now on, and a FLUSH makes sure a
+    /// write quorum of copies applied one, so any later election picks an
+    /// epoch above it (a failover never goes back below a fence, and the
+    /// NBD clients fenced out stay out). Nothing to do on other volumes.
+    pub(super) async fn replicate_fence(&self, name: &str, epoch: u64) -> Result<()> {
+        let replicated = self.catalog()?.volumes.get(name).is_some_and(|r| !r.replicas.is_empty());
+        if !replicated || self.read_only {
+            return Ok(());
+        }
+        let v = self.open(name)?;
+        let head = v.backend.head().await;
+        if let crate::backend::AnyBackend::Replicated(r) = &head.data {
+            r.raise_epoch(epoch);
+        }
+        drop(head);
+        crate::backend::BlockBackend::flush(&v.backend).await.map_err(|e| {
+            CoronaError::Replica(format!(
+                "{name} is fenced at epoch {epoch} here, but a write quorum of its copies did not acknowledge it: {e}"
+            ))
+        })
+    }
+
+    /// For an NBD client of `export` that declared `declared` while the
+    /// volume is at `current`: if `current` is the epoch a failover elected
+    /// this primary at, from a stream of epoch `declared`, a note saying so
+    /// (`failover-from=N failover-epoch=M`, which the reconnecting client of
+    /// an attachment follows, `client::failover_hint`).
+    pub(super) fn failover_note(&self, export: &str, declared: u64, current: u64) -> Option<String> {
+        let (base, _) = fence::parse_export(export).ok()?;
+        let from = self.cat.lock().ok()?.volumes.get(base)?.promoted_from?;
+        (from == declared).then(|| {
+            format!("; a failover made this node the primary at epoch {current}: failover-from={from} failover-epoch={current}")
+        })
     }
 
     /// NBD clients may open a volume only on its primary: a copy that knows
@@ -249,6 +320,38 @@ impl Volumes {
     }
 }
 
+/// Sends `body` (a VOTE or a PROBE) at `epoch` to the copy at `addr` on a
+/// connection of its own and gives its answer, or `None` (logged) when it
+/// did not answer within `timeout`.
+pub(super) async fn ask(
+    addr: SocketAddr,
+    secret: &RpcSecret,
+    epoch: u64,
+    body: Body,
+    timeout: Duration,
+) -> Option<VoteReply> {
+    let ask = async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        handshake_as_caller(&mut s, secret).await?;
+        let msg = Msg { seq: 0, epoch, body };
+        let (h, payload) = msg.encode();
+        s.write_all(&h).await?;
+        s.write_all(&payload).await?;
+        let mut r = [0u8; VOTE_REPLY_LEN];
+        s.read_exact(&mut r).await?;
+        VoteReply::decode(&r)
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(Ok(r)) => Some(r),
+        Ok(Err(e)) => {
+            tracing::warn!(%addr, error = %e, "no answer from a copy");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
 /// Asks the copy at `addr` for its vote; any failure is a silent ballot.
 pub async fn ask_vote(
     addr: SocketAddr,
@@ -258,26 +361,10 @@ pub async fn ask_vote(
     candidate: &str,
     timeout: Duration,
 ) -> Ballot {
-    let ask = async {
-        let mut s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        handshake_as_caller(&mut s, secret).await?;
-        let msg =
-            Msg { seq: 0, epoch, body: Body::Vote { volume: volume.to_owned(), candidate: candidate.to_owned() } };
-        let (h, payload) = msg.encode();
-        s.write_all(&h).await?;
-        s.write_all(&payload).await?;
-        let mut r = [0u8; VOTE_REPLY_LEN];
-        s.read_exact(&mut r).await?;
-        VoteReply::decode(&r)
-    };
-    match tokio::time::timeout(timeout, ask).await {
-        Ok(Ok(r)) if r.errno == 0 => Ballot::Granted { position: r.position },
-        Ok(Ok(r)) => Ballot::Refused { epoch: r.epoch },
-        Ok(Err(e)) => {
-            tracing::warn!(%addr, volume, error = %e, "no vote");
-            Ballot::Silent
-        }
-        Err(_) => Ballot::Silent,
+    let body = Body::Vote { volume: volume.to_owned(), candidate: candidate.to_owned() };
+    match ask(addr, secret, epoch, body, timeout).await {
+        Some(r) if r.errno == 0 => Ballot::Granted { position: r.position },
+        Some(r) => Ballot::Refused { epoch: r.epoch },
+        None => Ballot::Silent,
     }
 }

@@ -14,6 +14,7 @@
 //! of dropped layers (removed at start) or a size not yet applied to a file
 //! (fixed when the layer opens). See docs/design/volumes.md.
 
+pub mod autofail;
 pub mod catalog;
 pub mod export;
 pub mod failover;
@@ -238,11 +239,12 @@ impl Volumes {
             CoronaError::Config(format!("{name} has copies on {:?}, but this server is in no cluster", rec.replicas))
         })?;
         let timeout = std::time::Duration::from_millis(m.cluster.ack_timeout_ms);
+        let heartbeat = Some(std::time::Duration::from_millis(m.cluster.heartbeat_ms));
         let origin = failover::origin(&m.node, rec);
         let mut links: Vec<Arc<dyn ReplicaLink>> = Vec::new();
         for peer in rec.replicas.iter().filter(|r| !rec.stale.contains(r)) {
             let node = m.cluster.node(peer)?;
-            let target = LinkTarget { peer: peer.clone(), addr: node.replica, timeout };
+            let target = LinkTarget { peer: peer.clone(), addr: node.replica, timeout, heartbeat };
             let origin = origin.clone();
             let spec = StreamSpec { volume: name.to_owned(), size: rec.size, epoch: rec.epoch, first_seq: 1, origin };
             links.push(Arc::new(TcpLink::start(target, m.secret.clone(), spec).0));
@@ -297,6 +299,9 @@ impl Volumes {
                 let mut cat = old.clone();
                 if let Some(r) = cat.volumes.get_mut(name) {
                     r.epoch = epoch;
+                    // The epoch a failover reached is passed: no client of
+                    // the old primary may follow to this one.
+                    r.promoted_from = None;
                 }
                 // Durable before any connection is told: a restart keeps it.
                 self.commit(&old, cat)?;
@@ -314,6 +319,7 @@ impl Volumes {
         } else {
             tracing::info!(volume = name, epoch, "volume fenced (not open)");
         }
+        self.replicate_fence(name, epoch).await?;
         self.info(name)
     }
 
@@ -861,7 +867,10 @@ impl ExportCatalog for Volumes {
         if let Some(e) = declared
             && e < current
         {
-            return Err(format!("export {name:?} declares epoch {e}, but the volume is fenced at epoch {current}"));
+            let note = self.failover_note(name, e, current).unwrap_or_default();
+            return Err(format!(
+                "export {name:?} declares epoch {e}, but the volume is fenced at epoch {current}{note}"
+            ));
         }
         // A client that declares no epoch holds epoch 0: once the volume has
         // been fenced it may only read, so it is told the export is read-only.

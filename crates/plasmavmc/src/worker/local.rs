@@ -16,16 +16,16 @@ use std::sync::atomic::AtomicU64;
 #[derive(Debug)]
 pub struct LocalWorker {
     pub name: String,
-    /// CoronaFS NBD address the volumes are opened at.
-    pub nbd: String,
+    /// CoronaFS NBD addresses the volumes' primaries are looked for at.
+    pub nodes: Vec<String>,
     vms: tokio::sync::Mutex<HashMap<String, Arc<Attachment>>>,
     /// Guest writes CoronaFS refused as fenced.
     pub fenced_writes: Arc<AtomicU64>,
 }
 
 impl LocalWorker {
-    pub fn new(name: &str, nbd: &str, fenced_writes: Arc<AtomicU64>) -> Self {
-        LocalWorker { name: name.to_owned(), nbd: nbd.to_owned(), vms: Default::default(), fenced_writes }
+    pub fn new(name: &str, nodes: &[String], fenced_writes: Arc<AtomicU64>) -> Self {
+        LocalWorker { name: name.to_owned(), nodes: nodes.to_vec(), vms: Default::default(), fenced_writes }
     }
 
     async fn get(&self, vm: &str) -> Result<Arc<Attachment>> {
@@ -42,9 +42,15 @@ impl LocalWorker {
         if vms.contains_key(&req.vm_id) {
             return Err(PlasmaError::Conflict(format!("VM {} is already attached on {}", req.vm_id, self.name)));
         }
-        let att =
-            Attachment::connect(&self.nbd, &req.vm_id, &self.name, &req.volume, req.epoch, self.fenced_writes.clone())
-                .await?;
+        let att = Attachment::connect(
+            &self.nodes,
+            &req.vm_id,
+            &self.name,
+            &req.volume,
+            req.epoch,
+            self.fenced_writes.clone(),
+        )
+        .await?;
         if req.io_ops > 0 {
             att.start_io(req.io_ops, req.seq_start).await?;
         }

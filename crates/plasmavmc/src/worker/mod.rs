@@ -50,7 +50,7 @@ pub trait Worker: Send + Sync + std::fmt::Debug {
 /// The workers of one control plane.
 #[derive(Debug)]
 pub struct Workers {
-    nbd: String,
+    nodes: Vec<String>,
     remote: HashMap<String, Arc<RemoteWorker>>,
     local: Mutex<HashMap<String, Arc<LocalWorker>>>,
     fenced: Arc<AtomicU64>,
@@ -62,10 +62,10 @@ pub struct Workers {
 impl Workers {
     /// In-process workers on CoronaFS `nbd` if `configured` is empty, else
     /// the configured agents.
-    pub fn new(nbd: &str, configured: &[WorkerConfig], fenced: Arc<AtomicU64>) -> Self {
+    pub fn new(nodes: Vec<String>, configured: &[WorkerConfig], fenced: Arc<AtomicU64>) -> Self {
         let http = remote::http_client();
         Workers {
-            nbd: nbd.to_owned(),
+            nodes,
             remote: configured
                 .iter()
                 .map(|w| (w.name.clone(), Arc::new(RemoteWorker::new(&w.name, &w.url, http.clone()))))
@@ -84,7 +84,7 @@ impl Workers {
             let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
             let w = local
                 .entry(name.to_owned())
-                .or_insert_with(|| Arc::new(LocalWorker::new(name, &self.nbd, self.fenced.clone())));
+                .or_insert_with(|| Arc::new(LocalWorker::new(name, &self.nodes, self.fenced.clone())));
             return Ok(w.clone());
         }
         match self.remote.get(name) {

@@ -109,6 +109,8 @@ pub struct LinkTarget {
     pub addr: SocketAddr,
     /// How long a frame may wait for window space before the link goes down.
     pub timeout: Duration,
+    /// Sends a HEARTBEAT when no frame went out for this long (`None`: never).
+    pub heartbeat: Option<Duration>,
 }
 
 /// What a link needs to open its replica's stream.
@@ -162,13 +164,14 @@ impl TcpLink {
         let (ready_tx, ready) = oneshot::channel();
         let st = state.clone();
         let timeout = target.timeout;
+        let heartbeat = target.heartbeat;
         let task = tokio::spawn(async move {
             match connect(&target, &secret, &spec).await {
                 Ok(s) => {
                     let _ = ready_tx.send(Ok(()));
                     let (rd, wr) = s.into_split();
                     let reader = tokio::spawn(read_replies(rd, st.clone()));
-                    write_frames(wr, rx, st).await;
+                    write_frames(wr, rx, st, heartbeat, spec.epoch).await;
                     reader.abort();
                 }
                 Err(e) => {
@@ -210,16 +213,32 @@ async fn write_frames(
     mut wr: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Msg>,
     state: Arc<LinkState>,
+    heartbeat: Option<Duration>,
+    mut epoch: u64,
 ) {
     // Everything queued goes out in one vectored write (headers and
     // payloads side by side): no copy of a payload into a buffer, and no
     // header sent alone ahead of its payload.
     let mut batch: Vec<Msg> = Vec::with_capacity(BATCH_FRAMES);
-    while let Some(first) = rx.recv().await {
+    // `epoch`: the stream's, then that of the last frame sent; a heartbeat carries it.
+    loop {
+        let next = match heartbeat {
+            Some(h) => match tokio::time::timeout(h, rx.recv()).await {
+                Ok(m) => m,
+                // Idle for a period: tell the replica the primary is alive.
+                Err(_) => Some(Msg { seq: 0, epoch, body: Body::Heartbeat }),
+            },
+            None => rx.recv().await,
+        };
+        let Some(first) = next else { break };
+        epoch = epoch.max(first.epoch);
         batch.push(first);
         while batch.len() < BATCH_FRAMES {
             match rx.try_recv() {
-                Ok(m) => batch.push(m),
+                Ok(m) => {
+                    epoch = epoch.max(m.epoch);
+                    batch.push(m);
+                }
                 Err(_) => break,
             }
         }

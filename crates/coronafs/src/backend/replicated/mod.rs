@@ -36,7 +36,8 @@ pub struct ReplicationPolicy {
     /// Copies (the primary included) that must be live for a write or a
     /// flush to be accepted.
     pub write_quorum: usize,
-    /// The primary's epoch, sent with every frame.
+    /// The primary's epoch when the volume opened, sent with every frame
+    /// (raised later by [`Replicated::raise_epoch`]).
     pub epoch: u64,
     /// How long a FLUSH waits for each replica.
     pub ack_timeout: Duration,
@@ -55,6 +56,8 @@ pub struct Replicated<B> {
     links: Vec<Arc<dyn ReplicaLink>>,
     policy: ReplicationPolicy,
     order: tokio::sync::Mutex<Order>,
+    /// The epoch frames carry: the policy's, raised with the volume's fence.
+    epoch: std::sync::atomic::AtomicU64,
     metrics: Arc<Metrics>,
     /// Told the name of each replica dropped, so the volume manager can
     /// record it as stale (it must not rejoin without a resync).
@@ -97,6 +100,7 @@ impl<B: BlockBackend> Replicated<B> {
             links,
             policy,
             order: tokio::sync::Mutex::new(Order { next_seq: first_seq, live }),
+            epoch: std::sync::atomic::AtomicU64::new(policy.epoch),
             metrics,
             on_drop: None,
         }
@@ -106,6 +110,14 @@ impl<B: BlockBackend> Replicated<B> {
     pub fn on_drop(mut self, hook: DropHook) -> Self {
         self.on_drop = Some(hook);
         self
+    }
+
+    /// Frames queued from now on carry `epoch` (if above the current one):
+    /// the volume's fence was raised, and the copies must learn it, so that
+    /// a failover elects a primary above it. Read under the order lock, so
+    /// the epochs of a stream never go down as its `seq` goes up.
+    pub fn raise_epoch(&self, epoch: u64) {
+        self.epoch.fetch_max(epoch, Relaxed);
     }
 
     /// The local copy.
@@ -149,7 +161,7 @@ impl<B: BlockBackend> Replicated<B> {
         if live < self.policy.write_quorum {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
-        let msg = Msg { seq: o.next_seq, epoch: self.policy.epoch, body };
+        let msg = Msg { seq: o.next_seq, epoch: self.epoch.load(Relaxed), body };
         o.next_seq = o.next_seq.wrapping_add(1);
         let mut acks = Vec::with_capacity(self.links.len());
         for i in 0..self.links.len() {
