@@ -249,6 +249,18 @@ impl ClusterFile {
                 self.write_quorum
             )));
         }
+        if copies > 1 && self.failover_after_ms != 0 && self.write_quorum * 2 <= copies {
+            // A primary cut off with `write_quorum` copies could go on
+            // acknowledging flushes while a majority of the others elects a
+            // new primary: two sides writing. A quorum above half the
+            // copies makes any two such sets share a copy.
+            return Err(CoronaError::BadRequest(format!(
+                "{copies} copies with a write quorum of {}: automatic failover needs a write quorum above half \
+                 the copies (at least {}), or failover_after_ms = 0",
+                self.write_quorum,
+                copies / 2 + 1
+            )));
+        }
         let mut rest: Vec<&ClusterNode> = self.nodes.iter().filter(|n| n.name != primary).collect();
         rest.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
         let mut chosen = vec![first];
@@ -314,6 +326,17 @@ mod tests {
         assert!(f.place("n1", 3).expect_err("too few nodes").to_string().contains("2 nodes"));
         assert!(f.place("n1", 1).expect_err("below quorum").to_string().contains("write quorum"));
         assert!(f.place("n9", 2).is_err());
+        // Two copies with a quorum of 1 could each go on alone in a
+        // partition: refused while automatic failover is on.
+        let mut f = file(&["a", "b", "c", "d"]);
+        f.write_quorum = 1;
+        let e = f.place("n1", 2).expect_err("quorum of half the copies").to_string();
+        assert!(e.contains("above half") && e.contains("at least 2"), "{e}");
+        f.write_quorum = 2;
+        assert!(f.place("n1", 4).expect_err("2 of 4").to_string().contains("at least 3"));
+        assert_eq!(f.place("n1", 3).expect("2 of 3").len(), 3);
+        f.failover_after_ms = 0;
+        assert_eq!(f.place("n1", 4).expect("by hand only").len(), 4);
     }
 
     #[test]

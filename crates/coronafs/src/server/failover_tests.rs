@@ -278,10 +278,12 @@ async fn when_the_primary_dies_a_copy_promotes_itself_without_an_operator_and_se
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_primary_lives_and_idles_its_heartbeats_keep_every_copy_from_standing() {
-    let (c, client) = Cluster::start_timed(100, 500).await.volume().await;
-    // Six failover timeouts without a write: only heartbeats cross the links.
+    let (c, client) = Cluster::start_timed(100, 1000).await.volume().await;
+    // Three failover timeouts without a write: only heartbeats cross the links.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    // Each copy heard its primary within the last 500 ms: a probe finds it busy.
+    // Each copy heard its primary within the last failover timeout (1 s):
+    // a probe finds it busy. (Only a stall of a copy longer than that, ten
+    // heartbeats, would fail this.)
     for (i, other) in [(1, "n3"), (2, "n2")] {
         let r = c.up(i).volumes.probe("vm", 1, other);
         assert_eq!(r.errno, libc::EBUSY as u32, "n{} has not heard n1 lately: {r:?}", i + 1);
@@ -303,7 +305,11 @@ async fn while_the_primary_lives_and_idles_its_heartbeats_keep_every_copy_from_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_that_restarted_does_not_stand_and_the_copy_that_knows_its_place_wins() {
-    let (mut c, client) = Cluster::start_timed(100, 800).await.volume().await;
+    // No resync while n1 lives (a retry once an hour): n1 would otherwise
+    // give the restarted n2 its place back before n1 is stopped, and n2,
+    // first by name, would rightly win.
+    let three = super::test_cluster::start_three_with(3000, 100, 800, 3_600_000).await;
+    let (mut c, client) = Cluster::of(three).volume().await;
     // n2 restarts: it forgets its place, and n1 drops it at the next write.
     c.kill(1).await;
     c.restart(1).await;

@@ -22,10 +22,21 @@ pub(super) async fn start_three(ack_timeout_ms: u64) -> Three {
 /// Three nodes whose primaries send a heartbeat every `heartbeat_ms` and
 /// whose copies start a failover after `failover_after_ms` of silence (0: never).
 pub(super) async fn start_three_timed(ack_timeout_ms: u64, heartbeat_ms: u64, failover_after_ms: u64) -> Three {
+    start_three_with(ack_timeout_ms, heartbeat_ms, failover_after_ms, 200).await
+}
+
+/// The same with primaries retrying the resync of a copy out of the live
+/// set every `resync_retry_ms`.
+pub(super) async fn start_three_with(
+    ack_timeout_ms: u64,
+    heartbeat_ms: u64,
+    failover_after_ms: u64,
+    resync_retry_ms: u64,
+) -> Three {
     let mut file = ClusterFile::on_loopback(3).expect("a loopback cluster");
     (file.ack_timeout_ms, file.heartbeat_ms, file.failover_after_ms) =
         (ack_timeout_ms, heartbeat_ms, failover_after_ms);
-    file.resync_retry_ms = 200;
+    file.resync_retry_ms = resync_retry_ms;
     file.validate().expect("valid cluster file");
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let mut cfgs = Vec::new();

@@ -157,7 +157,13 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
             }
             throttle.take(len).await;
         }
-        for a in futures::future::join_all(acks).await {
+        // A replica that stops answering must not hold the volume's resync
+        // task (and its other replicas) forever.
+        let timeout = inner.policy.ack_timeout;
+        let answers = tokio::time::timeout(timeout, futures::future::join_all(acks))
+            .await
+            .map_err(|_| fail(io::Error::other(format!("a catch-up pass got no answer within {timeout:?}"))))?;
+        for a in answers {
             a.map_err(fail)?;
         }
         // Every region written before this pass started is on the replica.
@@ -203,11 +209,13 @@ async fn finish<B: BlockBackend + 'static>(
         inner.metrics.resync_bytes.fetch_add(len, Relaxed);
     }
     acks.push(link.send(Msg { seq, epoch: inner.epoch.load(Relaxed), body: Body::Flush }).await?);
+    // One deadline for all of them: writes are held meanwhile.
     let timeout = inner.policy.ack_timeout;
-    for a in acks {
-        tokio::time::timeout(timeout, a)
-            .await
-            .map_err(|_| io::Error::other(format!("no answer within {timeout:?}")))??;
+    let answers = tokio::time::timeout(timeout, futures::future::join_all(acks))
+        .await
+        .map_err(|_| io::Error::other(format!("no answer within {timeout:?}")))?;
+    for a in answers {
+        a?;
     }
     let mut o = inner.order.lock().await;
     let next = o.next_seq;
