@@ -412,9 +412,11 @@ impl<B: BlockBackend> Inner<B> {
         self.gate.write().await
     }
 
-    /// A FLUSH of every live copy (see [`BlockBackend::flush`]).
+    /// A FLUSH of every live copy (see [`BlockBackend::flush`]), without
+    /// trimming the dirty-region log: callable holding [`Inner::quiesce`]
+    /// (the trim takes the same gate).
     pub async fn flush_copies(&self) -> io::Result<()> {
-        self.flush_all().await
+        self.flush_stream().await
     }
 
     /// Copies, the primary included, that must take a change for it to stand.
@@ -565,6 +567,13 @@ impl<B: BlockBackend> Inner<B> {
     /// and at least `quorum - 1` replicas succeeded. Replicas that fail or
     /// do not answer in time leave the live set.
     async fn flush_all(&self) -> io::Result<()> {
+        self.flush_stream().await?;
+        self.trim_log().await;
+        Ok(())
+    }
+
+    /// [`Inner::flush_all`] without the trim of the log.
+    async fn flush_stream(&self) -> io::Result<()> {
         let (seq, acks) = self.forward(Body::Flush).await?;
         let (local, ok) = futures::join!(self.local.flush(), self.answers(acks, "FLUSH"));
         local?;
@@ -583,7 +592,6 @@ impl<B: BlockBackend> Inner<B> {
         if acked < self.policy.write_quorum {
             return Err(below_quorum(acked, self.policy.write_quorum));
         }
-        self.trim_log().await;
         Ok(())
     }
 
