@@ -219,3 +219,26 @@ async fn a_clone_of_a_replicated_volumes_snapshot_is_an_ordinary_volume_on_the_p
     drop(client);
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_kept_a_snapshot_deleted_while_it_was_down_takes_the_next_one_of_that_name() {
+    let mut c = Nodes::start().await;
+    let client = c.volume(SIZE).await;
+    c.api(0).snapshot("vm", "s1").await.expect("snapshot on 3 of 3");
+    c.take(2).shutdown().await;
+    c.api(0).delete_snapshot("vm", "s1", false).await.expect("delete on 2 of 3");
+    client.write(4 * MIB, &data(4096, 120), false).await.expect("write on 2 of 3");
+    client.flush().await.expect("flush on 2 of 3");
+    c.restart(2).await;
+    until(&c.api(0), "n3 caught up", |v| all_in_sync(v) && v.stale_replicas.is_empty()).await;
+    assert_eq!(snapshot_names(&c, 2), ["s1"], "n3 was down for the deletion");
+
+    let info = c.api(0).snapshot("vm", "s1").await.expect("s1 again, on 3 of 3");
+    assert!(info.missing_on.is_empty(), "{info:?}");
+    let want = read(&c, 0, "vm@s1").await;
+    assert_eq!(want[4 * MIB as usize..][..4096], data(4096, 120)[..]);
+    assert!(read(&c, 2, "vm@s1").await == want, "n3 kept its old s1");
+    assert!(all_in_sync(&c.api(0).get("vm").await.expect("show")));
+    drop(client);
+    c.shutdown().await;
+}

@@ -718,14 +718,22 @@ impl Volumes {
         }
     }
 
-    /// A replica copy applies its primary's SNAPSHOT frame.
+    /// A replica copy applies its primary's SNAPSHOT frame. A snapshot of
+    /// that name the copy already has is one the primary no longer has (a
+    /// deletion or an undone snapshot the copy missed): it is replaced.
     pub async fn snapshot_as_copy(&self, vol: &str, snap: &str) -> Result<()> {
         validate_name(vol)?;
         validate_name(snap)?;
         self.writable()?;
         let _g = self.control.lock().await;
-        let old = self.catalog()?;
+        let mut old = self.catalog()?;
         let rec = old.volumes.get(vol).ok_or_else(|| CoronaError::NotFound(vol.to_owned()))?.clone();
+        let key = snap_key(vol, snap);
+        if old.snapshots.contains_key(&key) {
+            tracing::warn!(snapshot = %key, "replacing a snapshot the primary no longer has");
+            self.drop_snapshot(&old, &key, true).await?;
+            old = self.catalog()?;
+        }
         self.snapshot_plain(&old, vol, snap, &rec).await.map(|_| ())
     }
 
