@@ -8,7 +8,8 @@
 //! - [`meta`]: metadata tables in redb with a group-committing writer;
 //! - [`admin`]: the admin API (keys, grants) over HTTP: wire format and client;
 //! - [`checksum`], [`listing`], [`conditions`]: pure protocol logic;
-//! - [`store`]: the engine that streams bodies into blocks and commits rows;
+//! - [`store`]: the local engine that streams bodies into blocks and commits rows;
+//! - [`engine`]: the [`engine::Engine`] trait S3 is served over, and its local implementation;
 //! - [`sse`]: SSE-C (AES-256-CTR under the customer's key);
 //! - [`s3`]: `impl S3`, one method per operation;
 //! - [`server`]: hyper serving, auth, virtual hosts, `/metrics`;
@@ -20,6 +21,7 @@ pub mod checksum;
 pub mod cluster;
 pub mod conditions;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod keys;
 pub mod lifecycle;

@@ -17,7 +17,7 @@ use super::rpc::{Msg, Req};
 use crate::error::{LightningError, Result};
 use crate::lifecycle::{self, Candidate, Page, PendingUpload, Rule, Target};
 use crate::metrics::Metrics;
-use crate::s3::lifecycle::{after_key, page_of, unchanged};
+use crate::s3::lifecycle::{after_key, page_of};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -82,11 +82,7 @@ impl Target for Share {
     }
 
     async fn expire(&self, bucket: &str, c: &Candidate) -> Result<bool> {
-        match super::s3::delete_row(&self.node, bucket, &c.key, &unchanged(c)).await {
-            Ok(()) => Ok(true),
-            Err(LightningError::PreconditionFailed | LightningError::NoSuchKey { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        crate::s3::lifecycle::expire(&self.node, bucket, c).await
     }
 
     async fn uploads(&self, bucket: &str, limit: usize) -> Result<Vec<PendingUpload>> {
@@ -100,11 +96,7 @@ impl Target for Share {
     }
 
     async fn abort(&self, bucket: &str, u: &PendingUpload) -> Result<bool> {
-        match super::multipart::abort_upload(&self.node, bucket, &u.key, &u.id).await {
-            Ok(()) => Ok(true),
-            Err(LightningError::NoSuchUpload(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        crate::s3::lifecycle::abort(&self.node, bucket, u).await
     }
 
     fn metrics(&self) -> &Metrics {

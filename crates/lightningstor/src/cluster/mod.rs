@@ -27,6 +27,7 @@ pub mod auth;
 pub mod buckets;
 pub mod config;
 pub mod coord;
+pub mod engine;
 pub mod hlc;
 pub mod lifecycle;
 pub mod list;

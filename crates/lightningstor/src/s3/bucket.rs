@@ -5,24 +5,20 @@ use crate::config::Config;
 use crate::error::{LightningError, Result};
 use crate::keys::restricted_key;
 use crate::keys::{self, Keyring};
-use crate::meta::{now_ms, ops};
-use crate::store::Store;
+use crate::engine::Engine;
 use s3s::S3Request;
 use s3s::dto::*;
-use std::sync::Arc;
 
-pub(super) async fn create_bucket(store: &Arc<Store>, req: S3Request<CreateBucketInput>) -> Result<CreateBucketOutput> {
+pub(crate) async fn create_bucket<E: Engine>(e: &E, req: S3Request<CreateBucketInput>) -> Result<CreateBucketOutput> {
     let name = req.input.bucket;
     check_bucket_name(&name)?;
-    let n = name.clone();
-    store.meta.write(move |t| ops::create_bucket(t, &n, now_ms())).await?;
-    created_by(&**store, &store.config, req.credentials.as_ref(), &name).await?;
+    e.create_bucket(&name).await?;
+    created_by(e.keyring(), e.config(), req.credentials.as_ref(), &name).await?;
     Ok(CreateBucketOutput { location: Some(format!("/{name}")) })
 }
 
 /// After a bucket was created: a keyring key that created it owns it.
-/// Shared by the single node and the cluster.
-pub(crate) async fn created_by(
+async fn created_by(
     kr: &dyn Keyring,
     cfg: &Config,
     creds: Option<&s3s::auth::Credentials>,
@@ -36,7 +32,7 @@ pub(crate) async fn created_by(
 
 /// The buckets of `all` a request may see: all for the admin key and on an
 /// anonymous server, else those its key has a grant on.
-pub(crate) fn visible(
+fn visible(
     kr: &dyn Keyring,
     cfg: &Config,
     creds: Option<&s3s::auth::Credentials>,
@@ -52,32 +48,28 @@ pub(crate) fn visible(
     Ok(out)
 }
 
-pub(super) async fn head_bucket(store: &Arc<Store>, req: S3Request<HeadBucketInput>) -> Result<HeadBucketOutput> {
-    let name = req.input.bucket;
-    store.meta.get_bucket(&name)?.ok_or(LightningError::NoSuchBucket(name))?;
-    Ok(HeadBucketOutput { bucket_region: Some(store.config.region.clone()), ..Default::default() })
+pub(crate) async fn head_bucket<E: Engine>(e: &E, req: S3Request<HeadBucketInput>) -> Result<HeadBucketOutput> {
+    e.require_bucket(&req.input.bucket).await?;
+    Ok(HeadBucketOutput { bucket_region: Some(e.config().region.clone()), ..Default::default() })
 }
 
-pub(super) async fn delete_bucket(store: &Arc<Store>, req: S3Request<DeleteBucketInput>) -> Result<DeleteBucketOutput> {
+pub(crate) async fn delete_bucket<E: Engine>(e: &E, req: S3Request<DeleteBucketInput>) -> Result<DeleteBucketOutput> {
     let name = req.input.bucket;
-    let n = name.clone();
-    let freed = store.meta.write(move |t| ops::delete_bucket(t, &n)).await?;
-    store.spawn_delete(freed);
-    keys::forget_bucket(&**store, &name).await?;
+    e.delete_bucket(&name).await?;
+    keys::forget_bucket(e.keyring(), &name).await?;
     Ok(DeleteBucketOutput {})
 }
 
-pub(super) async fn list_buckets(store: &Arc<Store>, req: S3Request<ListBucketsInput>) -> Result<ListBucketsOutput> {
-    let all = store.meta.list_buckets()?.into_iter().map(|(name, meta)| (name, meta.created_ms)).collect();
-    let all = visible(&**store, &store.config, req.credentials.as_ref(), all)?;
-    bucket_page(all, req.input, &store.config.region)
+pub(crate) async fn list_buckets<E: Engine>(e: &E, req: S3Request<ListBucketsInput>) -> Result<ListBucketsOutput> {
+    let all = e.list_buckets().await?;
+    let all = visible(e.keyring(), e.config(), req.credentials.as_ref(), all)?;
+    bucket_page(all, req.input, &e.config().region)
 }
 
 /// One page of ListBuckets over `all` (name, creation time in Unix ms), as
 /// the input asks: `prefix`, `bucket-region`, `max-buckets` (1..=10000) and
 /// the `continuation-token` of the previous page (the last name it held).
-/// Shared by the single node and the cluster.
-pub(crate) fn bucket_page(mut all: Vec<(String, i64)>, i: ListBucketsInput, region: &str) -> Result<ListBucketsOutput> {
+fn bucket_page(mut all: Vec<(String, i64)>, i: ListBucketsInput, region: &str) -> Result<ListBucketsOutput> {
     let max = match i.max_buckets {
         None => usize::MAX,
         Some(n @ 1..=10_000) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -111,13 +103,12 @@ pub(crate) fn bucket_page(mut all: Vec<(String, i64)>, i: ListBucketsInput, regi
     Ok(ListBucketsOutput { buckets: Some(buckets), owner: Some(owner()), continuation_token, prefix: i.prefix })
 }
 
-pub(super) async fn get_bucket_location(
-    store: &Arc<Store>,
+pub(crate) async fn get_bucket_location<E: Engine>(
+    e: &E,
     req: S3Request<GetBucketLocationInput>,
 ) -> Result<GetBucketLocationOutput> {
-    let name = req.input.bucket;
-    store.meta.get_bucket(&name)?.ok_or(LightningError::NoSuchBucket(name))?;
-    let region = &store.config.region;
+    e.require_bucket(&req.input.bucket).await?;
+    let region = &e.config().region;
     Ok(GetBucketLocationOutput {
         location_constraint: (region != "us-east-1").then(|| BucketLocationConstraint::from(region.clone())),
     })

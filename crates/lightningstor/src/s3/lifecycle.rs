@@ -5,8 +5,8 @@
 
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
-use crate::lifecycle::{self, Candidate, Lifecycle, Page, PendingUpload, Rule, Scope, Target};
-use crate::meta::ops;
+use crate::engine::Engine;
+use crate::lifecycle::{self, Candidate, Page, PendingUpload, Rule, Scope, Target};
 use crate::metrics::Metrics;
 use crate::store::Store;
 use s3s::S3Request;
@@ -138,39 +138,53 @@ pub(crate) fn rules_output(bucket: &str, rules: &[Rule]) -> Result<GetBucketLife
     Ok(GetBucketLifecycleConfigurationOutput { rules: Some(rules), transition_default_minimum_object_size: None })
 }
 
-pub(super) async fn put_bucket_lifecycle_configuration(
-    store: &Arc<Store>,
+pub(crate) async fn put_bucket_lifecycle_configuration<E: Engine>(
+    e: &E,
     req: S3Request<PutBucketLifecycleConfigurationInput>,
 ) -> Result<PutBucketLifecycleConfigurationOutput> {
     let rules = rules_from(&req.input)?;
-    let lc = Lifecycle { version: store.meta.next_version(), rules };
-    let bucket = req.input.bucket;
-    store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lc, false)).await?;
+    e.set_lifecycle(&req.input.bucket, rules).await?;
     Ok(PutBucketLifecycleConfigurationOutput::default())
 }
 
-pub(super) async fn get_bucket_lifecycle_configuration(
-    store: &Arc<Store>,
+pub(crate) async fn get_bucket_lifecycle_configuration<E: Engine>(
+    e: &E,
     req: S3Request<GetBucketLifecycleConfigurationInput>,
 ) -> Result<GetBucketLifecycleConfigurationOutput> {
     let bucket = req.input.bucket;
-    let row = store.meta.get_bucket(&bucket)?.ok_or_else(|| LightningError::NoSuchBucket(bucket.clone()))?;
-    rules_output(&bucket, row.rules())
+    rules_output(&bucket, &e.lifecycle(&bucket).await?)
 }
 
-pub(super) async fn delete_bucket_lifecycle(
-    store: &Arc<Store>,
+pub(crate) async fn delete_bucket_lifecycle<E: Engine>(
+    e: &E,
     req: S3Request<DeleteBucketLifecycleInput>,
 ) -> Result<DeleteBucketLifecycleOutput> {
-    // Kept as an empty configuration with a new version (see `Lifecycle`).
-    let lc = Lifecycle { version: store.meta.next_version(), rules: Vec::new() };
-    let bucket = req.input.bucket;
-    store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lc, false)).await?;
+    e.set_lifecycle(&req.input.bucket, Vec::new()).await?;
     Ok(DeleteBucketLifecycleOutput::default())
 }
 
+/// Deletes the expired object `c` through `e` only if the key still holds
+/// the object that was listed: false when it changed or went meanwhile.
+/// Shared by the single node's and a cluster node's lifecycle [`Target`].
+pub(crate) async fn expire<E: Engine>(e: &E, bucket: &str, c: &Candidate) -> Result<bool> {
+    match e.delete(bucket, &c.key, &unchanged(c)).await {
+        Ok(()) => Ok(true),
+        Err(LightningError::PreconditionFailed | LightningError::NoSuchKey { .. }) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Aborts the stale upload `u` through `e`: false when it went meanwhile.
+pub(crate) async fn abort<E: Engine>(e: &E, bucket: &str, u: &PendingUpload) -> Result<bool> {
+    match e.abort_upload(bucket, &u.key, &u.id).await {
+        Ok(()) => Ok(true),
+        Err(LightningError::NoSuchUpload(_)) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
 /// A delete of `c` only if the key still holds the object that was listed.
-pub(crate) fn unchanged(c: &Candidate) -> DeleteConditions {
+fn unchanged(c: &Candidate) -> DeleteConditions {
     DeleteConditions {
         if_match: Some(ETagCondition::ETag(ETag::Strong(c.etag.clone()))),
         size: None,
@@ -202,15 +216,7 @@ impl Target for Local {
     }
 
     async fn expire(&self, bucket: &str, c: &Candidate) -> Result<bool> {
-        let (b, k, cond) = (bucket.to_owned(), c.key.clone(), unchanged(c));
-        match self.0.meta.write(move |t| ops::delete_object_if(t, &b, &k, &cond)).await {
-            Ok(freed) => {
-                self.0.spawn_delete(freed);
-                Ok(true)
-            }
-            Err(LightningError::PreconditionFailed | LightningError::NoSuchKey { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        expire(&self.0, bucket, c).await
     }
 
     async fn uploads(&self, bucket: &str, limit: usize) -> Result<Vec<PendingUpload>> {
@@ -219,15 +225,7 @@ impl Target for Local {
     }
 
     async fn abort(&self, bucket: &str, u: &PendingUpload) -> Result<bool> {
-        let (b, k, id) = (bucket.to_owned(), u.key.clone(), u.id.clone());
-        match self.0.meta.write(move |t| ops::abort_upload(t, &id, &b, &k)).await {
-            Ok(freed) => {
-                self.0.spawn_delete(freed);
-                Ok(true)
-            }
-            Err(LightningError::NoSuchUpload(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        abort(&self.0, bucket, u).await
     }
 
     fn metrics(&self) -> &Metrics {

@@ -5,10 +5,9 @@ use super::convert::{etag, timestamp};
 use crate::error::{LightningError, Result};
 use crate::listing::{self, Entry, ListPage, ListQuery, url_encode};
 use crate::meta::types::ObjectSummary;
-use crate::store::Store;
+use crate::engine::Engine;
 use s3s::S3Request;
 use s3s::dto::*;
-use std::sync::Arc;
 
 fn max_keys(v: Option<i32>) -> Result<usize> {
     match v {
@@ -24,18 +23,6 @@ fn url_mode(e: Option<&EncodingType>) -> Result<bool> {
         Some(e) if e.as_str().eq_ignore_ascii_case(EncodingType::URL) => Ok(true),
         Some(e) => Err(LightningError::InvalidArgument(format!("invalid encoding type {:?}", e.as_str()))),
     }
-}
-
-async fn page(store: &Arc<Store>, bucket: String, q: ListQuery) -> Result<ListPage<ObjectSummary>> {
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || {
-        if store.meta.get_bucket(&bucket)?.is_none() {
-            return Err(LightningError::NoSuchBucket(bucket));
-        }
-        store.meta.list_objects(&bucket, &q)
-    })
-    .await
-    .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
 }
 
 fn text(b: &[u8], url: bool) -> Result<String> {
@@ -69,16 +56,16 @@ fn split(p: &ListPage<ObjectSummary>, url: bool, with_owner: bool) -> Result<Spl
     Ok((objects, prefixes))
 }
 
-pub(super) async fn list_objects(store: &Arc<Store>, req: S3Request<ListObjectsInput>) -> Result<ListObjectsOutput> {
+pub(crate) async fn list_objects<E: Engine>(e: &E, req: S3Request<ListObjectsInput>) -> Result<ListObjectsOutput> {
     let i = req.input;
     let (q, url, max) = v1_query(&i)?;
-    let p = page(store, i.bucket.clone(), q).await?;
+    let p = e.list(&i.bucket, q).await?;
     v1_output(i, &p, url, max)
 }
 
 /// The listing query of a ListObjects (v1) request, whether keys are
 /// URL-encoded, and max-keys.
-pub(crate) fn v1_query(i: &ListObjectsInput) -> Result<(ListQuery, bool, usize)> {
+fn v1_query(i: &ListObjectsInput) -> Result<(ListQuery, bool, usize)> {
     let url = url_mode(i.encoding_type.as_ref())?;
     let max = max_keys(i.max_keys)?;
     let q = ListQuery {
@@ -91,7 +78,7 @@ pub(crate) fn v1_query(i: &ListObjectsInput) -> Result<(ListQuery, bool, usize)>
 }
 
 /// The ListObjects (v1) answer for a page.
-pub(crate) fn v1_output(
+fn v1_output(
     i: ListObjectsInput,
     p: &ListPage<ObjectSummary>,
     url: bool,
@@ -117,18 +104,18 @@ pub(crate) fn v1_output(
     })
 }
 
-pub(super) async fn list_objects_v2(
-    store: &Arc<Store>,
+pub(crate) async fn list_objects_v2<E: Engine>(
+    e: &E,
     req: S3Request<ListObjectsV2Input>,
 ) -> Result<ListObjectsV2Output> {
     let i = req.input;
     let (q, url, max) = v2_query(&i)?;
-    let p = page(store, i.bucket.clone(), q).await?;
+    let p = e.list(&i.bucket, q).await?;
     v2_output(i, &p, url, max)
 }
 
 /// The listing query of a ListObjectsV2 request, URL mode, and max-keys.
-pub(crate) fn v2_query(i: &ListObjectsV2Input) -> Result<(ListQuery, bool, usize)> {
+fn v2_query(i: &ListObjectsV2Input) -> Result<(ListQuery, bool, usize)> {
     let url = url_mode(i.encoding_type.as_ref())?;
     let max = max_keys(i.max_keys)?;
     let start = match &i.continuation_token {
@@ -145,7 +132,7 @@ pub(crate) fn v2_query(i: &ListObjectsV2Input) -> Result<(ListQuery, bool, usize
 }
 
 /// The ListObjectsV2 answer for a page.
-pub(crate) fn v2_output(
+fn v2_output(
     i: ListObjectsV2Input,
     p: &ListPage<ObjectSummary>,
     url: bool,

@@ -1,4 +1,6 @@
-//! The S3 protocol: `impl S3 for LightningS3`, one method per operation.
+//! The S3 protocol: `impl S3 for LightningS3`, one method per operation,
+//! over any [`Engine`]: the local store (a single node) or the cluster
+//! coordinator (a cluster node). Both modes run this one front end.
 //!
 //! Each method forwards to a handler in the submodule of its resource
 //! (`bucket`, `object`, `multipart`, `list`, `lifecycle`) that works in
@@ -13,40 +15,60 @@ pub(crate) mod multipart;
 pub(crate) mod object;
 pub(crate) mod options;
 
+use crate::engine::Engine;
 use crate::error::Result;
-use crate::store::Store;
 use s3s::dto::*;
 use s3s::{S3, S3Request, S3Response, S3Result};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The S3 service over a [`Store`].
+/// The S3 service over an [`Engine`]: `LightningS3<Arc<Store>>` serves a
+/// single node, `LightningS3<Arc<Node>>` (`cluster::s3::ClusterS3`) a
+/// cluster node.
 #[derive(Debug, Clone)]
-pub struct LightningS3 {
-    store: Arc<Store>,
+pub struct LightningS3<E> {
+    engines: Arc<[E]>,
+    next: Arc<AtomicUsize>,
 }
 
-impl LightningS3 {
-    /// Serves `store`.
-    pub fn new(store: Arc<Store>) -> Self {
-        LightningS3 { store }
+impl<E: Engine> LightningS3<E> {
+    /// Serves S3 over `engine`.
+    pub fn new(engine: E) -> Self {
+        LightningS3 { engines: Arc::from([engine]), next: Arc::default() }
     }
 
-    /// The underlying store.
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
+    /// Sends each request to the next of `engines` in turn (tests: every
+    /// operation of a sequence lands on a different cluster coordinator).
+    ///
+    /// # Panics
+    ///
+    /// When `engines` is empty.
+    pub fn rotating(engines: Vec<E>) -> Self {
+        assert!(!engines.is_empty(), "a rotating service needs engines");
+        LightningS3 { engines: engines.into(), next: Arc::default() }
     }
 
-    fn finish<T>(&self, r: Result<T>) -> S3Result<S3Response<T>> {
-        let m = &self.store.metrics;
+    /// The engine that serves the next request.
+    fn engine(&self) -> &E {
+        match &*self.engines {
+            [one] => one,
+            all => &all[self.next.fetch_add(1, Ordering::Relaxed) % all.len()],
+        }
+    }
+
+    /// Counts the request on the engine that served it and turns an error
+    /// into the S3 error on the wire.
+    fn finish<T>(e: &E, r: Result<T>) -> S3Result<S3Response<T>> {
+        let m = e.metrics();
         m.inc(&m.requests);
         crate::error::with_request_id(match r {
             Ok(v) => Ok(S3Response::new(v)),
-            Err(e) => {
+            Err(err) => {
                 m.inc(&m.request_errors);
-                if matches!(e, crate::error::LightningError::BadDigest(_)) {
+                if matches!(err, crate::error::LightningError::BadDigest(_)) {
                     m.inc(&m.bad_digests);
                 }
-                Err(e.to_s3_error())
+                Err(err.to_s3_error())
             }
         })
     }
@@ -55,15 +77,16 @@ impl LightningS3 {
 macro_rules! ops {
     ($($name:ident($input:ty) -> $output:ty => $module:ident;)*) => {
         #[async_trait::async_trait]
-        impl S3 for LightningS3 {
+        impl<E: Engine> S3 for LightningS3<E> {
             $(
                 #[tracing::instrument(level = "debug", skip_all, fields(op = stringify!($name)))]
                 async fn $name(&self, req: S3Request<$input>) -> S3Result<S3Response<$output>> {
+                    let e = self.engine();
                     let r = match options::Supported::check_supported(&req.input) {
-                        Ok(()) => $module::$name(&self.store, req).await,
-                        Err(e) => Err(e),
+                        Ok(()) => $module::$name(e, req).await,
+                        Err(err) => Err(err),
                     };
-                    self.finish(r)
+                    Self::finish(e, r)
                 }
             )*
         }

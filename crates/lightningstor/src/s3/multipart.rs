@@ -10,25 +10,28 @@ use crate::checksum::{Checksum, ChecksumAlgo, ChecksumPlan};
 use crate::conditions::Mode;
 use crate::error::{LightningError, Result};
 use crate::listing::common_prefix;
+use crate::engine::Engine;
 use crate::meta::now_ms;
 use crate::meta::ops::{self, CompletedPart as Wanted, WriteConditions};
 use crate::meta::types::{PartMeta, UploadMeta};
 use crate::sse::{WithCopySourceKey as _, WithCustomerKey as _};
-use crate::store::Store;
 use s3s::S3Request;
 use s3s::dto::*;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-fn new_upload_id(store: &Store, bucket: &str, key: &str) -> String {
+/// A new upload id: unique in this process (a sequence number) and across
+/// nodes and restarts (the engine's next version, 8 random bytes).
+fn new_upload_id<E: Engine>(e: &E, bucket: &str, key: &str) -> Result<String> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut random = [0u8; 8];
+    crate::keys::random(&mut random)?;
     let mut h = blake3::Hasher::new();
-    h.update(&store.meta.next_version().to_le_bytes());
+    h.update(&e.keyring().next_version().to_le_bytes());
     h.update(&SEQ.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    h.update(&std::process::id().to_le_bytes());
+    h.update(&random);
     h.update(bucket.as_bytes());
     h.update(key.as_bytes());
-    hex::encode(&h.finalize().as_bytes()[..16])
+    Ok(hex::encode(&h.finalize().as_bytes()[..16]))
 }
 
 pub(crate) fn part_number(n: i32) -> Result<u32> {
@@ -38,23 +41,15 @@ pub(crate) fn part_number(n: i32) -> Result<u32> {
         .ok_or_else(|| LightningError::InvalidArgument("part number must be an integer between 1 and 10000".into()))
 }
 
-fn upload_of(store: &Store, id: &str, bucket: &str, key: &str) -> Result<UploadMeta> {
-    store
-        .meta
-        .get_upload(id)?
-        .filter(|u| u.bucket == bucket && u.key == key)
-        .ok_or_else(|| LightningError::NoSuchUpload(id.to_owned()))
-}
-
-pub(super) async fn create_multipart_upload(
-    store: &Arc<Store>,
+pub(super) async fn create_multipart_upload<E: Engine>(
+    e: &E,
     req: S3Request<CreateMultipartUploadInput>,
 ) -> Result<CreateMultipartUploadOutput> {
     let i = req.input;
     check_key(&i.key)?;
     let (algo, full_object) = upload_checksum(&i)?;
     let sse_c_key_md5 = i.customer_key()?.map(|k| k.md5());
-    let id = new_upload_id(store, &i.bucket, &i.key);
+    let id = new_upload_id(e, &i.bucket, &i.key)?;
     let meta = UploadMeta {
         bucket: i.bucket.clone(),
         key: i.key.clone(),
@@ -72,8 +67,7 @@ pub(super) async fn create_multipart_upload(
         full_object,
         sse_c_key_md5,
     };
-    let idc = id.clone();
-    store.meta.write(move |t| ops::create_upload(t, &idc, &meta)).await?;
+    e.create_upload(&id, meta).await?;
     Ok(CreateMultipartUploadOutput {
         bucket: Some(i.bucket),
         key: Some(i.key),
@@ -90,8 +84,8 @@ pub(super) async fn create_multipart_upload(
 /// FULL_OBJECT checksum, from `x-amz-checksum-algorithm` and
 /// `x-amz-checksum-type`, as S3 has them: CRC64NVME is FULL_OBJECT only,
 /// the others COMPOSITE unless FULL_OBJECT is asked for, and FULL_OBJECT
-/// needs a CRC (SHA digests cannot be combined). Shared with the cluster.
-pub(crate) fn upload_checksum(i: &CreateMultipartUploadInput) -> Result<(Option<ChecksumAlgo>, bool)> {
+/// needs a CRC (SHA digests cannot be combined).
+fn upload_checksum(i: &CreateMultipartUploadInput) -> Result<(Option<ChecksumAlgo>, bool)> {
     let algo =
         match &i.checksum_algorithm {
             None => None,
@@ -127,32 +121,17 @@ fn checksum_type_of(t: Option<&ChecksumType>) -> Result<Option<bool>> {
 }
 
 /// The `x-amz-checksum-type` of an upload's answers.
-pub(crate) fn checksum_type(algo: Option<ChecksumAlgo>, full_object: bool) -> Option<ChecksumType> {
+fn checksum_type(algo: Option<ChecksumAlgo>, full_object: bool) -> Option<ChecksumType> {
     algo.map(|_| {
         ChecksumType::from_static(if full_object { ChecksumType::FULL_OBJECT } else { ChecksumType::COMPOSITE })
     })
 }
 
-async fn store_part(
-    store: &Arc<Store>,
-    id: String,
-    bucket: String,
-    key: String,
-    number: u32,
-    part: PartMeta,
-    pins: crate::store::Pins,
-) -> Result<()> {
-    let freed = store.meta.write(move |t| ops::put_part(t, &id, &bucket, &key, number, &part)).await?;
-    pins.release();
-    store.spawn_delete(freed);
-    Ok(())
-}
-
-pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInput>) -> Result<UploadPartOutput> {
+pub(super) async fn upload_part<E: Engine>(e: &E, req: S3Request<UploadPartInput>) -> Result<UploadPartOutput> {
     let S3Request { input: i, headers, trailing_headers, .. } = req;
     let number = part_number(i.part_number)?;
     let given = i.customer_key()?;
-    let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
+    let upload = e.upload(&i.bucket, &i.key, &i.upload_id).await?;
     let sealing = crate::sse::for_upload(upload.sse_c_key_md5, given)?.map(|k| k.seal()).transpose()?;
     let plan = ChecksumPlan::from_headers(&checksum_headers(
         &headers,
@@ -168,17 +147,17 @@ pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInp
     let (ing, plain) = match &sealing {
         None => {
             let ing = match i.body {
-                Some(body) => store.ingest(body, algo, false).await?,
+                Some(body) => e.stage(&i.bucket, &i.key, body, algo, false).await?,
                 None => {
                     let empty = futures::stream::empty::<std::result::Result<bytes::Bytes, String>>();
-                    store.ingest(empty, algo, false).await?
+                    e.stage(&i.bucket, &i.key, empty, algo, false).await?
                 }
             };
             (ing, None)
         }
         Some((_, cipher)) => {
             let (body, digest) = crate::sse::seal_blob(cipher.clone(), algo, i.body);
-            (store.ingest(body, None, false).await?, Some(digest))
+            (e.stage(&i.bucket, &i.key, body, None, false).await?, Some(digest))
         }
     };
     if let Some(declared) = i.content_length
@@ -204,7 +183,7 @@ pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInp
     };
     let tag = part.etag();
     let c = checksum_fields(part.checksum.as_ref());
-    store_part(store, i.upload_id, i.bucket, i.key, number, part, ing.pins).await?;
+    e.put_part(&i.upload_id, &upload, number, part, ing.hold).await?;
     Ok(UploadPartOutput {
         e_tag: Some(etag(&tag)),
         checksum_crc32: c.crc32,
@@ -218,17 +197,17 @@ pub(super) async fn upload_part(store: &Arc<Store>, req: S3Request<UploadPartInp
     })
 }
 
-pub(super) async fn upload_part_copy(
-    store: &Arc<Store>,
+pub(super) async fn upload_part_copy<E: Engine>(
+    e: &E,
     req: S3Request<UploadPartCopyInput>,
 ) -> Result<UploadPartCopyOutput> {
     let i = req.input;
     let number = part_number(i.part_number)?;
     let (given, source_key) = (i.customer_key()?, i.copy_source_key()?);
-    let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
+    let upload = e.upload(&i.bucket, &i.key, &i.upload_id).await?;
     let dest_key = crate::sse::for_upload(upload.sse_c_key_md5, given)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
-    let src = load(store, &sb, &sk)?;
+    let (src, from) = load(e, &sb, &sk).await?;
     let source = crate::sse::open(&src, source_key.as_ref())?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
@@ -243,18 +222,19 @@ pub(super) async fn upload_part_copy(
     };
     // Re-chunk the source range through the normal upload path (decrypted,
     // then encrypted for the upload under SSE-C); identical blocks
-    // deduplicate in the block store.
-    let body = crate::sse::decrypting(source, range.start, store.read(&src, range));
+    // deduplicate in the block store. (In a cluster the upload's replicas
+    // may differ from the source's.)
+    let body = crate::sse::decrypting(source, range.start, e.read(&src, from, range));
     let sealing = dest_key.map(|k| k.seal()).transpose()?;
     let (ing, checksum) = match &sealing {
         None => {
-            let ing = store.ingest(body, upload.checksum_algo, false).await?;
+            let ing = e.stage(&i.bucket, &i.key, body, upload.checksum_algo, false).await?;
             let checksum = ing.checksum.clone();
             (ing, checksum)
         }
         Some((_, cipher)) => {
             let (body, digest) = crate::sse::seal_body(cipher.clone(), upload.checksum_algo, body);
-            let ing = store.ingest(body, None, false).await?;
+            let ing = e.stage(&i.bucket, &i.key, body, None, false).await?;
             (ing, digest.finish()?.1)
         }
     };
@@ -268,7 +248,7 @@ pub(super) async fn upload_part_copy(
     };
     let tag = part.etag();
     let modified = part.last_modified_ms;
-    store_part(store, i.upload_id, i.bucket, i.key, number, part, ing.pins).await?;
+    e.put_part(&i.upload_id, &upload, number, part, ing.hold).await?;
     Ok(UploadPartCopyOutput {
         copy_part_result: Some(CopyPartResult {
             e_tag: Some(etag(&tag)),
@@ -281,7 +261,7 @@ pub(super) async fn upload_part_copy(
     })
 }
 
-pub(crate) fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
+fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
     let given = [
         (ChecksumAlgo::Crc32, &p.checksum_crc32),
         (ChecksumAlgo::Crc32c, &p.checksum_crc32c),
@@ -299,7 +279,7 @@ pub(crate) fn wanted_checksum(p: &CompletedPart) -> Result<Option<Checksum>> {
 
 /// The whole-object checksums a CompleteMultipartUpload claims (a value
 /// may end in `-N`, the part count of a composite checksum) and its checksum type.
-pub(crate) fn claimed_checksums(i: &CompleteMultipartUploadInput) -> Result<ops::Claimed> {
+fn claimed_checksums(i: &CompleteMultipartUploadInput) -> Result<ops::Claimed> {
     let given = [
         (ChecksumAlgo::Crc32, &i.checksum_crc32),
         (ChecksumAlgo::Crc32c, &i.checksum_crc32c),
@@ -324,19 +304,13 @@ pub(crate) fn claimed_checksums(i: &CompleteMultipartUploadInput) -> Result<ops:
     Ok(ops::Claimed { checksums: out, full_object: checksum_type_of(i.checksum_type.as_ref())? })
 }
 
-pub(super) async fn complete_multipart_upload(
-    store: &Arc<Store>,
+pub(super) async fn complete_multipart_upload<E: Engine>(
+    e: &E,
     req: S3Request<CompleteMultipartUploadInput>,
 ) -> Result<CompleteMultipartUploadOutput> {
     let i = req.input;
     let claimed = claimed_checksums(&i)?;
-    // SSE-C headers are optional on completion; given, they must be the upload's.
     let given_key = i.customer_key()?;
-    if let Some(k) = given_key.clone()
-        && let Some(u) = store.meta.get_upload(&i.upload_id)?
-    {
-        crate::sse::for_upload(u.sse_c_key_md5, Some(k))?;
-    }
     let parts = i.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
     let mut wanted = Vec::with_capacity(parts.len());
     for p in &parts {
@@ -345,24 +319,20 @@ pub(super) async fn complete_multipart_upload(
         wanted.push(Wanted { number, etag, checksum: wanted_checksum(p)? });
     }
     let cond = WriteConditions { if_match: i.if_match, if_none_match: i.if_none_match };
-    let version = store.meta.next_version();
-    let (id, bucket, key) = (i.upload_id, i.bucket.clone(), i.key.clone());
     let retry_etag = ops::completed_etag(&wanted);
-    let meta = match store
-        .meta
-        .write(move |t| ops::complete_upload(t, &id, &bucket, &key, &wanted, &claimed, version, now_ms(), &cond))
-        .await
-    {
-        Ok((meta, freed)) => {
-            store.spawn_delete(freed);
-            meta
-        }
-        // A retry of a completion that happened: the same answer again.
-        Err(e @ LightningError::NoSuchUpload(_)) => match store.meta.get_object(&i.bucket, &i.key)? {
-            Some(m) if retry_etag.as_deref() == Some(m.etag.as_str()) => m,
-            _ => return Err(e),
+    // SSE-C headers are optional on completion; given, they must be the upload's.
+    let accept = |u: &UploadMeta| match given_key.clone() {
+        Some(k) => crate::sse::for_upload(u.sse_c_key_md5, Some(k)).map(|_| ()),
+        None => Ok(()),
+    };
+    let meta = match e.complete_upload(&i.bucket, &i.key, &i.upload_id, wanted, claimed, cond, accept).await {
+        Ok(meta) => meta,
+        // A retry of a completion that happened (its reply was lost): the same answer again.
+        Err(err @ LightningError::NoSuchUpload(_)) => match e.get(&i.bucket, &i.key).await? {
+            Some((m, _)) if retry_etag.as_deref() == Some(m.etag.as_str()) => m,
+            _ => return Err(err),
         },
-        Err(e) => return Err(e),
+        Err(err) => return Err(err),
     };
     let show = crate::sse::may_show_checksum(&meta, given_key.as_ref());
     let c = checksum_fields(meta.checksum.as_ref().filter(|_| show));
@@ -381,17 +351,16 @@ pub(super) async fn complete_multipart_upload(
     })
 }
 
-pub(super) async fn abort_multipart_upload(
-    store: &Arc<Store>,
+pub(super) async fn abort_multipart_upload<E: Engine>(
+    e: &E,
     req: S3Request<AbortMultipartUploadInput>,
 ) -> Result<AbortMultipartUploadOutput> {
     let i = req.input;
-    let freed = store.meta.write(move |t| ops::abort_upload(t, &i.upload_id, &i.bucket, &i.key)).await?;
-    store.spawn_delete(freed);
+    e.abort_upload(&i.bucket, &i.key, &i.upload_id).await?;
     Ok(AbortMultipartUploadOutput::default())
 }
 
-pub(crate) fn limit(v: Option<i32>, what: &str) -> Result<usize> {
+fn limit(v: Option<i32>, what: &str) -> Result<usize> {
     match v {
         None => Ok(1000),
         Some(n) if n < 0 => Err(LightningError::InvalidArgument(format!("{what} must not be negative"))),
@@ -399,24 +368,23 @@ pub(crate) fn limit(v: Option<i32>, what: &str) -> Result<usize> {
     }
 }
 
-pub(super) async fn list_parts(store: &Arc<Store>, req: S3Request<ListPartsInput>) -> Result<ListPartsOutput> {
+pub(super) async fn list_parts<E: Engine>(e: &E, req: S3Request<ListPartsInput>) -> Result<ListPartsOutput> {
     let i = req.input;
-    let upload = upload_of(store, &i.upload_id, &i.bucket, &i.key)?;
     let max = limit(i.max_parts, "max-parts")?;
     let marker = u32::try_from(i.part_number_marker.unwrap_or(0)).unwrap_or(0);
-    let rows = store.meta.list_parts(&i.upload_id, marker, max + 1)?;
+    let (upload, rows) = e.parts(&i.bucket, &i.key, &i.upload_id, marker, max + 1).await?;
     list_parts_output(i, &upload, rows, max)
 }
 
 /// The ListParts answer for `rows` (part number order, up to `max + 1` of
-/// them, the last only telling that the list goes on). Shared with the cluster.
+/// them, the last only telling that the list goes on).
 ///
 /// The parts' checksums are of their plaintext, so for an SSE-C upload
 /// they are given only to a request that carries the upload's key (a
 /// caller who may list parts but lacks the key could otherwise test
 /// guesses of a part's content against them); another key is refused as
 /// UploadPart refuses it.
-pub(crate) fn list_parts_output(
+fn list_parts_output(
     i: ListPartsInput,
     upload: &UploadMeta,
     mut rows: Vec<(u32, PartMeta)>,
@@ -467,30 +435,21 @@ pub(crate) fn list_parts_output(
     })
 }
 
-pub(super) async fn list_multipart_uploads(
-    store: &Arc<Store>,
+pub(super) async fn list_multipart_uploads<E: Engine>(
+    e: &E,
     req: S3Request<ListMultipartUploadsInput>,
 ) -> Result<ListMultipartUploadsOutput> {
     let i = req.input;
-    if store.meta.get_bucket(&i.bucket)?.is_none() {
-        return Err(LightningError::NoSuchBucket(i.bucket));
-    }
     let max = limit(i.max_uploads, "max-uploads")?;
     let prefix = i.prefix.clone().unwrap_or_default();
-    let store2 = store.clone();
-    let (bucket, km, um) = (i.bucket.clone(), i.key_marker.clone(), i.upload_id_marker.clone());
-    let rows = tokio::task::spawn_blocking(move || {
-        store2.meta.list_uploads(&bucket, &prefix, km.as_deref(), um.as_deref(), 10_000)
-    })
-    .await
-    .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+    let rows = e.uploads(&i.bucket, &prefix, i.key_marker.as_deref(), i.upload_id_marker.as_deref()).await?;
     Ok(list_uploads_output(i, max, rows))
 }
 
 /// The ListMultipartUploads answer for `rows` ((key, upload id, upload) in
 /// key then id order, already past the markers): at most `max` uploads and
-/// common prefixes. Shared with the cluster.
-pub(crate) fn list_uploads_output(
+/// common prefixes.
+fn list_uploads_output(
     i: ListMultipartUploadsInput,
     max: usize,
     rows: impl IntoIterator<Item = (String, String, UploadMeta)>,

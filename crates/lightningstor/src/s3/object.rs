@@ -7,18 +7,18 @@ use super::convert::{
 use crate::checksum::ChecksumPlan;
 use crate::conditions::{DeleteConditions, Mode, Preconditions};
 use crate::error::{LightningError, Result};
+use crate::engine::Engine;
 use crate::meta::now_ms;
-use crate::meta::ops::{self, WriteConditions};
+use crate::meta::ops::WriteConditions;
 use crate::meta::types::ObjectMeta;
 use crate::sse::{WithCopySourceKey as _, WithCustomerKey as _};
-use crate::store::Store;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use s3s::S3Request;
 use s3s::dto::*;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::task::{Context, Poll};
 
 /// Makes a `Send` stream `Sync`, as s3s bodies must be. The mutex is never
@@ -42,22 +42,18 @@ impl Stream for SyncBody {
     }
 }
 
-fn require_bucket(store: &Store, bucket: &str) -> Result<()> {
-    store.meta.get_bucket(bucket)?.map(|_| ()).ok_or_else(|| LightningError::NoSuchBucket(bucket.to_owned()))
-}
-
-/// Reads an object row, or NoSuchKey / NoSuchBucket.
-pub(super) fn load(store: &Store, bucket: &str, key: &str) -> Result<ObjectMeta> {
-    match store.meta.get_object(bucket, key)? {
-        Some(m) => Ok(m),
+/// The current object of a key and where its bytes are, or NoSuchKey / NoSuchBucket.
+pub(super) async fn load<E: Engine>(e: &E, bucket: &str, key: &str) -> Result<(ObjectMeta, E::Source)> {
+    match e.get(bucket, key).await? {
+        Some(found) => Ok(found),
         None => {
-            require_bucket(store, bucket)?;
+            e.require_bucket(bucket).await?;
             Err(LightningError::NoSuchKey { key: key.to_owned() })
         }
     }
 }
 
-pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
+pub(super) async fn put_object<E: Engine>(e: &E, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
     let S3Request { input, headers, trailing_headers, .. } = req;
     check_key(&input.key)?;
     let sealing = input.customer_key()?.map(|k| k.seal()).transpose()?;
@@ -71,33 +67,33 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
         input.checksum_sha1.as_deref(),
         input.checksum_sha256.as_deref(),
     ))?;
-    require_bucket(store, &input.bucket)?;
+    e.require_bucket(&input.bucket).await?;
     let cond = WriteConditions { if_match: input.if_match.clone(), if_none_match: input.if_none_match.clone() };
     if cond.if_match.is_some() || cond.if_none_match.is_some() {
         // Fail fast before reading the body; checked again atomically at commit.
-        let cur = store.meta.get_object(&input.bucket, &input.key)?;
+        let cur = e.get(&input.bucket, &input.key).await?;
         crate::conditions::check_write(
-            cur.as_ref().map(|o| o.etag.as_str()),
+            cur.as_ref().map(|(o, _)| o.etag.as_str()),
             cond.if_match.as_ref(),
             cond.if_none_match.as_ref(),
             &input.key,
         )?;
     }
+    let (bucket, key) = (input.bucket, input.key);
     let (ing, plain) = match &sealing {
         None => {
             let ing = match input.body {
-                Some(body) => store.ingest(body, plan.algo, true).await?,
+                Some(body) => e.stage(&bucket, &key, body, plan.algo, true).await?,
                 None => {
-                    store
-                        .ingest(futures::stream::empty::<std::result::Result<Bytes, String>>(), plan.algo, true)
-                        .await?
+                    let empty = futures::stream::empty::<std::result::Result<Bytes, String>>();
+                    e.stage(&bucket, &key, empty, plan.algo, true).await?
                 }
             };
             (ing, None)
         }
         Some((_, cipher)) => {
             let (body, digest) = crate::sse::seal_blob(cipher.clone(), plan.algo, input.body);
-            (store.ingest(body, None, true).await?, Some(digest))
+            (e.stage(&bucket, &key, body, None, true).await?, Some(digest))
         }
     };
     if let Some(declared) = input.content_length
@@ -116,7 +112,7 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
     plan.verify(&md5, checksum.as_ref(), trailer.as_deref())?;
 
     let meta = ObjectMeta {
-        version: store.meta.next_version(),
+        version: 0,
         size: ing.size,
         etag: hex::encode(ing.md5),
         last_modified_ms: now_ms(),
@@ -131,14 +127,10 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
         ),
         checksum,
         parts: Vec::new(),
-        data: ing.data.clone(),
+        data: ing.data,
         sse_c: sealing.map(|(s, _)| s),
     };
-    let (bucket, key) = (input.bucket, input.key);
-    let row = meta.clone();
-    let freed = store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &cond)).await?;
-    ing.pins.release();
-    store.spawn_delete(freed);
+    let meta = e.commit(&bucket, &key, meta, ing.hold, &cond).await?;
     let c = checksum_fields(meta.checksum.as_ref());
     Ok(PutObjectOutput {
         e_tag: Some(etag(&meta.etag)),
@@ -156,14 +148,14 @@ pub(super) async fn put_object(store: &Arc<Store>, req: S3Request<PutObjectInput
 }
 
 /// What GET and HEAD share: the row, the preconditions, and the range.
-pub(crate) struct Selected {
-    pub(crate) meta: ObjectMeta,
-    pub(crate) range: std::ops::Range<u64>,
+struct Selected {
+    meta: ObjectMeta,
+    range: std::ops::Range<u64>,
     partial: bool,
 }
 
 /// Checks read preconditions on `meta` and resolves the range asked for.
-pub(crate) fn select_meta(
+fn select_meta(
     meta: ObjectMeta,
     pre: &Preconditions,
     range: Option<&Range>,
@@ -185,7 +177,7 @@ fn content_range(s: &Selected) -> Option<String> {
     s.partial.then(|| format!("bytes {}-{}/{}", s.range.start, s.range.end.saturating_sub(1), s.meta.size))
 }
 
-pub(crate) fn preconditions(
+pub(super) fn preconditions(
     if_match: Option<ETagCondition>,
     if_none_match: Option<ETagCondition>,
     if_modified_since: Option<&Timestamp>,
@@ -204,7 +196,7 @@ fn want_checksum(mode: Option<&ChecksumMode>, s: &Selected) -> bool {
         && (!s.partial || s.meta.parts.is_empty() && s.range == (0..s.meta.size))
 }
 
-pub(super) async fn get_object(store: &Arc<Store>, req: S3Request<GetObjectInput>) -> Result<GetObjectOutput> {
+pub(super) async fn get_object<E: Engine>(e: &E, req: S3Request<GetObjectInput>) -> Result<GetObjectOutput> {
     let i = req.input;
     let pre = preconditions(
         i.if_match.clone(),
@@ -212,15 +204,15 @@ pub(super) async fn get_object(store: &Arc<Store>, req: S3Request<GetObjectInput
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    let meta = load(store, &i.bucket, &i.key)?;
+    let (meta, from) = load(e, &i.bucket, &i.key).await?;
     let cipher = crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
-    let body = crate::sse::decrypting(cipher, s.range.start, store.read(&s.meta, s.range.clone()));
+    let body = crate::sse::decrypting(cipher, s.range.start, e.read(&s.meta, from, s.range.clone()));
     Ok(get_output(i, &s, body))
 }
 
 /// The GetObject answer for a selected object and its body stream.
-pub(crate) fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<Bytes>>) -> GetObjectOutput {
+fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<Bytes>>) -> GetObjectOutput {
     let h = &s.meta.headers;
     let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
@@ -254,7 +246,7 @@ pub(crate) fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'stati
     }
 }
 
-pub(super) async fn head_object(store: &Arc<Store>, req: S3Request<HeadObjectInput>) -> Result<HeadObjectOutput> {
+pub(super) async fn head_object<E: Engine>(e: &E, req: S3Request<HeadObjectInput>) -> Result<HeadObjectOutput> {
     let i = req.input;
     let pre = preconditions(
         i.if_match.clone(),
@@ -262,14 +254,14 @@ pub(super) async fn head_object(store: &Arc<Store>, req: S3Request<HeadObjectInp
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    let meta = load(store, &i.bucket, &i.key)?;
+    let (meta, _) = load(e, &i.bucket, &i.key).await?;
     crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     Ok(head_output(i, &s))
 }
 
 /// The HeadObject answer for a selected object.
-pub(crate) fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
+fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
     let h = &s.meta.headers;
     let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
@@ -302,17 +294,15 @@ pub(crate) fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput 
     }
 }
 
-pub(super) async fn delete_object(store: &Arc<Store>, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
+pub(super) async fn delete_object<E: Engine>(e: &E, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
     let cond = delete_conditions(&req.input);
-    let (bucket, key) = (req.input.bucket, req.input.key);
-    check_key(&key)?;
-    let freed = store.meta.write(move |t| ops::delete_object_if(t, &bucket, &key, &cond)).await?;
-    store.spawn_delete(freed);
+    check_key(&req.input.key)?;
+    e.delete(&req.input.bucket, &req.input.key, &cond).await?;
     Ok(DeleteObjectOutput::default())
 }
 
-pub(super) async fn delete_objects(
-    store: &Arc<Store>,
+pub(super) async fn delete_objects<E: Engine>(
+    e: &E,
     req: S3Request<DeleteObjectsInput>,
 ) -> Result<DeleteObjectsOutput> {
     let bucket = req.input.bucket;
@@ -330,36 +320,25 @@ pub(super) async fn delete_objects(
     if keys.len() > 1000 {
         return Err(LightningError::MalformedXml("at most 1000 keys may be deleted at once".into()));
     }
-    require_bucket(store, &bucket)?;
-    // One transaction for the whole batch.
-    let results = store
-        .meta
-        .write(move |t| {
-            let mut out = Vec::with_capacity(keys.len());
-            let mut freed = Vec::new();
-            for (key, cond) in keys {
-                let r = check_key(&key).and_then(|()| ops::delete_object_if(t, &bucket, &key, &cond));
-                match r {
-                    Ok(f) => {
-                        freed.extend(f);
-                        out.push((key, None));
-                    }
-                    Err(e @ (LightningError::Db(_) | LightningError::Io(_))) => return Err(e),
-                    Err(e) => out.push((key, Some(e))),
-                }
-            }
-            Ok((out, freed))
-        })
-        .await?;
-    let (results, freed) = results;
-    store.spawn_delete(freed);
+    e.require_bucket(&bucket).await?;
+    // A key that is no valid key gets its error here; the engine deletes the others.
+    let checked: Vec<Result<()>> = keys.iter().map(|(k, _)| check_key(k)).collect();
+    let valid = keys.iter().zip(&checked).filter(|(_, c)| c.is_ok()).map(|(k, _)| k.clone()).collect();
+    let mut done = e.delete_many(&bucket, valid).await?.into_iter();
+    let results = keys.into_iter().zip(checked).map(|((key, _), check)| {
+        let r = match check {
+            Ok(()) => done.next().unwrap_or_else(|| Err(LightningError::Db("a delete went unanswered".into()))),
+            Err(e) => Err(e),
+        };
+        (key, r)
+    });
     let mut deleted = Vec::new();
     let mut errors = Vec::new();
-    for (key, err) in results {
-        match err {
-            None if !quiet => deleted.push(DeletedObject { key: Some(key), ..Default::default() }),
-            None => {}
-            Some(e) => errors.push(Error {
+    for (key, r) in results {
+        match r {
+            Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(key), ..Default::default() }),
+            Ok(()) => {}
+            Err(e) => errors.push(Error {
                 code: Some(e.s3_code().as_str().to_owned()),
                 key: Some(key),
                 message: Some(e.to_string()),
@@ -387,12 +366,12 @@ pub(crate) fn copy_source(src: &CopySource) -> Result<(String, String)> {
     }
 }
 
-pub(super) async fn copy_object(store: &Arc<Store>, req: S3Request<CopyObjectInput>) -> Result<CopyObjectOutput> {
+pub(super) async fn copy_object<E: Engine>(e: &E, req: S3Request<CopyObjectInput>) -> Result<CopyObjectOutput> {
     let i = req.input;
     check_key(&i.key)?;
     let (sb, sk) = copy_source(&i.copy_source)?;
     let (dest_key, source_key) = (i.customer_key()?, i.copy_source_key()?);
-    let src = load(store, &sb, &sk)?;
+    let (src, from) = load(e, &sb, &sk).await?;
     let source = crate::sse::open(&src, source_key.as_ref())?;
     preconditions(
         i.copy_source_if_match.clone(),
@@ -402,43 +381,31 @@ pub(super) async fn copy_object(store: &Arc<Store>, req: S3Request<CopyObjectInp
     )
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
     check_copy_to_itself(&i, &sb, &sk, &src, dest_key.as_ref())?;
-    require_bucket(store, &i.bucket)?;
+    e.require_bucket(&i.bucket).await?;
     let headers = copied_headers(&i, &src);
-    let meta = if source.is_none() && dest_key.is_none() {
-        // Plain to plain: the copy shares the source's blocks. Pin them,
-        // then make sure they still exist: from here on no concurrent
-        // delete can remove them before the copy commits.
-        let pins = store.pin_existing(src.data.blocks())?;
-        let meta = ObjectMeta { version: store.meta.next_version(), last_modified_ms: now_ms(), headers, ..src };
-        let (bucket, key, row) = (i.bucket, i.key, meta.clone());
-        let freed =
-            store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default())).await?;
-        pins.release();
-        store.spawn_delete(freed);
-        meta
+    let (row, hold) = if source.is_none() && dest_key.is_none() {
+        // Plain to plain: the bytes do not change; the engine makes them
+        // the destination's (shared blocks, or copies on its replicas).
+        let (data, hold) = e.copy_data(&i.bucket, &i.key, &src, from).await?;
+        (ObjectMeta { last_modified_ms: now_ms(), headers, data, ..src }, hold)
     } else {
         // SSE-C on either side: the bytes change, so they go through the
         // write path, decrypted and (for an SSE-C destination) encrypted
         // under the destination's key with a fresh IV.
         let sealing = dest_key.map(|k| k.seal()).transpose()?;
-        let body =
-            crate::sse::recrypting(source, 0, sealing.as_ref().map(|(_, c)| c.clone()), store.read(&src, 0..src.size));
-        let ing = store.ingest(body, None, true).await?;
-        let meta = recrypted(src, &ing.data, ing.size, ing.md5, headers, sealing.map(|(s, _)| s))?;
-        let meta = ObjectMeta { version: store.meta.next_version(), ..meta };
-        let (bucket, key, row) = (i.bucket, i.key, meta.clone());
-        let freed =
-            store.meta.write(move |t| ops::put_object(t, &bucket, &key, &row, &WriteConditions::default())).await?;
-        ing.pins.release();
-        store.spawn_delete(freed);
-        meta
+        let plain = e.read(&src, from, 0..src.size);
+        let body = crate::sse::recrypting(source, 0, sealing.as_ref().map(|(_, c)| c.clone()), plain);
+        let staged = e.stage(&i.bucket, &i.key, body, None, true).await?;
+        let row = recrypted(src, &staged.data, staged.size, staged.md5, headers, sealing.map(|(s, _)| s))?;
+        (row, staged.hold)
     };
+    let meta = e.commit(&i.bucket, &i.key, row, hold, &WriteConditions::default()).await?;
     Ok(copy_output(&meta))
 }
 
 /// A copy onto itself must change something: the metadata (REPLACE) or the
 /// encryption (an SSE-C source or destination, e.g. a key rotation).
-pub(crate) fn check_copy_to_itself(
+fn check_copy_to_itself(
     i: &CopyObjectInput,
     sb: &str,
     sk: &str,
@@ -460,7 +427,7 @@ fn replaces_metadata(i: &CopyObjectInput) -> bool {
 }
 
 /// The headers of a copy: the request's under REPLACE, else the source's.
-pub(crate) fn copied_headers(i: &CopyObjectInput, src: &ObjectMeta) -> crate::meta::types::ObjectHeaders {
+fn copied_headers(i: &CopyObjectInput, src: &ObjectMeta) -> crate::meta::types::ObjectHeaders {
     if replaces_metadata(i) {
         object_headers(
             i.content_type.clone(),
@@ -480,7 +447,7 @@ pub(crate) fn copied_headers(i: &CopyObjectInput, src: &ObjectMeta) -> crate::me
 /// encrypted): stored as `data` (`size` bytes, MD5 `md5`), with the
 /// source's parts and plaintext checksum; the ETag is the MD5 of the stored
 /// bytes, as for a PUT. The caller sets the version.
-pub(crate) fn recrypted(
+fn recrypted(
     src: ObjectMeta,
     data: &crate::meta::types::ObjectData,
     size: u64,
@@ -508,7 +475,7 @@ pub(crate) fn recrypted(
 }
 
 /// The CopyObject answer for the row written.
-pub(crate) fn copy_output(meta: &ObjectMeta) -> CopyObjectOutput {
+fn copy_output(meta: &ObjectMeta) -> CopyObjectOutput {
     let c = checksum_fields(meta.checksum.as_ref());
     CopyObjectOutput {
         copy_object_result: Some(CopyObjectResult {

@@ -9,8 +9,9 @@
 //! runs, [`Supported::check_supported`] looks at every option of its input
 //! that no handler implements and answers `NotImplemented` naming it.
 //!
-//! Both front ends (the single node's `LightningS3` and the cluster's
-//! `ClusterS3`) call it, so they refuse the same things (SSE-C is served,
+//! The one front end (`LightningS3`, over the local store on a single node
+//! and over the coordinator on a cluster node) calls it, so both modes
+//! refuse the same things (SSE-C is served,
 //! SSE-KMS and SSE-S3 are refused); the tests in
 //! `tests/tests/s3_api.rs` run against both.
 
