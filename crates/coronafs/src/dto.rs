@@ -69,6 +69,10 @@ pub struct SnapshotInfo {
     pub allocated_bytes: u64,
     pub clones: Vec<String>,
     pub nbd_export: String,
+    /// Of a replicated volume, on its primary: the copies that lack this
+    /// snapshot (they were out of the live set or failed it when it was taken).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_on: Vec<String>,
 }
 
 /// What evicting a volume from the page cache did (`POST /v1/volumes/{name}/evict`).

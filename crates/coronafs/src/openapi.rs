@@ -166,7 +166,8 @@ pub fn document() -> Value {
                 "size": {"type": "integer", "format": "int64"},
                 "allocated_bytes": {"type": "integer", "format": "int64"},
                 "clones": {"type": "array", "items": {"type": "string"}},
-                "nbd_export": {"type": "string", "description": "VOL@SNAP, read-only"}}}
+                "nbd_export": {"type": "string", "description": "VOL@SNAP, read-only"},
+                "missing_on": {"type": "array", "items": {"type": "string"}, "description": "of a replicated volume, on its primary (absent when empty): the copies that lack this snapshot because they were out of the live set or failed it when it was taken; a resync does not bring it to them"}}}
         }}
     })
 }

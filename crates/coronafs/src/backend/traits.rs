@@ -78,3 +78,47 @@ pub trait BlockBackend: Send + Sync + 'static {
         None
     }
 }
+
+/// A shared backend is one: a replicated volume's primary keeps its local
+/// copy shared, so that a snapshot can swap that copy's head.
+impl<B: BlockBackend> BlockBackend for Arc<B> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn read_at(&self, buf: Vec<u8>, offset: u64) -> impl Future<Output = BufResult> + Send {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: Vec<u8>, offset: u64, fua: bool) -> impl Future<Output = BufResult> + Send {
+        (**self).write_at(buf, offset, fua)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        punch: bool,
+        fast_only: bool,
+    ) -> impl Future<Output = io::Result<()>> + Send {
+        (**self).write_zeroes(offset, len, punch, fast_only)
+    }
+    fn trim(&self, offset: u64, len: u64) -> impl Future<Output = io::Result<()>> + Send {
+        (**self).trim(offset, len)
+    }
+    fn flush(&self) -> impl Future<Output = io::Result<()>> + Send {
+        (**self).flush()
+    }
+    fn cache(&self, offset: u64, len: u64) -> impl Future<Output = io::Result<()>> + Send {
+        (**self).cache(offset, len)
+    }
+    fn extents(&self, offset: u64, len: u64, max: usize) -> impl Future<Output = io::Result<Vec<Extent64>>> + Send {
+        (**self).extents(offset, len, max)
+    }
+    fn try_read_now(&self, buf: &mut [u8], offset: u64) -> bool {
+        (**self).try_read_now(buf, offset)
+    }
+    fn try_write_now(&self, buf: &[u8], offset: u64) -> bool {
+        (**self).try_write_now(buf, offset)
+    }
+    fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
+        (**self).splice_source(offset, len)
+    }
+}

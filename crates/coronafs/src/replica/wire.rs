@@ -1,5 +1,5 @@
 //! The replica RPC's frames, sans-IO: a primary's requests (OPEN, WRITE,
-//! WRITE_ZEROES, TRIM, FLUSH), each numbered and tagged with the primary's
+//! WRITE_ZEROES, TRIM, FLUSH, SNAPSHOT, DELETE_SNAPSHOT), each numbered and tagged with the primary's
 //! epoch, and the replica's in-order answers; the primary's unanswered
 //! HEARTBEAT on an idle stream; and a candidate's PROBE and VOTE requests
 //! with their answer ([`VoteReply`]). Layout in
@@ -52,6 +52,11 @@ pub enum Body {
     /// at the frame's epoch: whether it still hears its primary, and where it
     /// is (the only frame of its connection; answered like a VOTE).
     Probe { volume: String, candidate: String },
+    /// Freezes the copy's head as snapshot `name` of the stream's volume,
+    /// at exactly this point of the stream.
+    Snapshot { name: String },
+    /// Deletes snapshot `name` of the stream's volume (done if it is not there).
+    DeleteSnapshot { name: String },
 }
 
 /// Who sends a write stream: the stream's number (its start time on the
@@ -145,6 +150,7 @@ impl Msg {
                 put_name(&mut names, volume);
                 put_name(&mut names, candidate);
             }
+            Body::Snapshot { name } | Body::DeleteSnapshot { name } => put_name(&mut names, name),
             _ => {}
         }
         let (kind, flags, offset, len, payload): (u8, u8, u64, u64, &[u8]) = match &self.body {
@@ -156,6 +162,8 @@ impl Msg {
             Body::Flush => (4, 0, 0, 0, &[]),
             Body::Heartbeat => (6, 0, 0, 0, &[]),
             Body::Probe { .. } => (7, 0, 0, names.len() as u64, &[]),
+            Body::Snapshot { .. } => (8, 0, 0, names.len() as u64, &[]),
+            Body::DeleteSnapshot { .. } => (9, 0, 0, names.len() as u64, &[]),
         };
         let mut h = [0u8; HEADER_LEN];
         h[..4].copy_from_slice(REQUEST_MAGIC);
@@ -190,7 +198,7 @@ impl Header {
             len: be64(&h[32..]),
         };
         let known_flags = if hd.kind == 2 { FLAG_PUNCH } else { 0 };
-        if hd.kind > 7 {
+        if hd.kind > 9 {
             return Err(bad(format!("unknown kind {}", hd.kind)));
         }
         if hd.flags & !known_flags != 0 || h[6..8] != [0, 0] {
@@ -200,6 +208,9 @@ impl Header {
             0 | 5 | 7 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => Err(bad(format!("names of {} bytes", hd.len))),
             5 | 7 if hd.seq != 0 || hd.offset != 0 => Err(bad("vote or probe with a seq or an offset".into())),
             6 if hd.seq != 0 || hd.offset != 0 || hd.len != 0 => Err(bad("heartbeat with a seq or a range".into())),
+            8 | 9 if hd.len < 2 || hd.len > MAX_NAME + 1 || hd.offset != 0 => {
+                Err(bad(format!("snapshot frame with a name of {} bytes or an offset", hd.len)))
+            }
             1 if hd.len > MAX_PAYLOAD => Err(bad(format!("write of {} bytes (at most {MAX_PAYLOAD})", hd.len))),
             4 if hd.offset != 0 || hd.len != 0 => Err(bad("flush with a range".into())),
             _ => Ok(hd),
@@ -209,7 +220,7 @@ impl Header {
     /// Bytes of payload that follow this header.
     pub fn payload_len(&self) -> usize {
         match self.kind {
-            0 | 1 | 5 | 7 => self.len as usize,
+            0 | 1 | 5 | 7 | 8 | 9 => self.len as usize,
             _ => 0,
         }
     }
@@ -241,6 +252,15 @@ impl Header {
                 let (volume, candidate) = (r.name()?, r.name()?);
                 r.end()?;
                 if self.kind == 5 { Body::Vote { volume, candidate } } else { Body::Probe { volume, candidate } }
+            }
+            8 | 9 => {
+                let mut r = Names(&payload);
+                let name = r.name()?;
+                r.end()?;
+                if name.is_empty() {
+                    return Err(bad("empty snapshot name".into()));
+                }
+                if self.kind == 8 { Body::Snapshot { name } } else { Body::DeleteSnapshot { name } }
             }
             6 => Body::Heartbeat,
             1 => Body::Write { offset: self.offset, data: Bytes::from(payload) },
@@ -360,6 +380,8 @@ mod tests {
             }),
             (any::<u64>(), any::<u64>()).prop_map(|(offset, len)| Body::Trim { offset, len }),
             Just(Body::Flush),
+            "[a-z0-9]{1,40}".prop_map(|name| Body::Snapshot { name }),
+            "[a-z0-9]{1,40}".prop_map(|name| Body::DeleteSnapshot { name }),
         ]
     }
 
@@ -386,7 +408,7 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_payloads_of_open_vote_and_probe_never_panic(kind in prop_oneof![Just(0u8), Just(5u8), Just(7u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
+        fn arbitrary_payloads_of_open_vote_and_probe_never_panic(kind in prop_oneof![Just(0u8), Just(5u8), Just(7u8), Just(8u8), Just(9u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
             let (mut h, _) = Msg { seq: 0, epoch: 0, body: Body::Flush }.encode();
             h[4] = kind;
             h[32..40].copy_from_slice(&(payload.len() as u64).to_be_bytes());
@@ -409,8 +431,8 @@ mod tests {
     #[test]
     fn oversized_writes_unknown_kinds_and_wrong_magic_are_refused() {
         let (mut h, _) = Msg { seq: 1, epoch: 0, body: Body::Flush }.encode();
-        h[4] = 9;
-        assert!(Header::decode(&h).expect_err("kind").to_string().contains("unknown kind 9"));
+        h[4] = 10;
+        assert!(Header::decode(&h).expect_err("kind").to_string().contains("unknown kind 10"));
         let (mut h, _) = Msg { seq: 0, epoch: 1, body: Body::Heartbeat }.encode();
         h[8..16].copy_from_slice(&3u64.to_be_bytes());
         assert!(Header::decode(&h).is_err(), "a heartbeat takes no number of the stream");
@@ -428,5 +450,12 @@ mod tests {
         assert!(Header::decode(&h).is_err(), "punch only on WRITE_ZEROES");
         let hd = Header::decode(&Msg { seq: 1, epoch: 0, body: Body::Flush }.encode().0).expect("flush");
         assert!(hd.finish(vec![1]).is_err(), "a payload the header does not announce");
+        let (mut h, _) = Msg { seq: 4, epoch: 0, body: Body::Snapshot { name: "s1".into() } }.encode();
+        h[24..32].copy_from_slice(&1u64.to_be_bytes());
+        assert!(Header::decode(&h).is_err(), "a snapshot frame has no offset");
+        let (h, _) = Msg { seq: 4, epoch: 0, body: Body::DeleteSnapshot { name: "s1".into() } }.encode();
+        let hd = Header::decode(&h).expect("delete snapshot");
+        assert!(hd.finish(vec![1, b's']).is_err(), "a payload shorter than the header says");
+        assert!(hd.finish(vec![0, b's', b'1']).is_err(), "an empty name, then stray bytes");
     }
 }

@@ -56,3 +56,6 @@ mod failover_tests;
 
 #[cfg(test)]
 mod resync_tests;
+
+#[cfg(test)]
+mod snapshot_tests;

@@ -5,7 +5,7 @@
 //! PROBE or VOTE (`volume/failover.rs`) on a connection of its own
 //! (docs/design/replication-volumes.md).
 
-use crate::backend::replicated::apply::Applier;
+use crate::backend::replicated::apply::{Applier, Snapshots};
 use crate::error::{CoronaError, Result};
 use crate::replica::auth::{self, RpcSecret};
 use crate::replica::wire::{Body, HEADER_LEN, Header, Reply};
@@ -51,6 +51,42 @@ pub async fn serve(
         }
     }
     conns.shutdown().await;
+}
+
+/// A copy takes its primary's snapshots through its volume manager.
+struct CopySnapshots<'a> {
+    volumes: &'a Volumes,
+    volume: &'a str,
+}
+
+/// The errno a replica answers a snapshot frame it could not apply with.
+fn snapshot_errno(volume: &str, name: &str, e: CoronaError) -> std::io::Error {
+    tracing::warn!(volume, snapshot = name, error = %e, "snapshot frame failed");
+    let errno = match e {
+        CoronaError::SnapshotExists(_) => libc::EEXIST,
+        CoronaError::InvalidName { .. } => libc::EINVAL,
+        CoronaError::NotFound(_) => libc::ENOENT,
+        CoronaError::Conflict(_) => libc::EBUSY,
+        CoronaError::ReadOnly(_) => libc::EROFS,
+        _ => libc::EIO,
+    };
+    std::io::Error::from_raw_os_error(errno)
+}
+
+impl Snapshots for CopySnapshots<'_> {
+    fn take<'a>(&'a self, name: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<()>> {
+        Box::pin(async move {
+            self.volumes.snapshot_as_copy(self.volume, name).await.map_err(|e| snapshot_errno(self.volume, name, e))
+        })
+    }
+    fn delete<'a>(&'a self, name: &'a str) -> futures::future::BoxFuture<'a, std::io::Result<()>> {
+        Box::pin(async move {
+            self.volumes
+                .delete_snapshot_as_copy(self.volume, name)
+                .await
+                .map_err(|e| snapshot_errno(self.volume, name, e))
+        })
+    }
 }
 
 /// The listener's half of the handshake (`replica/auth.rs`).
@@ -128,6 +164,7 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
     wr.flush().await?;
     tracing::info!(volume = %export.name, epoch = open.epoch, primary = %origin.primary, "replica stream opened");
     let mut applier = Applier::opened(open.seq);
+    let snaps = CopySnapshots { volumes, volume: &export.name };
     while let Some(msg) = read_frame(&mut rd).await? {
         if msg.body == Body::Heartbeat {
             // Unanswered. A heartbeat of a fenced primary is not heard: the
@@ -154,7 +191,7 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
                 Some(_turn) => {
                     tracker.heard();
                     let epoch = msg.epoch;
-                    let r = applier.apply(&export.backend, msg, export.fence.current()).await;
+                    let r = applier.apply(&export.backend, &snaps, msg, export.fence.current()).await;
                     if r.is_ok() {
                         tracker.applied(seq, epoch);
                     }

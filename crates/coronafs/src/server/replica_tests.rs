@@ -248,10 +248,10 @@ async fn a_volume_with_three_copies_made_through_the_api_replicates_and_keeps_it
     assert!(e.to_string().contains("3 nodes"), "{e}");
     assert!(servers[1].volumes.info("big").is_err(), "a refused create left no copy behind");
     // What would change the copies out of step is refused: flattening (it
-    // swaps the head for a plain local layer) and snapshots.
+    // swaps the head for a plain local layer) and resizing.
     let e = api.flatten("vm").await.expect_err("flatten of a replicated volume");
     assert!(e.to_string().contains("replicated"), "{e}");
-    let e = api.snapshot("vm", "s1").await.expect_err("snapshot of a replicated volume");
+    let e = api.resize("vm", 2 * SIZE, false).await.expect_err("resize of a replicated volume");
     assert!(e.to_string().contains("replicated"), "{e}");
 
     let client = NbdClient::connect(servers[0].nbd_addr, "vm").await.expect("connect");

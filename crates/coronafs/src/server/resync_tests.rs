@@ -13,44 +13,44 @@ use crate::service::RunningServer;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 
-fn data(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn data(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed) | 1).collect()
 }
 
-struct Nodes {
-    t: super::test_cluster::Three,
+pub(super) struct Nodes {
+    pub(super) t: super::test_cluster::Three,
     node: Vec<Option<RunningServer>>,
 }
 
 impl Nodes {
-    async fn start() -> Self {
+    pub(super) async fn start() -> Self {
         let mut t = super::test_cluster::start_three(3000).await;
         let node = std::mem::take(&mut t.servers).into_iter().map(Some).collect();
         Nodes { t, node }
     }
 
-    fn up(&self, i: usize) -> &RunningServer {
+    pub(super) fn up(&self, i: usize) -> &RunningServer {
         self.node[i].as_ref().expect("node is up")
     }
 
-    fn api(&self, i: usize) -> ApiClient {
+    pub(super) fn api(&self, i: usize) -> ApiClient {
         ApiClient::new(&self.up(i).api_url())
     }
 
-    fn take(&mut self, i: usize) -> RunningServer {
+    pub(super) fn take(&mut self, i: usize) -> RunningServer {
         self.node[i].take().expect("node is up")
     }
 
-    async fn restart(&mut self, i: usize) {
+    pub(super) async fn restart(&mut self, i: usize) {
         assert!(self.node[i].is_none());
         self.node[i] = Some(crate::service::start(self.t.cfgs[i].clone()).await.expect("restart"));
     }
 
     /// A volume `vm` of `size` bytes with 3 copies (primary n1), every MiB
     /// written and flushed; gives the client.
-    async fn volume(&self, size: u64) -> NbdClient {
+    pub(super) async fn volume(&self, size: u64) -> NbdClient {
         let req = CreateVolume { name: "vm".into(), size: Some(size), from_snapshot: None, replicas: Some(3) };
         self.api(0).create_volume(&req).await.expect("create");
         let client = NbdClient::connect(self.t.file.nodes[0].nbd, "vm").await.expect("connect");
@@ -61,14 +61,14 @@ impl Nodes {
         client
     }
 
-    async fn image(&self, i: usize, size: u64) -> Vec<u8> {
+    pub(super) async fn image(&self, i: usize, size: u64) -> Vec<u8> {
         let e = self.up(i).volumes.open("vm").expect("open");
         let (r, buf) = crate::backend::BlockBackend::read_at(&e.backend, vec![0; size as usize], 0).await;
         r.expect("read");
         buf
     }
 
-    async fn shutdown(mut self) {
+    pub(super) async fn shutdown(mut self) {
         for i in 0..3 {
             if let Some(s) = self.node[i].take() {
                 s.shutdown().await;
@@ -78,7 +78,7 @@ impl Nodes {
 }
 
 /// Polls node `i`'s `GET /v1/volumes/vm` (at most 30 s) until `ok` holds.
-async fn until(api: &ApiClient, what: &str, ok: impl Fn(&VolumeInfo) -> bool) -> VolumeInfo {
+pub(super) async fn until(api: &ApiClient, what: &str, ok: impl Fn(&VolumeInfo) -> bool) -> VolumeInfo {
     let start = Instant::now();
     loop {
         let v = api.get("vm").await.expect("show");
@@ -90,7 +90,7 @@ async fn until(api: &ApiClient, what: &str, ok: impl Fn(&VolumeInfo) -> bool) ->
     }
 }
 
-fn all_in_sync(v: &VolumeInfo) -> bool {
+pub(super) fn all_in_sync(v: &VolumeInfo) -> bool {
     v.replica_states.len() == v.replicas.len() && v.replica_states.iter().all(|s| s.state == ReplicaSync::InSync)
 }
 

@@ -58,6 +58,11 @@ pub struct SnapRec {
     pub layer: u64,
     /// Size of the volume when the snapshot was taken.
     pub size: u64,
+    /// On a replicated volume's primary: the copies that did not take this
+    /// snapshot (out of the live set, or failed it). They never get it: a
+    /// resync brings back a copy's head, not its snapshots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
 }
 
 /// A layer: a data file and, with a parent, an ownership map.
@@ -166,7 +171,7 @@ mod tests {
             c.layers.insert(id, layer(p));
         }
         c.volumes.insert("a".into(), VolumeRec { size: 1, head: 4, ..Default::default() });
-        c.snapshots.insert(snap_key("a", "s"), SnapRec { layer: 2, size: 1 });
+        c.snapshots.insert(snap_key("a", "s"), SnapRec { layer: 2, size: 1, missing: Vec::new() });
         assert_eq!(c.chain(4), vec![4, 2, 1]);
         assert_eq!(c.garbage(), vec![3, 9]);
         assert_eq!(c.snapshots_of("a"), vec!["s".to_owned()]);

@@ -29,6 +29,9 @@ pub struct Export {
     pub fence: Fence,
     /// On a replicated volume's primary: its replicas' states and clean close.
     pub replication: Option<super::replication::Handle>,
+    /// On a replicated volume's primary: its own copy, under the
+    /// replication (a snapshot swaps this copy's head).
+    pub local: Option<std::sync::Arc<Layered<AnyBackend>>>,
 }
 
 impl Export {
@@ -40,6 +43,7 @@ impl Export {
             connections: AtomicUsize::new(0),
             fence: Fence::new(epoch),
             replication: None,
+            local: None,
         }
     }
 }

@@ -162,7 +162,7 @@ mod tests {
         let id = c.alloc_layer();
         c.layers.insert(id, LayerRec { file: "layers/1.data".into(), size: 10, parent: None, parent_limit: 0 });
         c.volumes.insert("v".into(), VolumeRec { size: 10, head: id, epoch: 3, ..Default::default() });
-        c.snapshots.insert("v@s".into(), SnapRec { layer: id, size: 10 });
+        c.snapshots.insert("v@s".into(), SnapRec { layer: id, size: 10, missing: Vec::new() });
         m.commit(&empty, &c).expect("commit");
         let mut d = c.clone();
         d.snapshots.clear();

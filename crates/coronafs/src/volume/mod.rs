@@ -220,9 +220,11 @@ impl Volumes {
             let layer =
                 files::open_layer(&self.dir, &self.opener, &cat, rec.head, !self.read_only, None, &self.faults)?;
             if !rec.replicas.is_empty() && !self.read_only {
-                let (backend, handle) = self.replicated(name, rec, Layered::new(layer))?;
+                let local = Arc::new(Layered::new(layer));
+                let (backend, handle) = self.replicated(name, rec, local.clone())?;
                 let mut e = Export::new(name, Layered::new(Layer::base(0, rec.size, backend)), false, rec.epoch);
                 e.replication = Some(handle);
+                e.local = Some(local);
                 let v = Arc::new(e);
                 open.insert(name.to_owned(), v.clone());
                 return Ok(v);
@@ -393,6 +395,7 @@ impl Volumes {
             allocated_bytes: self.allocated(cat, s.layer),
             clones: cat.clones_of(&key),
             nbd_export: key,
+            missing_on: s.missing.clone(),
         })
     }
 
@@ -549,7 +552,10 @@ impl Volumes {
     }
 
     /// Freezes the volume's head as snapshot `snap` and gives the volume a
-    /// fresh empty head on top of it: O(1) plus one flush.
+    /// fresh empty head on top of it: O(1) plus one flush. On a replicated
+    /// volume's primary every live copy takes it at the same point of the
+    /// write stream ([`Volumes::snapshot_replicated`]); a replica copy
+    /// refuses (its primary takes its snapshots).
     pub async fn snapshot(&self, vol: &str, snap: &str) -> Result<SnapshotInfo> {
         validate_name(vol)?;
         validate_name(snap)?;
@@ -557,7 +563,29 @@ impl Volumes {
         let _g = self.control.lock().await;
         let old = self.catalog()?;
         let rec = old.volumes.get(vol).ok_or_else(|| CoronaError::NotFound(vol.to_owned()))?.clone();
-        not_replicated(vol, &rec, "snapshots")?;
+        self.not_a_copy(vol, &rec, "snapshots")?;
+        let cat = if rec.replicas.is_empty() {
+            self.snapshot_plain(&old, vol, snap, &rec).await?
+        } else {
+            self.snapshot_replicated(&old, vol, snap, &rec).await?
+        };
+        self.snapshot_info(&cat, vol, snap)
+    }
+
+    /// Refuses a snapshot change asked of a copy this node holds for another
+    /// node's primary: the copies take snapshots only through its stream.
+    fn not_a_copy(&self, vol: &str, rec: &VolumeRec, what: &str) -> Result<()> {
+        let me = self.membership().map(|m| m.node.as_str());
+        match &rec.primary {
+            Some(p) if rec.replicas.is_empty() && Some(p.as_str()) != me => Err(CoronaError::Conflict(format!(
+                "{vol} is a copy of a replicated volume whose primary is {p}: ask the primary for {what}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that `VOL@SNAP` can be taken (new, chain not too deep).
+    fn check_new_snapshot(old: &Catalog, vol: &str, snap: &str, rec: &VolumeRec) -> Result<String> {
         let key = snap_key(vol, snap);
         if old.snapshots.contains_key(&key) {
             return Err(CoronaError::SnapshotExists(key));
@@ -568,24 +596,48 @@ impl Volumes {
                 "{vol} already sits on {depth} layers (the limit is {MAX_DEPTH}); delete snapshots and flatten it first"
             )));
         }
+        Ok(key)
+    }
+
+    /// The snapshot of a volume served by its own layered backend (an
+    /// ordinary volume, or a replica copy applying its primary's frame).
+    /// Call holding the control lock; gives the committed catalog.
+    async fn snapshot_plain(&self, old: &Catalog, vol: &str, snap: &str, rec: &VolumeRec) -> Result<Catalog> {
+        let key = Self::check_new_snapshot(old, vol, snap, rec)?;
         let v = self.open(vol)?;
-        let mut head = v.backend.exclusive().await;
+        let cat = self.freeze_head(&v.backend, old, vol, &key, rec).await?;
+        tracing::info!(snapshot = %key, "snapshot taken");
+        Ok(cat)
+    }
+
+    /// Freezes `layered`'s head as snapshot `key` of `vol` and puts a fresh
+    /// head over it: the new layer's file first, then the commit, then the
+    /// swap. Gives the committed catalog.
+    async fn freeze_head(
+        &self,
+        layered: &Layered<AnyBackend>,
+        old: &Catalog,
+        vol: &str,
+        key: &str,
+        rec: &VolumeRec,
+    ) -> Result<Catalog> {
+        let mut head = layered.exclusive().await;
         self.faults.check("flush head")?;
-        v.backend.flush_layer(&head).await?;
+        layered.flush_layer(&head).await?;
         let mut cat = old.clone();
         let id = cat.alloc_layer();
         files::create_layer(&self.dir, id, rec.size, true, &self.faults)?;
         let layer =
             LayerRec { file: files::data_name(id), size: rec.size, parent: Some(rec.head), parent_limit: rec.size };
         cat.layers.insert(id, layer);
-        cat.snapshots.insert(key.clone(), SnapRec { layer: rec.head, size: rec.size });
+        cat.snapshots.insert(key.to_owned(), SnapRec { layer: rec.head, size: rec.size, missing: Vec::new() });
         if let Some(r) = cat.volumes.get_mut(vol) {
             r.head = id;
         }
         // Opened before the commit: once the catalog names the new head,
         // nothing may fail before the volume writes to it.
         let new = files::open_layer(&self.dir, &self.opener, &cat, id, true, Some(head.clone()), &self.faults)
-            .and_then(|new| self.commit(&old, cat.clone()).map(|()| new));
+            .and_then(|new| self.commit(old, cat.clone()).map(|()| new));
         let new = match new {
             Ok(new) => new,
             Err(e) => {
@@ -593,9 +645,111 @@ impl Volumes {
                 return Err(e);
             }
         };
-        v.backend.replace(&mut head, Arc::new(new));
-        tracing::info!(snapshot = %key, "snapshot taken");
-        self.snapshot_info(&cat, vol, snap)
+        layered.replace(&mut head, Arc::new(new));
+        Ok(cat)
+    }
+
+    /// The snapshot of a replicated volume on its primary, at one point of
+    /// the write stream: writes are held out, every live copy flushes, the
+    /// primary freezes its own head and queues a SNAPSHOT frame to every
+    /// live replica (both before any later write is numbered), then writes
+    /// go on. It stands once `Q` copies (the primary included) took it; the
+    /// replicas that did not are dropped from the live set (a failed one)
+    /// and recorded as missing it. Below `Q` it is deleted again.
+    async fn snapshot_replicated(&self, old: &Catalog, vol: &str, snap: &str, rec: &VolumeRec) -> Result<Catalog> {
+        use crate::replica::wire::Body;
+        let key = Self::check_new_snapshot(old, vol, snap, rec)?;
+        let v = self.open(vol)?;
+        let (Some(h), Some(local)) = (v.replication.clone(), v.local.clone()) else {
+            return Err(CoronaError::Conflict(format!("{vol} is replicated but not open as its primary here")));
+        };
+        let refused = |e: std::io::Error| CoronaError::Replica(format!("snapshot {key}: {e}"));
+        let gate = h.quiesce().await;
+        h.flush_copies().await.map_err(refused)?;
+        let cat = self.freeze_head(&local, old, vol, &key, rec).await?;
+        let point = match h.send_point(Body::Snapshot { name: snap.to_owned() }).await {
+            Ok(p) => p,
+            Err(e) => {
+                drop(gate);
+                self.forget_snapshot(&cat, &key);
+                return Err(refused(e));
+            }
+        };
+        drop(gate);
+        let took = h.settle(point).await;
+        let quorum = h.write_quorum();
+        if 1 + took.len() < quorum {
+            // Undone on the copies that took it (best effort: those that
+            // fail this too keep it) and here.
+            if let Ok(p) = h.send_point(Body::DeleteSnapshot { name: snap.to_owned() }).await {
+                h.settle(p).await;
+            }
+            self.forget_snapshot(&cat, &key);
+            return Err(CoronaError::Replica(format!(
+                "snapshot {key}: taken by {} of the copies, below the write quorum of {quorum}; deleted again",
+                1 + took.len()
+            )));
+        }
+        let missing: Vec<String> = h.replicas().await.into_iter().filter(|r| !took.contains(r)).collect();
+        tracing::info!(snapshot = %key, ?took, ?missing, "snapshot of a replicated volume taken");
+        if missing.is_empty() {
+            return Ok(cat);
+        }
+        let mut with = cat.clone();
+        if let Some(s) = with.snapshots.get_mut(&key) {
+            s.missing = missing;
+        }
+        match self.commit(&cat, with.clone()) {
+            Ok(()) => Ok(with),
+            Err(e) => {
+                tracing::error!(snapshot = %key, error = %e, "could not record the copies missing a snapshot");
+                Ok(cat)
+            }
+        }
+    }
+
+    /// Drops the record of snapshot `key` just taken (its layer stays, as
+    /// the head's parent): the snapshot did not stand.
+    fn forget_snapshot(&self, cat: &Catalog, key: &str) {
+        let mut without = cat.clone();
+        without.snapshots.remove(key);
+        if let Err(e) = self.commit(cat, without) {
+            tracing::error!(snapshot = key, error = %e, "could not drop a snapshot that did not stand");
+        }
+    }
+
+    /// A replica copy applies its primary's SNAPSHOT frame. A snapshot of
+    /// that name the copy already has is one the primary no longer has (a
+    /// deletion or an undone snapshot the copy missed): it is replaced.
+    pub async fn snapshot_as_copy(&self, vol: &str, snap: &str) -> Result<()> {
+        validate_name(vol)?;
+        validate_name(snap)?;
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let mut old = self.catalog()?;
+        let rec = old.volumes.get(vol).ok_or_else(|| CoronaError::NotFound(vol.to_owned()))?.clone();
+        let key = snap_key(vol, snap);
+        if old.snapshots.contains_key(&key) {
+            tracing::warn!(snapshot = %key, "replacing a snapshot the primary no longer has");
+            self.drop_snapshot(&old, &key, true).await?;
+            old = self.catalog()?;
+        }
+        self.snapshot_plain(&old, vol, snap, &rec).await.map(|_| ())
+    }
+
+    /// A replica copy applies its primary's DELETE_SNAPSHOT frame: as a
+    /// forced delete, and done if the copy lacks it (it missed it).
+    pub async fn delete_snapshot_as_copy(&self, vol: &str, snap: &str) -> Result<()> {
+        validate_name(vol)?;
+        validate_name(snap)?;
+        self.writable()?;
+        let _g = self.control.lock().await;
+        let old = self.catalog()?;
+        let key = snap_key(vol, snap);
+        if !old.snapshots.contains_key(&key) {
+            return Ok(());
+        }
+        self.drop_snapshot(&old, &key, true).await
     }
 
     /// Grows (or, with `allow_shrink`, shrinks) a volume. Connected clients
@@ -731,7 +885,9 @@ impl Volumes {
     }
 
     /// Deletes a snapshot; refused while it has clones unless `force`. Its
-    /// data stays as long as the volume or a clone reads through it.
+    /// data stays as long as the volume or a clone reads through it. On a
+    /// replicated volume's primary the deletion then goes to every live
+    /// copy in the write stream; a copy that fails it leaves the live set.
     pub async fn delete_snapshot(&self, vol: &str, snap: &str, force: bool) -> Result<()> {
         validate_name(vol)?;
         validate_name(snap)?;
@@ -741,6 +897,10 @@ impl Volumes {
         let key = snap_key(vol, snap);
         if !old.snapshots.contains_key(&key) {
             return Err(CoronaError::SnapshotNotFound(key));
+        }
+        let rec = old.volumes.get(vol).cloned();
+        if let Some(rec) = &rec {
+            self.not_a_copy(vol, rec, "deleting snapshots")?;
         }
         let clones = old.clones_of(&key);
         if !force {
@@ -756,11 +916,32 @@ impl Volumes {
                 )));
             }
         }
+        let replicated = match &rec {
+            Some(r) if !r.replicas.is_empty() => self.open(vol)?.replication.clone(),
+            _ => None,
+        };
+        self.drop_snapshot(&old, &key, force).await?;
+        if let Some(h) = replicated {
+            use crate::replica::wire::Body;
+            match h.send_point(Body::DeleteSnapshot { name: snap.to_owned() }).await {
+                Ok(p) => {
+                    let took = h.settle(p).await;
+                    tracing::info!(snapshot = %key, ?took, "snapshot deletion forwarded");
+                }
+                Err(e) => tracing::warn!(snapshot = %key, error = %e, "snapshot deletion not forwarded"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes snapshot `key` from the catalog, closes its export and frees
+    /// the layers nothing reads any more. Call holding the control lock.
+    async fn drop_snapshot(&self, old: &Catalog, key: &str, force: bool) -> Result<()> {
         let mut cat = old.clone();
-        cat.snapshots.remove(&key);
+        cat.snapshots.remove(key);
         let garbage = cat.collect_garbage();
-        self.commit(&old, cat)?;
-        self.close(std::slice::from_ref(&key), true).await;
+        self.commit(old, cat)?;
+        self.close(&[key.to_owned()], true).await;
         for (id, l) in &garbage {
             files::remove_layer(&self.dir, *id, l);
         }

@@ -74,7 +74,7 @@ impl Volumes {
         &self,
         name: &str,
         rec: &VolumeRec,
-        local: Layered<AnyBackend>,
+        local: Arc<Layered<AnyBackend>>,
     ) -> Result<(AnyBackend, Handle)> {
         let m = self.membership().ok_or_else(|| {
             CoronaError::Config(format!("{name} has copies on {:?}, but this server is in no cluster", rec.replicas))

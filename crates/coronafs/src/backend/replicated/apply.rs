@@ -5,7 +5,30 @@
 
 use crate::backend::traits::BlockBackend;
 use crate::replica::wire::{Body, Msg};
+use futures::future::BoxFuture;
 use std::io;
+
+/// Where a replica takes and deletes the snapshots its primary's SNAPSHOT
+/// and DELETE_SNAPSHOT frames ask for (the volume manager on a node; tests
+/// over bare backends have none, [`NoSnapshots`]).
+pub trait Snapshots: Send + Sync {
+    /// Freezes the copy's head as snapshot `name`, durably.
+    fn take<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>>;
+    /// Deletes snapshot `name`; Ok if the copy does not have it.
+    fn delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>>;
+}
+
+/// A copy that cannot take snapshots: it answers them `EOPNOTSUPP`.
+pub struct NoSnapshots;
+
+impl Snapshots for NoSnapshots {
+    fn take<'a>(&'a self, _: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async { Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)) })
+    }
+    fn delete<'a>(&'a self, _: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async { Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)) })
+    }
+}
 
 /// Where a replica is in one primary's write stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,10 +47,17 @@ impl Applier {
         Applier { next_seq: seq }
     }
 
-    /// Applies one frame to `backend`, whose fence is at `fence_epoch`.
-    /// `Err(errno)` is the answer to send; the caller then closes the
-    /// connection, so nothing after a failed frame is ever applied.
-    pub async fn apply<B: BlockBackend>(&mut self, backend: &B, msg: Msg, fence_epoch: u64) -> Result<(), u32> {
+    /// Applies one frame to `backend` (snapshot frames to `snaps`), whose
+    /// fence is at `fence_epoch`. `Err(errno)` is the answer to send; the
+    /// caller then closes the connection, so nothing after a failed frame
+    /// is ever applied.
+    pub async fn apply<B: BlockBackend>(
+        &mut self,
+        backend: &B,
+        snaps: &dyn Snapshots,
+        msg: Msg,
+        fence_epoch: u64,
+    ) -> Result<(), u32> {
         if msg.seq != self.next_seq {
             tracing::warn!(got = msg.seq, want = self.next_seq, "replica frame out of order");
             return Err(libc::EPROTO as u32);
@@ -47,6 +77,8 @@ impl Applier {
             Body::WriteZeroes { offset, len, punch } => backend.write_zeroes(offset, len, punch, false).await,
             Body::Trim { offset, len } => backend.trim(offset, len).await,
             Body::Flush => backend.flush().await,
+            Body::Snapshot { name } => snaps.take(&name).await,
+            Body::DeleteSnapshot { name } => snaps.delete(&name).await,
         };
         r.map_err(|e| errno(&e))
     }

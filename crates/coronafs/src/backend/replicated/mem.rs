@@ -46,7 +46,7 @@ impl MemLink {
                     }
                     _ => {}
                 }
-                if let Err(errno) = applier.apply(&*backend, msg, fence_epoch).await {
+                if let Err(errno) = applier.apply(&*backend, &super::apply::NoSnapshots, msg, fence_epoch).await {
                     let _ = answer.send(Err(io::Error::from_raw_os_error(errno as i32)));
                     m.store(DEAD, Ordering::SeqCst);
                     return;

@@ -85,6 +85,12 @@ struct Order {
     closed: bool,
 }
 
+/// A control frame (SNAPSHOT, DELETE_SNAPSHOT) queued at a point of the
+/// write stream, and each live replica's answer to come.
+pub struct Point {
+    acks: Vec<(usize, u64, Ack)>,
+}
+
 /// A replica's state, for `volume show`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerState {
@@ -347,8 +353,10 @@ impl<B: BlockBackend> Inner<B> {
         if o.closed && !matches!(body, Body::Flush) {
             return Err(io::Error::other("the volume was closed"));
         }
+        // Deleting a snapshot is safe on any number of copies.
+        let floor = if matches!(body, Body::DeleteSnapshot { .. }) { 1 } else { self.policy.write_quorum };
         let live = self.refresh(&mut o);
-        if live < self.policy.write_quorum {
+        if live < floor {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
         let seq = o.next_seq;
@@ -366,10 +374,77 @@ impl<B: BlockBackend> Inner<B> {
             }
         }
         let live = 1 + o.peers.iter().filter(|p| p.live()).count();
-        if live < self.policy.write_quorum {
+        if live < floor {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
         Ok((seq, acks))
+    }
+
+    /// Waits for `acks` (each at most `ack_timeout`); replicas that fail or
+    /// do not answer in time leave the live set. Gives the index and
+    /// generation of each replica that answered 0.
+    async fn answers(&self, acks: Vec<(usize, u64, Ack)>, what: &str) -> Vec<(usize, u64)> {
+        let timeout = self.policy.ack_timeout;
+        let remote = futures::future::join_all(
+            acks.into_iter().map(|(i, g, ack)| async move { (i, g, tokio::time::timeout(timeout, ack).await) }),
+        )
+        .await;
+        let mut ok = Vec::new();
+        let mut o = self.order.lock().await;
+        for (i, g, r) in remote {
+            match r {
+                Ok(Ok(())) => ok.push((i, g)),
+                Ok(Err(e)) if o.peers[i].turn == g => self.drop_replica(&mut o, i, &e),
+                Err(_) if o.peers[i].turn == g => {
+                    self.drop_replica(&mut o, i, &format!("no answer to {what} within {timeout:?}"))
+                }
+                _ => {}
+            }
+        }
+        ok
+    }
+
+    /// Holds every write out until the guard is dropped (writes hold the
+    /// same gate from before they are numbered until their local write is
+    /// done): meanwhile the primary's copy is at the same point of the
+    /// stream as the frames queued so far.
+    pub async fn quiesce(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.gate.write().await
+    }
+
+    /// A FLUSH of every live copy (see [`BlockBackend::flush`]), without
+    /// trimming the dirty-region log: callable holding [`Inner::quiesce`]
+    /// (the trim takes the same gate).
+    pub async fn flush_copies(&self) -> io::Result<()> {
+        self.flush_stream().await
+    }
+
+    /// Copies, the primary included, that must take a change for it to stand.
+    pub fn write_quorum(&self) -> usize {
+        self.policy.write_quorum
+    }
+
+    /// Every replica's name, in the volume's order.
+    pub async fn replicas(&self) -> Vec<String> {
+        self.order.lock().await.peers.iter().map(|p| p.name.clone()).collect()
+    }
+
+    /// Numbers a SNAPSHOT or DELETE_SNAPSHOT frame and queues it on every
+    /// live replica after every write queued so far. A SNAPSHOT is refused
+    /// below the write quorum, as a write.
+    pub async fn send_point(&self, body: Body) -> io::Result<Point> {
+        debug_assert!(matches!(body, Body::Snapshot { .. } | Body::DeleteSnapshot { .. }));
+        let (_, acks) = self.forward(body).await?;
+        Ok(Point { acks })
+    }
+
+    /// Waits for every replica's answer to `p`; those that fail it or do
+    /// not answer within `ack_timeout` leave the live set (and are recorded
+    /// stale, as after a failed write). Gives the replicas that took it.
+    pub async fn settle(&self, p: Point) -> Vec<String> {
+        let ok = self.answers(p.acks, "a snapshot frame").await;
+        let o = self.order.lock().await;
+        ok.into_iter().filter(|&(i, g)| o.peers[i].turn == g).map(|(i, _)| o.peers[i].name.clone()).collect()
     }
 
     /// The record of the log as it stands, holding `regions`.
@@ -492,39 +567,31 @@ impl<B: BlockBackend> Inner<B> {
     /// and at least `quorum - 1` replicas succeeded. Replicas that fail or
     /// do not answer in time leave the live set.
     async fn flush_all(&self) -> io::Result<()> {
+        self.flush_stream().await?;
+        self.trim_log().await;
+        Ok(())
+    }
+
+    /// [`Inner::flush_all`] without the trim of the log.
+    async fn flush_stream(&self) -> io::Result<()> {
         let (seq, acks) = self.forward(Body::Flush).await?;
-        let timeout = self.policy.ack_timeout;
-        let remote = futures::future::join_all(
-            acks.into_iter().map(|(i, g, ack)| async move { (i, g, tokio::time::timeout(timeout, ack).await) }),
-        );
-        let (local, remote) = futures::join!(self.local.flush(), remote);
+        let (local, ok) = futures::join!(self.local.flush(), self.answers(acks, "FLUSH"));
         local?;
-        let mut acked = 1;
+        let acked = 1 + ok.len();
         {
             let mut o = self.order.lock().await;
-            for (i, g, r) in remote {
-                match r {
-                    Ok(Ok(())) => {
-                        acked += 1;
-                        let p = &mut o.peers[i];
-                        if p.turn == g
-                            && let History::Acked(f) = p.history
-                        {
-                            p.history = History::Acked(f.max(seq));
-                        }
-                    }
-                    Ok(Err(e)) if o.peers[i].turn == g => self.drop_replica(&mut o, i, &e),
-                    Err(_) if o.peers[i].turn == g => {
-                        self.drop_replica(&mut o, i, &format!("no answer to FLUSH within {timeout:?}"))
-                    }
-                    _ => {}
+            for (i, g) in ok {
+                let p = &mut o.peers[i];
+                if p.turn == g
+                    && let History::Acked(f) = p.history
+                {
+                    p.history = History::Acked(f.max(seq));
                 }
             }
         }
         if acked < self.policy.write_quorum {
             return Err(below_quorum(acked, self.policy.write_quorum));
         }
-        self.trim_log().await;
         Ok(())
     }
 
