@@ -212,8 +212,8 @@ pub fn request_id() -> String {
 
 /// Tags a reply with a fresh request id: the `x-amz-request-id` header on
 /// every reply, and on an error also the `<RequestId>` of its XML body, the
-/// same value, as S3 answers (s3s sets neither). Both front ends pass every
-/// reply through here; errors s3s answers before a handler runs (signature,
+/// same value, as S3 answers (s3s sets neither). The front end passes every
+/// reply through here, in both modes; errors s3s answers before a handler runs (signature,
 /// request parsing) go without one.
 pub fn with_request_id<T>(r: S3Result<S3Response<T>>) -> S3Result<S3Response<T>> {
     let id = request_id();

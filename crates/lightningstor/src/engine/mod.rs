@@ -5,9 +5,10 @@
 //! Two engines implement it: the local store (`Arc<Store>`, [`local`]) and
 //! the cluster coordinator (`Arc<Node>`, in `cluster::engine`), which
 //! turns each call into quorum requests to the key's replicas. A single
-//! node is served by the same front end as a cluster; every S3 feature
-//! (SSE-C, checksums, conditions, option checks) is written once, in
-//! [`crate::s3`], and an engine only stores and finds.
+//! node is served by the same front end as a cluster. The front end parses
+//! the request, refuses options it does not implement, verifies bodies and
+//! checksums, handles SSE-C and answers; an engine stores and finds, checks
+//! write conditions atomically with its commit, and assembles uploads.
 //!
 //! The calls are shaped by the S3 operations: a PUT stages its body
 //! ([`Engine::stage`]), the front end verifies it, and commits the row
@@ -47,7 +48,8 @@ pub struct Staged<H> {
     pub data: ObjectData,
     /// What keeps the blocks until a row references them (pins, a replica
     /// session); given back to [`Engine::commit`] or [`Engine::put_part`].
-    /// Dropped uncommitted, the blocks are collected.
+    /// Dropped uncommitted, the blocks are collected: at once on the local
+    /// store, after the replicas' session timeout in a cluster.
     pub hold: H,
 }
 
@@ -129,7 +131,9 @@ pub trait Engine: Send + Sync + 'static {
     /// conditions). NoSuchBucket, PreconditionFailed.
     fn delete(&self, bucket: &str, key: &str, cond: &DeleteConditions) -> impl Future<Output = Result<()>> + Send;
     /// [`Engine::delete`] for many keys of an existing bucket: one result
-    /// per key, in order; an error of the engine itself fails the whole call.
+    /// per key, in order. Locally an error of the store fails the whole
+    /// call; in a cluster a key whose quorum or lease failed gets its own
+    /// ServiceUnavailable entry and the call succeeds.
     fn delete_many(
         &self,
         bucket: &str,

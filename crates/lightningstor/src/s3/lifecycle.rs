@@ -1,7 +1,7 @@
-//! Bucket lifecycle: Put/Get/DeleteBucketLifecycle(Configuration) on a
-//! single node, the translation between s3s's DTOs and
-//! [`crate::lifecycle`]'s rules (shared with the cluster), and the single
-//! node's [`Target`] for the background task.
+//! Bucket lifecycle: Put/Get/DeleteBucketLifecycle(Configuration) in both
+//! modes, the translation between s3s's DTOs and [`crate::lifecycle`]'s
+//! rules, the single node's [`Target`] for the background task, and the
+//! expiry and abort steps the cluster's target runs too.
 
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
