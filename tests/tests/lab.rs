@@ -6,7 +6,9 @@
 //! shaped with tc tbf, a LightningStor node killed during uploads, a node
 //! partitioned away and healed, a cross-worker read between two worker
 //! containers, a VM migrated between workers, CoronaFS restarted under a
-//! running VM, and a worker's agent killed during a migration.
+//! running VM, a worker's agent killed during a migration, and node01's
+//! CoronaFS killed under a guest writing to a volume with copies on
+//! node02 and node03 (automatic failover).
 //!
 //! Docker, docker-compose, nsenter and tc are required: a missing one fails
 //! the test with a message, it never skips. Every Docker resource carries a
@@ -39,17 +41,21 @@ const NODE01: &str = "10.89.0.11";
 const S3_NODES: [(&str, &str); 4] =
     [("node02", "10.89.0.12"), ("node03", "10.89.0.13"), ("node04", "10.89.0.14"), ("node05", "10.89.0.15")];
 const KEYS: (&str, &str) = ("lab-access-key", "lab-secret-key-change-me");
+/// The lab's CoronaFS cluster (config/coronafs-cluster.toml): NBD addresses, node01 first.
+const CORONAFS_NBD: [&str; 3] = ["10.89.0.11:10809", "10.89.0.12:10809", "10.89.0.13:10809"];
 /// Every service of deploy/docker/compose.yaml.
-const SERVICES: [&str; 22] = [
+const SERVICES: [&str; 24] = [
     "node01",
     "node01-coronafs",
     "node01-plasmavmc",
     "node01-bench",
     "node02",
+    "node02-coronafs",
     "node02-lightningstor",
     "node02-agent",
     "node02-bench",
     "node03",
+    "node03-coronafs",
     "node03-lightningstor",
     "node03-agent",
     "node03-bench",
@@ -689,6 +695,108 @@ fn check_vm_log(http: &Http, vm: &str, volume: &str, log: &WriteLog) {
 
 fn log_of(report: &serde_json::Value) -> WriteLog {
     serde_json::from_value(report["log"].clone()).expect("log")
+}
+
+/// A volume with three copies on the lab's three CoronaFS containers
+/// (node01 primary), a guest writing and flushing through PlasmaVMC's
+/// attachment from this host, and node01's CoronaFS container killed
+/// (SIGKILL) under it: a copy on node02 or node03 promotes itself after the
+/// cluster's 5 s failover timeout, the attachment finds it and follows the
+/// new epoch, the guest goes on, and every write a FLUSH covered before and
+/// after the kill reads back. The I/O pause is printed. The containers share
+/// this host's CPUs and disk and talk over a Docker bridge: the pause is the
+/// failover protocol and its timeouts, not a network's behaviour.
+#[test]
+fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under_a_writing_guest() {
+    use coronafs::api_client::ApiClient;
+    use plasmavmc::guest::{Attachment, MAX_IO_OPS};
+    let lab = Lab::up();
+    lab.exec(
+        "client",
+        &["coronafs", "volume", "create", "replicated", "--size", "256M", "--replicas", "3", "--api", &format!("http://{NODE01}:7070")],
+    )
+    .unwrap_or_else(|e| panic!("creating a volume with 3 copies: {e}"));
+    let rt = runtime();
+    rt.block_on(async {
+        let api = ApiClient::new(&format!("http://{NODE01}:7070"));
+        api.fence("replicated", 1).await.expect("fence at epoch 1, as PlasmaVMC does when it attaches");
+        let nodes: Vec<String> = CORONAFS_NBD.iter().map(|a| (*a).to_owned()).collect();
+        let att = Attachment::connect(&nodes, "vm-failover", "host", "replicated", 1, Default::default())
+            .await
+            .expect("attach through node01");
+        att.start_io(MAX_IO_OPS, 0).await.expect("guest I/O");
+        let wait_acked = |n: u64, what: &'static str| {
+            let att = att.clone();
+            async move {
+                let t = Instant::now();
+                loop {
+                    let r = att.report().await;
+                    assert!(r.stopped_by.is_none(), "the guest stopped {what}: {r:?}");
+                    if r.writes_acked >= n {
+                        return r;
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(120), "no guest progress {what}: {r:?}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        wait_acked(500, "before the kill").await;
+        // What a FLUSH covered while node01 was the primary.
+        let before = att.flush_report(false).await.expect("flush through node01").log;
+        assert!(!before.is_empty());
+
+        let killed = Instant::now();
+        must(&mut docker(&["kill", "--signal", "KILL", &lab.container("node01-coronafs")]));
+        // The pause: from the kill until a write is acknowledged on the
+        // new connection.
+        let t = Instant::now();
+        let mut reconnected_at = None;
+        let resumed = loop {
+            let r = att.report().await;
+            assert!(r.stopped_by.is_none(), "the guest stopped at the failover: {r:?}");
+            match reconnected_at {
+                None if r.reconnects > 0 => reconnected_at = Some((killed.elapsed(), r.writes_acked)),
+                Some((_, acked)) if r.writes_acked > acked => break killed.elapsed(),
+                _ => {}
+            }
+            assert!(t.elapsed() < Duration::from_secs(120), "the guest did not resume after node01's kill: {r:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let (reconnected, at_reconnect) = reconnected_at.expect("reconnected");
+        eprintln!(
+            "lab failover: node01's CoronaFS killed; the attachment reconnected to the new primary after {:.2} s \
+             and the guest's next write was acknowledged after {:.2} s (failover_after_ms 5000, heartbeat_ms 1000)",
+            reconnected.as_secs_f64(),
+            resumed.as_secs_f64()
+        );
+        wait_acked(at_reconnect + 500, "after the failover").await;
+        let after = att.flush_report(true).await.expect("flush through the new primary");
+        assert_eq!(after.epoch, 2, "the attachment did not follow the failover's epoch: {after:?}");
+        assert!(after.reconnects >= 1, "{after:?}");
+        let v = att.verify(&before, false).await.expect("a write flushed before the kill is lost");
+        assert_eq!(v.verified as usize, before.len());
+        let v = att.verify(&after.log, false).await.expect("a write flushed after the failover is lost");
+        assert_eq!(v.verified as usize, after.log.len());
+        eprintln!(
+            "lab failover: {} blocks flushed before the kill and {} after read back ({} guest writes in all)",
+            before.len(),
+            after.log.len(),
+            after.writes_acked
+        );
+        // The new primary is one of the other two nodes, at epoch 2, and
+        // names the other copies.
+        let mut primaries = 0;
+        for ip in ["10.89.0.12", "10.89.0.13"] {
+            let v = ApiClient::new(&format!("http://{ip}:7070")).get("replicated").await.expect("the volume on a copy");
+            eprintln!("lab failover: on {ip}: epoch {}, replicas {:?}, stale {:?}", v.epoch, v.replicas, v.stale_replicas);
+            if !v.replicas.is_empty() {
+                assert_eq!(v.epoch, 2, "{v:?}");
+                primaries += 1;
+            }
+        }
+        assert_eq!(primaries, 1, "one of node02 and node03 should be the primary");
+        drop(att);
+    });
 }
 
 /// VMs across worker containers: an image uploaded to PlasmaVMC (stored in
