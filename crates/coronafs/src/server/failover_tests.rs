@@ -207,7 +207,10 @@ async fn two_candidates_racing_for_one_epoch_never_both_win() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_behind_a_voter_loses_and_the_copy_ahead_wins_without_live_laggards() {
-    let (mut c, client) = Cluster::with_volume().await;
+    // No resync (a retry once an hour): this is what the election leaves
+    // behind; n2's resync would otherwise bring n3 back (resync_tests.rs).
+    let three = super::test_cluster::start_three_with(3000, 1_000, 0, 3_600_000).await;
+    let (mut c, client) = Cluster::of(three).volume().await;
     // n3 is fenced away from the stream (its fence refuses n1's frames),
     // so it is dropped and misses what follows.
     c.api(2).fence("vm", 5).await.expect("fence n3's copy");
