@@ -198,6 +198,10 @@ impl NbdClient {
     pub async fn connect_primary(nodes: &[std::net::SocketAddr], export: &str) -> Result<(Self, std::net::SocketAddr)> {
         let mut queue: std::collections::VecDeque<std::net::SocketAddr> = nodes.iter().copied().collect();
         let mut last = CoronaError::Negotiation(format!("no node to connect to for {export}"));
+        // A node that could not be reached may be the one holding the
+        // export (restarting): that, not another node's "no such export",
+        // is the answer then, so a caller retries instead of giving up.
+        let mut unreachable = None;
         for _ in 0..nodes.len() * 2 {
             let Some(addr) = queue.pop_front() else { break };
             match NbdClient::connect(addr, export).await {
@@ -211,11 +215,15 @@ impl NbdClient {
                         queue.retain(|a| *a != p);
                         queue.push_front(p);
                     }
-                    last = e;
+                    if matches!(e, CoronaError::Io(_) | CoronaError::Disconnected) {
+                        unreachable = Some(e);
+                    } else {
+                        last = e;
+                    }
                 }
             }
         }
-        Err(last)
+        Err(unreachable.unwrap_or(last))
     }
 
     /// Connects to `export` on the server at `addr` (`host:port`).

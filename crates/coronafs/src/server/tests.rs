@@ -90,3 +90,25 @@ async fn backend_errors_map_to_nbd_errnos_and_the_connection_survives() {
     client.write(1 << 20, b"still here", false).await.expect("write after errors");
     assert_eq!(client.read(1 << 20, 10).await.expect("read"), b"still here");
 }
+
+/// A node holding the export may be down (restarting) while another node,
+/// which never held it, answers "no such export": connect_primary then
+/// reports the unreachable node, which a reconnecting client retries,
+/// rather than the refusal, which it takes as final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_primary_reports_an_unreachable_node_before_another_nodes_unknown_export() {
+    let s = FaultServer::start(Vec::new()).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    for nodes in [[dead, s.addr], [s.addr, dead]] {
+        let e = NbdClient::connect_primary(&nodes, "elsewhere").await.expect_err("no node serves it");
+        assert!(matches!(e, CoronaError::Io(_)), "{e:?}");
+    }
+    // With every node reachable, the refusal is the answer.
+    let e = NbdClient::connect_primary(&[s.addr], "elsewhere").await.expect_err("unknown export");
+    assert!(!matches!(e, CoronaError::Io(_) | CoronaError::Disconnected), "{e:?}");
+    let (c, at) = NbdClient::connect_primary(&[dead, s.addr], "faulty").await.expect("the live node serves it");
+    assert_eq!((at, c.size()), (s.addr, SIZE));
+}
