@@ -713,7 +713,18 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
     let lab = Lab::up();
     lab.exec(
         "client",
-        &["coronafs", "volume", "create", "replicated", "--size", "256M", "--replicas", "3", "--api", &format!("http://{NODE01}:7070")],
+        &[
+            "coronafs",
+            "volume",
+            "create",
+            "replicated",
+            "--size",
+            "256M",
+            "--replicas",
+            "3",
+            "--api",
+            &format!("http://{NODE01}:7070"),
+        ],
     )
     .unwrap_or_else(|e| panic!("creating a volume with 3 copies: {e}"));
     let rt = runtime();
@@ -788,7 +799,10 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
         let mut primaries = 0;
         for ip in ["10.89.0.12", "10.89.0.13"] {
             let v = ApiClient::new(&format!("http://{ip}:7070")).get("replicated").await.expect("the volume on a copy");
-            eprintln!("lab failover: on {ip}: epoch {}, replicas {:?}, stale {:?}", v.epoch, v.replicas, v.stale_replicas);
+            eprintln!(
+                "lab failover: on {ip}: epoch {}, replicas {:?}, stale {:?}",
+                v.epoch, v.replicas, v.stale_replicas
+            );
             if !v.replicas.is_empty() {
                 assert_eq!(v.epoch, 2, "{v:?}");
                 primaries += 1;

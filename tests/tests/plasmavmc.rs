@@ -667,7 +667,12 @@ fn a_migration_stalled_on_its_target_does_not_hold_up_other_vms() {
             WorkerConfig { name: "slow".into(), url: format!("http://{slow_addr}") },
         ]
     });
-    let cfg = AgentConfig { listen: fast_addr, name: "fast".into(), coronafs_nbd: st.nbd_addr().to_string(), coronafs_nodes: Vec::new() };
+    let cfg = AgentConfig {
+        listen: fast_addr,
+        name: "fast".into(),
+        coronafs_nbd: st.nbd_addr().to_string(),
+        coronafs_nodes: Vec::new(),
+    };
     let fast = st.run(AgentServer::start(cfg)).expect("agent");
     let dir = st.work();
     let img = st.upload_ok("two", &make_raw(&dir, "two.raw", 13));

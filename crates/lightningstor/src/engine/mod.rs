@@ -85,11 +85,7 @@ pub trait Engine: Send + Sync + 'static {
     fn set_lifecycle(&self, bucket: &str, rules: Vec<Rule>) -> impl Future<Output = Result<()>> + Send;
 
     /// The current object of a key, and where its bytes are (no bucket check).
-    fn get(
-        &self,
-        bucket: &str,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<(ObjectMeta, Self::Source)>>> + Send;
+    fn get(&self, bucket: &str, key: &str) -> impl Future<Output = Result<Option<(ObjectMeta, Self::Source)>>> + Send;
     /// Streams `range` of an object found by [`Engine::get`], every block verified.
     fn read(&self, meta: &ObjectMeta, from: Self::Source, range: Range<u64>) -> BoxStream<'static, Result<Bytes>>;
     /// Streams a body into blocks for (bucket, key), computing its MD5 and

@@ -2,10 +2,10 @@
 
 use super::convert::{check_bucket_name, timestamp};
 use crate::config::Config;
+use crate::engine::Engine;
 use crate::error::{LightningError, Result};
 use crate::keys::restricted_key;
 use crate::keys::{self, Keyring};
-use crate::engine::Engine;
 use s3s::S3Request;
 use s3s::dto::*;
 

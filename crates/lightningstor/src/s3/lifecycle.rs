@@ -4,8 +4,8 @@
 //! expiry and abort steps the cluster's target runs too.
 
 use crate::conditions::DeleteConditions;
-use crate::error::{LightningError, Result};
 use crate::engine::Engine;
+use crate::error::{LightningError, Result};
 use crate::lifecycle::{self, Candidate, Page, PendingUpload, Rule, Scope, Target};
 use crate::metrics::Metrics;
 use crate::store::Store;

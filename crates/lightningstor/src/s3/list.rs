@@ -2,10 +2,10 @@
 
 use super::bucket::owner;
 use super::convert::{etag, timestamp};
+use crate::engine::Engine;
 use crate::error::{LightningError, Result};
 use crate::listing::{self, Entry, ListPage, ListQuery, url_encode};
 use crate::meta::types::ObjectSummary;
-use crate::engine::Engine;
 use s3s::S3Request;
 use s3s::dto::*;
 
@@ -78,12 +78,7 @@ fn v1_query(i: &ListObjectsInput) -> Result<(ListQuery, bool, usize)> {
 }
 
 /// The ListObjects (v1) answer for a page.
-fn v1_output(
-    i: ListObjectsInput,
-    p: &ListPage<ObjectSummary>,
-    url: bool,
-    max: usize,
-) -> Result<ListObjectsOutput> {
+fn v1_output(i: ListObjectsInput, p: &ListPage<ObjectSummary>, url: bool, max: usize) -> Result<ListObjectsOutput> {
     let (objects, prefixes) = split(p, url, true)?;
     let next_marker = match &p.next_marker {
         Some(m) => Some(text(m, url)?),
@@ -132,12 +127,7 @@ fn v2_query(i: &ListObjectsV2Input) -> Result<(ListQuery, bool, usize)> {
 }
 
 /// The ListObjectsV2 answer for a page.
-fn v2_output(
-    i: ListObjectsV2Input,
-    p: &ListPage<ObjectSummary>,
-    url: bool,
-    max: usize,
-) -> Result<ListObjectsV2Output> {
+fn v2_output(i: ListObjectsV2Input, p: &ListPage<ObjectSummary>, url: bool, max: usize) -> Result<ListObjectsV2Output> {
     let (objects, prefixes) = split(p, url, i.fetch_owner.unwrap_or(false))?;
     let count = objects.len() + prefixes.len();
     Ok(ListObjectsV2Output {

@@ -8,9 +8,9 @@ use super::convert::{
 use super::object::{copy_source, load};
 use crate::checksum::{Checksum, ChecksumAlgo, ChecksumPlan};
 use crate::conditions::Mode;
+use crate::engine::Engine;
 use crate::error::{LightningError, Result};
 use crate::listing::common_prefix;
-use crate::engine::Engine;
 use crate::meta::now_ms;
 use crate::meta::ops::{self, CompletedPart as Wanted, WriteConditions};
 use crate::meta::types::{PartMeta, UploadMeta};

@@ -6,8 +6,8 @@ use super::convert::{
 };
 use crate::checksum::ChecksumPlan;
 use crate::conditions::{DeleteConditions, Mode, Preconditions};
-use crate::error::{LightningError, Result};
 use crate::engine::Engine;
+use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
 use crate::meta::ops::WriteConditions;
 use crate::meta::types::ObjectMeta;
