@@ -36,6 +36,11 @@ pub trait ReplicaLink: Send + Sync + 'static {
     /// Queues `msg` after every frame queued before (waiting while the
     /// link's window is full) and gives the future of its answer.
     fn send(&self, msg: Msg) -> BoxFuture<'_, io::Result<Ack>>;
+    /// True once the replica refused the stream because its copy is fenced
+    /// at a higher epoch (`EPERM`): another primary was elected since.
+    fn fenced_out(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes a TCP link may have queued and unanswered.
@@ -52,6 +57,8 @@ type Pending = VecDeque<(u64, oneshot::Sender<io::Result<()>>, OwnedSemaphorePer
 struct LinkState {
     peer: String,
     up: AtomicBool,
+    /// The replica answered `EPERM`: it is fenced above this stream.
+    fenced_out: AtomicBool,
     /// Frames sent and not answered, in order; also orders the writer queue.
     pending: Mutex<Pending>,
 }
@@ -126,7 +133,7 @@ pub struct StreamSpec {
 }
 
 /// Connects, authenticates and opens the stream; gives the connection.
-async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec) -> Result<TcpStream> {
+async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec, state: &LinkState) -> Result<TcpStream> {
     let mut s = tokio::time::timeout(target.timeout, TcpStream::connect(target.addr))
         .await
         .map_err(|_| CoronaError::Replica(format!("connecting to {} ({}) timed out", target.peer, target.addr)))??;
@@ -144,6 +151,9 @@ async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec) -> 
     s.read_exact(&mut r).await?;
     let reply = Reply::decode(&r)?;
     if reply.errno != 0 {
+        if reply.errno == libc::EPERM as u32 {
+            state.fenced_out.store(true, Ordering::SeqCst);
+        }
         let e = io::Error::from_raw_os_error(reply.errno as i32);
         return Err(CoronaError::Replica(format!("{} refused volume {:?}: {e}", target.peer, spec.volume)));
     }
@@ -158,6 +168,7 @@ impl TcpLink {
         let state = Arc::new(LinkState {
             peer: target.peer.clone(),
             up: AtomicBool::new(true),
+            fenced_out: AtomicBool::new(false),
             pending: Mutex::new(VecDeque::new()),
         });
         let (frames, rx) = mpsc::unbounded_channel();
@@ -166,7 +177,7 @@ impl TcpLink {
         let timeout = target.timeout;
         let heartbeat = target.heartbeat;
         let task = tokio::spawn(async move {
-            match connect(&target, &secret, &spec).await {
+            match connect(&target, &secret, &spec, &st).await {
                 Ok(s) => {
                     let _ = ready_tx.send(Ok(()));
                     let (rd, wr) = s.into_split();
@@ -309,6 +320,9 @@ async fn read_replies(mut rd: tokio::net::tcp::OwnedReadHalf, state: Arc<LinkSta
                 if reply.errno == 0 {
                     let _ = tx.send(Ok(()));
                 } else {
+                    if reply.errno == libc::EPERM as u32 {
+                        state.fenced_out.store(true, Ordering::SeqCst);
+                    }
                     let e = io::Error::from_raw_os_error(reply.errno as i32);
                     let _ = tx.send(Err(io::Error::new(e.kind(), format!("replica {}: {e}", state.peer))));
                     return state.fail(&format!("answered {e}"));
@@ -326,6 +340,10 @@ impl ReplicaLink for TcpLink {
 
     fn is_up(&self) -> bool {
         self.state.up.load(Ordering::SeqCst)
+    }
+
+    fn fenced_out(&self) -> bool {
+        self.state.fenced_out.load(Ordering::SeqCst)
     }
 
     fn send(&self, msg: Msg) -> BoxFuture<'_, io::Result<Ack>> {

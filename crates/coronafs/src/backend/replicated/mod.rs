@@ -134,6 +134,9 @@ pub struct Inner<B> {
     saver: Option<Saver>,
     resync: Option<Resync>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// A replica refused this primary as fenced at a higher epoch: another
+    /// copy was elected primary. From then on no write, flush or resync.
+    deposed: std::sync::atomic::AtomicBool,
 }
 
 /// A local backend plus its replicas.
@@ -222,6 +225,7 @@ impl<B: BlockBackend> Replicated<B> {
                 saver: None,
                 resync: None,
                 task: std::sync::Mutex::new(None),
+                deposed: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -322,8 +326,33 @@ impl<B: BlockBackend> Inner<B> {
             .collect()
     }
 
+    /// Whether a replica told this primary that another one was elected
+    /// (see [`ReplicaLink::fenced_out`]), also through a link not yet
+    /// dropped (a sync look for the NBD handshake).
+    pub fn deposed(&self) -> bool {
+        self.deposed.load(Relaxed)
+            || self
+                .order
+                .try_lock()
+                .is_ok_and(|o| o.peers.iter().any(|p| p.link.as_ref().is_some_and(|l| l.fenced_out())))
+    }
+
+    /// A replica refused `peer`'s stream as fenced above this primary.
+    fn depose(&self, peer: &str) {
+        if !self.deposed.swap(true, Relaxed) {
+            tracing::error!(
+                peer,
+                "a copy is fenced at a higher epoch: another primary was elected; this one takes no more writes \
+                 and resyncs nothing (delete or recreate its copy)"
+            );
+        }
+    }
+
     fn drop_replica(&self, o: &mut Order, i: usize, why: &dyn std::fmt::Display) {
         let p = &mut o.peers[i];
+        if p.link.as_ref().is_some_and(|l| l.fenced_out()) {
+            self.depose(&p.name);
+        }
         if p.link.take().is_some() {
             p.turn += 1;
             self.metrics.replicas_dropped.fetch_add(1, Relaxed);
@@ -353,9 +382,12 @@ impl<B: BlockBackend> Inner<B> {
         if o.closed && !matches!(body, Body::Flush) {
             return Err(io::Error::other("the volume was closed"));
         }
+        let live = self.refresh(&mut o);
+        if self.deposed.load(Relaxed) {
+            return Err(io::Error::other("another copy was elected primary at a higher epoch: this one is deposed"));
+        }
         // Deleting a snapshot is safe on any number of copies.
         let floor = if matches!(body, Body::DeleteSnapshot { .. }) { 1 } else { self.policy.write_quorum };
-        let live = self.refresh(&mut o);
         if live < floor {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
