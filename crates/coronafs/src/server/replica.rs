@@ -146,6 +146,8 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             Ok(e) if e.read_only => Err(libc::EROFS),
             Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => Err(libc::EINVAL),
             Ok(e) if open.epoch < e.fence.current() => Err(libc::EPERM),
+            // Not the copy the primary knows: deleted and made again since.
+            Ok(_) if origin.incarnation != 0 && volumes.incarnation(volume) != origin.incarnation => Err(libc::ENXIO),
             Ok(e) => Ok(e),
             Err(_) => Err(libc::ENOENT),
         }
@@ -169,7 +171,8 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
         return Err(CoronaError::Replica(format!("{left} frames of an older stream of {volume:?} did not drain")));
     }
     let writer = export.fence.register(open.epoch);
-    wr.write_all(&Reply { seq: open.seq, errno: 0 }.encode()).await?;
+    // OPEN's answer carries the copy's incarnation in place of the seq.
+    wr.write_all(&Reply { seq: tracker.incarnation, errno: 0 }.encode()).await?;
     wr.flush().await?;
     tracing::info!(volume = %export.name, epoch = open.epoch, primary = %origin.primary, "replica stream opened");
     let mut applier = Applier::opened(open.seq);

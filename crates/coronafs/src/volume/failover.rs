@@ -62,6 +62,8 @@ pub struct Tracker {
     stream: u64,
     /// Which OPEN of this copy this stream is.
     opened: u64,
+    /// The copy's incarnation (its OPEN's answer tells the primary).
+    pub incarnation: u64,
 }
 
 impl Tracker {
@@ -103,7 +105,15 @@ pub(super) fn origin(me: &str, rec: &VolumeRec) -> Origin {
     } else {
         rec.copies.clone()
     };
-    Origin { stream, primary: me.to_owned(), copies }
+    Origin { stream, primary: me.to_owned(), copies, incarnation: 0 }
+}
+
+/// A new copy's incarnation: the clock and a per-process random key mixed,
+/// never 0.
+fn fresh_incarnation() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new().hash_one(now).max(1)
 }
 
 /// Whether `rec`, this node's record of `name` as it stands, still holds
@@ -142,6 +152,12 @@ impl Volumes {
         }
     }
 
+    /// The incarnation of this node's copy of `name` (0: none drawn yet, or
+    /// no such volume).
+    pub fn incarnation(&self, name: &str) -> u64 {
+        self.cat.lock().ok().and_then(|c| c.volumes.get(name).map(|r| r.incarnation)).unwrap_or(0)
+    }
+
     /// Where this node's copy of `name` is in its primary's write stream.
     pub fn position(&self, name: &str) -> Option<Position> {
         let slot = self.positions.lock().ok()?.get(name).cloned()?;
@@ -160,7 +176,7 @@ impl Volumes {
             let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
             let named = !origin.primary.is_empty()
                 && (rec.primary.as_deref() != Some(&origin.primary) || rec.copies != origin.copies);
-            if named || epoch > rec.epoch {
+            if named || epoch > rec.epoch || rec.incarnation == 0 {
                 let mut cat = old.clone();
                 if let Some(r) = cat.volumes.get_mut(name) {
                     if !origin.primary.is_empty() {
@@ -170,6 +186,9 @@ impl Volumes {
                     if epoch > r.epoch {
                         // A vote at an earlier epoch says nothing about this one.
                         (r.epoch, r.voted_for) = (epoch, None);
+                    }
+                    if r.incarnation == 0 {
+                        r.incarnation = fresh_incarnation();
                     }
                 }
                 self.commit(&old, cat)?;
@@ -188,7 +207,8 @@ impl Volumes {
         if !origin.primary.is_empty() {
             self.watch(name, &slot);
         }
-        Ok(Tracker { slot, epoch, stream: origin.stream, opened })
+        let incarnation = self.incarnation(name);
+        Ok(Tracker { slot, epoch, stream: origin.stream, opened, incarnation })
     }
 
     /// This copy's answer to `candidate` asking for its vote at `epoch`:

@@ -50,7 +50,14 @@ pub struct TcpConnector {
 }
 
 impl Connector for TcpConnector {
-    fn connect(&self, peer: &str, resync: bool, first_seq: u64, epoch: u64) -> io::Result<Arc<dyn ReplicaLink>> {
+    fn connect(
+        &self,
+        peer: &str,
+        resync: bool,
+        first_seq: u64,
+        epoch: u64,
+        expect: u64,
+    ) -> io::Result<Arc<dyn ReplicaLink>> {
         let target = self
             .targets
             .get(peer)
@@ -60,6 +67,7 @@ impl Connector for TcpConnector {
         if resync {
             origin.stream = 0;
         }
+        origin.incarnation = expect;
         let spec = StreamSpec { volume: self.volume.clone(), size: self.size, epoch, first_seq, origin };
         Ok(Arc::new(TcpLink::start(target, self.secret.clone(), spec).0))
     }
@@ -89,6 +97,7 @@ impl Volumes {
         }
         let prev = self.meta.drl(name)?;
         let plan = drl::plan(prev.as_ref(), rec.size, &rec.replicas, &rec.stale);
+        let known = prev.as_ref().map(|p| p.incarnations.clone()).unwrap_or_default();
         if plan.unclean {
             tracing::warn!(
                 volume = name,
@@ -102,6 +111,7 @@ impl Volumes {
             bits: drl::encode_bits(plan.inherited.iter().copied()),
             in_sync: Vec::new(),
             untracked: plan.behind.iter().filter(|(_, h)| *h == History::Unknown).map(|(n, _)| n.clone()).collect(),
+            incarnations: known.clone(),
         };
         // Durable before the export exists, so before any write is answered.
         self.meta.put_drl(name, Some(&mark))?;
@@ -114,7 +124,7 @@ impl Volumes {
         });
         let mut links = Vec::new();
         for peer in rec.replicas.iter().filter(|r| !plan.behind.iter().any(|(b, _)| b == *r)) {
-            links.push(connector.connect(peer, false, 1, rec.epoch)?);
+            links.push(connector.connect(peer, false, 1, rec.epoch, known.get(peer).copied().unwrap_or(0))?);
         }
         let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
         let hook = self.state_recorder(name);
@@ -127,6 +137,7 @@ impl Volumes {
         let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone())
             .on_change(hook)
             .with_resync(resync, plan.behind, plan.inherited)
+            .with_incarnations(&known)
             .start();
         let handle = r.handle();
         Ok((AnyBackend::Replicated(Box::new(r)), handle))

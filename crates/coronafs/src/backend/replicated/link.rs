@@ -41,6 +41,15 @@ pub trait ReplicaLink: Send + Sync + 'static {
     fn fenced_out(&self) -> bool {
         false
     }
+    /// The copy's incarnation, as its answer to OPEN said (0 until then).
+    fn incarnation(&self) -> u64 {
+        0
+    }
+    /// True once the replica refused the stream because its copy is not the
+    /// incarnation the primary asked for (`ENXIO`: deleted and made again).
+    fn replaced(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes a TCP link may have queued and unanswered.
@@ -59,6 +68,10 @@ struct LinkState {
     up: AtomicBool,
     /// The replica answered `EPERM`: it is fenced above this stream.
     fenced_out: AtomicBool,
+    /// The replica answered OPEN with `ENXIO`: another incarnation.
+    replaced: AtomicBool,
+    /// The copy's incarnation, from its answer to OPEN.
+    incarnation: std::sync::atomic::AtomicU64,
     /// Frames sent and not answered, in order; also orders the writer queue.
     pending: Mutex<Pending>,
 }
@@ -154,9 +167,13 @@ async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec, sta
         if reply.errno == libc::EPERM as u32 {
             state.fenced_out.store(true, Ordering::SeqCst);
         }
+        if reply.errno == libc::ENXIO as u32 {
+            state.replaced.store(true, Ordering::SeqCst);
+        }
         let e = io::Error::from_raw_os_error(reply.errno as i32);
         return Err(CoronaError::Replica(format!("{} refused volume {:?}: {e}", target.peer, spec.volume)));
     }
+    state.incarnation.store(reply.seq, Ordering::SeqCst);
     Ok(s)
 }
 
@@ -169,6 +186,8 @@ impl TcpLink {
             peer: target.peer.clone(),
             up: AtomicBool::new(true),
             fenced_out: AtomicBool::new(false),
+            replaced: AtomicBool::new(false),
+            incarnation: Default::default(),
             pending: Mutex::new(VecDeque::new()),
         });
         let (frames, rx) = mpsc::unbounded_channel();
@@ -344,6 +363,14 @@ impl ReplicaLink for TcpLink {
 
     fn fenced_out(&self) -> bool {
         self.state.fenced_out.load(Ordering::SeqCst)
+    }
+
+    fn incarnation(&self) -> u64 {
+        self.state.incarnation.load(Ordering::SeqCst)
+    }
+
+    fn replaced(&self) -> bool {
+        self.state.replaced.load(Ordering::SeqCst)
     }
 
     fn send(&self, msg: Msg) -> BoxFuture<'_, io::Result<Ack>> {

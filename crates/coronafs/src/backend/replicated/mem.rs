@@ -146,7 +146,14 @@ impl<B: BlockBackend> MemConnector<B> {
 }
 
 impl<B: BlockBackend + 'static> super::resync::Connector for MemConnector<B> {
-    fn connect(&self, peer: &str, resync: bool, first_seq: u64, epoch: u64) -> io::Result<Arc<dyn ReplicaLink>> {
+    fn connect(
+        &self,
+        peer: &str,
+        resync: bool,
+        first_seq: u64,
+        epoch: u64,
+        _expect: u64,
+    ) -> io::Result<Arc<dyn ReplicaLink>> {
         if let Ok(mut e) = self.epochs.lock() {
             e.push((peer.to_owned(), epoch));
         }

@@ -67,6 +67,9 @@ struct Peer {
     /// Bumped whenever the replica leaves or joins the live set, so an
     /// answer to a frame of an earlier link is not taken for this one.
     turn: u64,
+    /// The incarnation of the replica's copy as known (0: unknown; its
+    /// link's answer to OPEN tells it).
+    incarnation: u64,
 }
 
 impl Peer {
@@ -210,6 +213,7 @@ impl<B: BlockBackend> Replicated<B> {
                 history: History::Acked(first_seq),
                 left: None,
                 turn: 0,
+                incarnation: 0,
             })
             .collect();
         let order = Order { next_seq: first_seq, peers, drl: Drl::new(size, &BTreeSet::new()), closed: false };
@@ -252,7 +256,7 @@ impl<B: BlockBackend> Replicated<B> {
         for (name, history) in behind {
             match order.peers.iter_mut().find(|p| p.name == name) {
                 Some(p) => (p.link, p.history) = (None, history),
-                None => order.peers.push(Peer { name, link: None, history, left: None, turn: 0 }),
+                None => order.peers.push(Peer { name, link: None, history, left: None, turn: 0, incarnation: 0 }),
             }
         }
         inner.saver = Some(Saver {
@@ -262,6 +266,16 @@ impl<B: BlockBackend> Replicated<B> {
             last_trim: std::sync::Mutex::new(std::time::Instant::now()),
         });
         inner.resync = Some(r);
+        self
+    }
+
+    /// The incarnations of the replicas' copies as the primary last knew
+    /// them (its record): a resync opens a copy only if it is still that
+    /// one, and gives any other a full copy.
+    pub fn with_incarnations(mut self, known: &std::collections::BTreeMap<String, u64>) -> Self {
+        for p in &mut self.setup().order.get_mut().peers {
+            p.incarnation = known.get(&p.name).copied().unwrap_or(0);
+        }
         self
     }
 
@@ -350,6 +364,14 @@ impl<B: BlockBackend> Inner<B> {
 
     fn drop_replica(&self, o: &mut Order, i: usize, why: &dyn std::fmt::Display) {
         let p = &mut o.peers[i];
+        let (replaced, known) = p.link.as_ref().map_or((false, 0), |l| (l.replaced(), l.incarnation()));
+        if replaced {
+            // Another copy than the one the log speaks of: a full copy.
+            (p.history, p.incarnation) = (History::Unknown, 0);
+            tracing::warn!(peer = %p.name, "the replica's copy was made again: it gets a full copy");
+        } else if p.incarnation == 0 {
+            p.incarnation = known;
+        }
         if p.link.as_ref().is_some_and(|l| l.fenced_out()) {
             self.depose(&p.name);
         }
@@ -492,6 +514,17 @@ impl<B: BlockBackend> Inner<B> {
             bits: drl::encode_bits(regions.iter().copied()),
             in_sync,
             untracked: o.peers.iter().filter(|p| p.history == History::Unknown).map(|p| p.name.clone()).collect(),
+            incarnations: o
+                .peers
+                .iter()
+                .filter_map(|p| {
+                    let known = match p.incarnation {
+                        0 => p.link.as_ref().map_or(0, |l| l.incarnation()),
+                        n => n,
+                    };
+                    (known != 0).then(|| (p.name.clone(), known))
+                })
+                .collect(),
         }
     }
 

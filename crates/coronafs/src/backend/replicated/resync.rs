@@ -49,7 +49,15 @@ pub trait Connector: Send + Sync + 'static {
     /// Its OPEN carries `epoch`: the volume's epoch now, which a fence may
     /// have raised since the volume opened (an OPEN at the older one would
     /// leave the copy's position below a fence that already answered).
-    fn connect(&self, peer: &str, resync: bool, first_seq: u64, epoch: u64) -> io::Result<Arc<dyn ReplicaLink>>;
+    /// `expect` is the incarnation of the copy the primary knows (0: any).
+    fn connect(
+        &self,
+        peer: &str,
+        resync: bool,
+        first_seq: u64,
+        epoch: u64,
+        expect: u64,
+    ) -> io::Result<Arc<dyn ReplicaLink>>;
 }
 
 /// Where the primary keeps its [`DrlRecord`].
@@ -162,13 +170,13 @@ type Failed = (String, io::Error);
 /// One attempt to bring replica `i` back; gives its name and the bytes copied.
 async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) -> Result<(String, u64), Failed> {
     let r = inner.resync.as_ref().expect("resync configured");
-    let (name, turn, mut base) = {
+    let (name, turn, mut base, expect) = {
         let o = inner.order.lock().await;
         let p: &Peer = &o.peers[i];
-        (p.name.clone(), p.turn, p.history)
+        (p.name.clone(), p.turn, p.history, p.incarnation)
     };
     let fail = |e: io::Error| (name.clone(), e);
-    let link = r.connector.connect(&name, true, 1, inner.epoch.load(Relaxed)).map_err(fail)?;
+    let link = r.connector.connect(&name, true, 1, inner.epoch.load(Relaxed), expect).map_err(fail)?;
     // A copy fenced above this primary's epoch says another was elected.
     let fail = |e: io::Error| {
         if link.fenced_out() {
@@ -178,12 +186,26 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
     };
     // A FLUSH first: the replica is reachable and took the stream before
     // anything holds writes up for it.
-    let probe = link.send(Msg { seq: 1, epoch: inner.epoch.load(Relaxed), body: Body::Flush }).await.map_err(fail)?;
     let timeout = inner.policy.ack_timeout;
-    tokio::time::timeout(timeout, probe)
-        .await
-        .map_err(|_| fail(io::Error::other(format!("no answer within {timeout:?}"))))?
-        .map_err(fail)?;
+    let probe = async {
+        let ack = link.send(Msg { seq: 1, epoch: inner.epoch.load(Relaxed), body: Body::Flush }).await?;
+        tokio::time::timeout(timeout, ack)
+            .await
+            .map_err(|_| io::Error::other(format!("no answer within {timeout:?}")))?
+    };
+    if let Err(e) = probe.await {
+        if link.replaced() {
+            // Not the copy the log speaks of (deleted and made again):
+            // the next attempt copies everything, to whatever copy is there.
+            let mut o = inner.order.lock().await;
+            let p = &mut o.peers[i];
+            if p.turn == turn {
+                (p.history, p.incarnation) = (History::Unknown, 0);
+                tracing::warn!(peer = %name, "the replica's copy was made again: it gets a full copy");
+            }
+        }
+        return Err(fail(e));
+    }
     let mut seq = 2;
     let mut copied = 0;
     let mut throttle = Throttle { rate: r.rate, start: Instant::now(), sent: 0 };
@@ -302,7 +324,9 @@ async fn finish<B: BlockBackend + 'static>(
         return Err(io::Error::other("the replica changed state during the resync"));
     }
     let was_unknown = p.history == History::Unknown;
-    p.link = Some(r.connector.connect(&p.name, false, next, inner.epoch.load(Relaxed))?);
+    let learnt = link.incarnation() != p.incarnation;
+    p.incarnation = link.incarnation();
+    p.link = Some(r.connector.connect(&p.name, false, next, inner.epoch.load(Relaxed), p.incarnation)?);
     p.history = History::Acked(next);
     p.turn += 1;
     p.left = None;
@@ -313,7 +337,7 @@ async fn finish<B: BlockBackend + 'static>(
     }
     drop(o);
     drop(_held);
-    if was_unknown {
+    if was_unknown || learnt {
         // The record stops listing it as untracked (a crash before this
         // only costs a second full copy).
         inner.resave().await;

@@ -30,7 +30,7 @@ fn fixture(rate: u64, behind: Vec<(String, History)>) -> Fixture {
     let links = names
         .iter()
         .filter(|n| !behind.iter().any(|(b, _)| b == *n))
-        .map(|n| connector.connect(n, false, 1, 0).expect("link"))
+        .map(|n| connector.connect(n, false, 1, 0, 0).expect("link"))
         .collect();
     let metrics = Arc::new(Metrics::default());
     let store = Arc::new(MemStore::default());
