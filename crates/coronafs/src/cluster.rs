@@ -116,7 +116,8 @@ pub struct ClusterFile {
     #[serde(default = "default_resync_rate")]
     pub resync_bytes_per_sec: u64,
     /// How long a primary waits between attempts to reach a replica out of
-    /// the live set, in milliseconds [default: 2000].
+    /// the live set, in milliseconds [default: 2000]; doubled after each
+    /// failed attempt of that replica, up to 32 times this, jittered.
     #[serde(default = "default_resync_retry_ms")]
     pub resync_retry_ms: u64,
     /// How often a primary sends a heartbeat on an idle replica link, in

@@ -1,4 +1,5 @@
-//! Small parsers shared by the CLI, the API and the bench.
+//! Small parsers shared by the CLI, the API and the bench, and the jitter
+//! of retry pauses.
 
 use crate::error::{CoronaError, Result};
 
@@ -56,6 +57,16 @@ pub fn validate_name(name: &str) -> Result<()> {
         return Err(err("only letters, digits, '.', '_' and '-' are allowed"));
     }
     Ok(())
+}
+
+/// A pause in `[d/2, d)`, different on every call and every node, so tasks
+/// whose attempts failed together (failover rounds, resync retries) do not
+/// retry together.
+pub fn jitter(d: std::time::Duration) -> std::time::Duration {
+    use std::hash::BuildHasher;
+    let r = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    let half = d / 2;
+    half + std::time::Duration::from_nanos(r % (half.as_nanos().max(1) as u64))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ pub const MAX_NAME: u64 = 255;
 /// Most copies OPEN may name.
 pub const MAX_COPIES: usize = 16;
 /// Largest OPEN or VOTE payload: names, each behind a length byte.
-const MAX_NAMES_PAYLOAD: u64 = 8 + (MAX_COPIES as u64 + 2) * (MAX_NAME + 1) + 1;
+const MAX_NAMES_PAYLOAD: u64 = 8 + (MAX_COPIES as u64 + 2) * (MAX_NAME + 1) + 1 + 8;
 /// Bytes of a vote answer.
 pub const VOTE_REPLY_LEN: usize = 48;
 const REQUEST_MAGIC: &[u8; 4] = b"CFR1";
@@ -68,6 +68,9 @@ pub struct Origin {
     pub stream: u64,
     pub primary: String,
     pub copies: Vec<String>,
+    /// The incarnation the primary knows the opened copy by (0: none, it
+    /// takes any); a copy of another incarnation refuses the OPEN (`ENXIO`).
+    pub incarnation: u64,
 }
 
 fn put_name(out: &mut Vec<u8>, n: &str) {
@@ -145,6 +148,7 @@ impl Msg {
                 for c in copies {
                     put_name(&mut names, c);
                 }
+                names.extend_from_slice(&origin.incarnation.to_be_bytes());
             }
             Body::Vote { volume, candidate } | Body::Probe { volume, candidate } => {
                 put_name(&mut names, volume);
@@ -241,11 +245,12 @@ impl Header {
                     return Err(bad(format!("{n} copies (at most {MAX_COPIES})")));
                 }
                 let copies = (0..n).map(|_| r.name()).collect::<Result<Vec<_>>>()?;
+                let incarnation = r.u64()?;
                 r.end()?;
                 if volume.is_empty() {
                     return Err(bad("empty volume name".into()));
                 }
-                Body::Open { volume, size: self.offset, origin: Origin { stream, primary, copies } }
+                Body::Open { volume, size: self.offset, origin: Origin { stream, primary, copies, incarnation } }
             }
             5 | 7 => {
                 let mut r = Names(&payload);
@@ -361,12 +366,13 @@ mod tests {
                 any::<u64>(),
                 any::<u64>(),
                 "[a-z0-9]{0,8}",
-                proptest::collection::vec("[a-z0-9]{0,8}", 0..5)
+                proptest::collection::vec("[a-z0-9]{0,8}", 0..5),
+                any::<u64>()
             )
-                .prop_map(|(volume, size, stream, primary, copies)| Body::Open {
+                .prop_map(|(volume, size, stream, primary, copies, incarnation)| Body::Open {
                     volume,
                     size,
-                    origin: Origin { stream, primary, copies }
+                    origin: Origin { stream, primary, copies, incarnation }
                 }),
             ("[a-z]{1,20}", "[a-z0-9]{0,8}").prop_map(|(volume, candidate)| Body::Vote { volume, candidate }),
             ("[a-z]{1,20}", "[a-z0-9]{0,8}").prop_map(|(volume, candidate)| Body::Probe { volume, candidate }),

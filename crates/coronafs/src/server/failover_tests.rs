@@ -59,6 +59,12 @@ impl Cluster {
         self.node[i].take().expect("node is up").shutdown().await;
     }
 
+    /// Stops node `i` abruptly: its tasks are dropped, its sockets close
+    /// without a last FLUSH, nothing is closed cleanly.
+    async fn crash(&mut self, i: usize) {
+        self.node[i].take().expect("node is up").crash().await;
+    }
+
     async fn restart(&mut self, i: usize) {
         assert!(self.node[i].is_none());
         self.node[i] = Some(crate::service::start(self.cfgs[i].clone()).await.expect("restart"));
@@ -151,15 +157,34 @@ async fn after_the_primary_dies_a_promoted_copy_serves_every_flushed_byte_and_th
     // The old primary comes back with its old state: its frames (epoch 0)
     // are refused by both copies, so nothing it takes is ever flushed.
     c.restart(0).await;
-    let old = NbdClient::connect(c.nbd(0), "vm").await.expect("the old primary still serves its copy");
-    let _ = old.write(4096, &data(4096, 200), false).await;
-    let e = old.flush().await.expect_err("the old primary cannot flush");
-    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
-    let e = old.write(8192, &data(4096, 201), true).await.expect_err("nor write with FUA");
-    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
+    let old = NbdClient::connect(c.nbd(0), "vm").await;
+    if let Ok(old) = old {
+        // Connected before its links learnt it was deposed.
+        let _ = old.write(4096, &data(4096, 200), false).await;
+        let e = old.flush().await.expect_err("the old primary cannot flush");
+        assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
+        let e = old.write(8192, &data(4096, 201), true).await.expect_err("nor write with FUA");
+        assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Io, .. }), "{e}");
+    }
+    // Once n3 refused its stream as fenced above it, it knows it was
+    // deposed: a client is refused at connect ('not primary') and
+    // connect_primary moves on to the new primary instead of landing on
+    // a node that answers EIO.
+    let t = std::time::Instant::now();
+    let refused = loop {
+        match NbdClient::connect(c.nbd(0), "vm;epoch=1").await {
+            Err(e) => break e,
+            Ok(_) => assert!(t.elapsed() < std::time::Duration::from_secs(5), "the deposed n1 still takes clients"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(refused.to_string().contains("not primary"), "{refused}");
+    let (moved, at) = NbdClient::connect_primary(&[c.nbd(0), c.nbd(2), c.nbd(1)], "vm;epoch=1").await.expect("find n2");
+    assert_eq!(at, c.nbd(1), "the client did not move on from the deposed primary");
+    drop(moved);
     assert!(c.image(1).await == now, "an old-primary frame reached n2");
     assert!(c.image(2).await == now, "an old-primary frame reached n3");
-    drop((old, client));
+    drop(client);
     c.shutdown().await;
 }
 
@@ -207,16 +232,29 @@ async fn two_candidates_racing_for_one_epoch_never_both_win() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_behind_a_voter_loses_and_the_copy_ahead_wins_without_live_laggards() {
-    let (mut c, client) = Cluster::with_volume().await;
-    // n3 is fenced away from the stream (its fence refuses n1's frames),
-    // so it is dropped and misses what follows.
-    c.api(2).fence("vm", 5).await.expect("fence n3's copy");
+    // No resync while n1 lives (a retry once an hour), so n3 stays behind.
+    let three = super::test_cluster::start_three_with(3000, 1000, 0, 3_600_000).await;
+    let (mut c, client) = Cluster::of(three).volume().await;
+    // n3 is taken away from n1's stream without a fence (a fence would
+    // tell n1 it was deposed): another stream of the same epoch opened to
+    // it supersedes n1's, whose frames it then refuses, so n1 drops it and
+    // it misses what follows, knowing its (older) place.
+    let target = crate::backend::replicated::link::LinkTarget {
+        peer: "n3".into(),
+        addr: c.file.nodes[2].replica,
+        timeout: std::time::Duration::from_secs(3),
+        heartbeat: None,
+    };
+    let secret = c.up(2).volumes.membership().expect("in a cluster").secret.clone();
+    let other = crate::backend::replicated::link::TcpLink::open(&target, &secret, "vm", SIZE, 0, 1)
+        .await
+        .expect("n3 takes another stream");
     let _ = client.write(0, &data(4096, 9), false).await;
     let _ = client.flush().await;
     client.write(0, &data(65536, 10), false).await.expect("write on 2 of 3");
     client.flush().await.expect("flush on n1 and n2");
     let flushed = c.image(0).await;
-    drop(client);
+    drop((client, other));
     c.kill(0).await;
 
     let e = c.api(2).promote("vm").await.expect_err("n3 is behind n2");
@@ -356,5 +394,220 @@ async fn copies_of_a_volume_deleted_on_its_primary_do_not_promote_themselves() {
         let v = c.api(i).get("vm").await.expect("the copy is still there");
         assert!(v.replicas.is_empty() && v.epoch == 0, "n{} promoted itself: {v:?}", i + 1);
     }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_rejoins_after_a_fence_takes_the_fenced_epoch_so_the_next_election_lands_above_it() {
+    let (mut c, client) = Cluster::with_volume().await;
+    drop(client);
+    c.api(0).fence("vm", 5).await.expect("fence n1 at epoch 5 (acknowledged by a write quorum)");
+    // n3 misses writes and comes back through a resync and a rejoin: links
+    // opened after the fence.
+    c.kill(2).await;
+    let client = NbdClient::connect(c.nbd(0), "vm;epoch=5").await.expect("connect at epoch 5");
+    client.write(0, &data(4096, 40), false).await.expect("write on 2 of 3");
+    client.flush().await.expect("flush on 2 of 3");
+    c.restart(2).await;
+    let t = std::time::Instant::now();
+    loop {
+        let v = c.api(0).get("vm").await.expect("show");
+        if v.stale_replicas.is_empty() && v.replica_states.iter().all(|s| s.state == crate::dto::ReplicaSync::InSync) {
+            break;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "n3 did not rejoin: {v:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let p = c.up(2).volumes.position("vm").expect("n3 knows its place after the rejoin");
+    assert_eq!(p.epoch, 5, "n3's stream was opened below the fence: {p:?}");
+    assert_eq!(c.api(2).get("vm").await.expect("n3").epoch, 5, "n3 did not take the stream's epoch");
+    drop(client);
+    c.kill(0).await;
+    // n3 stands above the fence, and n2 (also at epoch 5) votes for it.
+    let v = c.api(2).promote("vm").await.expect("promote n3");
+    assert!(v.epoch > 5, "elected at epoch {} at or below a fence that had answered", v.epoch);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_promotes_of_one_copy_at_once_take_office_once() {
+    let (mut c, client) = Cluster::with_volume().await;
+    drop(client);
+    c.kill(0).await;
+    let a = c.api(1);
+    let (r1, r2) = tokio::join!(a.promote("vm"), a.promote("vm"));
+    let won = [&r1, &r2].iter().filter(|r| r.is_ok()).count();
+    assert_eq!(won, 1, "both or neither took office: {r1:?} {r2:?}");
+    let e = [r1, r2].into_iter().find_map(Result::err).expect("one failed");
+    assert!(e.to_string().contains("already the primary") || e.to_string().contains("superseded"), "{e}");
+    c.shutdown().await;
+}
+
+#[test]
+fn a_promotion_takes_office_only_while_its_own_vote_stands() {
+    use crate::volume::catalog::VolumeRec;
+    let voted = |epoch, who: &str| VolumeRec { epoch, voted_for: Some(who.into()), ..Default::default() };
+    crate::volume::failover::still_elected("vm", &voted(3, "n2"), 3, "n2").expect("its vote stands");
+    // While its ballots were out, the copy voted for n3 at a later epoch.
+    let e = crate::volume::failover::still_elected("vm", &voted(4, "n3"), 3, "n2").expect_err("superseded");
+    assert!(e.to_string().contains("superseded"), "{e}");
+    let e = crate::volume::failover::still_elected("vm", &voted(3, "n3"), 3, "n2").expect_err("not its vote");
+    assert!(e.to_string().contains("superseded"), "{e}");
+    let primary = VolumeRec { replicas: vec!["n1".into()], ..voted(3, "n2") };
+    let e = crate::volume::failover::still_elected("vm", &primary, 3, "n2").expect_err("in office");
+    assert!(e.to_string().contains("already the primary"), "{e}");
+}
+
+#[tokio::test]
+async fn a_copy_whose_data_cannot_be_made_durable_does_not_vote() {
+    use crate::backend::fault::{FaultAction, FaultBackend, FaultOp, FaultRule};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = crate::volume::Volumes::load(dir.path().to_path_buf(), crate::backend::Opener::Threads, false)
+        .expect("volumes");
+    v.create("vm", SIZE).await.expect("create");
+    // The copy as the replica listener holds it open, with a flush that fails.
+    let fail = FaultRule { op: FaultOp::Flush, range: 0..SIZE, action: FaultAction::Fail(libc::EIO) };
+    let b = FaultBackend::new(SIZE, vec![fail]);
+    v.insert("vm", crate::backend::AnyBackend::Fault(b), false).expect("replace the open copy");
+    let r = v.vote("vm", 1, "n2").await;
+    assert_eq!(r.errno, libc::EIO as u32, "voted with data that may not survive a power loss: {r:?}");
+    // With a flush that works, the same vote (a retry) is granted.
+    let b = FaultBackend::new(SIZE, Vec::new());
+    v.insert("vm", crate::backend::AnyBackend::Fault(b), false).expect("replace the open copy");
+    assert_eq!(v.vote("vm", 1, "n2").await.errno, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_took_a_stream_at_an_epoch_refuses_streams_of_older_epochs_even_after_a_restart() {
+    use crate::backend::replicated::link::{LinkTarget, TcpLink};
+    let (mut c, client) = Cluster::with_volume().await;
+    drop(client);
+    let secret = c.up(2).volumes.membership().expect("in a cluster").secret.clone();
+    let target = LinkTarget {
+        peer: "n3".into(),
+        addr: c.file.nodes[2].replica,
+        timeout: std::time::Duration::from_secs(3),
+        heartbeat: None,
+    };
+    // A primary elected at epoch 4 without n3's vote opens a stream to it.
+    let newer = TcpLink::open(&target, &secret, "vm", SIZE, 4, 1).await.expect("n3 takes the epoch-4 stream");
+    assert_eq!(c.api(2).get("vm").await.expect("n3").epoch, 4, "n3 did not take the stream's epoch");
+    // The deposed primary (epoch 0) can no longer open a stream to n3, to
+    // resync it or otherwise: it cannot win n3 back into its live set.
+    let e = TcpLink::open(&target, &secret, "vm", SIZE, 0, 1).await.err().expect("an epoch-0 stream is refused");
+    assert!(e.to_string().contains("refused"), "{e}");
+    drop(newer);
+    c.kill(2).await;
+    c.restart(2).await;
+    assert!(TcpLink::open(&target, &secret, "vm", SIZE, 0, 1).await.is_err(), "the restart forgot the epoch");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_sent_to_a_copy_fences_the_primary() {
+    let (c, client) = Cluster::with_volume().await;
+    let v = c.api(1).fence("vm", 3).await.expect("fence through n2");
+    assert_eq!(v.epoch, 3, "{v:?}");
+    assert_eq!(c.api(0).get("vm").await.expect("n1").epoch, 3, "the primary was not fenced");
+    // The client of epoch 0 may no longer write on the primary.
+    let e = client.write(0, &data(4096, 1), false).await.expect_err("a fenced client wrote");
+    assert!(matches!(e, CoronaError::Nbd { errno: NbdErrno::Perm, .. }), "{e}");
+    // Every copy is still in the stream: a client of epoch 3 flushes on 3 of 3.
+    let now = NbdClient::connect(c.nbd(0), "vm;epoch=3").await.expect("connect at epoch 3");
+    now.write(0, &data(4096, 2), true).await.expect("fua write at epoch 3");
+    assert!(c.api(0).get("vm").await.expect("n1").stale_replicas.is_empty());
+    // Going back is refused through a copy as on the primary.
+    let e = c.api(2).fence("vm", 2).await.expect_err("an epoch never goes back");
+    assert!(e.to_string().contains("409"), "{e}");
+    drop((client, now));
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_stale_and_in_sync_records_land_in_the_order_they_happened() {
+    let (c, client) = Cluster::with_volume().await;
+    drop(client);
+    // n1's stale list once it stayed the same for a second (the queue of
+    // record changes drained; each change is a commit of its own).
+    async fn settled(c: &Cluster) -> Vec<String> {
+        let t = std::time::Instant::now();
+        let (mut last, mut since) = (None, std::time::Instant::now());
+        loop {
+            let now = c.api(0).get("vm").await.expect("n1").stale_replicas;
+            if last.as_ref() != Some(&now) {
+                (last, since) = (Some(now), std::time::Instant::now());
+            } else if since.elapsed() > std::time::Duration::from_secs(1) {
+                return now;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(30), "the record never settled");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let hook = c.up(0).volumes.state_recorder("vm");
+    for _ in 0..20 {
+        hook("n3", false);
+        hook("n3", true);
+    }
+    assert!(settled(&c).await.is_empty(), "a late 'stale' overwrote the newer 'in sync'");
+    hook("n3", true);
+    hook("n3", false);
+    assert_eq!(settled(&c).await, ["n3"], "a late 'in sync' overwrote the newer 'stale'");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_primary_crashes_under_writes_a_copy_takes_over_with_every_flushed_byte() {
+    let (mut c, client) = Cluster::start_timed(100, 800).await.volume().await;
+    // Flushed writes, then writes answered but never flushed.
+    client.write(1_000_000, &data(200_000, 90), false).await.expect("write");
+    client.flush().await.expect("flush on 3 of 3");
+    let flushed = c.image(0).await;
+    for i in 0..16u64 {
+        let _ = client.write(i * 400_000, &data(4096, 100 + i as u8), false).await;
+    }
+    drop(client);
+    // No goodbye: no last FLUSH, no clean close, sockets dropped.
+    c.crash(0).await;
+    // The copy furthest in the stream stands (n2 when both are equal).
+    let t = std::time::Instant::now();
+    let (p, v) = loop {
+        let mut found = None;
+        for i in [1, 2] {
+            let v = c.api(i).get("vm").await.expect("record");
+            if !v.replicas.is_empty() {
+                found = Some((i, v));
+            }
+        }
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "no copy took over");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    eprintln!("n{} became the primary {:?} after n1 crashed", p + 1, t.elapsed());
+    assert!(v.epoch >= 1, "{v:?}");
+    let export = format!("vm;epoch={}", v.epoch);
+    let (client, at) =
+        NbdClient::connect_primary(&[c.nbd(0), c.nbd(1), c.nbd(2)], &export).await.expect("find the primary");
+    assert_eq!(at, c.nbd(p));
+    let got = client.read(0, SIZE as usize).await.expect("read");
+    assert_eq!(got[1_000_000..1_200_000], flushed[1_000_000..1_200_000], "a flushed byte is missing");
+    // Writes go on; a flush succeeds once the other copy is live (at once
+    // if it was at the same place, else after its full copy).
+    client.write(5000, &data(8192, 7), false).await.ok();
+    let t = std::time::Instant::now();
+    loop {
+        match client.flush().await {
+            Ok(()) => break,
+            Err(CoronaError::Nbd { errno: NbdErrno::Io, .. }) => {}
+            Err(e) => panic!("a flush failed otherwise than below the quorum: {e}"),
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the other copy never came back");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    client.write(5000, &data(8192, 7), true).await.expect("fua write on 2 of 3");
+    let other = 3 - p;
+    assert!(c.image(other).await == c.image(p).await, "the other copy differs from the new primary");
+    drop(client);
     c.shutdown().await;
 }

@@ -146,6 +146,8 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             Ok(e) if e.read_only => Err(libc::EROFS),
             Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => Err(libc::EINVAL),
             Ok(e) if open.epoch < e.fence.current() => Err(libc::EPERM),
+            // Not the copy the primary knows: deleted and made again since.
+            Ok(_) if origin.incarnation != 0 && volumes.incarnation(volume) != origin.incarnation => Err(libc::ENXIO),
             Ok(e) => Ok(e),
             Err(_) => Err(libc::ENOENT),
         }
@@ -158,9 +160,19 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             return Err(CoronaError::Replica(format!("refused OPEN of {volume:?} ({size} bytes): errno {errno}")));
         }
     };
-    let writer = export.fence.register(open.epoch);
+    // The copy takes the stream's epoch as its own fence (persisted by
+    // `stream_opened` first): a primary of an older epoch, one deposed by
+    // the election that made this stream's primary, can no longer open a
+    // stream here, not even to a copy that did not vote in that election.
     let tracker = volumes.stream_opened(volume, open.epoch, origin, open.seq).await?;
-    wr.write_all(&Reply { seq: open.seq, errno: 0 }.encode()).await?;
+    if let Err(left) = export.fence.raise(open.epoch, crate::volume::FENCE_DRAIN_TIMEOUT).await {
+        wr.write_all(&Reply { seq: open.seq, errno: libc::EIO as u32 }.encode()).await?;
+        wr.flush().await?;
+        return Err(CoronaError::Replica(format!("{left} frames of an older stream of {volume:?} did not drain")));
+    }
+    let writer = export.fence.register(open.epoch);
+    // OPEN's answer carries the copy's incarnation in place of the seq.
+    wr.write_all(&Reply { seq: tracker.incarnation, errno: 0 }.encode()).await?;
     wr.flush().await?;
     tracing::info!(volume = %export.name, epoch = open.epoch, primary = %origin.primary, "replica stream opened");
     let mut applier = Applier::opened(open.seq);

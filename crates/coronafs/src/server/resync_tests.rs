@@ -238,3 +238,28 @@ async fn resync_of_a_gibibyte_volume_after_a_replica_restart_is_measured() {
     drop(client);
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_deleted_and_made_again_under_the_same_name_gets_a_full_copy_not_only_the_logged_regions() {
+    const SIZE: u64 = 16 * MIB;
+    let mut c = Nodes::start().await;
+    let client = c.volume(SIZE).await;
+    drop(client);
+    // A clean stop: both copies are in sync, and would relink as they are.
+    c.take(0).shutdown().await;
+    // Meanwhile n3's copy is deleted and made again, empty, under the same
+    // name and size.
+    c.up(2).volumes.delete("vm", true).await.expect("delete n3's copy");
+    c.up(2).volumes.create("vm", SIZE).await.expect("make it again");
+    c.restart(0).await;
+    let client = NbdClient::connect(c.t.file.nodes[0].nbd, "vm").await.expect("connect");
+    client.write(0, &data(4096, 9), false).await.ok();
+    let v = until(&c.api(0), "n3 copied in full", |v| all_in_sync(v) && v.stale_replicas.is_empty()).await;
+    assert!(all_in_sync(&v));
+    client.write(MIB, &data(4096, 10), true).await.expect("fua write on 3 of 3");
+    let want = c.image(0, SIZE).await;
+    assert!(c.image(2, SIZE).await == want, "the new copy took only the logged regions, not the volume");
+    assert!(c.up(0).metrics.resync_bytes.load(Relaxed) >= SIZE, "not a full copy");
+    drop(client);
+    c.shutdown().await;
+}

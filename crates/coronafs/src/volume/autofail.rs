@@ -17,22 +17,14 @@ use super::failover::{Slot, ask, refusal};
 use crate::cluster::Membership;
 use crate::replica::election::{self, Probe};
 use crate::replica::wire::{Body, VoteReply};
-use std::hash::BuildHasher;
+use crate::util::jitter;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Failover rounds one silence of the primary may start; after them the
 /// copy waits for a primary to be heard again (or a promote by hand).
 pub const MAX_ROUNDS: u32 = 8;
-
-/// A pause in `[d/2, d)`, different on every call and every node, so copies
-/// whose rounds failed together do not retry together.
-fn jitter(d: Duration) -> Duration {
-    let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    let half = d / 2;
-    half + Duration::from_nanos(r % (half.as_nanos().max(1) as u64))
-}
 
 impl Volumes {
     /// This copy's answer to `candidate` probing before it stands at

@@ -49,6 +49,17 @@ pub struct VolumeRec {
     /// this epoch are told the new one (docs/design/replication-volumes.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted_from: Option<u64>,
+    /// On a copy: a number drawn when the copy first took a primary's
+    /// stream, new with every record of this name, so a primary that knew
+    /// another one can tell the copy was deleted and made again (it then
+    /// gets a full copy, not only the regions the primary's log names).
+    /// 0: none drawn yet.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A snapshot: a frozen layer.

@@ -62,6 +62,8 @@ pub struct Tracker {
     stream: u64,
     /// Which OPEN of this copy this stream is.
     opened: u64,
+    /// The copy's incarnation (its OPEN's answer tells the primary).
+    pub incarnation: u64,
 }
 
 impl Tracker {
@@ -103,7 +105,32 @@ pub(super) fn origin(me: &str, rec: &VolumeRec) -> Origin {
     } else {
         rec.copies.clone()
     };
-    Origin { stream, primary: me.to_owned(), copies }
+    Origin { stream, primary: me.to_owned(), copies, incarnation: 0 }
+}
+
+/// A new copy's incarnation: the clock and a per-process random key mixed,
+/// never 0.
+fn fresh_incarnation() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new().hash_one(now).max(1)
+}
+
+/// Whether `rec`, this node's record of `name` as it stands, still holds
+/// the vote this node cast for itself at `epoch`, as a replica copy: a
+/// promotion may take office only then (see [`Volumes::promote`]).
+pub fn still_elected(name: &str, rec: &VolumeRec, epoch: u64, me: &str) -> Result<()> {
+    if !rec.replicas.is_empty() {
+        return Err(CoronaError::Conflict(format!("{name} is already the primary on {me}")));
+    }
+    if rec.epoch != epoch || rec.voted_for.as_deref() != Some(me) {
+        return Err(CoronaError::Conflict(format!(
+            "{name}: the election at epoch {epoch} was superseded while its ballots were counted (this copy is at \
+             epoch {}, voted for {:?})",
+            rec.epoch, rec.voted_for
+        )));
+    }
+    Ok(())
 }
 
 /// The answer a copy sends when it cannot vote for another reason than an
@@ -125,6 +152,12 @@ impl Volumes {
         }
     }
 
+    /// The incarnation of this node's copy of `name` (0: none drawn yet, or
+    /// no such volume).
+    pub fn incarnation(&self, name: &str) -> u64 {
+        self.cat.lock().ok().and_then(|c| c.volumes.get(name).map(|r| r.incarnation)).unwrap_or(0)
+    }
+
     /// Where this node's copy of `name` is in its primary's write stream.
     pub fn position(&self, name: &str) -> Option<Position> {
         let slot = self.positions.lock().ok()?.get(name).cloned()?;
@@ -132,18 +165,31 @@ impl Volumes {
     }
 
     /// A primary opened a write stream to this copy at `epoch`, expecting
-    /// `first_seq` next: records who the primary and the copies are
-    /// (persisted when they changed) and starts tracking the position.
+    /// `first_seq` next: records who the primary and the copies are and
+    /// the stream's epoch as the copy's own (persisted when they changed;
+    /// the caller then raises the copy's fence to it) and starts tracking
+    /// the position.
     pub async fn stream_opened(&self, name: &str, epoch: u64, origin: &Origin, first_seq: u64) -> Result<Tracker> {
-        if !origin.primary.is_empty() {
+        {
             let _g = self.control.lock().await;
             let old = self.catalog()?;
             let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
-            if rec.primary.as_deref() != Some(&origin.primary) || rec.copies != origin.copies {
+            let named = !origin.primary.is_empty()
+                && (rec.primary.as_deref() != Some(&origin.primary) || rec.copies != origin.copies);
+            if named || epoch > rec.epoch || rec.incarnation == 0 {
                 let mut cat = old.clone();
                 if let Some(r) = cat.volumes.get_mut(name) {
-                    r.primary = Some(origin.primary.clone());
-                    r.copies = origin.copies.clone();
+                    if !origin.primary.is_empty() {
+                        r.primary = Some(origin.primary.clone());
+                        r.copies = origin.copies.clone();
+                    }
+                    if epoch > r.epoch {
+                        // A vote at an earlier epoch says nothing about this one.
+                        (r.epoch, r.voted_for) = (epoch, None);
+                    }
+                    if r.incarnation == 0 {
+                        r.incarnation = fresh_incarnation();
+                    }
                 }
                 self.commit(&old, cat)?;
             }
@@ -161,13 +207,16 @@ impl Volumes {
         if !origin.primary.is_empty() {
             self.watch(name, &slot);
         }
-        Ok(Tracker { slot, epoch, stream: origin.stream, opened })
+        let incarnation = self.incarnation(name);
+        Ok(Tracker { slot, epoch, stream: origin.stream, opened, incarnation })
     }
 
     /// This copy's answer to `candidate` asking for its vote at `epoch`:
     /// the vote is persisted, then the copy is fenced to `epoch` (frames of
-    /// older epochs in flight drain, later ones are refused), then it says
-    /// where it is. A copy that is itself the primary refuses (`EBUSY`).
+    /// older epochs in flight drain, later ones are refused) and flushed
+    /// (what it reports holding is durable), then it says where it is. A
+    /// copy that is itself the primary refuses (`EBUSY`); one whose flush
+    /// fails refuses (`EIO`).
     pub async fn vote(&self, name: &str, epoch: u64, candidate: &str) -> VoteReply {
         match self.record_vote(name, epoch, candidate).await {
             Ok(Ok(())) => {}
@@ -178,11 +227,20 @@ impl Volumes {
             }
         }
         let open = self.open.lock().ok().and_then(|o| o.get(name).cloned());
-        if let Some(v) = open
-            && let Err(left) = v.fence.raise(epoch, super::FENCE_DRAIN_TIMEOUT).await
-        {
-            tracing::error!(volume = name, epoch, left, "writes of an older epoch did not drain");
-            return refusal(libc::EIO, epoch);
+        if let Some(v) = open {
+            if let Err(left) = v.fence.raise(epoch, super::FENCE_DRAIN_TIMEOUT).await {
+                tracing::error!(volume = name, epoch, left, "writes of an older epoch did not drain");
+                return refusal(libc::EIO, epoch);
+            }
+            // The position this vote reports must survive a power loss: the
+            // candidate may win on it, and every byte up to it is then what
+            // the volume holds (frames answered before a FLUSH may still sit
+            // in the page cache). No frame of the old stream lands after the
+            // fence, so this flush covers the whole position.
+            if let Err(e) = crate::backend::BlockBackend::flush(&v.backend).await {
+                tracing::error!(volume = name, epoch, error = %e, "cannot make the copy durable before voting");
+                return refusal(libc::EIO, epoch);
+            }
         }
         let position = self.position(name);
         tracing::info!(volume = name, epoch, candidate, ?position, "voted");
@@ -266,6 +324,12 @@ impl Volumes {
             let old = self.catalog()?;
             let mut cat = old.clone();
             let r = cat.volumes.get_mut(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+            // The vote must still stand: while the ballots were out, this
+            // copy may have voted for another candidate at a later epoch (an
+            // automatic round racing a promote by hand), or another promote
+            // of this node may have taken office. Checked and committed under
+            // the control lock, which every vote takes too.
+            still_elected(name, r, epoch, &m.node)?;
             r.replicas = rec.copies.iter().filter(|c| **c != m.node).cloned().collect();
             r.stale = stale;
             r.primary = Some(m.node.clone());
@@ -336,7 +400,19 @@ impl Volumes {
                 let addr = m.cluster.node(&p).map(|n| n.nbd.to_string()).unwrap_or_else(|_| "unknown".into());
                 Err(format!("{base} is a replica on {}; its primary is {p}, primary-nbd={addr}", m.node))
             }
-            _ => Ok(()),
+            _ => {
+                // A primary a copy refused as fenced above it (a copy was
+                // elected meanwhile) would only answer EIO to writes: the
+                // client is refused here, at connect, and moves on.
+                let handle = self.open.lock().ok().and_then(|o| o.get(base).and_then(|e| e.replication.clone()));
+                if handle.is_some_and(|h| h.deposed()) {
+                    return Err(format!(
+                        "{base} on {} is not primary: it was deposed (a copy is fenced at a higher epoch)",
+                        m.node
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 }

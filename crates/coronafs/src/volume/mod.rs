@@ -251,9 +251,30 @@ impl Volumes {
     /// Raises the write epoch of `name` to `epoch` (persisted first), then
     /// waits until no write from an older epoch is in flight. Raising to the
     /// current epoch only waits; lowering it is a conflict.
+    ///
+    /// On a node holding a replica copy (its record names another primary)
+    /// the fence is the primary's to raise: it is forwarded to the
+    /// primary's control API and its answer returned, changing nothing
+    /// here (a copy's own fence follows its primary's stream and votes).
     pub async fn fence(&self, name: &str, epoch: u64) -> Result<VolumeInfo> {
         validate_name(name)?;
         self.writable()?;
+        if let Some(primary) = self.primary_elsewhere(name)? {
+            let m = self.membership().cloned().ok_or_else(|| CoronaError::Config("no cluster".into()))?;
+            let node = m.cluster.node(&primary)?;
+            let api = crate::api_client::ApiClient::new(&format!("http://{}", node.api));
+            tracing::info!(volume = name, epoch, primary, "fence asked of a replica copy: forwarded to its primary");
+            return api.fence(name, epoch).await.map_err(|e| {
+                let why = format!("{name} is a replica on {}; its primary {primary} ({}): {e}", m.node, node.api);
+                // The primary's refusal keeps its meaning (an epoch going
+                // back is a conflict); anything else is a failed hop.
+                match e {
+                    CoronaError::Api { status: Some(409), .. } => CoronaError::Conflict(why),
+                    CoronaError::Api { status: Some(404), .. } => CoronaError::NotFound(why),
+                    _ => CoronaError::Replica(why),
+                }
+            });
+        }
         {
             let _g = self.control.lock().await;
             let old = self.catalog()?;
@@ -290,6 +311,15 @@ impl Volumes {
         }
         self.replicate_fence(name, epoch).await?;
         self.info(name)
+    }
+
+    /// The other node this node's copy of `name` names as its primary, if
+    /// it holds a replica copy in a cluster.
+    fn primary_elsewhere(&self, name: &str) -> Result<Option<String>> {
+        let Some(m) = self.membership() else { return Ok(None) };
+        let cat = self.cat.lock().map_err(|_| poisoned())?;
+        let rec = cat.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
+        Ok(rec.primary.clone().filter(|p| rec.replicas.is_empty() && *p != m.node))
     }
 
     /// After a commit, the open export of `name` could not be brought in

@@ -10,7 +10,9 @@ use super::{Volumes, failover, poisoned};
 use crate::backend::layered::Layered;
 use crate::backend::replicated::drl::{self, DrlRecord, History};
 use crate::backend::replicated::link::{LinkTarget, ReplicaLink, StreamSpec, TcpLink};
-use crate::backend::replicated::{Connector, DrlStore, DynBackend, Inner, Replicated, ReplicationPolicy, Resync};
+use crate::backend::replicated::{
+    ChangeHook, Connector, DrlStore, DynBackend, Inner, Replicated, ReplicationPolicy, Resync,
+};
 use crate::backend::{AnyBackend, BlockBackend};
 use crate::dto::{ReplicaStatus, ReplicaSync, VolumeInfo};
 use crate::error::{CoronaError, Result};
@@ -44,12 +46,18 @@ pub struct TcpConnector {
     secret: RpcSecret,
     volume: String,
     size: u64,
-    epoch: u64,
     origin: Origin,
 }
 
 impl Connector for TcpConnector {
-    fn connect(&self, peer: &str, resync: bool, first_seq: u64) -> io::Result<Arc<dyn ReplicaLink>> {
+    fn connect(
+        &self,
+        peer: &str,
+        resync: bool,
+        first_seq: u64,
+        epoch: u64,
+        expect: u64,
+    ) -> io::Result<Arc<dyn ReplicaLink>> {
         let target = self
             .targets
             .get(peer)
@@ -59,7 +67,8 @@ impl Connector for TcpConnector {
         if resync {
             origin.stream = 0;
         }
-        let spec = StreamSpec { volume: self.volume.clone(), size: self.size, epoch: self.epoch, first_seq, origin };
+        origin.incarnation = expect;
+        let spec = StreamSpec { volume: self.volume.clone(), size: self.size, epoch, first_seq, origin };
         Ok(Arc::new(TcpLink::start(target, self.secret.clone(), spec).0))
     }
 }
@@ -88,6 +97,7 @@ impl Volumes {
         }
         let prev = self.meta.drl(name)?;
         let plan = drl::plan(prev.as_ref(), rec.size, &rec.replicas, &rec.stale);
+        let known = prev.as_ref().map(|p| p.incarnations.clone()).unwrap_or_default();
         if plan.unclean {
             tracing::warn!(
                 volume = name,
@@ -101,6 +111,7 @@ impl Volumes {
             bits: drl::encode_bits(plan.inherited.iter().copied()),
             in_sync: Vec::new(),
             untracked: plan.behind.iter().filter(|(_, h)| *h == History::Unknown).map(|(n, _)| n.clone()).collect(),
+            incarnations: known.clone(),
         };
         // Durable before the export exists, so before any write is answered.
         self.meta.put_drl(name, Some(&mark))?;
@@ -109,28 +120,14 @@ impl Volumes {
             secret: m.secret.clone(),
             volume: name.to_owned(),
             size: rec.size,
-            epoch: rec.epoch,
             origin: failover::origin(&m.node, rec),
         });
         let mut links = Vec::new();
         for peer in rec.replicas.iter().filter(|r| !plan.behind.iter().any(|(b, _)| b == *r)) {
-            links.push(connector.connect(peer, false, 1)?);
+            links.push(connector.connect(peer, false, 1, rec.epoch, known.get(peer).copied().unwrap_or(0))?);
         }
         let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
-        let this = self.this.get().cloned();
-        let volume = name.to_owned();
-        let hook = Box::new(move |peer: &str, in_sync: bool| {
-            let (Some(v), peer, volume) = (this.as_ref().and_then(|w| w.upgrade()), peer.to_owned(), volume.clone())
-            else {
-                return;
-            };
-            tokio::spawn(async move {
-                let r = if in_sync { v.mark_in_sync(&volume, &peer).await } else { v.mark_stale(&volume, &peer).await };
-                if let Err(e) = r {
-                    tracing::error!(volume, peer, in_sync, error = %e, "could not record a replica's state");
-                }
-            });
-        });
+        let hook = self.state_recorder(name);
         let resync = Resync {
             connector,
             store: Arc::new(MetaStore { meta: self.meta.clone(), name: name.to_owned() }),
@@ -140,9 +137,34 @@ impl Volumes {
         let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone())
             .on_change(hook)
             .with_resync(resync, plan.behind, plan.inherited)
+            .with_incarnations(&known)
             .start();
         let handle = r.handle();
         Ok((AnyBackend::Replicated(Box::new(r)), handle))
+    }
+
+    /// The hook a replicated volume calls when a replica leaves (`false`)
+    /// or rejoins (`true`) its live set: it records that in the catalog in
+    /// the background, in the order the changes happened (one task per
+    /// volume takes them from a queue), so a late 'stale' can never
+    /// overwrite a newer 'in sync' or the reverse. The task ends with the
+    /// volume's backend (the hook holds the queue).
+    pub fn state_recorder(&self, name: &str) -> ChangeHook {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, bool)>();
+        let this = self.this.get().cloned();
+        let volume = name.to_owned();
+        tokio::spawn(async move {
+            while let Some((peer, in_sync)) = rx.recv().await {
+                let Some(v) = this.as_ref().and_then(|w| w.upgrade()) else { return };
+                let r = if in_sync { v.mark_in_sync(&volume, &peer).await } else { v.mark_stale(&volume, &peer).await };
+                if let Err(e) = r {
+                    tracing::error!(volume, peer, in_sync, error = %e, "could not record a replica's state");
+                }
+            }
+        });
+        Box::new(move |peer: &str, in_sync: bool| {
+            let _ = tx.send((peer.to_owned(), in_sync));
+        })
     }
 
     /// Takes `peer` off `name`'s stale list: it caught up and is live again.

@@ -63,6 +63,11 @@ pub struct DrlRecord {
     /// log): they get a full copy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub untracked: Vec<String>,
+    /// The incarnation of each replica's copy as the primary last knew it
+    /// (`VolumeRec::incarnation`): a copy found to be another one gets a
+    /// full copy whatever the bitmap says.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub incarnations: std::collections::BTreeMap<String, u64>,
 }
 
 impl DrlRecord {

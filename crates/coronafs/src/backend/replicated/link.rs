@@ -36,6 +36,20 @@ pub trait ReplicaLink: Send + Sync + 'static {
     /// Queues `msg` after every frame queued before (waiting while the
     /// link's window is full) and gives the future of its answer.
     fn send(&self, msg: Msg) -> BoxFuture<'_, io::Result<Ack>>;
+    /// True once the replica refused the stream because its copy is fenced
+    /// at a higher epoch (`EPERM`): another primary was elected since.
+    fn fenced_out(&self) -> bool {
+        false
+    }
+    /// The copy's incarnation, as its answer to OPEN said (0 until then).
+    fn incarnation(&self) -> u64 {
+        0
+    }
+    /// True once the replica refused the stream because its copy is not the
+    /// incarnation the primary asked for (`ENXIO`: deleted and made again).
+    fn replaced(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes a TCP link may have queued and unanswered.
@@ -52,6 +66,12 @@ type Pending = VecDeque<(u64, oneshot::Sender<io::Result<()>>, OwnedSemaphorePer
 struct LinkState {
     peer: String,
     up: AtomicBool,
+    /// The replica answered `EPERM`: it is fenced above this stream.
+    fenced_out: AtomicBool,
+    /// The replica answered OPEN with `ENXIO`: another incarnation.
+    replaced: AtomicBool,
+    /// The copy's incarnation, from its answer to OPEN.
+    incarnation: std::sync::atomic::AtomicU64,
     /// Frames sent and not answered, in order; also orders the writer queue.
     pending: Mutex<Pending>,
 }
@@ -126,7 +146,7 @@ pub struct StreamSpec {
 }
 
 /// Connects, authenticates and opens the stream; gives the connection.
-async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec) -> Result<TcpStream> {
+async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec, state: &LinkState) -> Result<TcpStream> {
     let mut s = tokio::time::timeout(target.timeout, TcpStream::connect(target.addr))
         .await
         .map_err(|_| CoronaError::Replica(format!("connecting to {} ({}) timed out", target.peer, target.addr)))??;
@@ -144,9 +164,16 @@ async fn connect(target: &LinkTarget, secret: &RpcSecret, spec: &StreamSpec) -> 
     s.read_exact(&mut r).await?;
     let reply = Reply::decode(&r)?;
     if reply.errno != 0 {
+        if reply.errno == libc::EPERM as u32 {
+            state.fenced_out.store(true, Ordering::SeqCst);
+        }
+        if reply.errno == libc::ENXIO as u32 {
+            state.replaced.store(true, Ordering::SeqCst);
+        }
         let e = io::Error::from_raw_os_error(reply.errno as i32);
         return Err(CoronaError::Replica(format!("{} refused volume {:?}: {e}", target.peer, spec.volume)));
     }
+    state.incarnation.store(reply.seq, Ordering::SeqCst);
     Ok(s)
 }
 
@@ -158,6 +185,9 @@ impl TcpLink {
         let state = Arc::new(LinkState {
             peer: target.peer.clone(),
             up: AtomicBool::new(true),
+            fenced_out: AtomicBool::new(false),
+            replaced: AtomicBool::new(false),
+            incarnation: Default::default(),
             pending: Mutex::new(VecDeque::new()),
         });
         let (frames, rx) = mpsc::unbounded_channel();
@@ -166,7 +196,7 @@ impl TcpLink {
         let timeout = target.timeout;
         let heartbeat = target.heartbeat;
         let task = tokio::spawn(async move {
-            match connect(&target, &secret, &spec).await {
+            match connect(&target, &secret, &spec, &st).await {
                 Ok(s) => {
                     let _ = ready_tx.send(Ok(()));
                     let (rd, wr) = s.into_split();
@@ -309,6 +339,9 @@ async fn read_replies(mut rd: tokio::net::tcp::OwnedReadHalf, state: Arc<LinkSta
                 if reply.errno == 0 {
                     let _ = tx.send(Ok(()));
                 } else {
+                    if reply.errno == libc::EPERM as u32 {
+                        state.fenced_out.store(true, Ordering::SeqCst);
+                    }
                     let e = io::Error::from_raw_os_error(reply.errno as i32);
                     let _ = tx.send(Err(io::Error::new(e.kind(), format!("replica {}: {e}", state.peer))));
                     return state.fail(&format!("answered {e}"));
@@ -326,6 +359,18 @@ impl ReplicaLink for TcpLink {
 
     fn is_up(&self) -> bool {
         self.state.up.load(Ordering::SeqCst)
+    }
+
+    fn fenced_out(&self) -> bool {
+        self.state.fenced_out.load(Ordering::SeqCst)
+    }
+
+    fn incarnation(&self) -> u64 {
+        self.state.incarnation.load(Ordering::SeqCst)
+    }
+
+    fn replaced(&self) -> bool {
+        self.state.replaced.load(Ordering::SeqCst)
     }
 
     fn send(&self, msg: Msg) -> BoxFuture<'_, io::Result<Ack>> {

@@ -24,6 +24,8 @@ type Queued = (Msg, oneshot::Sender<io::Result<()>>);
 pub struct MemLink {
     peer: String,
     mode: Arc<AtomicU8>,
+    /// The replica refused the stream as fenced above it.
+    fenced: Arc<std::sync::atomic::AtomicBool>,
     frames: std::sync::Mutex<Option<mpsc::UnboundedSender<Queued>>>,
 }
 
@@ -54,7 +56,7 @@ impl MemLink {
                 let _ = answer.send(Ok(()));
             }
         });
-        MemLink { peer: peer.to_owned(), mode, frames: std::sync::Mutex::new(Some(tx)) }
+        MemLink { peer: peer.to_owned(), mode, fenced: Default::default(), frames: std::sync::Mutex::new(Some(tx)) }
     }
 
     /// The replica dies: frames not yet applied never will be, the link goes down.
@@ -63,6 +65,13 @@ impl MemLink {
         if let Ok(mut f) = self.frames.lock() {
             f.take();
         }
+    }
+
+    /// The replica refuses the stream: another primary fenced it above this
+    /// one's epoch (it answers `EPERM` and the link goes down).
+    pub fn refuse_fenced(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        self.kill();
     }
 
     /// The replica stops answering but the link looks up (a partition).
@@ -78,6 +87,10 @@ impl ReplicaLink for MemLink {
 
     fn is_up(&self) -> bool {
         self.mode.load(Ordering::SeqCst) != DEAD
+    }
+
+    fn fenced_out(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
     }
 
     fn send(&self, msg: Msg) -> BoxFuture<'_, io::Result<Ack>> {
@@ -103,6 +116,10 @@ pub struct MemConnector<B> {
     pub offline: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Every link opened, newest last, with whether it was a resync stream.
     pub opened: std::sync::Mutex<Vec<(String, bool, Arc<MemLink>)>>,
+    /// The epoch each link's OPEN carried, in the same order.
+    pub epochs: std::sync::Mutex<Vec<(String, u64)>>,
+    /// Replicas fenced at an epoch: they refuse links of older epochs.
+    pub fences: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl<B: BlockBackend> MemConnector<B> {
@@ -111,6 +128,8 @@ impl<B: BlockBackend> MemConnector<B> {
             replicas: replicas.into_iter().collect(),
             offline: Default::default(),
             opened: Default::default(),
+            epochs: Default::default(),
+            fences: Default::default(),
         }
     }
 
@@ -127,11 +146,24 @@ impl<B: BlockBackend> MemConnector<B> {
 }
 
 impl<B: BlockBackend + 'static> super::resync::Connector for MemConnector<B> {
-    fn connect(&self, peer: &str, resync: bool, first_seq: u64) -> io::Result<Arc<dyn ReplicaLink>> {
+    fn connect(
+        &self,
+        peer: &str,
+        resync: bool,
+        first_seq: u64,
+        epoch: u64,
+        _expect: u64,
+    ) -> io::Result<Arc<dyn ReplicaLink>> {
+        if let Ok(mut e) = self.epochs.lock() {
+            e.push((peer.to_owned(), epoch));
+        }
         let backend = self.replicas.get(peer).cloned().ok_or_else(|| io::Error::other(format!("no replica {peer}")))?;
         let link = Arc::new(MemLink::new(peer, backend, first_seq, 0));
         if self.offline.lock().map(|o| o.contains(peer)).unwrap_or(false) {
             link.kill();
+        }
+        if self.fences.lock().ok().and_then(|f| f.get(peer).copied()).is_some_and(|f| f > epoch) {
+            link.refuse_fenced();
         }
         if let Ok(mut o) = self.opened.lock() {
             o.push((peer.to_owned(), resync, link.clone()));

@@ -67,6 +67,9 @@ struct Peer {
     /// Bumped whenever the replica leaves or joins the live set, so an
     /// answer to a frame of an earlier link is not taken for this one.
     turn: u64,
+    /// The incarnation of the replica's copy as known (0: unknown; its
+    /// link's answer to OPEN tells it).
+    incarnation: u64,
 }
 
 impl Peer {
@@ -134,6 +137,9 @@ pub struct Inner<B> {
     saver: Option<Saver>,
     resync: Option<Resync>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// A replica refused this primary as fenced at a higher epoch: another
+    /// copy was elected primary. From then on no write, flush or resync.
+    deposed: std::sync::atomic::AtomicBool,
 }
 
 /// A local backend plus its replicas.
@@ -207,6 +213,7 @@ impl<B: BlockBackend> Replicated<B> {
                 history: History::Acked(first_seq),
                 left: None,
                 turn: 0,
+                incarnation: 0,
             })
             .collect();
         let order = Order { next_seq: first_seq, peers, drl: Drl::new(size, &BTreeSet::new()), closed: false };
@@ -222,6 +229,7 @@ impl<B: BlockBackend> Replicated<B> {
                 saver: None,
                 resync: None,
                 task: std::sync::Mutex::new(None),
+                deposed: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -248,7 +256,7 @@ impl<B: BlockBackend> Replicated<B> {
         for (name, history) in behind {
             match order.peers.iter_mut().find(|p| p.name == name) {
                 Some(p) => (p.link, p.history) = (None, history),
-                None => order.peers.push(Peer { name, link: None, history, left: None, turn: 0 }),
+                None => order.peers.push(Peer { name, link: None, history, left: None, turn: 0, incarnation: 0 }),
             }
         }
         inner.saver = Some(Saver {
@@ -258,6 +266,16 @@ impl<B: BlockBackend> Replicated<B> {
             last_trim: std::sync::Mutex::new(std::time::Instant::now()),
         });
         inner.resync = Some(r);
+        self
+    }
+
+    /// The incarnations of the replicas' copies as the primary last knew
+    /// them (its record): a resync opens a copy only if it is still that
+    /// one, and gives any other a full copy.
+    pub fn with_incarnations(mut self, known: &std::collections::BTreeMap<String, u64>) -> Self {
+        for p in &mut self.setup().order.get_mut().peers {
+            p.incarnation = known.get(&p.name).copied().unwrap_or(0);
+        }
         self
     }
 
@@ -322,8 +340,41 @@ impl<B: BlockBackend> Inner<B> {
             .collect()
     }
 
+    /// Whether a replica told this primary that another one was elected
+    /// (see [`ReplicaLink::fenced_out`]), also through a link not yet
+    /// dropped (a sync look for the NBD handshake).
+    pub fn deposed(&self) -> bool {
+        self.deposed.load(Relaxed)
+            || self
+                .order
+                .try_lock()
+                .is_ok_and(|o| o.peers.iter().any(|p| p.link.as_ref().is_some_and(|l| l.fenced_out())))
+    }
+
+    /// A replica refused `peer`'s stream as fenced above this primary.
+    fn depose(&self, peer: &str) {
+        if !self.deposed.swap(true, Relaxed) {
+            tracing::error!(
+                peer,
+                "a copy is fenced at a higher epoch: another primary was elected; this one takes no more writes \
+                 and resyncs nothing (delete or recreate its copy)"
+            );
+        }
+    }
+
     fn drop_replica(&self, o: &mut Order, i: usize, why: &dyn std::fmt::Display) {
         let p = &mut o.peers[i];
+        let (replaced, known) = p.link.as_ref().map_or((false, 0), |l| (l.replaced(), l.incarnation()));
+        if replaced {
+            // Another copy than the one the log speaks of: a full copy.
+            (p.history, p.incarnation) = (History::Unknown, 0);
+            tracing::warn!(peer = %p.name, "the replica's copy was made again: it gets a full copy");
+        } else if p.incarnation == 0 {
+            p.incarnation = known;
+        }
+        if p.link.as_ref().is_some_and(|l| l.fenced_out()) {
+            self.depose(&p.name);
+        }
         if p.link.take().is_some() {
             p.turn += 1;
             self.metrics.replicas_dropped.fetch_add(1, Relaxed);
@@ -353,9 +404,12 @@ impl<B: BlockBackend> Inner<B> {
         if o.closed && !matches!(body, Body::Flush) {
             return Err(io::Error::other("the volume was closed"));
         }
+        let live = self.refresh(&mut o);
+        if self.deposed.load(Relaxed) {
+            return Err(io::Error::other("another copy was elected primary at a higher epoch: this one is deposed"));
+        }
         // Deleting a snapshot is safe on any number of copies.
         let floor = if matches!(body, Body::DeleteSnapshot { .. }) { 1 } else { self.policy.write_quorum };
-        let live = self.refresh(&mut o);
         if live < floor {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
@@ -460,6 +514,17 @@ impl<B: BlockBackend> Inner<B> {
             bits: drl::encode_bits(regions.iter().copied()),
             in_sync,
             untracked: o.peers.iter().filter(|p| p.history == History::Unknown).map(|p| p.name.clone()).collect(),
+            incarnations: o
+                .peers
+                .iter()
+                .filter_map(|p| {
+                    let known = match p.incarnation {
+                        0 => p.link.as_ref().map_or(0, |l| l.incarnation()),
+                        n => n,
+                    };
+                    (known != 0).then(|| (p.name.clone(), known))
+                })
+                .collect(),
         }
     }
 

@@ -10,7 +10,7 @@ use super::drl::{DrlRecord, History};
 use super::link::ReplicaLink;
 use super::{Inner, Peer};
 use crate::backend::traits::BlockBackend;
-use crate::replica::wire::{Body, Msg};
+use crate::replica::wire::{Body, MAX_PAYLOAD, Msg};
 use bytes::Bytes;
 use std::io;
 use std::sync::Arc;
@@ -24,15 +24,40 @@ pub const DEFAULT_RETRY: Duration = Duration::from_secs(2);
 /// A pass that finds at most this many regions to copy is the last one:
 /// they are copied with writes held.
 const FINAL_REGIONS: usize = 16;
-/// Passes per attempt; writes that dirty more than [`FINAL_REGIONS`] per
-/// pass for this long make the attempt give up (and retry later).
+/// When passes stop shrinking (writers dirty regions as fast as a pass
+/// copies them), the last pass may grow up to this many bytes of regions,
+/// so the tail converges at the cost of holding writes that long.
+const MAX_FINAL_BYTES: u64 = 64 << 20;
+/// Passes per attempt; writes that keep more regions dirty than the last
+/// pass may take for this long make the attempt give up (and retry later).
 const MAX_PASSES: usize = 32;
+
+/// How many regions the last pass may take after a pass found `found`
+/// regions dirty, the one before it `before`, with `now` the limit so
+/// far and `most` the regions of [`MAX_FINAL_BYTES`]: a pass that did not
+/// halve what was left shows writers keeping pace with the copy, so the
+/// limit rises to what it found (a quarter more, for the jitter of the
+/// next pass), never above `most`.
+pub fn final_limit(now: usize, before: usize, found: usize, most: usize) -> usize {
+    if found.saturating_mul(2) > before { now.max((found + found / 4).min(most)) } else { now }
+}
 
 /// Opens links to a volume's replicas.
 pub trait Connector: Send + Sync + 'static {
     /// A link to `peer` whose first frame is numbered `first_seq`: a catch-up
     /// stream of its own (`resync`), or a link in the volume's write stream.
-    fn connect(&self, peer: &str, resync: bool, first_seq: u64) -> io::Result<Arc<dyn ReplicaLink>>;
+    /// Its OPEN carries `epoch`: the volume's epoch now, which a fence may
+    /// have raised since the volume opened (an OPEN at the older one would
+    /// leave the copy's position below a fence that already answered).
+    /// `expect` is the incarnation of the copy the primary knows (0: any).
+    fn connect(
+        &self,
+        peer: &str,
+        resync: bool,
+        first_seq: u64,
+        epoch: u64,
+        expect: u64,
+    ) -> io::Result<Arc<dyn ReplicaLink>>;
 }
 
 /// Where the primary keeps its [`DrlRecord`].
@@ -66,10 +91,20 @@ pub struct Resync {
     pub retry: Duration,
 }
 
+/// A replica that keeps failing is retried at most this many `retry`
+/// periods apart (64 s at the default 2 s).
+pub const MAX_BACKOFF: u32 = 32;
+
 /// The resync task of a volume: tries every replica out of the live set,
-/// one after the other, then waits `retry`; until the volume is closed.
+/// one after the other, then waits `retry`; until the volume is closed or
+/// this primary learns it was deposed. A replica whose attempt failed is
+/// next tried after a pause that doubles with each failure, from `retry`
+/// up to [`MAX_BACKOFF`] times it, jittered (two primaries that each try
+/// the other, or many volumes of one lost node, do not retry in step).
 pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
     let Some(retry) = inner.resync.as_ref().map(|r| r.retry) else { return };
+    // Per replica: the pause after its last failure, and when to try again.
+    let mut backoff: std::collections::HashMap<usize, (Duration, Instant)> = Default::default();
     loop {
         let behind: Vec<usize> = {
             let o = inner.order.lock().await;
@@ -78,17 +113,38 @@ pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
             }
             (0..o.peers.len()).filter(|&i| !o.peers[i].live()).collect()
         };
+        backoff.retain(|i, _| behind.contains(i));
         for i in behind {
+            if inner.deposed.load(Relaxed) {
+                tracing::warn!("deposed: the resync stops");
+                return;
+            }
+            if backoff.get(&i).is_some_and(|(_, at)| Instant::now() < *at) {
+                continue;
+            }
             let started = Instant::now();
             match catch_up(&inner, i).await {
                 Ok((peer, bytes)) => {
+                    backoff.remove(&i);
                     tracing::info!(peer, bytes, took = ?started.elapsed(), "replica caught up and rejoined")
                 }
-                Err((peer, e)) => tracing::info!(peer, error = %e, "replica not caught up; will retry"),
+                Err((peer, e)) => {
+                    let pause = backoff.get(&i).map_or(retry, |(d, _)| (*d * 2).min(retry * MAX_BACKOFF));
+                    let wait = crate::util::jitter(pause);
+                    backoff.insert(i, (pause, Instant::now() + wait));
+                    tracing::info!(peer, error = %e, retry_in = ?wait, "replica not caught up; will retry");
+                }
             }
             inner.order.lock().await.peers[i].left = None;
         }
-        tokio::time::sleep(retry).await;
+        if inner.deposed.load(Relaxed) {
+            tracing::warn!("deposed: the resync stops");
+            return;
+        }
+        // Wake for the first replica due, and at least every `retry` for
+        // replicas that leave the live set meanwhile.
+        let due = backoff.values().map(|(_, at)| at.saturating_duration_since(Instant::now())).min();
+        tokio::time::sleep(due.map_or(retry, |d| d.min(retry))).await;
     }
 }
 
@@ -114,42 +170,69 @@ type Failed = (String, io::Error);
 /// One attempt to bring replica `i` back; gives its name and the bytes copied.
 async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) -> Result<(String, u64), Failed> {
     let r = inner.resync.as_ref().expect("resync configured");
-    let (name, turn, mut base) = {
+    let (name, turn, mut base, expect) = {
         let o = inner.order.lock().await;
         let p: &Peer = &o.peers[i];
-        (p.name.clone(), p.turn, p.history)
+        (p.name.clone(), p.turn, p.history, p.incarnation)
     };
     let fail = |e: io::Error| (name.clone(), e);
-    let link = r.connector.connect(&name, true, 1).map_err(fail)?;
+    let link = r.connector.connect(&name, true, 1, inner.epoch.load(Relaxed), expect).map_err(fail)?;
+    // A copy fenced above this primary's epoch says another was elected.
+    let fail = |e: io::Error| {
+        if link.fenced_out() {
+            inner.depose(&name);
+        }
+        (name.clone(), e)
+    };
     // A FLUSH first: the replica is reachable and took the stream before
     // anything holds writes up for it.
-    let probe = link.send(Msg { seq: 1, epoch: inner.epoch.load(Relaxed), body: Body::Flush }).await.map_err(fail)?;
     let timeout = inner.policy.ack_timeout;
-    tokio::time::timeout(timeout, probe)
-        .await
-        .map_err(|_| fail(io::Error::other(format!("no answer within {timeout:?}"))))?
-        .map_err(fail)?;
+    let probe = async {
+        let ack = link.send(Msg { seq: 1, epoch: inner.epoch.load(Relaxed), body: Body::Flush }).await?;
+        tokio::time::timeout(timeout, ack)
+            .await
+            .map_err(|_| io::Error::other(format!("no answer within {timeout:?}")))?
+    };
+    if let Err(e) = probe.await {
+        if link.replaced() {
+            // Not the copy the log speaks of (deleted and made again):
+            // the next attempt copies everything, to whatever copy is there.
+            let mut o = inner.order.lock().await;
+            let p = &mut o.peers[i];
+            if p.turn == turn {
+                (p.history, p.incarnation) = (History::Unknown, 0);
+                tracing::warn!(peer = %name, "the replica's copy was made again: it gets a full copy");
+            }
+        }
+        return Err(fail(e));
+    }
     let mut seq = 2;
     let mut copied = 0;
     let mut throttle = Throttle { rate: r.rate, start: Instant::now(), sent: 0 };
+    let (mut last, mut final_at) = (usize::MAX, FINAL_REGIONS);
     for _pass in 0..MAX_PASSES {
-        let (todo, start) = {
+        let (todo, start, most) = {
             let mut o = inner.order.lock().await;
             let todo = o.drl.dirty(base);
             o.peers[i].left = Some(o.drl.bytes(&todo));
-            (todo, o.next_seq)
+            let most = usize::try_from(MAX_FINAL_BYTES / o.drl.region()).unwrap_or(usize::MAX).max(FINAL_REGIONS);
+            (todo, o.next_seq, most)
         };
-        if todo.len() <= FINAL_REGIONS {
+        if todo.len() <= final_at {
             return finish(inner, i, turn, &*link, seq, base, copied).await.map_err(fail);
         }
+        final_at = final_limit(final_at, last, todo.len(), most);
+        last = todo.len();
         let mut acks = Vec::with_capacity(todo.len());
         for g in todo {
-            let (frame, len) = {
+            let (frames, len) = {
                 let _held = inner.gate.write().await;
-                region_frame(inner, g, seq).await.map_err(fail)?
+                region_frames(inner, g, seq).await.map_err(fail)?
             };
-            acks.push(link.send(frame).await.map_err(fail)?);
-            seq += 1;
+            for frame in frames {
+                acks.push(link.send(frame).await.map_err(fail)?);
+                seq += 1;
+            }
             copied += len;
             inner.metrics.resync_bytes.fetch_add(len, Relaxed);
             if let Some(left) = inner.order.lock().await.peers[i].left.as_mut() {
@@ -169,21 +252,36 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
         // Every region written before this pass started is on the replica.
         base = History::Acked(start);
     }
-    Err(fail(io::Error::other(format!("writes kept dirtying regions for {MAX_PASSES} passes"))))
+    Err(fail(io::Error::other(format!("writes kept more than {final_at} regions dirty for {MAX_PASSES} passes"))))
 }
 
-/// The frame copying region `g` as the primary holds it now: a WRITE, or
-/// a WRITE_ZEROES when it reads as zeroes.
-async fn region_frame<B: BlockBackend>(inner: &Inner<B>, g: u64, seq: u64) -> io::Result<(Msg, u64)> {
+/// The pieces a region of `len` bytes at `offset` is sent in: at most
+/// [`MAX_PAYLOAD`] each (regions of volumes above 32 TiB are larger than
+/// one frame may carry).
+pub fn pieces(offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..len.div_ceil(MAX_PAYLOAD)).map(move |k| {
+        let at = k * MAX_PAYLOAD;
+        (offset + at, MAX_PAYLOAD.min(len - at))
+    })
+}
+
+/// The frames copying region `g` as the primary holds it now, numbered
+/// from `seq`, one per piece ([`pieces`]): a WRITE, or a WRITE_ZEROES for
+/// a piece that reads as zeroes. Gives them and the region's length.
+async fn region_frames<B: BlockBackend>(inner: &Inner<B>, g: u64, seq: u64) -> io::Result<(Vec<Msg>, u64)> {
     let (offset, len) = inner.order.lock().await.drl.span(g);
-    let (r, buf) = inner.local.read_at(vec![0; len as usize], offset).await;
-    r?;
-    let body = if buf.iter().all(|&b| b == 0) {
-        Body::WriteZeroes { offset, len, punch: false }
-    } else {
-        Body::Write { offset, data: Bytes::from(buf) }
-    };
-    Ok((Msg { seq, epoch: inner.epoch.load(Relaxed), body }, len))
+    let mut frames = Vec::new();
+    for (k, (at, n)) in pieces(offset, len).enumerate() {
+        let (r, buf) = inner.local.read_at(vec![0; n as usize], at).await;
+        r?;
+        let body = if buf.iter().all(|&b| b == 0) {
+            Body::WriteZeroes { offset: at, len: n, punch: false }
+        } else {
+            Body::Write { offset: at, data: Bytes::from(buf) }
+        };
+        frames.push(Msg { seq: seq + k as u64, epoch: inner.epoch.load(Relaxed), body });
+    }
+    Ok((frames, len))
 }
 
 /// The last regions with writes held, a FLUSH, and the switch into the
@@ -202,9 +300,11 @@ async fn finish<B: BlockBackend + 'static>(
     let todo = inner.order.lock().await.drl.dirty(base);
     let mut acks = Vec::with_capacity(todo.len() + 1);
     for g in todo {
-        let (frame, len) = region_frame(inner, g, seq).await?;
-        acks.push(link.send(frame).await?);
-        seq += 1;
+        let (frames, len) = region_frames(inner, g, seq).await?;
+        for frame in frames {
+            acks.push(link.send(frame).await?);
+            seq += 1;
+        }
         copied += len;
         inner.metrics.resync_bytes.fetch_add(len, Relaxed);
     }
@@ -224,7 +324,9 @@ async fn finish<B: BlockBackend + 'static>(
         return Err(io::Error::other("the replica changed state during the resync"));
     }
     let was_unknown = p.history == History::Unknown;
-    p.link = Some(r.connector.connect(&p.name, false, next)?);
+    let learnt = link.incarnation() != p.incarnation;
+    p.incarnation = link.incarnation();
+    p.link = Some(r.connector.connect(&p.name, false, next, inner.epoch.load(Relaxed), p.incarnation)?);
     p.history = History::Acked(next);
     p.turn += 1;
     p.left = None;
@@ -235,7 +337,7 @@ async fn finish<B: BlockBackend + 'static>(
     }
     drop(o);
     drop(_held);
-    if was_unknown {
+    if was_unknown || learnt {
         // The record stops listing it as untracked (a crash before this
         // only costs a second full copy).
         inner.resave().await;

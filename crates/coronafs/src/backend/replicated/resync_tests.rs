@@ -30,7 +30,7 @@ fn fixture(rate: u64, behind: Vec<(String, History)>) -> Fixture {
     let links = names
         .iter()
         .filter(|n| !behind.iter().any(|(b, _)| b == *n))
-        .map(|n| connector.connect(n, false, 1).expect("link"))
+        .map(|n| connector.connect(n, false, 1, 0, 0).expect("link"))
         .collect();
     let metrics = Arc::new(Metrics::default());
     let store = Arc::new(MemStore::default());
@@ -198,4 +198,123 @@ async fn a_clean_close_records_who_holds_everything_and_the_regions_the_others_l
     assert_eq!(rec.regions(SIZE), [9].into_iter().collect(), "what n3 lacks");
     let (r, _) = f.backend.write_at(data(10, 1), 0, false).await;
     assert!(r.is_err(), "a closed volume takes no write");
+}
+
+/// How many links were opened to `peer` so far (the first one included).
+fn links_to(f: &Fixture, peer: &str) -> usize {
+    f.connector.epochs.lock().expect("lock").iter().filter(|(p, _)| p == peer).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_opened_after_a_fence_carry_the_fenced_epoch() {
+    let f = fixture(0, Vec::new());
+    f.backend.raise_epoch(5);
+    take_away(&f, "n3");
+    write(&f, 0, 4096, 1).await;
+    f.connector.set_offline("n3", false);
+    until_live(&f, "n3").await;
+    let epochs = f.connector.epochs.lock().expect("lock").clone();
+    let later: Vec<u64> = epochs.iter().filter(|(p, _)| p == "n3").skip(1).map(|(_, e)| *e).collect();
+    assert!(!later.is_empty() && later.iter().all(|&e| e == 5), "OPEN below the fence: {epochs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_keeps_failing_is_retried_with_growing_pauses() {
+    // A retry every 20 ms without backoff would try about 75 times in 1.5 s.
+    let f = fixture(0, Vec::new());
+    take_away(&f, "n3");
+    write(&f, 0, 4096, 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // 20, 40, 80, 160, 320, 640 ms (jittered to half of each at least).
+    let tries = links_to(&f, "n3") - 1;
+    assert!((2..=12).contains(&tries), "{tries} attempts in 1.5 s");
+    // Back in reach, it is taken back within the longest pause (640 ms).
+    f.connector.set_offline("n3", false);
+    until_live(&f, "n3").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_a_copy_refuses_as_fenced_above_it_takes_no_write_and_stops_resyncing() {
+    let f = fixture(0, Vec::new());
+    write(&f, 0, 4096, 1).await;
+    f.backend.flush().await.expect("flush on 3 of 3");
+    // n3 voted in an election at epoch 5: it refuses this primary's stream.
+    f.connector.fences.lock().expect("lock").insert("n3".into(), 5);
+    for (p, _, l) in f.connector.opened.lock().expect("lock").iter() {
+        if p == "n3" {
+            l.refuse_fenced();
+        }
+    }
+    let (r, _) = f.backend.write_at(data(4096, 2), 0, false).await;
+    assert!(r.is_err(), "a deposed primary took a write");
+    assert!(f.backend.handle().deposed());
+    assert!(f.backend.flush().await.is_err(), "a deposed primary flushed");
+    // n2 is still reachable, but the resync stops: n3 is not tried again.
+    let tries = links_to(&f, "n3");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(links_to(&f, "n3") <= tries + 1, "the deposed primary kept resyncing");
+}
+
+#[test]
+fn a_region_larger_than_a_frame_is_sent_in_pieces_of_at_most_a_frame() {
+    use crate::replica::wire::MAX_PAYLOAD;
+    // Above 32 TiB a region is larger than the largest frame.
+    let region = super::drl::region_size(64 << 40);
+    assert_eq!(region, 64 << 20);
+    let p: Vec<(u64, u64)> = super::resync::pieces(7 * region, region).collect();
+    assert_eq!(p, [(7 * region, MAX_PAYLOAD), (7 * region + MAX_PAYLOAD, MAX_PAYLOAD)]);
+    // A region that fits is one piece; the last region may be short.
+    assert_eq!(super::resync::pieces(0, MIB).collect::<Vec<_>>(), [(0, MIB)]);
+    let p: Vec<(u64, u64)> = super::resync::pieces(0, MAX_PAYLOAD + 5).collect();
+    assert_eq!(p, [(0, MAX_PAYLOAD), (MAX_PAYLOAD, 5)]);
+    assert!(super::resync::pieces(0, 0).next().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_catches_up_while_a_writer_keeps_dirtying_more_regions_than_a_last_pass_takes() {
+    let f = Arc::new(fixture(0, Vec::new()));
+    take_away(&f, "n3");
+    write(&f, 0, 4096, 1).await;
+    // A writer that never pauses, over 40 regions round robin: every pass
+    // finds all 40 dirty again, more than the 16 of a last pass.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (f, stop) = (f.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                let g = 10 + n % 40;
+                write(&f, g * MIB + (n % 200) * 4096, 4096, n as u8).await;
+                n += 1;
+                if n % 64 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            n
+        })
+    };
+    f.connector.set_offline("n3", false);
+    let start = Instant::now();
+    while !f.backend.live_replicas().await.iter().any(|p| p == "n3") {
+        assert!(start.elapsed() < Duration::from_secs(20), "n3 never caught up under the writer");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Writes go on with n3 live; then everything flushed is on every copy.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, Relaxed);
+    let n = writer.await.expect("writer");
+    assert!(n > 100, "the writer barely ran ({n} writes)");
+    f.backend.flush().await.expect("flush on 3 of 3");
+    let want = image(f.backend.local()).await;
+    assert!(image(&*f.replicas[1]).await == want, "the caught-up replica differs");
+}
+
+#[test]
+fn the_last_pass_grows_only_while_passes_stop_shrinking_and_never_past_its_bound() {
+    use super::resync::final_limit;
+    assert_eq!(final_limit(16, usize::MAX, 1000, 64), 16, "a first pass says nothing");
+    assert_eq!(final_limit(16, 1000, 40, 64), 16, "halved: writers fall behind the copy");
+    assert_eq!(final_limit(16, 40, 40, 64), 50, "as many as before: the limit rises");
+    assert_eq!(final_limit(16, 200, 200, 64), 64, "never past the bound");
+    assert_eq!(final_limit(50, 40, 30, 64), 50, "never falls");
 }
