@@ -236,6 +236,12 @@ impl ClusterFile {
     /// (zones and nodes in name order), then the remaining nodes in name
     /// order. Deterministic, so every node computes the same answer.
     pub fn place(&self, primary: &str, copies: usize) -> Result<Vec<&ClusterNode>> {
+        self.place_on(primary, copies, |_| true)
+    }
+
+    /// [`ClusterFile::place`] among the nodes `allowed` names only (the
+    /// primary is always first): where a replicated clone may have copies.
+    pub fn place_on(&self, primary: &str, copies: usize, allowed: impl Fn(&str) -> bool) -> Result<Vec<&ClusterNode>> {
         let first = self.node(primary)?;
         if copies == 0 || copies > self.nodes.len() {
             return Err(CoronaError::BadRequest(format!(
@@ -261,7 +267,13 @@ impl ClusterFile {
                 copies / 2 + 1
             )));
         }
-        let mut rest: Vec<&ClusterNode> = self.nodes.iter().filter(|n| n.name != primary).collect();
+        let mut rest: Vec<&ClusterNode> = self.nodes.iter().filter(|n| n.name != primary && allowed(&n.name)).collect();
+        if rest.len() + 1 < copies {
+            return Err(CoronaError::BadRequest(format!(
+                "{copies} copies asked, but only {} node(s) may hold one",
+                rest.len() + 1
+            )));
+        }
         rest.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
         let mut chosen = vec![first];
         let mut zones: HashSet<&str> = HashSet::from([first.zone.as_str()]);
@@ -318,6 +330,15 @@ mod tests {
         let f = file(&["a", "a", "b"]);
         assert_eq!(names(f.place("n3", 3).expect("place")), ["n3", "n1", "n2"]);
         assert_eq!(names(f.place("n1", 3).expect("place")), ["n1", "n3", "n2"], "zone b before the second a");
+    }
+
+    #[test]
+    fn a_placement_among_allowed_nodes_keeps_the_zone_rule_and_says_when_too_few_are_allowed() {
+        let f = file(&["a", "a", "b", "c"]);
+        let not_n3 = |n: &str| n != "n3";
+        assert_eq!(names(f.place_on("n1", 3, not_n3).expect("place")), ["n1", "n4", "n2"]);
+        let e = f.place_on("n1", 3, |n| n == "n2").expect_err("two allowed").to_string();
+        assert!(e.contains("only 2 node(s)"), "{e}");
     }
 
     #[test]

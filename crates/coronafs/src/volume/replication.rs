@@ -43,7 +43,7 @@ pub struct TcpConnector {
     targets: HashMap<String, LinkTarget>,
     secret: RpcSecret,
     volume: String,
-    size: u64,
+    size: std::sync::atomic::AtomicU64,
     epoch: u64,
     origin: Origin,
 }
@@ -59,8 +59,13 @@ impl Connector for TcpConnector {
         if resync {
             origin.stream = 0;
         }
-        let spec = StreamSpec { volume: self.volume.clone(), size: self.size, epoch: self.epoch, first_seq, origin };
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let spec = StreamSpec { volume: self.volume.clone(), size, epoch: self.epoch, first_seq, origin };
         Ok(Arc::new(TcpLink::start(target, self.secret.clone(), spec).0))
+    }
+
+    fn resized(&self, size: u64) {
+        self.size.store(size, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -108,7 +113,7 @@ impl Volumes {
             targets,
             secret: m.secret.clone(),
             volume: name.to_owned(),
-            size: rec.size,
+            size: rec.size.into(),
             epoch: rec.epoch,
             origin: failover::origin(&m.node, rec),
         });

@@ -33,6 +33,8 @@ pub trait Connector: Send + Sync + 'static {
     /// A link to `peer` whose first frame is numbered `first_seq`: a catch-up
     /// stream of its own (`resync`), or a link in the volume's write stream.
     fn connect(&self, peer: &str, resync: bool, first_seq: u64) -> io::Result<Arc<dyn ReplicaLink>>;
+    /// The volume grew to `size` bytes: streams opened from now on say so.
+    fn resized(&self, _size: u64) {}
 }
 
 /// Where the primary keeps its [`DrlRecord`].
