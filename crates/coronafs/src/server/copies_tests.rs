@@ -214,12 +214,21 @@ async fn a_copy_down_while_its_volume_grows_grows_when_it_catches_up() {
     let grown = NbdClient::connect(c.t.file.nodes[0].nbd, "vm").await.expect("connect");
     grown.write(SIZE + MIB, &data(8192, 61), false).await.expect("write past the old end");
     grown.flush().await.expect("flush on 2 of 3");
+    // Below the write quorum a growth is refused before anything changes.
+    c.take(1).shutdown().await;
+    let e = c.api(0).resize("vm", 3 * SIZE, false).await.expect_err("grow on 1 of 3");
+    assert_eq!(status(e), Some(502));
+    assert_eq!(c.up(0).volumes.info("vm").expect("info").size, 2 * SIZE, "the primary grew alone");
 
+    c.restart(1).await;
     c.restart(2).await;
-    until(&c.api(0), "n3 caught up", |v| all_in_sync(v) && v.stale_replicas.is_empty()).await;
-    assert_eq!(c.up(2).volumes.info("vm").expect("info").size, 2 * SIZE);
+    until(&c.api(0), "n2 and n3 caught up", |v| all_in_sync(v) && v.stale_replicas.is_empty()).await;
     let want = read(&c, 0, "vm").await;
-    assert!(read(&c, 2, "vm").await == want, "n3 differs after catching up");
+    assert_eq!(want.len() as u64, 2 * SIZE);
+    for i in 1..3 {
+        assert_eq!(c.up(i).volumes.info("vm").expect("info").size, 2 * SIZE, "node {i}");
+        assert!(read(&c, i, "vm").await == want, "node {i} differs after catching up");
+    }
     drop((client, grown));
     c.shutdown().await;
 }

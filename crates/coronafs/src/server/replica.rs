@@ -170,10 +170,11 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
     };
     let export = match export {
         Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => {
-            // A catch-up stream (stream 0) of a volume that grew while this
-            // copy was out of the live set: the copy grows first.
+            // A primary's catch-up stream (stream 0, a primary named) of a
+            // volume that grew while this copy was out of the live set: the
+            // copy grows first.
             let have = crate::backend::BlockBackend::size(&e.backend);
-            if origin.stream == 0 && *size > have {
+            if origin.stream == 0 && !origin.primary.is_empty() && *size > have {
                 match volumes.resize_as_copy(volume, *size).await {
                     Ok(()) => Ok(e),
                     Err(err) => {
