@@ -135,11 +135,11 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
     let mut copied = 0;
     let mut throttle = Throttle { rate: r.rate, start: Instant::now(), sent: 0 };
     for _pass in 0..MAX_PASSES {
-        let (todo, start) = {
+        let (todo, start, region) = {
             let mut o = inner.order.lock().await;
             let todo = o.drl.dirty(base);
             o.peers[i].left = Some(o.drl.bytes(&todo));
-            (todo, o.next_seq)
+            (todo, o.next_seq, o.drl.region())
         };
         if todo.len() <= FINAL_REGIONS {
             return finish(inner, i, turn, &*link, seq, base, copied).await.map_err(fail);
@@ -168,8 +168,13 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
         for a in answers {
             a.map_err(fail)?;
         }
-        // Every region written before this pass started is on the replica.
-        base = History::Acked(start);
+        // Every region written before this pass started is on the replica,
+        // unless the volume grew past 1 TiB meanwhile: the regions counted
+        // in the old unit were copied in the new one, so the pass counts
+        // for nothing (a rare case: the next pass copies them again).
+        if inner.order.lock().await.drl.region() == region {
+            base = History::Acked(start);
+        }
     }
     Err(fail(io::Error::other(format!("writes kept dirtying regions for {MAX_PASSES} passes"))))
 }
