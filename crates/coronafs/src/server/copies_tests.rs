@@ -242,6 +242,15 @@ async fn a_clone_with_three_copies_is_made_on_every_copy_leaves_its_source_alone
     client.write(0, &data(4096, 33), true).await.expect("write to the source after the snapshot");
     let source = read(&c, 0, "vm").await;
 
+    // A node that cannot make its copy (a volume of that name is there)
+    // fails the clone, and the copies already made are undone.
+    c.api(2).create_volume(&create("c1", None, 1)).await.expect("a plain c1 on n3");
+    let e = c.api(0).create_volume(&create("c1", Some("vm@gold"), 3)).await.expect_err("n3 has a c1");
+    assert_eq!(status(e), Some(502));
+    assert!(c.up(0).volumes.info("c1").is_err() && c.up(1).volumes.info("c1").is_err(), "a clone was left");
+    assert_eq!(c.up(2).volumes.info("c1").expect("n3's own c1").parent, None, "n3's volume was replaced");
+    c.api(2).delete("c1", false).await.expect("delete n3's c1");
+
     let v = c.api(0).create_volume(&create("c1", Some("vm@gold"), 3)).await.expect("clone with 3 copies");
     assert_eq!(v.replicas, ["n2", "n3"]);
     for i in 0..3 {
