@@ -192,7 +192,15 @@ impl ClusterFile {
     /// 2 (1 for a single node) and the default timeouts: for tests and
     /// benches that run every node in one process.
     pub fn on_loopback(n: usize) -> Result<Self> {
-        let free = || -> Result<SocketAddr> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?) };
+        // Every listener is held until all are bound, so no port is handed
+        // out twice (a dropped one may come back from the next bind).
+        let held = std::cell::RefCell::new(Vec::new());
+        let free = || -> Result<SocketAddr> {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let addr = l.local_addr()?;
+            held.borrow_mut().push(l);
+            Ok(addr)
+        };
         let nodes = (1..=n)
             .map(|i| {
                 Ok(ClusterNode {
@@ -204,6 +212,7 @@ impl ClusterFile {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        drop(held);
         let f = ClusterFile {
             rpc_secret: RpcSecret::random()?.to_hex(),
             write_quorum: n.min(2),
