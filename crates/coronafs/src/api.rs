@@ -108,10 +108,7 @@ async fn show(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse
 async fn create(State(s): S, b: Result<Json<CreateVolume>, JsonRejection>) -> Result<Response, CoronaError> {
     let req = body(b)?;
     let info = match (&req.from_snapshot, req.size) {
-        (Some(_), _) if req.replicas.unwrap_or(1) > 1 => {
-            return Err(CoronaError::BadRequest("clones of snapshots cannot be replicated yet".into()));
-        }
-        (Some(from), size) => s.volumes.clone_snapshot(&req.name, from, size).await?,
+        (Some(from), size) => s.volumes.clone_replicated(&req.name, from, size, req.replicas.unwrap_or(1)).await?,
         (None, Some(size)) => s.volumes.create_replicated(&req.name, size, req.replicas.unwrap_or(1)).await?,
         (None, None) => return Err(CoronaError::BadRequest("size is required unless from_snapshot is given".into())),
     };

@@ -193,7 +193,15 @@ impl ClusterFile {
     /// 2 (1 for a single node) and the default timeouts: for tests and
     /// benches that run every node in one process.
     pub fn on_loopback(n: usize) -> Result<Self> {
-        let free = || -> Result<SocketAddr> { Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?) };
+        // Every listener is held until all are bound, so no port is handed
+        // out twice (a dropped one may come back from the next bind).
+        let held = std::cell::RefCell::new(Vec::new());
+        let free = || -> Result<SocketAddr> {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let addr = l.local_addr()?;
+            held.borrow_mut().push(l);
+            Ok(addr)
+        };
         let nodes = (1..=n)
             .map(|i| {
                 Ok(ClusterNode {
@@ -205,6 +213,7 @@ impl ClusterFile {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        drop(held);
         let f = ClusterFile {
             rpc_secret: RpcSecret::random()?.to_hex(),
             write_quorum: n.min(2),
@@ -237,6 +246,12 @@ impl ClusterFile {
     /// (zones and nodes in name order), then the remaining nodes in name
     /// order. Deterministic, so every node computes the same answer.
     pub fn place(&self, primary: &str, copies: usize) -> Result<Vec<&ClusterNode>> {
+        self.place_on(primary, copies, |_| true)
+    }
+
+    /// [`ClusterFile::place`] among the nodes `allowed` names only (the
+    /// primary is always first): where a replicated clone may have copies.
+    pub fn place_on(&self, primary: &str, copies: usize, allowed: impl Fn(&str) -> bool) -> Result<Vec<&ClusterNode>> {
         let first = self.node(primary)?;
         if copies == 0 || copies > self.nodes.len() {
             return Err(CoronaError::BadRequest(format!(
@@ -262,7 +277,13 @@ impl ClusterFile {
                 copies / 2 + 1
             )));
         }
-        let mut rest: Vec<&ClusterNode> = self.nodes.iter().filter(|n| n.name != primary).collect();
+        let mut rest: Vec<&ClusterNode> = self.nodes.iter().filter(|n| n.name != primary && allowed(&n.name)).collect();
+        if rest.len() + 1 < copies {
+            return Err(CoronaError::BadRequest(format!(
+                "{copies} copies asked, but only {} node(s) may hold one",
+                rest.len() + 1
+            )));
+        }
         rest.sort_by(|a, b| (&a.zone, &a.name).cmp(&(&b.zone, &b.name)));
         let mut chosen = vec![first];
         let mut zones: HashSet<&str> = HashSet::from([first.zone.as_str()]);
@@ -319,6 +340,15 @@ mod tests {
         let f = file(&["a", "a", "b"]);
         assert_eq!(names(f.place("n3", 3).expect("place")), ["n3", "n1", "n2"]);
         assert_eq!(names(f.place("n1", 3).expect("place")), ["n1", "n3", "n2"], "zone b before the second a");
+    }
+
+    #[test]
+    fn a_placement_among_allowed_nodes_keeps_the_zone_rule_and_says_when_too_few_are_allowed() {
+        let f = file(&["a", "a", "b", "c"]);
+        let not_n3 = |n: &str| n != "n3";
+        assert_eq!(names(f.place_on("n1", 3, not_n3).expect("place")), ["n1", "n4", "n2"]);
+        let e = f.place_on("n1", 3, |n| n == "n2").expect_err("two allowed").to_string();
+        assert!(e.contains("only 2 node(s)"), "{e}");
     }
 
     #[test]

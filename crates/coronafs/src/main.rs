@@ -127,7 +127,10 @@ enum VolumeCmd {
         #[arg(long, value_name = "VOL@SNAP")]
         from_snapshot: Option<String>,
         /// Copies on as many nodes of the server's cluster, different zones
-        /// first; the server asked is the primary [default: 1].
+        /// first; the server asked is the primary [default: 1]. With
+        /// --from-snapshot: an O(1) clone on each node holding the
+        /// snapshot (ask the source volume's primary; refused if fewer
+        /// nodes hold it, see the snapshot's missing_on).
         #[arg(long, value_name = "N")]
         replicas: Option<usize>,
     },
@@ -135,14 +138,17 @@ enum VolumeCmd {
     List,
     /// Show one volume (size, allocation, parent, snapshots, connections).
     Show { name: String },
-    /// Delete a volume and its snapshots.
+    /// Delete a volume and its snapshots (a replicated volume's on every
+    /// copy: ask its primary; copies that are down are deleted when they
+    /// can be reached again).
     Delete {
         name: String,
         /// Delete even with open NBD connections or clones (clones keep working).
         #[arg(long)]
         force: bool,
     },
-    /// Grow a volume (shrink only with --allow-shrink). Clients see it on reconnect.
+    /// Grow a volume (shrink only with --allow-shrink; a replicated volume
+    /// only grows, on every copy). Clients see it on reconnect.
     Resize {
         name: String,
         #[arg(long)]
@@ -151,7 +157,8 @@ enum VolumeCmd {
         #[arg(long)]
         allow_shrink: bool,
     },
-    /// Copy all inherited data into a clone and detach it from its snapshot.
+    /// Copy all inherited data into a clone and detach it from its snapshot
+    /// (a replicated volume's primary, then each copy in the background).
     Flatten { name: String },
     /// Raise the volume's write epoch: connections opened with a lower one
     /// (export `NAME;epoch=N`) can no longer write. Returns once their writes

@@ -48,12 +48,12 @@ pub fn document() -> Value {
                          "requestBody": body("CreateVolume"),
                          "responses": {"201": ok("created", "VolumeInfo"), "400": err("invalid name, size or body"),
                                        "403": err("server is read-only"), "404": err("snapshot not found"),
-                                       "409": err("exists, or the snapshot's chain is too deep"), "507": err("no space")}}
+                                       "409": err("exists, the snapshot's chain is too deep, fewer nodes than replicas hold the snapshot, or copies of a deleted volume of that name are still to be deleted"), "507": err("no space")}}
             },
             "/v1/volumes/{name}": {
                 "parameters": [vol],
                 "get": {"summary": "show a volume", "responses": {"200": ok("the volume", "VolumeInfo"), "400": err("invalid name"), "404": err("not found")}},
-                "delete": {"summary": "delete a volume and its snapshots", "parameters": [force()],
+                "delete": {"summary": "delete a volume and its snapshots; on a replicated volume's primary, on every copy (copies that cannot be reached are deleted once they can)", "parameters": [force()],
                            "responses": {"204": {"description": "deleted"}, "404": err("not found"),
                                          "409": err("open NBD connections or clones, and force not given")}}
             },
@@ -61,12 +61,15 @@ pub fn document() -> Value {
                 "parameters": [vol],
                 "post": {"summary": "grow (or with allow_shrink, shrink); clients see it on reconnect",
                          "requestBody": body("ResizeVolume"),
-                         "responses": {"200": ok("resized", "VolumeInfo"), "400": err("shrink without allow_shrink, or bad size"), "404": err("not found")}}
+                         "responses": {"200": ok("resized", "VolumeInfo"), "400": err("shrink without allow_shrink, a shrink of a replicated volume, or bad size"), "404": err("not found"),
+                                       "409": err("asked of a node holding a replica copy (ask the primary)"),
+                                       "502": err("grown on the primary, but fewer than the write quorum of copies took it (they grow when they catch up)")}}
             },
             "/v1/volumes/{name}/flatten": {
                 "parameters": [vol],
                 "post": {"summary": "copy all inherited data in and detach from the parent (parent becomes null)",
-                         "responses": {"200": ok("flattened", "VolumeInfo"), "404": err("not found"), "507": err("no space")}}
+                         "responses": {"200": ok("flattened", "VolumeInfo"), "404": err("not found"),
+                                       "409": err("asked of a node holding a replica copy (ask the primary)"), "507": err("no space")}}
             },
             "/v1/volumes/{name}/fence": {
                 "parameters": [vol],
@@ -135,7 +138,7 @@ pub fn document() -> Value {
                 "name": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"},
                 "size": {"type": "integer", "format": "int64", "minimum": 1, "description": "bytes; required unless from_snapshot"},
                 "from_snapshot": {"type": "string", "description": "VOL@SNAP to clone; size defaults to the snapshot's and may only be larger"},
-                "replicas": {"type": "integer", "minimum": 1, "default": 1, "description": "copies on as many nodes of the server's cluster, different zones first; this server is the primary"}}},
+                "replicas": {"type": "integer", "minimum": 1, "default": 1, "description": "copies on as many nodes of the server's cluster, different zones first; this server is the primary; with from_snapshot, an O(1) clone on each node holding the snapshot (409 if fewer do)"}}},
             "ResizeVolume": {"type": "object", "required": ["size"], "additionalProperties": false, "properties": {
                 "size": {"type": "integer", "format": "int64", "minimum": 1},
                 "allow_shrink": {"type": "boolean", "default": false}}},

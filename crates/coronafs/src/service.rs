@@ -107,6 +107,9 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
             volumes.join(m)?;
             if !cfg.read_only {
                 volumes.open_primaries();
+                // Copies of volumes deleted before the stop that were not
+                // reached yet.
+                volumes.retry_deletions();
             }
             Some((listener, secret))
         }

@@ -1,8 +1,9 @@
 //! The replica RPC's frames, sans-IO: a primary's requests (OPEN, WRITE,
-//! WRITE_ZEROES, TRIM, FLUSH, SNAPSHOT, DELETE_SNAPSHOT), each numbered and tagged with the primary's
-//! epoch, and the replica's in-order answers; the primary's unanswered
-//! HEARTBEAT on an idle stream; and a candidate's PROBE and VOTE requests
-//! with their answer ([`VoteReply`]). Layout in
+//! WRITE_ZEROES, TRIM, FLUSH, SNAPSHOT, DELETE_SNAPSHOT, RESIZE, FLATTEN),
+//! each numbered and tagged with the primary's epoch, and the replica's
+//! in-order answers; the primary's unanswered HEARTBEAT on an idle stream;
+//! a candidate's PROBE and VOTE requests with their answer
+//! ([`VoteReply`]); and a primary's DELETE_VOLUME of a copy. Layout in
 //! docs/design/replication-volumes.md.
 
 use crate::error::{CoronaError, Result};
@@ -57,6 +58,14 @@ pub enum Body {
     Snapshot { name: String },
     /// Deletes snapshot `name` of the stream's volume (done if it is not there).
     DeleteSnapshot { name: String },
+    /// Grows the copy to `size` bytes, at exactly this point of the stream.
+    Resize { size: u64 },
+    /// Copies every granule the copy inherits from a snapshot into its head
+    /// and detaches it (its bytes do not change; done in the background).
+    Flatten,
+    /// The primary `primary` deleted `volume`: the copy deletes itself
+    /// (the only frame of its connection, seq 0; answered with a [`Reply`]).
+    DeleteVolume { volume: String, primary: String },
 }
 
 /// Who sends a write stream: the stream's number (its start time on the
@@ -150,7 +159,9 @@ impl Msg {
                 }
                 names.extend_from_slice(&origin.incarnation.to_be_bytes());
             }
-            Body::Vote { volume, candidate } | Body::Probe { volume, candidate } => {
+            Body::Vote { volume, candidate }
+            | Body::Probe { volume, candidate }
+            | Body::DeleteVolume { volume, primary: candidate } => {
                 put_name(&mut names, volume);
                 put_name(&mut names, candidate);
             }
@@ -168,6 +179,9 @@ impl Msg {
             Body::Probe { .. } => (7, 0, 0, names.len() as u64, &[]),
             Body::Snapshot { .. } => (8, 0, 0, names.len() as u64, &[]),
             Body::DeleteSnapshot { .. } => (9, 0, 0, names.len() as u64, &[]),
+            Body::DeleteVolume { .. } => (10, 0, 0, names.len() as u64, &[]),
+            Body::Resize { size } => (11, 0, *size, 0, &[]),
+            Body::Flatten => (12, 0, 0, 0, &[]),
         };
         let mut h = [0u8; HEADER_LEN];
         h[..4].copy_from_slice(REQUEST_MAGIC);
@@ -202,15 +216,21 @@ impl Header {
             len: be64(&h[32..]),
         };
         let known_flags = if hd.kind == 2 { FLAG_PUNCH } else { 0 };
-        if hd.kind > 9 {
+        if hd.kind > 12 {
             return Err(bad(format!("unknown kind {}", hd.kind)));
         }
         if hd.flags & !known_flags != 0 || h[6..8] != [0, 0] {
             return Err(bad(format!("unknown flags {:#x} for kind {}", hd.flags, hd.kind)));
         }
         match hd.kind {
-            0 | 5 | 7 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => Err(bad(format!("names of {} bytes", hd.len))),
-            5 | 7 if hd.seq != 0 || hd.offset != 0 => Err(bad("vote or probe with a seq or an offset".into())),
+            0 | 5 | 7 | 10 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => {
+                Err(bad(format!("names of {} bytes", hd.len)))
+            }
+            5 | 7 | 10 if hd.seq != 0 || hd.offset != 0 => {
+                Err(bad("vote, probe or volume deletion with a seq or an offset".into()))
+            }
+            11 if hd.len != 0 || hd.offset == 0 => Err(bad("resize with a length or to 0 bytes".into())),
+            12 if hd.offset != 0 || hd.len != 0 => Err(bad("flatten with a range".into())),
             6 if hd.seq != 0 || hd.offset != 0 || hd.len != 0 => Err(bad("heartbeat with a seq or a range".into())),
             8 | 9 if hd.len < 2 || hd.len > MAX_NAME + 1 || hd.offset != 0 => {
                 Err(bad(format!("snapshot frame with a name of {} bytes or an offset", hd.len)))
@@ -224,7 +244,7 @@ impl Header {
     /// Bytes of payload that follow this header.
     pub fn payload_len(&self) -> usize {
         match self.kind {
-            0 | 1 | 5 | 7 | 8 | 9 => self.len as usize,
+            0 | 1 | 5 | 7 | 8 | 9 | 10 => self.len as usize,
             _ => 0,
         }
     }
@@ -252,12 +272,18 @@ impl Header {
                 }
                 Body::Open { volume, size: self.offset, origin: Origin { stream, primary, copies, incarnation } }
             }
-            5 | 7 => {
+            5 | 7 | 10 => {
                 let mut r = Names(&payload);
                 let (volume, candidate) = (r.name()?, r.name()?);
                 r.end()?;
-                if self.kind == 5 { Body::Vote { volume, candidate } } else { Body::Probe { volume, candidate } }
+                match self.kind {
+                    5 => Body::Vote { volume, candidate },
+                    7 => Body::Probe { volume, candidate },
+                    _ => Body::DeleteVolume { volume, primary: candidate },
+                }
             }
+            11 => Body::Resize { size: self.offset },
+            12 => Body::Flatten,
             8 | 9 => {
                 let mut r = Names(&payload);
                 let name = r.name()?;
@@ -388,13 +414,19 @@ mod tests {
             Just(Body::Flush),
             "[a-z0-9]{1,40}".prop_map(|name| Body::Snapshot { name }),
             "[a-z0-9]{1,40}".prop_map(|name| Body::DeleteSnapshot { name }),
+            (1..u64::MAX).prop_map(|size| Body::Resize { size }),
+            Just(Body::Flatten),
+            ("[a-z]{1,20}", "[a-z0-9]{0,8}").prop_map(|(volume, primary)| Body::DeleteVolume { volume, primary }),
         ]
     }
 
     proptest! {
         #[test]
         fn every_frame_decodes_to_what_was_encoded(seq in any::<u64>(), epoch in any::<u64>(), body in body()) {
-            let seq = if matches!(body, Body::Vote { .. } | Body::Probe { .. } | Body::Heartbeat) { 0 } else { seq };
+            let seq = if matches!(
+                body,
+                Body::Vote { .. } | Body::Probe { .. } | Body::Heartbeat | Body::DeleteVolume { .. }
+            ) { 0 } else { seq };
             let m = Msg { seq, epoch, body };
             prop_assert_eq!(round_trip(&m), m);
         }
@@ -414,7 +446,7 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_payloads_of_open_vote_and_probe_never_panic(kind in prop_oneof![Just(0u8), Just(5u8), Just(7u8), Just(8u8), Just(9u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
+        fn arbitrary_payloads_of_open_vote_and_probe_never_panic(kind in prop_oneof![Just(0u8), Just(5u8), Just(7u8), Just(8u8), Just(9u8), Just(10u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
             let (mut h, _) = Msg { seq: 0, epoch: 0, body: Body::Flush }.encode();
             h[4] = kind;
             h[32..40].copy_from_slice(&(payload.len() as u64).to_be_bytes());
@@ -437,8 +469,15 @@ mod tests {
     #[test]
     fn oversized_writes_unknown_kinds_and_wrong_magic_are_refused() {
         let (mut h, _) = Msg { seq: 1, epoch: 0, body: Body::Flush }.encode();
-        h[4] = 10;
-        assert!(Header::decode(&h).expect_err("kind").to_string().contains("unknown kind 10"));
+        h[4] = 13;
+        assert!(Header::decode(&h).expect_err("kind").to_string().contains("unknown kind 13"));
+        let (mut h, _) = Msg { seq: 5, epoch: 0, body: Body::Resize { size: 1 << 20 } }.encode();
+        h[24..32].copy_from_slice(&0u64.to_be_bytes());
+        assert!(Header::decode(&h).is_err(), "a resize to 0 bytes");
+        let (mut h, _) =
+            Msg { seq: 0, epoch: 2, body: Body::DeleteVolume { volume: "v".into(), primary: "n1".into() } }.encode();
+        h[8..16].copy_from_slice(&1u64.to_be_bytes());
+        assert!(Header::decode(&h).is_err(), "a volume deletion carries no seq");
         let (mut h, _) = Msg { seq: 0, epoch: 1, body: Body::Heartbeat }.encode();
         h[8..16].copy_from_slice(&3u64.to_be_bytes());
         assert!(Header::decode(&h).is_err(), "a heartbeat takes no number of the stream");

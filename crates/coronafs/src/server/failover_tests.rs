@@ -387,12 +387,12 @@ async fn copies_of_a_volume_deleted_on_its_primary_do_not_promote_themselves() {
     let (c, client) = Cluster::start_timed(100, 500).await.volume().await;
     drop(client);
     c.api(0).delete("vm", true).await.expect("delete on n1");
-    // The copies stop hearing n1 and probe it: it answers that the volume
-    // is gone, which they take as a reason not to stand.
+    // The deletion reaches both copies; a copy that still ran a watchdog
+    // would probe n1, which answers that the volume is gone, and not stand.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     for i in [1, 2] {
-        let v = c.api(i).get("vm").await.expect("the copy is still there");
-        assert!(v.replicas.is_empty() && v.epoch == 0, "n{} promoted itself: {v:?}", i + 1);
+        let e = c.api(i).get("vm").await.expect_err("the copy is deleted");
+        assert!(matches!(e, CoronaError::Api { status: Some(404), .. }), "n{}: {e}", i + 1);
     }
     c.shutdown().await;
 }

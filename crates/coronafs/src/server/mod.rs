@@ -59,3 +59,6 @@ mod resync_tests;
 
 #[cfg(test)]
 mod snapshot_tests;
+
+#[cfg(test)]
+mod copies_tests;

@@ -2,7 +2,8 @@
 //! it to one of this node's volumes (OPEN), and applies its frames in
 //! order through the volume's fence, answering each, and noting each frame
 //! and heartbeat as a sign of the primary's life; or answers a candidate's
-//! PROBE or VOTE (`volume/failover.rs`) on a connection of its own
+//! PROBE or VOTE (`volume/failover.rs`), or a primary's DELETE_VOLUME
+//! (`volume/copies.rs`), on a connection of its own
 //! (docs/design/replication-volumes.md).
 
 use crate::backend::replicated::apply::{Applier, Snapshots};
@@ -87,6 +88,16 @@ impl Snapshots for CopySnapshots<'_> {
                 .map_err(|e| snapshot_errno(self.volume, name, e))
         })
     }
+    fn resize(&self, size: u64) -> futures::future::BoxFuture<'_, std::io::Result<()>> {
+        Box::pin(async move {
+            self.volumes.resize_as_copy(self.volume, size).await.map_err(|e| snapshot_errno(self.volume, "(resize)", e))
+        })
+    }
+    fn flatten(&self) -> futures::future::BoxFuture<'_, std::io::Result<()>> {
+        Box::pin(async move {
+            self.volumes.flatten_as_copy(self.volume).map_err(|e| snapshot_errno(self.volume, "(flatten)", e))
+        })
+    }
 }
 
 /// The listener's half of the handshake (`replica/auth.rs`).
@@ -135,7 +146,15 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             wr.flush().await?;
             return Ok(());
         }
-        _ => return Err(CoronaError::Replica("the first frame is neither OPEN, VOTE nor PROBE".into())),
+        Body::DeleteVolume { volume, primary } => {
+            let errno = volumes.delete_as_copy(volume, open.epoch, primary).await;
+            wr.write_all(&Reply { seq: 0, errno }.encode()).await?;
+            wr.flush().await?;
+            return Ok(());
+        }
+        _ => {
+            return Err(CoronaError::Replica("the first frame is neither OPEN, VOTE, PROBE nor DELETE_VOLUME".into()));
+        }
     };
     // A node that is the volume's primary takes no stream for it (a deposed
     // primary is not a replica until an operator makes it one).
@@ -144,13 +163,32 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
     } else {
         match volumes.open(volume) {
             Ok(e) if e.read_only => Err(libc::EROFS),
-            Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => Err(libc::EINVAL),
             Ok(e) if open.epoch < e.fence.current() => Err(libc::EPERM),
             // Not the copy the primary knows: deleted and made again since.
             Ok(_) if origin.incarnation != 0 && volumes.incarnation(volume) != origin.incarnation => Err(libc::ENXIO),
             Ok(e) => Ok(e),
             Err(_) => Err(libc::ENOENT),
         }
+    };
+    let export = match export {
+        Ok(e) if crate::backend::BlockBackend::size(&e.backend) != *size => {
+            // A primary's catch-up stream (stream 0, a primary named) of a
+            // volume that grew while this copy was out of the live set: the
+            // copy grows first.
+            let have = crate::backend::BlockBackend::size(&e.backend);
+            if origin.stream == 0 && !origin.primary.is_empty() && *size > have {
+                match volumes.resize_as_copy(volume, *size).await {
+                    Ok(()) => Ok(e),
+                    Err(err) => {
+                        tracing::warn!(volume = %volume, size, error = %err, "could not grow for a catch-up");
+                        Err(libc::EINVAL)
+                    }
+                }
+            } else {
+                Err(libc::EINVAL)
+            }
+        }
+        other => other,
     };
     let export = match export {
         Ok(e) => e,

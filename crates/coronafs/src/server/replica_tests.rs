@@ -247,11 +247,9 @@ async fn a_volume_with_three_copies_made_through_the_api_replicates_and_keeps_it
     let e = api.create_volume(&too_many).await.expect_err("4 copies on 3 nodes");
     assert!(e.to_string().contains("3 nodes"), "{e}");
     assert!(servers[1].volumes.info("big").is_err(), "a refused create left no copy behind");
-    // What would change the copies out of step is refused: flattening (it
-    // swaps the head for a plain local layer) and resizing.
-    let e = api.flatten("vm").await.expect_err("flatten of a replicated volume");
-    assert!(e.to_string().contains("replicated"), "{e}");
-    let e = api.resize("vm", 2 * SIZE, false).await.expect_err("resize of a replicated volume");
+    // A shrink could leave a copy that missed it with bytes past the end:
+    // refused (growth, flatten and clones: copies_tests.rs).
+    let e = api.resize("vm", SIZE / 2, true).await.expect_err("shrink of a replicated volume");
     assert!(e.to_string().contains("replicated"), "{e}");
 
     let client = NbdClient::connect(servers[0].nbd_addr, "vm").await.expect("connect");

@@ -89,6 +89,19 @@ pub struct LayerRec {
     pub parent_limit: u64,
 }
 
+/// On the primary that deleted a replicated volume: the copies still to be
+/// told (they were unreachable when it was deleted). Kept until each copy
+/// deleted itself or refused for good (it belongs to a newer primary).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deletion {
+    /// The nodes whose copies are still to be deleted.
+    pub nodes: Vec<String>,
+    /// The volume's epoch when it was deleted: a copy fenced above it has
+    /// another primary now and refuses.
+    pub epoch: u64,
+}
+
 /// Everything the store holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Catalog {
@@ -97,6 +110,9 @@ pub struct Catalog {
     pub snapshots: BTreeMap<String, SnapRec>,
     pub layers: BTreeMap<u64, LayerRec>,
     pub next_layer: u64,
+    /// Deleted replicated volumes whose copies on other nodes are still to
+    /// be deleted, by volume name (committed with the deletion itself).
+    pub deletions: BTreeMap<String, Deletion>,
 }
 
 /// `VOL@SNAP`.

@@ -5,12 +5,16 @@
 //! `counters` (`next_layer`). A change is written as the difference between
 //! two catalogs in one write transaction, so it is all there or none of it.
 //!
-//! A fifth table, `replication` (name -> JSON [`DrlRecord`]), holds what a
+//! `deletions` (name -> JSON [`Deletion`]) names the copies on other nodes a
+//! deleted replicated volume still has; it is part of the catalog, so a
+//! deletion and the record of what it still has to reach commit together.
+//!
+//! A further table, `replication` (name -> JSON [`DrlRecord`]), holds what a
 //! replicated volume's primary keeps of its copies (the clean-shutdown mark
 //! and the dirty-region log). It is written by transactions of its own, never
 //! by a catalog commit, so the two never overwrite each other's changes.
 
-use super::catalog::{Catalog, LayerRec, SnapRec, VolumeRec};
+use super::catalog::{Catalog, Deletion, LayerRec, SnapRec, VolumeRec};
 use crate::backend::replicated::drl::DrlRecord;
 use crate::error::{CoronaError, Result};
 use redb::{Database, ReadableTable, TableDefinition};
@@ -24,6 +28,7 @@ const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots"
 const LAYERS: TableDefinition<u64, &[u8]> = TableDefinition::new("layers");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const REPLICATION: TableDefinition<&str, &[u8]> = TableDefinition::new("replication");
+const DELETIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("deletions");
 
 fn err(e: impl Into<redb::Error>) -> CoronaError {
     CoronaError::Meta(e.into().to_string())
@@ -53,6 +58,7 @@ impl Meta {
             tx.open_table(LAYERS).map_err(err)?;
             tx.open_table(COUNTERS).map_err(err)?;
             tx.open_table(REPLICATION).map_err(err)?;
+            tx.open_table(DELETIONS).map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(Meta { db })
@@ -73,6 +79,10 @@ impl Meta {
         for r in tx.open_table(LAYERS).map_err(err)?.iter().map_err(err)? {
             let (k, v) = r.map_err(err)?;
             c.layers.insert(k.value(), decode::<LayerRec>("layer", v.value())?);
+        }
+        for r in tx.open_table(DELETIONS).map_err(err)?.iter().map_err(err)? {
+            let (k, v) = r.map_err(err)?;
+            c.deletions.insert(k.value().to_owned(), decode::<Deletion>("deletion", v.value())?);
         }
         c.next_layer = tx.open_table(COUNTERS).map_err(err)?.get("next_layer").map_err(err)?.map_or(1, |v| v.value());
         Ok(c)
@@ -96,6 +106,11 @@ impl Meta {
             diff(&old.layers, &new.layers, |k, v| match v {
                 Some(v) => t.insert(*k, encode(v)?.as_slice()).map(drop).map_err(err),
                 None => t.remove(*k).map(drop).map_err(err),
+            })?;
+            let mut t = tx.open_table(DELETIONS).map_err(err)?;
+            diff(&old.deletions, &new.deletions, |k, v| match v {
+                Some(v) => t.insert(k.as_str(), encode(v)?.as_slice()).map(drop).map_err(err),
+                None => t.remove(k.as_str()).map(drop).map_err(err),
             })?;
             if old.next_layer != new.next_layer {
                 tx.open_table(COUNTERS).map_err(err)?.insert("next_layer", new.next_layer).map_err(err)?;
@@ -163,6 +178,7 @@ mod tests {
         c.layers.insert(id, LayerRec { file: "layers/1.data".into(), size: 10, parent: None, parent_limit: 0 });
         c.volumes.insert("v".into(), VolumeRec { size: 10, head: id, epoch: 3, ..Default::default() });
         c.snapshots.insert("v@s".into(), SnapRec { layer: id, size: 10, missing: Vec::new() });
+        c.deletions.insert("gone".into(), Deletion { nodes: vec!["n3".into()], epoch: 2 });
         m.commit(&empty, &c).expect("commit");
         let mut d = c.clone();
         d.snapshots.clear();

@@ -16,6 +16,7 @@
 
 pub mod autofail;
 pub mod catalog;
+pub mod copies;
 pub mod export;
 pub mod failover;
 pub mod faults;
@@ -32,7 +33,7 @@ use crate::dto::{EvictReport, SnapshotInfo, VolumeInfo};
 use crate::error::{CoronaError, Result};
 use crate::proto::handshake::{ExportCatalog, ExportDesc};
 use crate::util::validate_name;
-use catalog::{Catalog, LayerRec, SnapRec, VolumeRec, snap_key};
+use catalog::{Catalog, Deletion, LayerRec, SnapRec, VolumeRec, snap_key};
 use export::{Export, MAX_BLOCK, PREF_BLOCK};
 use meta::Meta;
 use std::collections::HashMap;
@@ -71,6 +72,8 @@ pub struct Volumes {
     /// write stream (in memory only: a restart forgets it, see
     /// [`failover`]).
     positions: Mutex<HashMap<String, Arc<failover::Slot>>>,
+    /// The task delivering pending deletions of copies runs ([`copies`]).
+    delivering: std::sync::atomic::AtomicBool,
 }
 
 fn poisoned() -> CoronaError {
@@ -85,16 +88,6 @@ pub fn parse_snap(spec: &str) -> Result<(&str, &str)> {
     validate_name(v)?;
     validate_name(s)?;
     Ok((v, s))
-}
-
-/// Refuses what replicated volumes do not support yet (their copies would
-/// have to change in step, docs/design/replication-volumes.md).
-fn not_replicated(name: &str, rec: &VolumeRec, what: &str) -> Result<()> {
-    if rec.replicas.is_empty() {
-        Ok(())
-    } else {
-        Err(CoronaError::Conflict(format!("{name} is replicated: {what} of replicated volumes is not supported yet")))
-    }
 }
 
 fn check_size(size: u64) -> Result<()> {
@@ -139,6 +132,7 @@ impl Volumes {
             membership: std::sync::OnceLock::new(),
             this: std::sync::OnceLock::new(),
             positions: Mutex::new(HashMap::new()),
+            delivering: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -481,6 +475,7 @@ impl Volumes {
         if self.catalog()?.volumes.contains_key(name) {
             return Err(CoronaError::AlreadyExists(name.to_owned()));
         }
+        self.no_pending_deletion(name)?;
         let placed: Vec<ClusterNode> = m.cluster.place(&m.node, copies)?.into_iter().cloned().collect();
         let mut made: Vec<&ClusterNode> = Vec::new();
         let mut failure = None;
@@ -542,6 +537,12 @@ impl Volumes {
     /// Creates `name` as a copy-on-write clone of `VOL@SNAP`: O(1) whatever
     /// the size. `size` defaults to the snapshot's and may only be larger.
     pub async fn clone_snapshot(&self, name: &str, from: &str, size: Option<u64>) -> Result<VolumeInfo> {
+        self.clone_with(name, from, size, Vec::new()).await
+    }
+
+    /// [`Volumes::clone_snapshot`], recording `replicas` as the nodes of the
+    /// clone's other copies (each made the same way on its node first).
+    async fn clone_with(&self, name: &str, from: &str, size: Option<u64>, replicas: Vec<String>) -> Result<VolumeInfo> {
         validate_name(name)?;
         let (v, s) = parse_snap(from)?;
         self.writable()?;
@@ -571,9 +572,15 @@ impl Volumes {
         files::create_layer(&self.dir, id, size, true, &self.faults)?;
         let layer = LayerRec { file: files::data_name(id), size, parent: Some(snap.layer), parent_limit: snap.size };
         cat.layers.insert(id, layer.clone());
-        cat.volumes
-            .insert(name.to_owned(), VolumeRec { size, head: id, origin: Some(key.clone()), ..Default::default() });
-        if let Err(e) = self.commit(&old, cat) {
+        // A replicated clone starts with every copy in sync: each reads the
+        // same snapshot through its own O(1) clone.
+        let log = (!replicas.is_empty()).then(|| DrlRecord::fresh(size, &replicas));
+        cat.volumes.insert(
+            name.to_owned(),
+            VolumeRec { size, head: id, origin: Some(key.clone()), replicas, ..Default::default() },
+        );
+        self.forget_position(name);
+        if let Err(e) = self.meta.put_drl(name, log.as_ref()).and_then(|()| self.commit(&old, cat)) {
             files::remove_layer(&self.dir, id, &layer);
             return Err(e);
         }
@@ -791,17 +798,36 @@ impl Volumes {
         let _g = self.control.lock().await;
         let old = self.catalog()?;
         let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?.clone();
-        not_replicated(name, &rec, "resizing")?;
+        self.not_a_copy(name, &rec, "resizing")?;
         if size < rec.size && !allow_shrink {
             return Err(CoronaError::BadRequest(format!(
                 "shrinking {name} from {} to {size} bytes destroys data; pass allow_shrink to do it",
                 rec.size
             )));
         }
+        if !rec.replicas.is_empty() {
+            return self.resize_replicated(&old, name, &rec, size).await;
+        }
         let v = self.open(name)?;
-        let mut head = v.backend.exclusive().await;
+        self.resize_layer(&v.backend, &old, name, &rec, size).await?;
+        self.info(name)
+    }
+
+    /// Sets the size of `layered` (the head of volume `name`, recorded as
+    /// `rec` in `old`) to `size`: the head flushed, its files grown, the
+    /// commit, then the head swapped for one of the new size. Call holding
+    /// the control lock.
+    async fn resize_layer(
+        &self,
+        layered: &Layered<AnyBackend>,
+        old: &Catalog,
+        name: &str,
+        rec: &VolumeRec,
+        size: u64,
+    ) -> Result<()> {
+        let mut head = layered.exclusive().await;
         self.faults.check("flush head")?;
-        v.backend.flush_layer(&head).await?;
+        layered.flush_layer(&head).await?;
         let mut cat = old.clone();
         if let Some(r) = cat.volumes.get_mut(name) {
             r.size = size;
@@ -813,15 +839,15 @@ impl Volumes {
         if let Some(l) = old.layers.get(&rec.head) {
             files::grow(&self.dir, l, rec.head, size, &self.faults)?;
         }
-        self.commit(&old, cat.clone())?;
+        self.commit(old, cat.clone())?;
         let parent = head.cow.as_ref().map(|c| c.parent.clone());
         match files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, parent, &self.faults) {
-            Ok(new) => v.backend.replace(&mut head, Arc::new(new)),
+            Ok(new) => layered.replace(&mut head, Arc::new(new)),
             Err(e) => self.reopen_later(name, &e),
         }
         drop(head);
         tracing::info!(volume = name, from = rec.size, to = size, "resized volume");
-        self.info(name)
+        Ok(())
     }
 
     /// Copies every granule the volume does not own from its parents, then
@@ -832,18 +858,39 @@ impl Volumes {
         let _g = self.control.lock().await;
         let old = self.catalog()?;
         let rec = old.volumes.get(name).ok_or_else(|| CoronaError::NotFound(name.to_owned()))?.clone();
-        // Flattening swaps the head for a plain local layer, which would
-        // silently stop the forwarding to the copies.
-        not_replicated(name, &rec, "flattening")?;
+        self.not_a_copy(name, &rec, "flattening")?;
         let v = self.open(name)?;
-        let granules = map::count(rec.size);
-        self.faults.check("copy granules")?;
-        for g in 0..granules {
-            v.backend.materialize(g).await?;
+        if let (Some(h), Some(local)) = (v.replication.clone(), v.local.clone()) {
+            // The primary's own copy under the replication (the export's
+            // outer layer only forwards), then every live copy in the stream.
+            self.materialize_all(&local, rec.size).await?;
+            self.detach(&local, &old, name, &rec).await?;
+            self.flatten_copies(name, &h).await;
+            return self.info(name);
         }
-        let mut head = v.backend.exclusive().await;
+        self.materialize_all(&v.backend, rec.size).await?;
+        self.detach(&v.backend, &old, name, &rec).await?;
+        self.info(name)
+    }
+
+    /// Copies every granule `layered` does not own from its parents (the
+    /// bytes it shows do not change; writes go on meanwhile).
+    async fn materialize_all(&self, layered: &Layered<AnyBackend>, size: u64) -> Result<()> {
+        self.faults.check("copy granules")?;
+        for g in 0..map::count(size) {
+            layered.materialize(g).await?;
+        }
+        Ok(())
+    }
+
+    /// Detaches the head of `layered` (volume `name`, recorded as `rec` in
+    /// `old`), which owns every granule now, from its parents: flush,
+    /// commit, swap, then the files no layer needs any more go. Call
+    /// holding the control lock.
+    async fn detach(&self, layered: &Layered<AnyBackend>, old: &Catalog, name: &str, rec: &VolumeRec) -> Result<()> {
+        let mut head = layered.exclusive().await;
         self.faults.check("flush head")?;
-        v.backend.flush_layer(&head).await?;
+        layered.flush_layer(&head).await?;
         let mut cat = old.clone();
         if let Some(r) = cat.volumes.get_mut(name) {
             r.origin = None;
@@ -853,9 +900,9 @@ impl Volumes {
             l.parent_limit = 0;
         }
         let garbage = cat.collect_garbage();
-        self.commit(&old, cat.clone())?;
+        self.commit(old, cat.clone())?;
         match files::open_layer(&self.dir, &self.opener, &cat, rec.head, true, None, &self.faults) {
-            Ok(new) => v.backend.replace(&mut head, Arc::new(new)),
+            Ok(new) => layered.replace(&mut head, Arc::new(new)),
             Err(e) => self.reopen_later(name, &e),
         }
         drop(head);
@@ -864,16 +911,32 @@ impl Volumes {
             files::remove_layer(&self.dir, *id, l);
         }
         tracing::info!(volume = name, freed_layers = garbage.len(), "flattened volume");
-        self.info(name)
+        Ok(())
     }
 
     /// Deletes a volume and its snapshots. Refused while it has connections
     /// or clones unless `force`; clones keep working (the layers they need
-    /// stay until nothing needs them).
+    /// stay until nothing needs them). On a replicated volume's primary the
+    /// copies on the other nodes are recorded as still to delete in the
+    /// same commit, then told ([`copies`]); those that cannot be reached
+    /// are told later, and the deletion answers without waiting for them.
     pub async fn delete(&self, name: &str, force: bool) -> Result<()> {
+        let replicated = {
+            let _g = self.control.lock().await;
+            self.delete_locked(name, force).await?
+        };
+        // Outside the control lock: the copies' nodes take theirs.
+        if replicated {
+            self.deliver_deletion(name).await;
+        }
+        Ok(())
+    }
+
+    /// [`Volumes::delete`] on this node, holding the control lock; gives
+    /// whether copies on other nodes are now to be deleted.
+    async fn delete_locked(&self, name: &str, force: bool) -> Result<bool> {
         validate_name(name)?;
         self.writable()?;
-        let _g = self.control.lock().await;
         let old = self.catalog()?;
         if !old.volumes.contains_key(name) {
             return Err(CoronaError::NotFound(name.to_owned()));
@@ -897,13 +960,18 @@ impl Volumes {
             }
         }
         let mut cat = old.clone();
-        cat.volumes.remove(name);
+        let rec = cat.volumes.remove(name).unwrap_or_default();
         for s in &snaps {
             cat.snapshots.remove(&snap_key(name, s));
+        }
+        let replicated = !rec.replicas.is_empty();
+        if replicated {
+            cat.deletions.insert(name.to_owned(), Deletion { nodes: rec.replicas.clone(), epoch: rec.epoch });
         }
         let garbage = cat.collect_garbage();
         self.commit(&old, cat)?;
         self.close(&exports, true).await;
+        self.forget_position(name);
         if let Err(e) = self.meta.put_drl(name, None) {
             tracing::warn!(volume = name, error = %e, "could not remove the replication record");
         }
@@ -911,7 +979,7 @@ impl Volumes {
             files::remove_layer(&self.dir, *id, l);
         }
         tracing::info!(volume = name, force, freed_layers = garbage.len(), "deleted volume");
-        Ok(())
+        Ok(replicated)
     }
 
     /// Deletes a snapshot; refused while it has clones unless `force`. Its

@@ -45,7 +45,7 @@ pub struct TcpConnector {
     targets: HashMap<String, LinkTarget>,
     secret: RpcSecret,
     volume: String,
-    size: u64,
+    size: std::sync::atomic::AtomicU64,
     origin: Origin,
 }
 
@@ -68,8 +68,13 @@ impl Connector for TcpConnector {
             origin.stream = 0;
         }
         origin.incarnation = expect;
-        let spec = StreamSpec { volume: self.volume.clone(), size: self.size, epoch, first_seq, origin };
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let spec = StreamSpec { volume: self.volume.clone(), size, epoch, first_seq, origin };
         Ok(Arc::new(TcpLink::start(target, self.secret.clone(), spec).0))
+    }
+
+    fn resized(&self, size: u64) {
+        self.size.store(size, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -119,7 +124,7 @@ impl Volumes {
             targets,
             secret: m.secret.clone(),
             volume: name.to_owned(),
-            size: rec.size,
+            size: rec.size.into(),
             origin: failover::origin(&m.node, rec),
         });
         let mut links = Vec::new();

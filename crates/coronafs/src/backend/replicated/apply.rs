@@ -8,14 +8,22 @@ use crate::replica::wire::{Body, Msg};
 use futures::future::BoxFuture;
 use std::io;
 
-/// Where a replica takes and deletes the snapshots its primary's SNAPSHOT
-/// and DELETE_SNAPSHOT frames ask for (the volume manager on a node; tests
-/// over bare backends have none, [`NoSnapshots`]).
+/// Where a replica applies the frames that change its volume's catalog:
+/// SNAPSHOT, DELETE_SNAPSHOT, RESIZE and FLATTEN (the volume manager on a
+/// node; tests over bare backends have none, [`NoSnapshots`]).
 pub trait Snapshots: Send + Sync {
     /// Freezes the copy's head as snapshot `name`, durably.
     fn take<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>>;
     /// Deletes snapshot `name`; Ok if the copy does not have it.
     fn delete<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>>;
+    /// Grows the copy to `size` bytes, durably.
+    fn resize(&self, _size: u64) -> BoxFuture<'_, io::Result<()>> {
+        Box::pin(async { Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)) })
+    }
+    /// Starts flattening the copy (its bytes stay the same).
+    fn flatten(&self) -> BoxFuture<'_, io::Result<()>> {
+        Box::pin(async { Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)) })
+    }
 }
 
 /// A copy that cannot take snapshots: it answers them `EOPNOTSUPP`.
@@ -68,9 +76,11 @@ impl Applier {
         }
         self.next_seq = msg.seq.wrapping_add(1);
         let r = match msg.body {
-            Body::Open { .. } | Body::Vote { .. } | Body::Probe { .. } | Body::Heartbeat => {
-                Err(io::Error::from_raw_os_error(libc::EPROTO))
-            }
+            Body::Open { .. }
+            | Body::Vote { .. }
+            | Body::Probe { .. }
+            | Body::Heartbeat
+            | Body::DeleteVolume { .. } => Err(io::Error::from_raw_os_error(libc::EPROTO)),
             // A page-cache write without waiting when the file system can.
             Body::Write { offset, data } if backend.try_write_now(&data, offset) => Ok(()),
             Body::Write { offset, data } => backend.write_at(Vec::from(data), offset, false).await.0,
@@ -79,6 +89,8 @@ impl Applier {
             Body::Flush => backend.flush().await,
             Body::Snapshot { name } => snaps.take(&name).await,
             Body::DeleteSnapshot { name } => snaps.delete(&name).await,
+            Body::Resize { size } => snaps.resize(size).await,
+            Body::Flatten => snaps.flatten().await,
         };
         r.map_err(|e| errno(&e))
     }

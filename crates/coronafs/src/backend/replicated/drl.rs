@@ -201,6 +201,27 @@ impl Drl {
         regions_of(self.size, offset, len)
     }
 
+    /// The volume grew to `size` bytes. The regions past the old end read
+    /// as zeroes on every copy (a copy that missed the growth grows itself
+    /// before it catches up), so they start unmarked. When the region size
+    /// grows with the volume (past 1 TiB), each new region takes the
+    /// highest mark of the old regions it covers; gives the number of old
+    /// regions per new one, to convert sets of regions kept elsewhere.
+    pub fn grow(&mut self, size: u64) -> u64 {
+        if size <= self.size {
+            return 1;
+        }
+        let region = region_size(size);
+        let k = region / self.region;
+        let mut marks = vec![0; size.div_ceil(region) as usize];
+        for (g, m) in self.marks.iter().enumerate() {
+            let n = &mut marks[g / k as usize];
+            *n = (*n).max(*m);
+        }
+        (self.region, self.size, self.marks) = (region, size, marks);
+        k
+    }
+
     /// Frame `seq` writes `[offset, offset + len)`: marks its regions.
     pub fn mark(&mut self, offset: u64, len: u64, seq: u64) {
         for g in self.regions_of(offset, len) {
@@ -305,6 +326,28 @@ mod tests {
         assert!(p.behind.iter().all(|(_, h)| *h == History::Unknown), "no record: no known history");
         let fresh = DrlRecord::fresh(8 << 20, &reps);
         assert!(plan(Some(&fresh), 8 << 20, &reps, &[]).behind.is_empty(), "a new volume's copies are in sync");
+    }
+
+    #[test]
+    fn a_grown_log_keeps_every_mark_and_the_new_regions_start_clean() {
+        let mut d = Drl::new((3 << 20) + 100, &BTreeSet::new());
+        d.mark(3 << 20, 100, 4);
+        d.mark(0, 1, 2);
+        assert_eq!(d.grow(8 << 20), 1);
+        assert_eq!((d.count(), d.span(3)), (8, (3 << 20, 1 << 20)));
+        assert_eq!(d.dirty(History::Acked(0)), vec![0, 3]);
+        assert_eq!(d.dirty(History::Acked(3)), vec![3]);
+        d.mark(7 << 20, 1, 6);
+        assert_eq!(d.dirty(History::Acked(5)), vec![7], "a write past the old end is logged");
+        // Past 1 TiB the regions double: the highest mark of the two it covers.
+        let mut big = Drl::new(1 << 40, &BTreeSet::new());
+        big.mark(3 << 20, 1, 9);
+        big.mark(2 << 20, 1, 1);
+        assert_eq!(big.grow((1 << 40) + 1), 2);
+        assert_eq!(big.region(), 2 << 20);
+        assert_eq!(big.dirty(History::Acked(5)), vec![1]);
+        assert_eq!(big.dirty(History::Acked(0)), vec![1]);
+        assert_eq!(big.grow(1), 1, "no shrinking");
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub use resync::{Connector, DrlStore, Resync};
 use std::collections::BTreeSet;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{self, Relaxed};
 use std::time::Duration;
 
 /// Regions logged beyond a write's own when it dirties a new one.
@@ -140,6 +140,9 @@ pub struct Inner<B> {
     /// A replica refused this primary as fenced at a higher epoch: another
     /// copy was elected primary. From then on no write, flush or resync.
     deposed: std::sync::atomic::AtomicBool,
+    /// [`Replicated`] values sharing this (see [`Replicated::share`]): the
+    /// resync task stops when the last one is dropped.
+    owners: std::sync::atomic::AtomicUsize,
 }
 
 /// A local backend plus its replicas.
@@ -168,6 +171,9 @@ impl<B: std::fmt::Debug> std::fmt::Debug for Inner<B> {
 
 impl<B> Drop for Replicated<B> {
     fn drop(&mut self) {
+        if self.inner.owners.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
         if let Some(t) = self.inner.task.lock().ok().and_then(|mut t| t.take()) {
             t.abort();
         }
@@ -230,6 +236,7 @@ impl<B: BlockBackend> Replicated<B> {
                 resync: None,
                 task: std::sync::Mutex::new(None),
                 deposed: std::sync::atomic::AtomicBool::new(false),
+                owners: std::sync::atomic::AtomicUsize::new(1),
             }),
         }
     }
@@ -299,6 +306,15 @@ impl<B: BlockBackend> Replicated<B> {
     /// the epochs of a stream never go down as its `seq` goes up.
     pub fn raise_epoch(&self, epoch: u64) {
         self.inner.epoch.fetch_max(epoch, Relaxed);
+    }
+
+    /// Another backend over the same volume, replicas and resync task
+    /// (the volume manager swaps the export's outer layer for one of
+    /// another size when the volume grows); the task runs until the last
+    /// of them is dropped.
+    pub fn share(&self) -> Self {
+        self.inner.owners.fetch_add(1, Ordering::AcqRel);
+        Replicated { inner: self.inner.clone() }
     }
 
     /// The local copy.
@@ -408,8 +424,10 @@ impl<B: BlockBackend> Inner<B> {
         if self.deposed.load(Relaxed) {
             return Err(io::Error::other("another copy was elected primary at a higher epoch: this one is deposed"));
         }
-        // Deleting a snapshot is safe on any number of copies.
-        let floor = if matches!(body, Body::DeleteSnapshot { .. }) { 1 } else { self.policy.write_quorum };
+        // Deleting a snapshot, or flattening (which changes no byte), is
+        // safe on any number of copies.
+        let floor =
+            if matches!(body, Body::DeleteSnapshot { .. } | Body::Flatten) { 1 } else { self.policy.write_quorum };
         if live < floor {
             return Err(below_quorum(live, self.policy.write_quorum));
         }
@@ -483,11 +501,11 @@ impl<B: BlockBackend> Inner<B> {
         self.order.lock().await.peers.iter().map(|p| p.name.clone()).collect()
     }
 
-    /// Numbers a SNAPSHOT or DELETE_SNAPSHOT frame and queues it on every
-    /// live replica after every write queued so far. A SNAPSHOT is refused
-    /// below the write quorum, as a write.
+    /// Numbers a SNAPSHOT, DELETE_SNAPSHOT or FLATTEN frame and queues it
+    /// on every live replica after every write queued so far. A SNAPSHOT is
+    /// refused below the write quorum, as a write.
     pub async fn send_point(&self, body: Body) -> io::Result<Point> {
-        debug_assert!(matches!(body, Body::Snapshot { .. } | Body::DeleteSnapshot { .. }));
+        debug_assert!(matches!(body, Body::Snapshot { .. } | Body::DeleteSnapshot { .. } | Body::Flatten));
         let (_, acks) = self.forward(body).await?;
         Ok(Point { acks })
     }
@@ -496,9 +514,35 @@ impl<B: BlockBackend> Inner<B> {
     /// not answer within `ack_timeout` leave the live set (and are recorded
     /// stale, as after a failed write). Gives the replicas that took it.
     pub async fn settle(&self, p: Point) -> Vec<String> {
-        let ok = self.answers(p.acks, "a snapshot frame").await;
+        let ok = self.answers(p.acks, "a control frame").await;
         let o = self.order.lock().await;
         ok.into_iter().filter(|&(i, g)| o.peers[i].turn == g).map(|(i, _)| o.peers[i].name.clone()).collect()
+    }
+
+    /// The local copy grew to `size` bytes (call holding
+    /// [`Inner::quiesce`], so no write is numbered meanwhile): the log grows
+    /// with it, a catch-up from now on opens the copy at the new size (a
+    /// copy that misses the RESIZE grows itself then), and a RESIZE frame
+    /// is queued on every live replica after every write queued so far.
+    /// Refused below the write quorum, as a write (the local copy stays
+    /// grown: the copies that missed it grow when they catch up).
+    pub async fn grow(&self, size: u64) -> io::Result<Point> {
+        let k = self.order.lock().await.drl.grow(size);
+        if k > 1
+            && let Some(s) = &self.saver
+            && let Ok(mut d) = s.durable.lock()
+        {
+            *d = d.iter().map(|g| g / k).collect();
+        }
+        if let Some(r) = &self.resync {
+            r.connector.resized(size);
+        }
+        if k > 1 {
+            // The record names regions of the new size from now on.
+            self.resave().await;
+        }
+        let (_, acks) = self.forward(Body::Resize { size }).await?;
+        Ok(Point { acks })
     }
 
     /// The record of the log as it stands, holding `regions`.

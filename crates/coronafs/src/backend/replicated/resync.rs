@@ -58,6 +58,8 @@ pub trait Connector: Send + Sync + 'static {
         epoch: u64,
         expect: u64,
     ) -> io::Result<Arc<dyn ReplicaLink>>;
+    /// The volume grew to `size` bytes: streams opened from now on say so.
+    fn resized(&self, _size: u64) {}
 }
 
 /// Where the primary keeps its [`DrlRecord`].
@@ -211,12 +213,12 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
     let mut throttle = Throttle { rate: r.rate, start: Instant::now(), sent: 0 };
     let (mut last, mut final_at) = (usize::MAX, FINAL_REGIONS);
     for _pass in 0..MAX_PASSES {
-        let (todo, start, most) = {
+        let (todo, start, most, region) = {
             let mut o = inner.order.lock().await;
             let todo = o.drl.dirty(base);
             o.peers[i].left = Some(o.drl.bytes(&todo));
             let most = usize::try_from(MAX_FINAL_BYTES / o.drl.region()).unwrap_or(usize::MAX).max(FINAL_REGIONS);
-            (todo, o.next_seq, most)
+            (todo, o.next_seq, most, o.drl.region())
         };
         if todo.len() <= final_at {
             return finish(inner, i, turn, &*link, seq, base, copied).await.map_err(fail);
@@ -249,8 +251,13 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
         for a in answers {
             a.map_err(fail)?;
         }
-        // Every region written before this pass started is on the replica.
-        base = History::Acked(start);
+        // Every region written before this pass started is on the replica,
+        // unless the volume grew past 1 TiB meanwhile: the regions counted
+        // in the old unit were copied in the new one, so the pass counts
+        // for nothing (a rare case: the next pass copies them again).
+        if inner.order.lock().await.drl.region() == region {
+            base = History::Acked(start);
+        }
     }
     Err(fail(io::Error::other(format!("writes kept more than {final_at} regions dirty for {MAX_PASSES} passes"))))
 }
