@@ -131,6 +131,38 @@ mod lifecycle {
         Ok(())
     }
 
+    /// Expiration on a versioned bucket: the expired current object gets a
+    /// delete marker and stays as a noncurrent version, as in S3.
+    #[tokio::test]
+    async fn expiration_in_a_versioned_bucket_adds_a_delete_marker_single_node() -> R {
+        use aws_sdk_s3::types::BucketLifecycleConfiguration;
+        let s = InProcess::with(short_days);
+        let _task = lightningstor::server::spawn_background(&s.store);
+        let c = s.client();
+        c.create_bucket().bucket("life").send().await?;
+        c.put_bucket_versioning().bucket("life").versioning_configuration(super::enabled()).send().await?;
+        let v = super::put_version(&c, "life", "tmp/a", b"old").await;
+        put(&c, "life", "keep", b"kept").await;
+        let config = BucketLifecycleConfiguration::builder()
+            .rules(lifecycle_rule("tmp", Some("tmp/")).expiration(expire_after(1)).build()?)
+            .build()?;
+        c.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config).send().await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while keys_of(&c, "life").await? != ["keep"] {
+            assert!(std::time::Instant::now() < deadline, "lifecycle did not expire tmp/a");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let out = c.list_object_versions().bucket("life").prefix("tmp/").send().await?;
+        assert_eq!(out.versions().len(), 1);
+        assert_eq!(out.versions()[0].version_id(), Some(v.as_str()));
+        assert_eq!(out.versions()[0].is_latest(), Some(false));
+        assert_eq!(out.delete_markers().len(), 1);
+        assert_eq!(out.delete_markers()[0].is_latest(), Some(true));
+        let got = c.get_object().bucket("life").key("tmp/a").version_id(&v).send().await?;
+        assert_eq!(body_of(got).await, b"old");
+        Ok(())
+    }
+
     #[tokio::test]
     async fn lifecycle_needs_the_owner_permission_single_node() -> R {
         let s = InProcess::new();
@@ -3361,20 +3393,37 @@ async fn put_version(c: &aws_sdk_s3::Client, b: &str, k: &str, data: &[u8]) -> S
 }
 
 /// The header of a failed SDK call's reply.
-fn error_header<E>(e: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>, name: &str) -> Option<String> {
+fn error_header<E>(
+    e: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+    name: &str,
+) -> Option<String> {
     e.raw_response().and_then(|r| r.headers().get(name)).map(str::to_owned)
 }
 
 /// (key, version id, is latest, is a delete marker) of every entry of a
 /// version listing, versions and markers merged in listing order (key, then
 /// newest first: ids grow with time, so descending).
-fn version_rows(out: &aws_sdk_s3::operation::list_object_versions::ListObjectVersionsOutput) -> Vec<(String, String, bool, bool)> {
+fn version_rows(
+    out: &aws_sdk_s3::operation::list_object_versions::ListObjectVersionsOutput,
+) -> Vec<(String, String, bool, bool)> {
     let mut rows: Vec<_> = out
         .versions()
         .iter()
-        .map(|v| (v.key().unwrap_or("").to_owned(), v.version_id().unwrap_or("").to_owned(), v.is_latest() == Some(true), false))
+        .map(|v| {
+            (
+                v.key().unwrap_or("").to_owned(),
+                v.version_id().unwrap_or("").to_owned(),
+                v.is_latest() == Some(true),
+                false,
+            )
+        })
         .chain(out.delete_markers().iter().map(|m| {
-            (m.key().unwrap_or("").to_owned(), m.version_id().unwrap_or("").to_owned(), m.is_latest() == Some(true), true)
+            (
+                m.key().unwrap_or("").to_owned(),
+                m.version_id().unwrap_or("").to_owned(),
+                m.is_latest() == Some(true),
+                true,
+            )
         }))
         .collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| b.2.cmp(&a.2)).then_with(|| b.1.cmp(&a.1)));
@@ -3456,11 +3505,20 @@ async fn versions_are_kept_read_listed_and_deleted(c: aws_sdk_s3::Client) -> R {
     assert_eq!(body_of(c.get_object().bucket("bkt").key("copy").send().await?).await, b"one");
     let up = c.create_multipart_upload().bucket("bkt").key("mp").send().await?;
     let id = up.upload_id().expect("id");
-    let part = c.upload_part().bucket("bkt").key("mp").upload_id(id).part_number(1).body(ByteStream::from_static(b"part")).send().await?;
+    let part = c
+        .upload_part()
+        .bucket("bkt")
+        .key("mp")
+        .upload_id(id)
+        .part_number(1)
+        .body(ByteStream::from_static(b"part"))
+        .send()
+        .await?;
     let parts = CompletedMultipartUpload::builder()
         .parts(CompletedPart::builder().part_number(1).e_tag(part.e_tag().expect("etag")).build())
         .build();
-    let done = c.complete_multipart_upload().bucket("bkt").key("mp").upload_id(id).multipart_upload(parts).send().await?;
+    let done =
+        c.complete_multipart_upload().bucket("bkt").key("mp").upload_id(id).multipart_upload(parts).send().await?;
     let vm = done.version_id().expect("a completed upload is a version").to_owned();
     assert_eq!(c.head_object().bucket("bkt").key("mp").send().await?.version_id(), Some(vm.as_str()));
 
@@ -3481,8 +3539,15 @@ async fn versions_are_kept_read_listed_and_deleted(c: aws_sdk_s3::Client) -> R {
     assert_eq!(body_of(c.get_object().bucket("bkt").key("k").version_id(&v2).send().await?).await, b"two");
 
     // ListObjects shows the latest objects only; ListObjectVersions all.
-    let keys: Vec<_> =
-        c.list_objects_v2().bucket("bkt").send().await?.contents().iter().filter_map(|o| o.key().map(str::to_owned)).collect();
+    let keys: Vec<_> = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .send()
+        .await?
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_owned))
+        .collect();
     assert_eq!(keys, ["copy", "mp", "pre"]);
     let all = c.list_object_versions().bucket("bkt").send().await?;
     let rows = version_rows(&all);

@@ -31,7 +31,8 @@ impl VersionRef {
         if s == "null" {
             return Ok(VersionRef::Null);
         }
-        if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit())
+        if s.len() == 16
+            && s.bytes().all(|b| b.is_ascii_hexdigit())
             && let Ok(v) = u64::from_str_radix(s, 16)
         {
             return Ok(VersionRef::Id(v));
@@ -258,7 +259,8 @@ mod tests {
 
     #[test]
     fn pages_walk_every_version_once_newest_first_with_the_latest_marked() {
-        let rows = [("a", 3, false), ("a", 2, false), ("a", 1, true), ("b", 5, false), ("c", 4, false), ("c", 1, false)];
+        let rows =
+            [("a", 3, false), ("a", 2, false), ("a", 1, true), ("b", 5, false), ("c", 4, false), ("c", 1, false)];
         let all = page(&mut model(&rows), &q(100, None, None)).unwrap();
         assert_eq!(names(&all), ["a@3*", "a@2", "a@1", "b@5*", "c@4*", "c@1"]);
         assert!(!all.is_truncated);
@@ -278,9 +280,10 @@ mod tests {
         // A key marker alone skips every version of that key.
         assert_eq!(names(&page(&mut model(&rows), &q(100, Some("a"), None)).unwrap()), ["b@5*", "c@4*", "c@1"]);
         // The null version as a marker.
-        assert_eq!(names(&page(&mut model(&rows), &q(100, Some("a"), Some(VersionRef::Null))).unwrap()), [
-            "b@5*", "c@4*", "c@1"
-        ]);
+        assert_eq!(
+            names(&page(&mut model(&rows), &q(100, Some("a"), Some(VersionRef::Null))).unwrap()),
+            ["b@5*", "c@4*", "c@1"]
+        );
         assert!(page(&mut model(&rows), &q(1, None, Some(VersionRef::Null))).is_err());
         assert!(page(&mut model(&rows), &q(0, None, None)).unwrap().items.is_empty());
     }

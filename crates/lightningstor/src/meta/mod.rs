@@ -289,7 +289,12 @@ impl MetaStore {
     }
 
     /// Version `v` of a key of a versioned bucket (none in other buckets).
-    pub fn get_version(&self, bucket: &str, key: &str, v: crate::versioning::VersionRef) -> Result<Option<types::Version>> {
+    pub fn get_version(
+        &self,
+        bucket: &str,
+        key: &str,
+        v: crate::versioning::VersionRef,
+    ) -> Result<Option<types::Version>> {
         let t = self.table(VERSIONS)?;
         versions::find(&t, bucket, key.as_bytes(), v)
     }

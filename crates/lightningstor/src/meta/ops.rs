@@ -4,11 +4,10 @@
 //! so the caller can delete them after the commit.
 
 use super::merkle::{self, TreeEntry};
-use super::types::Version;
-use super::versions;
-use crate::versioning::VersionRef;
 use super::types::ObjectSummary;
+use super::types::Version;
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
+use super::versions;
 use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, Txn, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
@@ -16,6 +15,7 @@ use crate::conditions;
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
 use crate::lifecycle::Lifecycle;
+use crate::versioning::VersionRef;
 use md5::Digest as _;
 use redb::{ReadableTable, WriteTransaction};
 use s3s::dto::ETagCondition;
@@ -473,6 +473,7 @@ pub fn assemble_upload(
         parts: chosen.iter().map(|p| p.size).collect(),
         data: ObjectData::Blocks(blocks),
         sse_c,
+        versioned: None,
     })
 }
 

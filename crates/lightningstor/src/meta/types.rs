@@ -393,7 +393,11 @@ mod tests {
             expiration_days: Some(1),
             abort_days: None,
         };
-        let with = BucketMeta { created_ms: 42, lifecycle: Some(Lifecycle { version: 3, rules: vec![rule] }), versioning: None };
+        let with = BucketMeta {
+            created_ms: 42,
+            lifecycle: Some(Lifecycle { version: 3, rules: vec![rule] }),
+            versioning: None,
+        };
         let back: BucketMeta = postcard::from_bytes(&postcard::to_allocvec(&with).expect("encode")).expect("decode");
         assert_eq!(back, with);
         assert_eq!(back.rules().len(), 1);

@@ -152,6 +152,7 @@ pub(super) async fn put_object<E: Engine>(e: &E, req: S3Request<PutObjectInput>)
         parts: Vec::new(),
         data: ing.data,
         sse_c: sealing.map(|(s, _)| s),
+        versioned: None,
     };
     let meta = e.commit(&bucket, &key, meta, ing.hold, &cond).await?;
     let c = checksum_fields(meta.checksum.as_ref());
@@ -513,6 +514,7 @@ fn recrypted(
         parts: src.parts,
         data: data.clone(),
         sse_c,
+        versioned: None,
     })
 }
 
