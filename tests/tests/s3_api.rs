@@ -3438,13 +3438,13 @@ fn version_rows(
 /// pages by key and version markers; conditions apply to the latest; a
 /// bucket holding versions cannot be deleted; MFA delete is refused.
 async fn versions_are_kept_read_listed_and_deleted(c: aws_sdk_s3::Client) -> R {
-    use aws_sdk_s3::types::{BucketVersioningStatus, MfaDeleteStatus, VersioningConfiguration};
+    use aws_sdk_s3::types::{BucketVersioningStatus, MfaDelete, VersioningConfiguration};
     c.create_bucket().bucket("bkt").send().await?;
     put(&c, "bkt", "pre", b"before versioning").await;
     assert_eq!(c.get_bucket_versioning().bucket("bkt").send().await?.status(), None);
     let mfa = VersioningConfiguration::builder()
         .status(BucketVersioningStatus::Enabled)
-        .mfa_delete(MfaDeleteStatus::Enabled)
+        .mfa_delete(MfaDelete::Enabled)
         .build();
     let e = c.put_bucket_versioning().bucket("bkt").versioning_configuration(mfa).send().await.expect_err("mfa");
     assert_eq!(code(&e), "NotImplemented");
@@ -3479,7 +3479,7 @@ async fn versions_are_kept_read_listed_and_deleted(c: aws_sdk_s3::Client) -> R {
         .put_object()
         .bucket("bkt")
         .key("k")
-        .if_match(format!("\"{:x}\"", md5::Md5::digest(b"one")))
+        .if_match(format!("\"{}\"", hex::encode(md5::Md5::digest(b"one"))))
         .body(ByteStream::from_static(b"x"))
         .send()
         .await
@@ -3491,7 +3491,7 @@ async fn versions_are_kept_read_listed_and_deleted(c: aws_sdk_s3::Client) -> R {
         .put_object()
         .bucket("bkt")
         .key("k")
-        .if_match(format!("\"{:x}\"", md5::Md5::digest(b"two")))
+        .if_match(format!("\"{}\"", hex::encode(md5::Md5::digest(b"two"))))
         .body(ByteStream::from_static(b"three"))
         .send()
         .await?

@@ -277,3 +277,204 @@ impl VersionCursor for Cursor {
         Ok(Some((key.to_vec(), summary)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ops;
+    use super::super::types::{BlockRef, ObjectData};
+    use super::super::{BUCKETS, OBJECTS, REFS, VERSIONS};
+    use super::*;
+    use crate::block::BlockHash;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put { key: u8, body: u8 },
+        Delete { key: u8 },
+        DeleteVersion { key: u8, pick: usize },
+        State(Versioning),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..4, 0u8..4).prop_map(|(key, body)| Op::Put { key, body }),
+            2 => (0u8..4).prop_map(|key| Op::Delete { key }),
+            2 => (0u8..4, 0usize..6).prop_map(|(key, pick)| Op::DeleteVersion { key, pick }),
+            1 => prop_oneof![Just(Versioning::Enabled), Just(Versioning::Suspended)].prop_map(Op::State),
+        ]
+    }
+
+    /// A model version: (row version, null, body; `None` for a delete marker).
+    type M = (u64, bool, Option<u8>);
+
+    fn hash(body: u8) -> BlockHash {
+        BlockHash([body; 32])
+    }
+
+    fn object(version: u64, body: u8) -> ObjectMeta {
+        ObjectMeta {
+            version,
+            size: 1,
+            etag: format!("e{body}"),
+            last_modified_ms: 0,
+            headers: Default::default(),
+            checksum: None,
+            parts: Vec::new(),
+            data: ObjectData::Blocks(vec![BlockRef { hash: hash(body), len: 1 }]),
+            sse_c: None,
+            versioned: None,
+        }
+    }
+
+    struct Model {
+        state: Option<Versioning>,
+        /// Unversioned bucket: the current object per key.
+        plain: BTreeMap<u8, (u64, u8)>,
+        /// Versioned bucket: the versions per key, newest first.
+        versions: BTreeMap<u8, Vec<M>>,
+    }
+
+    impl Model {
+        fn apply(&mut self, op: &Op, version: u64) {
+            match (op, self.state) {
+                (Op::Put { key, body }, None) => {
+                    self.plain.insert(*key, (version, *body));
+                }
+                (Op::Delete { key }, None) => {
+                    self.plain.remove(key);
+                }
+                (Op::DeleteVersion { .. }, None) => {}
+                (Op::State(s), None) => {
+                    for (k, (v, b)) in std::mem::take(&mut self.plain) {
+                        self.versions.insert(k, vec![(v, true, Some(b))]);
+                    }
+                    self.state = Some(*s);
+                }
+                (Op::State(s), Some(_)) => self.state = Some(*s),
+                (Op::Put { key, body }, Some(s)) => self.add(*key, s, Some(*body), version),
+                (Op::Delete { key }, Some(s)) => self.add(*key, s, None, version),
+                (Op::DeleteVersion { key, pick }, Some(_)) => {
+                    let vs = self.versions.entry(*key).or_default();
+                    if *pick < vs.len() {
+                        vs.remove(*pick);
+                    }
+                }
+            }
+        }
+
+        fn add(&mut self, key: u8, s: Versioning, body: Option<u8>, version: u64) {
+            let vs = self.versions.entry(key).or_default();
+            let null = s == Versioning::Suspended;
+            if null {
+                vs.retain(|v| !v.1);
+            }
+            vs.insert(0, (version, null, body));
+        }
+
+        /// The version a DeleteVersion names (the model's pick, or one that does not exist).
+        fn named(&self, key: u8, pick: usize) -> VersionRef {
+            match self.versions.get(&key).and_then(|vs| vs.get(pick)) {
+                Some((_, true, _)) => VersionRef::Null,
+                Some((v, false, _)) => VersionRef::Id(*v),
+                None => VersionRef::Id(u64::MAX / 2),
+            }
+        }
+    }
+
+    fn name(key: u8) -> String {
+        format!("k{key}")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Random writes, deletes, deletes of versions and state changes
+        /// leave the versions, the current objects and the block reference
+        /// counts exactly as a model says.
+        #[test]
+        fn versions_current_objects_and_block_references_follow_a_model(ops_ in proptest::collection::vec(op(), 1..40)) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let db = redb::Database::create(dir.path().join("m.redb")).expect("db");
+            let w = db.begin_write().expect("write");
+            w.open_table(OBJECTS).expect("table");
+            w.open_table(VERSIONS).expect("table");
+            w.open_table(REFS).expect("table");
+            w.open_table(BUCKETS).expect("table");
+            ops::create_bucket(&w, "b", 0).expect("bucket");
+            w.commit().expect("commit");
+            let mut model = Model { state: None, plain: BTreeMap::new(), versions: BTreeMap::new() };
+            for (i, o) in ops_.iter().enumerate() {
+                let version = 100 + i as u64;
+                let w = db.begin_write().expect("write");
+                {
+                    let t = Txn::new(&w, None);
+                    match o {
+                        Op::Put { key, body } => {
+                            ops::write_object(&t, "b", &name(*key), object(version, *body), &Default::default())
+                                .expect("put");
+                        }
+                        Op::Delete { key } => {
+                            ops::delete_any(&t, "b", &name(*key), None, &Default::default(), version).expect("delete");
+                        }
+                        Op::DeleteVersion { key, pick } => {
+                            let v = model.named(*key, *pick);
+                            ops::delete_any(&t, "b", &name(*key), Some(v), &Default::default(), version)
+                                .expect("delete a version");
+                        }
+                        Op::State(s) => set_versioning(&t, "b", *s).expect("state"),
+                    }
+                }
+                w.commit().expect("commit");
+                model.apply(o, version);
+            }
+
+            let r = db.begin_read().expect("read");
+            let mut stored: BTreeMap<u8, Vec<M>> = BTreeMap::new();
+            for row in r.open_table(VERSIONS).expect("versions").iter().expect("iter") {
+                let (k, v) = row.expect("row");
+                let key: u8 = std::str::from_utf8(&k.value().1[1..]).expect("utf8").parse().expect("key");
+                let v: Version = postcard::from_bytes(v.value()).expect("decode");
+                let body = match &v {
+                    Version::Object(m) => Some(m.etag[1..].parse::<u8>().expect("body")),
+                    Version::Marker(_) => None,
+                };
+                stored.entry(key).or_default().push((v.version(), v.is_null(), body));
+            }
+            let mut want = model.versions.clone();
+            want.retain(|_, vs| !vs.is_empty());
+            prop_assert_eq!(&stored, &want);
+            // The current object is the latest version when it is one.
+            let mut current: BTreeMap<u8, (u64, u8)> = BTreeMap::new();
+            for row in r.open_table(OBJECTS).expect("objects").iter().expect("iter") {
+                let (k, v) = row.expect("row");
+                let key: u8 = std::str::from_utf8(&k.value().1[1..]).expect("utf8").parse().expect("key");
+                let m: ObjectMeta = postcard::from_bytes(v.value()).expect("decode");
+                current.insert(key, (m.version, m.etag[1..].parse().expect("body")));
+            }
+            let want_current: BTreeMap<u8, (u64, u8)> = match model.state {
+                None => model.plain.clone(),
+                Some(_) => want
+                    .iter()
+                    .filter_map(|(k, vs)| match vs.first() {
+                        Some((v, _, Some(b))) => Some((*k, (*v, *b))),
+                        _ => None,
+                    })
+                    .collect(),
+            };
+            prop_assert_eq!(&current, &want_current);
+            // One reference per row (version or current object) using a block.
+            let mut refs_want: BTreeMap<[u8; 32], u64> = BTreeMap::new();
+            let bodies = want.values().flatten().filter_map(|v| v.2).chain(want_current.values().map(|c| c.1));
+            for b in bodies {
+                *refs_want.entry(hash(b).0).or_default() += 1;
+            }
+            let mut refs: BTreeMap<[u8; 32], u64> = BTreeMap::new();
+            for row in r.open_table(REFS).expect("refs").iter().expect("iter") {
+                let (k, v) = row.expect("row");
+                refs.insert(k.value().try_into().expect("hash"), v.value());
+            }
+            prop_assert_eq!(refs, refs_want);
+        }
+    }
+}
