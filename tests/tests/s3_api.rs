@@ -131,6 +131,38 @@ mod lifecycle {
         Ok(())
     }
 
+    /// Expiration on a versioned bucket: the expired current object gets a
+    /// delete marker and stays as a noncurrent version, as in S3.
+    #[tokio::test]
+    async fn expiration_in_a_versioned_bucket_adds_a_delete_marker_single_node() -> R {
+        use aws_sdk_s3::types::BucketLifecycleConfiguration;
+        let s = InProcess::with(short_days);
+        let _task = lightningstor::server::spawn_background(&s.store);
+        let c = s.client();
+        c.create_bucket().bucket("life").send().await?;
+        c.put_bucket_versioning().bucket("life").versioning_configuration(super::enabled()).send().await?;
+        let v = super::put_version(&c, "life", "tmp/a", b"old").await;
+        put(&c, "life", "keep", b"kept").await;
+        let config = BucketLifecycleConfiguration::builder()
+            .rules(lifecycle_rule("tmp", Some("tmp/")).expiration(expire_after(1)).build()?)
+            .build()?;
+        c.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config).send().await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while keys_of(&c, "life").await? != ["keep"] {
+            assert!(std::time::Instant::now() < deadline, "lifecycle did not expire tmp/a");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let out = c.list_object_versions().bucket("life").prefix("tmp/").send().await?;
+        assert_eq!(out.versions().len(), 1);
+        assert_eq!(out.versions()[0].version_id(), Some(v.as_str()));
+        assert_eq!(out.versions()[0].is_latest(), Some(false));
+        assert_eq!(out.delete_markers().len(), 1);
+        assert_eq!(out.delete_markers()[0].is_latest(), Some(true));
+        let got = c.get_object().bucket("life").key("tmp/a").version_id(&v).send().await?;
+        assert_eq!(body_of(got).await, b"old");
+        Ok(())
+    }
+
     #[tokio::test]
     async fn lifecycle_needs_the_owner_permission_single_node() -> R {
         let s = InProcess::new();
@@ -646,12 +678,13 @@ async fn options_we_do_not_implement_are_refused_and_nothing_is_stored(c: aws_sd
         .await
         .expect_err("SSE-C GET");
     assert_eq!(code(&e), "InvalidRequest");
+    // (Version ids: see the `versioning` tests; one no server gives is InvalidArgument.)
     let e = c.get_object().bucket("bkt").key("plain").version_id("v2").send().await.expect_err("versionId");
-    assert_eq!(code(&e), "NotImplemented");
+    assert_eq!(code(&e), "InvalidArgument");
     let got = c.get_object().bucket("bkt").key("plain").version_id("null").send().await?;
     assert_eq!(body_of(got).await, b"v");
     let e = c.delete_object().bucket("bkt").key("plain").version_id("v2").send().await.expect_err("delete version");
-    assert_eq!(code(&e), "NotImplemented");
+    assert_eq!(code(&e), "InvalidArgument");
     assert!(c.head_object().bucket("bkt").key("plain").send().await.is_ok(), "a refused delete deleted");
     Ok(())
 }
@@ -2853,21 +2886,10 @@ async fn post_object_three_node_cluster() -> R {
 /// (versioning, ACLs, policies, tagging, CORS, object attributes) answer
 /// 501 NotImplemented and change nothing.
 async fn operations_we_do_not_serve_answer_not_implemented(c: aws_sdk_s3::Client) -> R {
-    use aws_sdk_s3::types::{BucketVersioningStatus, ObjectAttributes, Tag, Tagging, VersioningConfiguration};
+    use aws_sdk_s3::types::{ObjectAttributes, Tag, Tagging};
     c.create_bucket().bucket("bkt").send().await?;
     put(&c, "bkt", "k", b"v").await;
     let mut codes = Vec::new();
-    let versioning = VersioningConfiguration::builder().status(BucketVersioningStatus::Enabled).build();
-    let e = c
-        .put_bucket_versioning()
-        .bucket("bkt")
-        .versioning_configuration(versioning)
-        .send()
-        .await
-        .expect_err("versioning");
-    codes.push(("PutBucketVersioning", code(&e), status(&e)));
-    let e = c.list_object_versions().bucket("bkt").send().await.expect_err("versions");
-    codes.push(("ListObjectVersions", code(&e), status(&e)));
     let e = c.get_object_acl().bucket("bkt").key("k").send().await.expect_err("acl");
     codes.push(("GetObjectAcl", code(&e), status(&e)));
     let e = c.put_bucket_policy().bucket("bkt").policy("{}").send().await.expect_err("policy");
@@ -3257,5 +3279,447 @@ async fn lifecycle_needs_the_owner_permission(
     bob.put_bucket_lifecycle_configuration().bucket("life").lifecycle_configuration(config()).send().await?;
     assert_eq!(bob.get_bucket_lifecycle_configuration().bucket("life").send().await?.rules().len(), 1);
     bob.delete_bucket_lifecycle().bucket("life").send().await?;
+    Ok(())
+}
+
+/// Bucket versioning: a single node keeps versions (in process, and across
+/// a restart of the binary); a cluster refuses to turn versioning on. Both
+/// modes answer a bucket that never had versioning without version ids.
+mod versioning {
+    use super::*;
+
+    #[tokio::test]
+    async fn versions_are_kept_read_listed_and_deleted_single_node() -> R {
+        let s = InProcess::new();
+        super::versions_are_kept_read_listed_and_deleted(s.client()).await
+    }
+
+    #[tokio::test]
+    async fn suspended_versioning_writes_and_replaces_the_null_version_single_node() -> R {
+        let s = InProcess::new();
+        super::suspended_versioning_writes_and_replaces_the_null_version(s.client()).await
+    }
+
+    #[tokio::test]
+    async fn a_version_deleted_for_good_frees_the_blocks_no_other_version_uses_single_node() -> R {
+        let s = InProcess::new();
+        super::a_version_deleted_for_good_frees_the_blocks_no_other_version_uses(s.client(), s.dir.path()).await
+    }
+
+    #[tokio::test]
+    async fn a_bucket_without_versioning_answers_no_version_ids_single_node() -> R {
+        let s = InProcess::new();
+        super::a_bucket_without_versioning_answers_no_version_ids(s.client()).await
+    }
+
+    #[tokio::test]
+    async fn a_bucket_without_versioning_answers_no_version_ids_three_node_cluster() -> R {
+        let s = InCluster::new(3);
+        super::a_bucket_without_versioning_answers_no_version_ids(s.client()).await
+    }
+
+    #[tokio::test]
+    async fn a_cluster_refuses_versioning_and_version_ids_three_node_cluster() -> R {
+        let s = InCluster::new(3);
+        let c = s.client();
+        c.create_bucket().bucket("bkt").send().await?;
+        put(&c, "bkt", "k", b"v").await;
+        let e = c
+            .put_bucket_versioning()
+            .bucket("bkt")
+            .versioning_configuration(super::enabled())
+            .send()
+            .await
+            .expect_err("versioning on a cluster");
+        assert_eq!((code(&e).as_str(), status(&e)), ("NotImplemented", 501));
+        let got = c.get_bucket_versioning().bucket("bkt").send().await?;
+        assert_eq!(got.status(), None, "never enabled");
+        let e = c.list_object_versions().bucket("bkt").send().await.expect_err("list versions");
+        assert_eq!(code(&e), "NotImplemented");
+        let e = c.get_object().bucket("bkt").key("k").version_id("0000000000000001").send().await.expect_err("id");
+        assert_eq!(code(&e), "NotImplemented");
+        let e = c.delete_object().bucket("bkt").key("k").version_id("0000000000000001").send().await.expect_err("id");
+        assert_eq!(code(&e), "NotImplemented");
+        assert_eq!(body_of(c.get_object().bucket("bkt").key("k").version_id("null").send().await?).await, b"v");
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn versions_and_delete_markers_survive_a_restart_single_node() -> R {
+        let dir = tempfile::tempdir()?;
+        let server = Spawned::start(dir.path(), &[]);
+        let c = server.client();
+        c.create_bucket().bucket("bkt").send().await?;
+        c.put_bucket_versioning().bucket("bkt").versioning_configuration(super::enabled()).send().await?;
+        let v1 = super::put_version(&c, "bkt", "k", b"one").await;
+        let v2 = super::put_version(&c, "bkt", "k", b"two").await;
+        let marker = c.delete_object().bucket("bkt").key("k").send().await?;
+        assert_eq!(marker.delete_marker(), Some(true));
+        server.stop();
+
+        let server = Spawned::start(dir.path(), &[]);
+        let c = server.client();
+        let got = c.get_bucket_versioning().bucket("bkt").send().await?;
+        assert_eq!(got.status(), Some(&aws_sdk_s3::types::BucketVersioningStatus::Enabled));
+        let e = c.get_object().bucket("bkt").key("k").send().await.expect_err("a delete marker is latest");
+        assert_eq!(code(&e), "NoSuchKey");
+        for (v, want) in [(&v1, b"one"), (&v2, b"two")] {
+            let got = c.get_object().bucket("bkt").key("k").version_id(v).send().await?;
+            assert_eq!(got.version_id(), Some(v.as_str()));
+            assert_eq!(body_of(got).await, want);
+        }
+        let list = c.list_object_versions().bucket("bkt").send().await?;
+        assert_eq!(list.versions().len(), 2);
+        assert_eq!(list.delete_markers().len(), 1);
+        assert_eq!(list.delete_markers()[0].version_id(), marker.version_id());
+        Ok(())
+    }
+}
+
+fn enabled() -> aws_sdk_s3::types::VersioningConfiguration {
+    use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
+    VersioningConfiguration::builder().status(BucketVersioningStatus::Enabled).build()
+}
+
+fn suspended() -> aws_sdk_s3::types::VersioningConfiguration {
+    use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
+    VersioningConfiguration::builder().status(BucketVersioningStatus::Suspended).build()
+}
+
+/// PUTs `data` and returns the version id it got.
+async fn put_version(c: &aws_sdk_s3::Client, b: &str, k: &str, data: &[u8]) -> String {
+    let out = c.put_object().bucket(b).key(k).body(ByteStream::from(data.to_vec())).send().await.expect("put");
+    out.version_id.expect("a versioned PUT answers a version id")
+}
+
+/// The header of a failed SDK call's reply.
+fn error_header<E>(
+    e: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+    name: &str,
+) -> Option<String> {
+    e.raw_response().and_then(|r| r.headers().get(name)).map(str::to_owned)
+}
+
+/// (key, version id, is latest, is a delete marker) of every entry of a
+/// version listing, versions and markers merged in listing order (key, then
+/// newest first: ids grow with time, so descending).
+fn version_rows(
+    out: &aws_sdk_s3::operation::list_object_versions::ListObjectVersionsOutput,
+) -> Vec<(String, String, bool, bool)> {
+    let mut rows: Vec<_> = out
+        .versions()
+        .iter()
+        .map(|v| {
+            (
+                v.key().unwrap_or("").to_owned(),
+                v.version_id().unwrap_or("").to_owned(),
+                v.is_latest() == Some(true),
+                false,
+            )
+        })
+        .chain(out.delete_markers().iter().map(|m| {
+            (
+                m.key().unwrap_or("").to_owned(),
+                m.version_id().unwrap_or("").to_owned(),
+                m.is_latest() == Some(true),
+                true,
+            )
+        }))
+        .collect();
+    rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| b.2.cmp(&a.2)).then_with(|| b.1.cmp(&a.1)));
+    rows
+}
+
+/// Enabled versioning: every PUT, copy and completed upload is a new
+/// version; GET/HEAD read the latest or the version named; a DELETE leaves a
+/// delete marker (GET then 404 with x-amz-delete-marker, the marker's id
+/// 405); deleting a version for good brings the next newest back;
+/// ListObjects shows only latest objects, ListObjectVersions everything and
+/// pages by key and version markers; conditions apply to the latest; a
+/// bucket holding versions cannot be deleted; MFA delete is refused.
+async fn versions_are_kept_read_listed_and_deleted(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::types::{BucketVersioningStatus, MfaDelete, VersioningConfiguration};
+    c.create_bucket().bucket("bkt").send().await?;
+    put(&c, "bkt", "pre", b"before versioning").await;
+    assert_eq!(c.get_bucket_versioning().bucket("bkt").send().await?.status(), None);
+    let mfa = VersioningConfiguration::builder()
+        .status(BucketVersioningStatus::Enabled)
+        .mfa_delete(MfaDelete::Enabled)
+        .build();
+    let e = c.put_bucket_versioning().bucket("bkt").versioning_configuration(mfa).send().await.expect_err("mfa");
+    assert_eq!(code(&e), "NotImplemented");
+    assert_eq!(c.get_bucket_versioning().bucket("bkt").send().await?.status(), None, "a refused change changed");
+    c.put_bucket_versioning().bucket("bkt").versioning_configuration(enabled()).send().await?;
+    let got = c.get_bucket_versioning().bucket("bkt").send().await?;
+    assert_eq!(got.status(), Some(&BucketVersioningStatus::Enabled));
+
+    let v1 = put_version(&c, "bkt", "k", b"one").await;
+    let v2 = put_version(&c, "bkt", "k", b"two").await;
+    assert_ne!(v1, v2);
+    assert_ne!(v1, "null");
+    let got = c.get_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(got.version_id(), Some(v2.as_str()));
+    assert_eq!(body_of(got).await, b"two");
+    let got = c.get_object().bucket("bkt").key("k").version_id(&v1).send().await?;
+    assert_eq!(got.version_id(), Some(v1.as_str()));
+    assert_eq!(body_of(got).await, b"one");
+    let head = c.head_object().bucket("bkt").key("k").version_id(&v1).send().await?;
+    assert_eq!((head.content_length(), head.version_id()), (Some(3), Some(v1.as_str())));
+    // The object from before versioning is the null version.
+    let got = c.get_object().bucket("bkt").key("pre").version_id("null").send().await?;
+    assert_eq!(got.version_id(), Some("null"));
+    assert_eq!(body_of(got).await, b"before versioning");
+    let e = c.get_object().bucket("bkt").key("k").version_id("00000000000000ff").send().await.expect_err("unknown");
+    assert_eq!((code(&e).as_str(), status(&e)), ("NoSuchVersion", 404));
+    let e = c.get_object().bucket("bkt").key("k").version_id("not-a-version").send().await.expect_err("garbage");
+    assert_eq!(code(&e), "InvalidArgument");
+
+    // Conditional writes apply to the latest version.
+    let e = c
+        .put_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match(format!("\"{}\"", hex::encode(md5::Md5::digest(b"one"))))
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await
+        .expect_err("If-Match of an older version");
+    assert_eq!(status(&e), 412);
+    let e = c.put_object().bucket("bkt").key("k").if_none_match("*").body(ByteStream::from_static(b"x")).send().await;
+    assert_eq!(status(&e.expect_err("If-None-Match on an existing key")), 412);
+    let v3 = c
+        .put_object()
+        .bucket("bkt")
+        .key("k")
+        .if_match(format!("\"{}\"", hex::encode(md5::Md5::digest(b"two"))))
+        .body(ByteStream::from_static(b"three"))
+        .send()
+        .await?
+        .version_id
+        .expect("version id");
+
+    // A copy of a version, and a completed multipart upload, are versions.
+    let copy = c.copy_object().bucket("bkt").key("copy").copy_source(format!("bkt/k?versionId={v1}")).send().await?;
+    assert_eq!(copy.copy_source_version_id(), Some(v1.as_str()));
+    let vc = copy.version_id().expect("copy version").to_owned();
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("copy").send().await?).await, b"one");
+    let up = c.create_multipart_upload().bucket("bkt").key("mp").send().await?;
+    let id = up.upload_id().expect("id");
+    let part = c
+        .upload_part()
+        .bucket("bkt")
+        .key("mp")
+        .upload_id(id)
+        .part_number(1)
+        .body(ByteStream::from_static(b"part"))
+        .send()
+        .await?;
+    let parts = CompletedMultipartUpload::builder()
+        .parts(CompletedPart::builder().part_number(1).e_tag(part.e_tag().expect("etag")).build())
+        .build();
+    let done =
+        c.complete_multipart_upload().bucket("bkt").key("mp").upload_id(id).multipart_upload(parts).send().await?;
+    let vm = done.version_id().expect("a completed upload is a version").to_owned();
+    assert_eq!(c.head_object().bucket("bkt").key("mp").send().await?.version_id(), Some(vm.as_str()));
+
+    // A DELETE without a version id leaves a delete marker.
+    let del = c.delete_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(del.delete_marker(), Some(true));
+    let marker = del.version_id().expect("marker id").to_owned();
+    let e = c.get_object().bucket("bkt").key("k").send().await.expect_err("latest is a marker");
+    assert_eq!((code(&e).as_str(), status(&e)), ("NoSuchKey", 404));
+    assert_eq!(error_header(&e, "x-amz-delete-marker").as_deref(), Some("true"));
+    assert_eq!(error_header(&e, "x-amz-version-id").as_deref(), Some(marker.as_str()));
+    let e = c.head_object().bucket("bkt").key("k").send().await.expect_err("HEAD of a marker");
+    assert_eq!(status(&e), 404);
+    let e = c.get_object().bucket("bkt").key("k").version_id(&marker).send().await.expect_err("the marker by id");
+    assert_eq!(status(&e), 405);
+    assert_eq!(error_header(&e, "x-amz-delete-marker").as_deref(), Some("true"));
+    // Older versions are still there.
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("k").version_id(&v2).send().await?).await, b"two");
+
+    // ListObjects shows the latest objects only; ListObjectVersions all.
+    let keys: Vec<_> = c
+        .list_objects_v2()
+        .bucket("bkt")
+        .send()
+        .await?
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_owned))
+        .collect();
+    assert_eq!(keys, ["copy", "mp", "pre"]);
+    let all = c.list_object_versions().bucket("bkt").send().await?;
+    let rows = version_rows(&all);
+    let want = [
+        ("copy", vc.as_str(), true, false),
+        ("k", marker.as_str(), true, true),
+        ("k", v3.as_str(), false, false),
+        ("k", v2.as_str(), false, false),
+        ("k", v1.as_str(), false, false),
+        ("mp", vm.as_str(), true, false),
+        ("pre", "null", true, false),
+    ];
+    let want: Vec<_> = want.iter().map(|(k, v, l, m)| ((*k).to_owned(), (*v).to_owned(), *l, *m)).collect();
+    assert_eq!(rows, want);
+    assert_eq!(all.is_truncated(), Some(false));
+    let k_versions = c.list_object_versions().bucket("bkt").prefix("k").send().await?;
+    assert_eq!(k_versions.versions().len() + k_versions.delete_markers().len(), 4);
+    // Pages of 2, by key and version-id markers, give the same entries.
+    let mut paged = Vec::new();
+    let (mut km, mut vm_) = (None::<String>, None::<String>);
+    for _ in 0..10 {
+        let mut req = c.list_object_versions().bucket("bkt").max_keys(2);
+        if let Some(k) = &km {
+            req = req.key_marker(k);
+        }
+        if let Some(v) = &vm_ {
+            req = req.version_id_marker(v);
+        }
+        let page = req.send().await?;
+        assert!(page.versions().len() + page.delete_markers().len() <= 2);
+        paged.extend(version_rows(&page));
+        if page.is_truncated() != Some(true) {
+            break;
+        }
+        km = page.next_key_marker().map(str::to_owned);
+        vm_ = page.next_version_id_marker().map(str::to_owned);
+    }
+    assert_eq!(paged, want);
+    let grouped = c.list_object_versions().bucket("bkt").delimiter("p").send().await?;
+    let prefixes: Vec<_> = grouped.common_prefixes().iter().filter_map(|p| p.prefix()).collect();
+    assert_eq!(prefixes, ["cop", "mp", "p"]);
+    assert_eq!(version_rows(&grouped), want[1..5]);
+
+    // A bucket holding versions is not empty.
+    let e = c.delete_bucket().bucket("bkt").send().await.expect_err("versions left");
+    assert_eq!(code(&e), "BucketNotEmpty");
+
+    // Deleting the marker for good brings the version below it back.
+    let del = c.delete_object().bucket("bkt").key("k").version_id(&marker).send().await?;
+    assert_eq!((del.delete_marker(), del.version_id()), (Some(true), Some(marker.as_str())));
+    let got = c.get_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(got.version_id(), Some(v3.as_str()));
+    // Deleting the latest version for good makes the next newest current.
+    c.delete_object().bucket("bkt").key("k").version_id(&v3).send().await?;
+    let got = c.get_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(got.version_id(), Some(v2.as_str()));
+    assert_eq!(body_of(got).await, b"two");
+    let e = c.get_object().bucket("bkt").key("k").version_id(&v3).send().await.expect_err("gone for good");
+    assert_eq!(code(&e), "NoSuchVersion");
+
+    // DeleteObjects: a version for good, and a key (a new marker).
+    let batch = Delete::builder()
+        .objects(ObjectIdentifier::builder().key("k").version_id(&v1).build()?)
+        .objects(ObjectIdentifier::builder().key("copy").build()?)
+        .objects(ObjectIdentifier::builder().key("mp").version_id("garbage").build()?)
+        .build()?;
+    let out = c.delete_objects().bucket("bkt").delete(batch).send().await?;
+    let deleted = out.deleted();
+    assert_eq!(deleted.len(), 2);
+    let by_key = |k: &str| deleted.iter().find(|d| d.key() == Some(k)).expect("deleted entry");
+    assert_eq!((by_key("k").version_id(), by_key("k").delete_marker()), (Some(v1.as_str()), None));
+    assert_eq!(by_key("copy").delete_marker(), Some(true));
+    assert!(by_key("copy").delete_marker_version_id().is_some());
+    assert_eq!(out.errors().len(), 1);
+    assert_eq!(out.errors()[0].code(), Some("InvalidArgument"));
+    let e = c.get_object().bucket("bkt").key("k").version_id(&v1).send().await.expect_err("v1 deleted");
+    assert_eq!(code(&e), "NoSuchVersion");
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("k").send().await?).await, b"two");
+    let e = c.get_object().bucket("bkt").key("copy").send().await.expect_err("copy has a marker");
+    assert_eq!(code(&e), "NoSuchKey");
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("copy").version_id(&vc).send().await?).await, b"one");
+    Ok(())
+}
+
+/// Suspended versioning: new writes get the version id `null` and replace
+/// the null version; versions made while enabled stay; a DELETE leaves a
+/// `null` delete marker.
+async fn suspended_versioning_writes_and_replaces_the_null_version(c: aws_sdk_s3::Client) -> R {
+    use aws_sdk_s3::types::BucketVersioningStatus;
+    c.create_bucket().bucket("bkt").send().await?;
+    c.put_bucket_versioning().bucket("bkt").versioning_configuration(enabled()).send().await?;
+    let v1 = put_version(&c, "bkt", "k", b"one").await;
+    c.put_bucket_versioning().bucket("bkt").versioning_configuration(suspended()).send().await?;
+    let got = c.get_bucket_versioning().bucket("bkt").send().await?;
+    assert_eq!(got.status(), Some(&BucketVersioningStatus::Suspended));
+    assert_eq!(put_version(&c, "bkt", "k", b"two").await, "null");
+    assert_eq!(put_version(&c, "bkt", "k", b"three").await, "null");
+    let rows = version_rows(&c.list_object_versions().bucket("bkt").send().await?);
+    let want: Vec<_> = [("k", "null", true, false), ("k", v1.as_str(), false, false)]
+        .iter()
+        .map(|(k, v, l, m)| ((*k).to_owned(), (*v).to_owned(), *l, *m))
+        .collect();
+    assert_eq!(rows, want, "the second null write replaced the first");
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("k").version_id("null").send().await?).await, b"three");
+    let del = c.delete_object().bucket("bkt").key("k").send().await?;
+    assert_eq!((del.delete_marker(), del.version_id()), (Some(true), Some("null")));
+    let out = c.list_object_versions().bucket("bkt").send().await?;
+    assert_eq!(out.versions().len(), 1, "the null object was replaced by the null marker");
+    assert_eq!(out.versions()[0].version_id(), Some(v1.as_str()));
+    assert_eq!(out.delete_markers().len(), 1);
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("k").version_id(&v1).send().await?).await, b"one");
+    Ok(())
+}
+
+/// Versions share blocks by content; a version deleted for good frees only
+/// the blocks no other version (or current object) uses.
+async fn a_version_deleted_for_good_frees_the_blocks_no_other_version_uses(
+    c: aws_sdk_s3::Client,
+    dir: &std::path::Path,
+) -> R {
+    c.create_bucket().bucket("bkt").send().await?;
+    c.put_bucket_versioning().bucket("bkt").versioning_configuration(enabled()).send().await?;
+    let (a, b) = (pseudo_random(64 * 1024, 1), pseudo_random(64 * 1024, 2));
+    let va = put_version(&c, "bkt", "k", &a).await;
+    let vb = put_version(&c, "bkt", "k", &b).await;
+    let v_same = put_version(&c, "bkt", "other", &a).await;
+    let before = block_files(dir).len();
+    assert!(before >= 2, "two distinct bodies are blocks");
+    // A delete marker frees nothing.
+    c.delete_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(block_files(dir).len(), before);
+    // `a` is still used by `other`: nothing freed.
+    c.delete_object().bucket("bkt").key("k").version_id(&va).send().await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(block_files(dir).len(), before);
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("other").version_id(&v_same).send().await?).await, a);
+    // `b` is used by no other version: its blocks go.
+    c.delete_object().bucket("bkt").key("k").version_id(&vb).send().await?;
+    let mut left = block_files(dir).len();
+    for _ in 0..50 {
+        if left < before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = block_files(dir).len();
+    }
+    assert!(left < before, "blocks of a version deleted for good are freed ({left} of {before} left)");
+    assert_eq!(body_of(c.get_object().bucket("bkt").key("other").send().await?).await, a);
+    Ok(())
+}
+
+/// A bucket that never had versioning answers as before: no version ids,
+/// no delete markers, and the null version is its current object.
+async fn a_bucket_without_versioning_answers_no_version_ids(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("bkt").send().await?;
+    let out = c.put_object().bucket("bkt").key("k").body(ByteStream::from_static(b"v")).send().await?;
+    assert_eq!(out.version_id(), None);
+    let got = c.get_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(got.version_id(), None);
+    assert_eq!(c.head_object().bucket("bkt").key("k").send().await?.version_id(), None);
+    let copy = c.copy_object().bucket("bkt").key("k2").copy_source("bkt/k").send().await?;
+    assert_eq!(copy.version_id(), None);
+    let del = c.delete_object().bucket("bkt").key("k2").send().await?;
+    assert_eq!((del.delete_marker(), del.version_id()), (None, None));
+    let e = c.get_object().bucket("bkt").key("k2").send().await.expect_err("deleted");
+    assert_eq!(code(&e), "NoSuchKey");
+    assert_eq!(error_header(&e, "x-amz-delete-marker"), None);
+    let e = c.get_object().bucket("bkt").key("k").version_id("v2").send().await.expect_err("not an id");
+    assert_eq!(code(&e), "InvalidArgument");
+    c.delete_object().bucket("bkt").key("k").version_id("null").send().await?;
+    let e = c.head_object().bucket("bkt").key("k").send().await.expect_err("the null version was deleted");
+    assert_eq!(status(&e), 404);
+    c.delete_bucket().bucket("bkt").send().await?;
     Ok(())
 }

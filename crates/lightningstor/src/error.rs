@@ -24,6 +24,15 @@ pub enum LightningError {
     /// The object does not exist.
     #[error("object {key:?} does not exist")]
     NoSuchKey { key: String },
+    /// The version named does not exist.
+    #[error("version {version_id:?} of object {key:?} does not exist")]
+    NoSuchVersion { key: String, version_id: String },
+    /// The latest version of the key (or the version named) is a delete
+    /// marker: 404 NoSuchKey for a GET/HEAD of the key, 405 MethodNotAllowed
+    /// for one of the marker's version id; both with `x-amz-delete-marker:
+    /// true` and the marker's `x-amz-version-id`.
+    #[error("object {key:?} is a delete marker")]
+    DeleteMarker { key: String, version_id: String, named: bool },
     /// The key is longer than 1024 bytes.
     #[error("key is {0} bytes long, more than the 1024 allowed")]
     KeyTooLong(usize),
@@ -146,7 +155,9 @@ impl LightningError {
             E::BucketAlreadyExists(_) => S3ErrorCode::BucketAlreadyOwnedByYou,
             E::BucketNotEmpty(_) => S3ErrorCode::BucketNotEmpty,
             E::InvalidBucketName(_) => S3ErrorCode::InvalidBucketName,
-            E::NoSuchKey { .. } => S3ErrorCode::NoSuchKey,
+            E::NoSuchKey { .. } | E::DeleteMarker { named: false, .. } => S3ErrorCode::NoSuchKey,
+            E::NoSuchVersion { .. } => S3ErrorCode::NoSuchVersion,
+            E::DeleteMarker { named: true, .. } => S3ErrorCode::MethodNotAllowed,
             E::KeyTooLong(_) => S3ErrorCode::KeyTooLongError,
             E::NoSuchUpload(_) => S3ErrorCode::NoSuchUpload,
             E::NoSuchLifecycleConfiguration(_) => S3ErrorCode::NoSuchLifecycleConfiguration,
@@ -191,6 +202,14 @@ impl LightningError {
         }
         if let E304 { etag, last_modified } = self {
             e.set_headers(not_modified_headers(etag, *last_modified));
+        }
+        if let LightningError::DeleteMarker { version_id, .. } = self {
+            let mut h = http::HeaderMap::new();
+            h.insert("x-amz-delete-marker", http::HeaderValue::from_static("true"));
+            if let Ok(v) = http::HeaderValue::from_str(version_id) {
+                h.insert("x-amz-version-id", v);
+            }
+            e.set_headers(h);
         }
         e
     }

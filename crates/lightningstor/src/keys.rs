@@ -309,6 +309,7 @@ pub fn need(op: &str) -> Need {
         | "HeadObject"
         | "ListObjects"
         | "ListObjectsV2"
+        | "ListObjectVersions"
         | "ListParts"
         | "ListMultipartUploads" => Need::Bucket(Perms::READ),
         "PutObject"

@@ -32,6 +32,7 @@ pub mod s3;
 pub mod server;
 pub mod sse;
 pub mod store;
+pub mod versioning;
 
 pub use config::Config;
 pub use error::{LightningError, Result};

@@ -482,6 +482,7 @@ mod tests {
             parts,
             data: crate::meta::types::ObjectData::Inline(Vec::new()),
             sse_c,
+            versioned: None,
         }
     }
 

@@ -506,6 +506,7 @@ mod tests {
             parts: vec![],
             data: ing.data.clone(),
             sse_c: None,
+            versioned: None,
         }
     }
 

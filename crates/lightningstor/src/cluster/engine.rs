@@ -21,9 +21,10 @@ use crate::keys::Keyring;
 use crate::lifecycle::{Lifecycle, Rule};
 use crate::listing::{ListPage, ListQuery};
 use crate::meta::now_ms;
-use crate::meta::ops::{self, Claimed, CompletedPart, WriteConditions};
+use crate::meta::ops::{self, Claimed, CompletedPart, Removed, WriteConditions};
 use crate::meta::types::{ObjectData, ObjectMeta, ObjectSummary, PartMeta, Row, UploadMeta};
 use crate::metrics::Metrics;
+use crate::versioning::VersionRef;
 use bytes::Bytes;
 use futures::Stream;
 use futures::stream::BoxStream;
@@ -39,6 +40,15 @@ pub struct Session {
     pub id: u64,
     /// Replicas holding every block.
     pub complete: Vec<NodeId>,
+}
+
+/// A cluster keeps no versions (it refuses PutBucketVersioning): only the
+/// `null` version, the current object, may be named.
+fn unversioned(version: Option<VersionRef>) -> Result<()> {
+    match version {
+        Some(VersionRef::Id(_)) => Err(LightningError::NotImplemented("object versions on a cluster".into())),
+        _ => Ok(()),
+    }
 }
 
 impl Node {
@@ -182,16 +192,30 @@ impl Engine for Arc<Node> {
         .await
     }
 
-    async fn delete(&self, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
+    async fn delete(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: Option<VersionRef>,
+        cond: &DeleteConditions,
+    ) -> Result<Removed> {
+        unversioned(version)?;
         Node::require_bucket(self, bucket).await?;
-        self.delete_row(bucket, key, cond).await
+        self.delete_row(bucket, key, cond).await.map(|()| Removed::default())
     }
 
-    async fn delete_many(&self, bucket: &str, keys: Vec<(String, DeleteConditions)>) -> Result<Vec<Result<()>>> {
-        let calls = keys.into_iter().map(|(key, cond)| {
+    async fn delete_many(
+        &self,
+        bucket: &str,
+        keys: Vec<(String, Option<VersionRef>, DeleteConditions)>,
+    ) -> Result<Vec<Result<Removed>>> {
+        let calls = keys.into_iter().map(|(key, version, cond)| {
             let node = self.clone();
             let bucket = bucket.to_owned();
-            async move { node.delete_row(&bucket, &key, &cond).await }
+            async move {
+                unversioned(version)?;
+                node.delete_row(&bucket, &key, &cond).await.map(|()| Removed::default())
+            }
         });
         Ok(futures::future::join_all(calls).await)
     }

@@ -11,10 +11,11 @@ use crate::keys::Keyring;
 use crate::lifecycle::{Lifecycle, Rule};
 use crate::listing::{ListPage, ListQuery};
 use crate::meta::now_ms;
-use crate::meta::ops::{self, Claimed, CompletedPart, WriteConditions};
-use crate::meta::types::{ObjectData, ObjectMeta, ObjectSummary, PartMeta, UploadMeta};
+use crate::meta::ops::{self, Claimed, CompletedPart, Removed, WriteConditions};
+use crate::meta::types::{ObjectData, ObjectMeta, ObjectSummary, PartMeta, UploadMeta, Version, Versioning};
 use crate::metrics::Metrics;
 use crate::store::{Pins, Store};
+use crate::versioning::{VersionPage, VersionQuery, VersionRef};
 use bytes::Bytes;
 use futures::Stream;
 use futures::stream::BoxStream;
@@ -132,33 +133,45 @@ impl Engine for Arc<Store> {
         cond: &WriteConditions,
     ) -> Result<ObjectMeta> {
         let row = ObjectMeta { version: self.meta.next_version(), ..row };
-        let (b, k, r, c) = (bucket.to_owned(), key.to_owned(), row.clone(), cond.clone());
-        let freed = self.meta.write(move |t| ops::put_object(t, &b, &k, &r, &c)).await?;
+        let (b, k, c) = (bucket.to_owned(), key.to_owned(), cond.clone());
+        let (row, freed) = self.meta.write(move |t| ops::write_object(t, &b, &k, row, &c)).await?;
         hold.release();
         self.spawn_delete(freed);
         Ok(row)
     }
 
-    async fn delete(&self, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
+    async fn delete(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: Option<VersionRef>,
+        cond: &DeleteConditions,
+    ) -> Result<Removed> {
         let (b, k, c) = (bucket.to_owned(), key.to_owned(), cond.clone());
-        let freed = self.meta.write(move |t| ops::delete_object_if(t, &b, &k, &c)).await?;
+        let v = self.meta.next_version();
+        let (removed, freed) = self.meta.write(move |t| ops::delete_any(t, &b, &k, version, &c, v)).await?;
         self.spawn_delete(freed);
-        Ok(())
+        Ok(removed)
     }
 
-    async fn delete_many(&self, bucket: &str, keys: Vec<(String, DeleteConditions)>) -> Result<Vec<Result<()>>> {
+    async fn delete_many(
+        &self,
+        bucket: &str,
+        keys: Vec<(String, Option<VersionRef>, DeleteConditions)>,
+    ) -> Result<Vec<Result<Removed>>> {
         let bucket = bucket.to_owned();
+        let versions: Vec<u64> = keys.iter().map(|_| self.meta.next_version()).collect();
         // One transaction for the whole batch.
         let (results, freed) = self
             .meta
             .write(move |t| {
                 let mut out = Vec::with_capacity(keys.len());
                 let mut freed = Vec::new();
-                for (key, cond) in keys {
-                    match ops::delete_object_if(t, &bucket, &key, &cond) {
-                        Ok(f) => {
+                for ((key, v, cond), version) in keys.into_iter().zip(versions) {
+                    match ops::delete_any(t, &bucket, &key, v, &cond, version) {
+                        Ok((r, f)) => {
                             freed.extend(f);
-                            out.push(Ok(()));
+                            out.push(Ok(r));
                         }
                         Err(e @ (LightningError::Db(_) | LightningError::Io(_))) => return Err(e),
                         Err(e) => out.push(Err(e)),
@@ -169,6 +182,55 @@ impl Engine for Arc<Store> {
             .await?;
         self.spawn_delete(freed);
         Ok(results)
+    }
+
+    async fn versioning(&self, bucket: &str) -> Result<Option<Versioning>> {
+        let row = self.meta.get_bucket(bucket)?.ok_or_else(|| LightningError::NoSuchBucket(bucket.to_owned()))?;
+        Ok(row.versioning)
+    }
+
+    async fn set_versioning(&self, bucket: &str, state: Versioning) -> Result<()> {
+        let b = bucket.to_owned();
+        self.meta.write(move |t| crate::meta::versions::set_versioning(t, &b, state)).await
+    }
+
+    async fn get_version(&self, bucket: &str, key: &str, version: VersionRef) -> Result<(ObjectMeta, ())> {
+        let missing = |id: String| LightningError::NoSuchVersion { key: key.to_owned(), version_id: id };
+        match self.meta.get_version(bucket, key, version)? {
+            Some(Version::Object(m)) => Ok((m, ())),
+            Some(v @ Version::Marker(_)) => {
+                Err(LightningError::DeleteMarker { key: key.to_owned(), version_id: v.id(), named: true })
+            }
+            // Outside versioned buckets the current object is the null version.
+            None => match (version, self.meta.get_object(bucket, key)?) {
+                (VersionRef::Null, Some(m)) if m.versioned.is_none() => Ok((m, ())),
+                _ => {
+                    self.require_bucket(bucket).await?;
+                    Err(missing(match version {
+                        VersionRef::Null => "null".into(),
+                        VersionRef::Id(id) => crate::versioning::version_id(id, false),
+                    }))
+                }
+            },
+        }
+    }
+
+    async fn latest_marker(&self, bucket: &str, key: &str) -> Result<Option<String>> {
+        Ok(match self.meta.latest_version(bucket, key)? {
+            Some(v @ Version::Marker(_)) => Some(v.id()),
+            _ => None,
+        })
+    }
+
+    async fn list_versions(&self, bucket: &str, q: VersionQuery) -> Result<VersionPage> {
+        let bucket = bucket.to_owned();
+        blocking(self, move |s| {
+            if s.meta.get_bucket(&bucket)?.is_none() {
+                return Err(LightningError::NoSuchBucket(bucket));
+            }
+            s.meta.list_versions(&bucket, &q)
+        })
+        .await
     }
 
     async fn list(&self, bucket: &str, q: ListQuery) -> Result<ListPage<ObjectSummary>> {

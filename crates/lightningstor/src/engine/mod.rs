@@ -26,9 +26,10 @@ use crate::error::Result;
 use crate::keys::Keyring;
 use crate::lifecycle::Rule;
 use crate::listing::{ListPage, ListQuery};
-use crate::meta::ops::{Claimed, CompletedPart, WriteConditions};
-use crate::meta::types::{ObjectData, ObjectMeta, ObjectSummary, PartMeta, UploadMeta};
+use crate::meta::ops::{Claimed, CompletedPart, Removed, WriteConditions};
+use crate::meta::types::{ObjectData, ObjectMeta, ObjectSummary, PartMeta, UploadMeta, Versioning};
 use crate::metrics::Metrics;
+use crate::versioning::{VersionPage, VersionQuery, VersionRef};
 use bytes::Bytes;
 use futures::Stream;
 use futures::stream::BoxStream;
@@ -122,10 +123,17 @@ pub trait Engine: Send + Sync + 'static {
         hold: Self::Hold,
         cond: &WriteConditions,
     ) -> impl Future<Output = Result<ObjectMeta>> + Send;
-    /// Deletes the object of (bucket, key) if `cond` holds, checked
-    /// atomically with the delete (a missing key is no error without
-    /// conditions). NoSuchBucket, PreconditionFailed.
-    fn delete(&self, bucket: &str, key: &str, cond: &DeleteConditions) -> impl Future<Output = Result<()>> + Send;
+    /// Deletes the object of (bucket, key), or its version `version`, if
+    /// `cond` holds, checked atomically with the delete (a missing key is
+    /// no error without conditions). In a versioned bucket a delete without
+    /// a version makes a delete marker. NoSuchBucket, PreconditionFailed.
+    fn delete(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: Option<VersionRef>,
+        cond: &DeleteConditions,
+    ) -> impl Future<Output = Result<Removed>> + Send;
     /// [`Engine::delete`] for many keys of an existing bucket: one result
     /// per key, in order. Locally an error of the store fails the whole
     /// call; in a cluster a key whose quorum or lease failed gets its own
@@ -133,10 +141,58 @@ pub trait Engine: Send + Sync + 'static {
     fn delete_many(
         &self,
         bucket: &str,
-        keys: Vec<(String, DeleteConditions)>,
-    ) -> impl Future<Output = Result<Vec<Result<()>>>> + Send;
+        keys: Vec<(String, Option<VersionRef>, DeleteConditions)>,
+    ) -> impl Future<Output = Result<Vec<Result<Removed>>>> + Send;
     /// One listing page of a bucket. NoSuchBucket.
     fn list(&self, bucket: &str, q: ListQuery) -> impl Future<Output = Result<ListPage<ObjectSummary>>> + Send;
+
+    /// A bucket's versioning state (`None`: never set). NoSuchBucket.
+    /// Engines without versioning have none.
+    fn versioning(&self, bucket: &str) -> impl Future<Output = Result<Option<Versioning>>> + Send {
+        async move {
+            self.require_bucket(bucket).await?;
+            Ok(None)
+        }
+    }
+    /// Sets a bucket's versioning state. Engines without versioning refuse
+    /// it (NotImplemented).
+    fn set_versioning(&self, bucket: &str, state: Versioning) -> impl Future<Output = Result<()>> + Send {
+        let _ = (bucket, state);
+        async { Err(crate::error::LightningError::NotImplemented("bucket versioning on a cluster".into())) }
+    }
+    /// Version `version` of (bucket, key) and where its bytes are:
+    /// NoSuchVersion, or DeleteMarker (`named`) for a delete marker. Engines
+    /// without versioning serve only the `null` version, the current object.
+    fn get_version(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: VersionRef,
+    ) -> impl Future<Output = Result<(ObjectMeta, Self::Source)>> + Send {
+        async move {
+            let none = || crate::error::LightningError::NoSuchVersion {
+                key: key.to_owned(),
+                version_id: crate::versioning::version_id(0, true),
+            };
+            match version {
+                VersionRef::Null => self.get(bucket, key).await?.ok_or_else(none),
+                VersionRef::Id(_) => {
+                    Err(crate::error::LightningError::NotImplemented("object versions on a cluster".into()))
+                }
+            }
+        }
+    }
+    /// The id of the delete marker that is the latest version of (bucket,
+    /// key), if it is one (asked when [`Engine::get`] found no object).
+    fn latest_marker(&self, bucket: &str, key: &str) -> impl Future<Output = Result<Option<String>>> + Send {
+        let _ = (bucket, key);
+        async { Ok(None) }
+    }
+    /// One page of a bucket's versions and delete markers. NoSuchBucket.
+    fn list_versions(&self, bucket: &str, q: VersionQuery) -> impl Future<Output = Result<VersionPage>> + Send {
+        let _ = (bucket, q);
+        async { Err(crate::error::LightningError::NotImplemented("ListObjectVersions on a cluster".into())) }
+    }
 
     /// Records a new multipart upload `id`. NoSuchBucket.
     fn create_upload(&self, id: &str, upload: UploadMeta) -> impl Future<Output = Result<()>> + Send;

@@ -451,6 +451,7 @@ mod tests {
                 parts: Vec::new(),
                 data: ObjectData::Inline(vec![1]),
                 sse_c: None,
+                versioned: None,
             }
         }
 

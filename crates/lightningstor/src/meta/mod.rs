@@ -13,6 +13,7 @@
 pub mod merkle;
 pub mod ops;
 pub mod types;
+pub mod versions;
 
 use crate::block::{BlockHash, BlockStore};
 use crate::error::{LightningError, Result};
@@ -47,7 +48,11 @@ pub const UPLOADS_GONE: TableDefinition<&str, &[u8]> = TableDefinition::new("upl
 pub const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 /// (bucket, access key id) -> postcard [`GrantRow`].
 pub const GRANTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("grants");
-/// block hash -> number of references from objects and parts.
+/// (bucket, key bytes, !version) -> postcard [`types::Version`]: every
+/// version and delete marker of the keys of versioned buckets, newest first
+/// per key. The current object is in [`OBJECTS`] too (one reference each).
+pub const VERSIONS: TableDefinition<(&str, &[u8], u64), &[u8]> = TableDefinition::new("versions");
+/// block hash -> number of references from objects, versions and parts.
 pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
 /// (partition, leaf, bucket, key bytes) -> (version, tombstone) of the key's
 /// row, the index of the hash trees ([`merkle`]; cluster mode only).
@@ -192,6 +197,7 @@ impl MetaStore {
             txn.open_table(UPLOADS_GONE)?;
             txn.open_table(KEYS)?;
             txn.open_table(GRANTS)?;
+            txn.open_table(VERSIONS)?;
             match tree {
                 Some(p) => {
                     if merkle::ensure(&txn, p)? {
@@ -280,6 +286,36 @@ impl MetaStore {
             Some(v) => Ok(Some(postcard::from_bytes(v.value())?)),
             None => Ok(None),
         }
+    }
+
+    /// Version `v` of a key of a versioned bucket (none in other buckets).
+    pub fn get_version(
+        &self,
+        bucket: &str,
+        key: &str,
+        v: crate::versioning::VersionRef,
+    ) -> Result<Option<types::Version>> {
+        let t = self.table(VERSIONS)?;
+        versions::find(&t, bucket, key.as_bytes(), v)
+    }
+
+    /// A key's latest version in a versioned bucket (an object or a delete marker).
+    pub fn latest_version(&self, bucket: &str, key: &str) -> Result<Option<types::Version>> {
+        let t = self.table(VERSIONS)?;
+        match versions::of_key(&t, bucket, key.as_bytes())?.next() {
+            Some(row) => Ok(Some(postcard::from_bytes(row?.1.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// One page of ListObjectVersions of a bucket.
+    pub fn list_versions(
+        &self,
+        bucket: &str,
+        q: &crate::versioning::VersionQuery,
+    ) -> Result<crate::versioning::VersionPage> {
+        let mut cur = versions::Cursor::new(self.table(VERSIONS)?, bucket);
+        crate::versioning::page(&mut cur, q)
     }
 
     /// An object's replicated row: the object or its tombstone, whichever is newer.

@@ -5,7 +5,9 @@
 
 use super::merkle::{self, TreeEntry};
 use super::types::ObjectSummary;
+use super::types::Version;
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
+use super::versions;
 use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, Txn, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
@@ -13,6 +15,7 @@ use crate::conditions;
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
 use crate::lifecycle::Lifecycle;
+use crate::versioning::VersionRef;
 use md5::Digest as _;
 use redb::{ReadableTable, WriteTransaction};
 use s3s::dto::ETagCondition;
@@ -29,14 +32,14 @@ pub struct WriteConditions {
     pub if_none_match: Option<ETagCondition>,
 }
 
-fn require_bucket(txn: &WriteTransaction, bucket: &str) -> Result<()> {
+pub(super) fn require_bucket(txn: &WriteTransaction, bucket: &str) -> Result<()> {
     if txn.open_table(BUCKETS)?.get(bucket)?.is_none() {
         return Err(LightningError::NoSuchBucket(bucket.to_owned()));
     }
     Ok(())
 }
 
-fn incref(txn: &WriteTransaction, blocks: &[BlockRef]) -> Result<()> {
+pub(super) fn incref(txn: &WriteTransaction, blocks: &[BlockRef]) -> Result<()> {
     let mut refs = txn.open_table(REFS)?;
     for b in blocks {
         let n = refs.get(b.hash.0.as_slice())?.map(|v| v.value()).unwrap_or(0);
@@ -45,7 +48,7 @@ fn incref(txn: &WriteTransaction, blocks: &[BlockRef]) -> Result<()> {
     Ok(())
 }
 
-fn decref(txn: &WriteTransaction, blocks: &[BlockRef], freed: &mut Vec<BlockHash>) -> Result<()> {
+pub(super) fn decref(txn: &WriteTransaction, blocks: &[BlockRef], freed: &mut Vec<BlockHash>) -> Result<()> {
     let mut refs = txn.open_table(REFS)?;
     for b in blocks {
         let n = refs.get(b.hash.0.as_slice())?.map(|v| v.value()).unwrap_or(0);
@@ -136,7 +139,7 @@ pub fn delete_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash
         Some(row) => row?.0.value().0 == name,
         None => false,
     };
-    if has_object {
+    if has_object || versions::any_in(txn, name)? {
         return Err(LightningError::BucketNotEmpty(name.to_owned()));
     }
     // As S3 does: multipart uploads in progress do not keep a bucket alive;
@@ -164,7 +167,7 @@ fn uploads_in(txn: &WriteTransaction, bucket: &str) -> Result<Vec<String>> {
     Ok(ids)
 }
 
-fn existing_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Option<ObjectMeta>> {
+pub(super) fn existing_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Option<ObjectMeta>> {
     let t = txn.open_table(OBJECTS)?;
     let row = t.get((bucket, key.as_bytes()))?;
     match row {
@@ -173,7 +176,7 @@ fn existing_object(txn: &WriteTransaction, bucket: &str, key: &str) -> Result<Op
     }
 }
 
-fn replace_object(
+pub(super) fn replace_object(
     txn: &Txn<'_>,
     bucket: &str,
     key: &str,
@@ -199,7 +202,19 @@ pub fn put_object(
     meta: &ObjectMeta,
     cond: &WriteConditions,
 ) -> Result<Vec<BlockHash>> {
-    require_bucket(txn, bucket)?;
+    write_object(txn, bucket, key, meta.clone(), cond).map(|(_, freed)| freed)
+}
+
+/// [`put_object`], returning the row as stored: in a versioned bucket it
+/// becomes the key's latest version ([`versions::put`]), tagged with it.
+pub fn write_object(
+    txn: &Txn<'_>,
+    bucket: &str,
+    key: &str,
+    mut meta: ObjectMeta,
+    cond: &WriteConditions,
+) -> Result<(ObjectMeta, Vec<BlockHash>)> {
+    let state = versions::bucket_row(txn, bucket)?.versioning;
     let old = existing_object(txn, bucket, key)?;
     conditions::check_write(
         old.as_ref().map(|o| o.etag.as_str()),
@@ -208,8 +223,16 @@ pub fn put_object(
         key,
     )?;
     let mut freed = Vec::new();
-    replace_object(txn, bucket, key, old, meta, &mut freed)?;
-    Ok(freed)
+    let meta = match state {
+        None => {
+            // (A copy of a version of another bucket carries its tag.)
+            meta.versioned = None;
+            replace_object(txn, bucket, key, old, &meta, &mut freed)?;
+            meta
+        }
+        Some(state) => versions::put(txn, bucket, key, meta, state, old, &mut freed)?,
+    };
+    Ok((meta, freed))
 }
 
 /// Deletes an object (a missing key is not an error). Returns freed blocks.
@@ -230,6 +253,62 @@ pub fn delete_object_if(txn: &Txn<'_>, bucket: &str, key: &str, cond: &DeleteCon
         retree(txn, bucket, key.as_bytes(), Known::Is(None), Known::Read)?;
     }
     Ok(freed)
+}
+
+/// What a delete did in a versioned bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Removed {
+    /// The id of the version removed or of the delete marker made (none
+    /// outside versioned buckets).
+    pub version_id: Option<String>,
+    /// Whether that version is a delete marker.
+    pub delete_marker: bool,
+}
+
+/// A DELETE of (bucket, key), of version `v` when one is named, if `cond`
+/// holds: in a bucket that never had versioning, [`delete_object_if`] (only
+/// the `null` version exists there); in a versioned one a delete marker
+/// ([`versions::delete_latest`], row version `version`) or the removal of
+/// that version ([`versions::delete_version`]). Returns freed blocks.
+pub fn delete_any(
+    txn: &Txn<'_>,
+    bucket: &str,
+    key: &str,
+    v: Option<VersionRef>,
+    cond: &DeleteConditions,
+    version: u64,
+) -> Result<(Removed, Vec<BlockHash>)> {
+    let state = versions::bucket_row(txn, bucket)?.versioning;
+    let mut freed = Vec::new();
+    let removed = match (state, v) {
+        (None, None) => {
+            freed = delete_object_if(txn, bucket, key, cond)?;
+            Removed::default()
+        }
+        (None, Some(VersionRef::Null)) => {
+            freed = delete_object_if(txn, bucket, key, cond)?;
+            Removed { version_id: Some("null".into()), delete_marker: false }
+        }
+        (None, Some(VersionRef::Id(id))) => {
+            cond.check(None, key)?;
+            Removed { version_id: Some(crate::versioning::version_id(id, false)), delete_marker: false }
+        }
+        (Some(state), None) => {
+            let m = versions::delete_latest(txn, bucket, key, cond, state, version, &mut freed)?;
+            Removed { version_id: Some(crate::versioning::version_id(m.version, m.null)), delete_marker: true }
+        }
+        (Some(_), Some(v)) => match versions::delete_version(txn, bucket, key, v, cond, &mut freed)? {
+            Some(gone) => Removed { version_id: Some(gone.id()), delete_marker: matches!(gone, Version::Marker(_)) },
+            None => Removed {
+                version_id: Some(match v {
+                    VersionRef::Null => "null".into(),
+                    VersionRef::Id(id) => crate::versioning::version_id(id, false),
+                }),
+                delete_marker: false,
+            },
+        },
+    };
+    Ok((removed, freed))
 }
 
 /// Records a new multipart upload.
@@ -394,6 +473,7 @@ pub fn assemble_upload(
         parts: chosen.iter().map(|p| p.size).collect(),
         data: ObjectData::Blocks(blocks),
         sse_c,
+        versioned: None,
     })
 }
 
@@ -480,18 +560,9 @@ pub fn complete_upload(
     let stored = all_parts(txn, id)?;
     let meta = assemble_upload(&upload, requested, &stored, version, now_ms)?;
     check_claimed_checksums(&upload, &meta, claimed)?;
-    let old = existing_object(txn, bucket, key)?;
-    conditions::check_write(
-        old.as_ref().map(|o| o.etag.as_str()),
-        cond.if_match.as_ref(),
-        cond.if_none_match.as_ref(),
-        key,
-    )?;
-
-    let mut freed = Vec::new();
     // The object takes its own references; dropping every part's afterwards
     // leaves exactly the object's, and frees the blocks of unused parts.
-    replace_object(txn, bucket, key, old, &meta, &mut freed)?;
+    let (meta, mut freed) = write_object(txn, bucket, key, meta, cond)?;
     for (_, p) in &stored {
         decref(txn, &p.blocks, &mut freed)?;
     }

@@ -17,12 +17,25 @@ pub struct BucketMeta {
     /// a delete). Rows of builds before lifecycle end before it: `None`.
     #[serde(default, deserialize_with = "none_past_the_end")]
     pub lifecycle: Option<Lifecycle>,
+    /// The versioning state: `None` for a bucket that never had versioning
+    /// (rows of builds before versioning end before it).
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub versioning: Option<Versioning>,
+}
+
+/// A bucket's versioning state once it was ever set (S3 never turns it off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Versioning {
+    /// Every write makes a new version with its own id.
+    Enabled,
+    /// Writes make (and replace) the `null` version; older versions stay.
+    Suspended,
 }
 
 impl BucketMeta {
     /// A new bucket's row.
     pub fn new(created_ms: i64) -> Self {
-        BucketMeta { created_ms, lifecycle: None }
+        BucketMeta { created_ms, lifecycle: None, versioning: None }
     }
 
     /// The lifecycle rules in force (none when none were put or they were deleted).
@@ -117,6 +130,64 @@ pub struct ObjectMeta {
     /// SSE-C: the data is encrypted under the customer's key (see [`crate::sse`]).
     #[serde(default, deserialize_with = "none_past_the_end")]
     pub sse_c: Option<SseC>,
+    /// In a bucket with versioning: which version this row is (its id is
+    /// derived from `version`, or `null`). `None` in a bucket that never had
+    /// versioning, whose answers carry no version id.
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub versioned: Option<Versioned>,
+}
+
+/// Which version of its key a row of a versioned bucket is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Versioned {
+    /// A version with its own id ([`crate::versioning::VersionRef::Id`] of the row's version).
+    Id,
+    /// The `null` version (written while versioning was suspended, or held
+    /// by the bucket before versioning was enabled).
+    Null,
+}
+
+/// One version of a key in a versioned bucket: an object or a delete marker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Version {
+    /// An object version (its `versioned` is set).
+    Object(ObjectMeta),
+    /// A delete marker.
+    Marker(DeleteMarker),
+}
+
+/// A delete marker: what a DELETE without a version id leaves in a versioned bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteMarker {
+    /// Row version (its id, unless `null`).
+    pub version: u64,
+    /// When the delete happened, Unix milliseconds.
+    pub last_modified_ms: i64,
+    /// Whether it is the `null` version (made while versioning was suspended).
+    pub null: bool,
+}
+
+impl Version {
+    /// The row version.
+    pub fn version(&self) -> u64 {
+        match self {
+            Version::Object(m) => m.version,
+            Version::Marker(d) => d.version,
+        }
+    }
+
+    /// Whether this is the key's `null` version.
+    pub fn is_null(&self) -> bool {
+        match self {
+            Version::Object(m) => m.versioned == Some(Versioned::Null),
+            Version::Marker(d) => d.null,
+        }
+    }
+
+    /// The version id answered to clients.
+    pub fn id(&self) -> String {
+        crate::versioning::version_id(self.version(), self.is_null())
+    }
 }
 
 /// Rows written before SSE-C existed end before `sse_c`: postcard finds no
@@ -148,6 +219,11 @@ fn empty_past_the_end<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: 
 }
 
 impl ObjectMeta {
+    /// The version id answered to clients (`None` outside versioned buckets).
+    pub fn version_id(&self) -> Option<String> {
+        self.versioned.map(|v| crate::versioning::version_id(self.version, v == Versioned::Null))
+    }
+
     /// Last modification in Unix seconds (the resolution of HTTP dates).
     pub fn last_modified_secs(&self) -> i64 {
         self.last_modified_ms.div_euclid(1000)
@@ -263,18 +339,27 @@ mod tests {
             parts: vec![],
             data: ObjectData::Inline(b"xyz".to_vec()),
             sse_c: None,
+            versioned: None,
         };
         let bytes = postcard::to_allocvec(&meta).expect("encode");
-        // A row of a build before SSE-C (no `sse_c` byte) decodes as plain.
+        // A row of a build before versioning (no `versioned` byte), and
+        // before SSE-C (no `sse_c` byte either) decodes as plain.
         let old: ObjectMeta = postcard::from_bytes(&bytes[..bytes.len() - 1]).expect("decode an old row");
         assert_eq!(old, meta);
+        let old: ObjectMeta = postcard::from_bytes(&bytes[..bytes.len() - 2]).expect("decode an older row");
+        assert_eq!(old, meta);
+        let tagged = ObjectMeta { versioned: Some(Versioned::Null), ..meta.clone() };
+        let back: ObjectMeta = postcard::from_bytes(&postcard::to_allocvec(&tagged).expect("encode")).expect("decode");
+        assert_eq!(back, tagged);
+        assert_eq!(back.version_id().as_deref(), Some("null"));
+        assert_eq!(meta.version_id(), None);
         let sealed =
             ObjectMeta { sse_c: Some(SseC { key_md5: [1; 16], iv: [2; 16], part_ivs: vec![] }), ..meta.clone() };
         let bytes = postcard::to_allocvec(&sealed).expect("encode");
         let back: ObjectMeta = postcard::from_bytes(&bytes).expect("decode");
         assert_eq!(back, sealed);
         // An SSE-C row of a build before SSE-C multipart (no `part_ivs` byte).
-        let old: ObjectMeta = postcard::from_bytes(&bytes[..bytes.len() - 1]).expect("decode an old SSE-C row");
+        let old: ObjectMeta = postcard::from_bytes(&bytes[..bytes.len() - 2]).expect("decode an old SSE-C row");
         assert_eq!(old, sealed);
         let parts = ObjectMeta {
             sse_c: Some(SseC { key_md5: [1; 16], iv: [2; 16], part_ivs: vec![[2; 16], [3; 16]] }),
@@ -308,7 +393,11 @@ mod tests {
             expiration_days: Some(1),
             abort_days: None,
         };
-        let with = BucketMeta { created_ms: 42, lifecycle: Some(Lifecycle { version: 3, rules: vec![rule] }) };
+        let with = BucketMeta {
+            created_ms: 42,
+            lifecycle: Some(Lifecycle { version: 3, rules: vec![rule] }),
+            versioning: None,
+        };
         let back: BucketMeta = postcard::from_bytes(&postcard::to_allocvec(&with).expect("encode")).expect("decode");
         assert_eq!(back, with);
         assert_eq!(back.rules().len(), 1);

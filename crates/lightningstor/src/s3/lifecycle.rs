@@ -167,8 +167,8 @@ pub(crate) async fn delete_bucket_lifecycle<E: Engine>(
 /// the object that was listed: false when it changed or went meanwhile.
 /// Shared by the single node's and a cluster node's lifecycle [`Target`].
 pub(crate) async fn expire<E: Engine>(e: &E, bucket: &str, c: &Candidate) -> Result<bool> {
-    match e.delete(bucket, &c.key, &unchanged(c)).await {
-        Ok(()) => Ok(true),
+    match e.delete(bucket, &c.key, None, &unchanged(c)).await {
+        Ok(_) => Ok(true),
         Err(LightningError::PreconditionFailed | LightningError::NoSuchKey { .. }) => Ok(false),
         Err(err) => Err(err),
     }

@@ -9,7 +9,7 @@ use crate::meta::types::ObjectSummary;
 use s3s::S3Request;
 use s3s::dto::*;
 
-fn max_keys(v: Option<i32>) -> Result<usize> {
+pub(crate) fn max_keys(v: Option<i32>) -> Result<usize> {
     match v {
         None => Ok(1000),
         Some(n) if n < 0 => Err(LightningError::InvalidArgument("max-keys must not be negative".into())),
@@ -17,7 +17,7 @@ fn max_keys(v: Option<i32>) -> Result<usize> {
     }
 }
 
-fn url_mode(e: Option<&EncodingType>) -> Result<bool> {
+pub(crate) fn url_mode(e: Option<&EncodingType>) -> Result<bool> {
     match e {
         None => Ok(false),
         Some(e) if e.as_str().eq_ignore_ascii_case(EncodingType::URL) => Ok(true),
@@ -25,12 +25,12 @@ fn url_mode(e: Option<&EncodingType>) -> Result<bool> {
     }
 }
 
-fn text(b: &[u8], url: bool) -> Result<String> {
+pub(crate) fn text(b: &[u8], url: bool) -> Result<String> {
     let s = std::str::from_utf8(b).map_err(|_| LightningError::Db("a stored key is not UTF-8".into()))?;
     Ok(if url { url_encode(s) } else { s.to_owned() })
 }
 
-fn enc(s: Option<String>, url: bool) -> Option<String> {
+pub(crate) fn enc(s: Option<String>, url: bool) -> Option<String> {
     s.map(|s| if url { url_encode(&s) } else { s })
 }
 

@@ -3,7 +3,7 @@
 //! coordinator (a cluster node). Both modes run this one front end.
 //!
 //! Each method forwards to a handler in the submodule of its resource
-//! (`bucket`, `object`, `multipart`, `list`, `lifecycle`) that works in
+//! (`bucket`, `object`, `multipart`, `list`, `lifecycle`, `versions`) that works in
 //! [`LightningError`](crate::error::LightningError); the conversion to the
 //! S3 error on the wire happens here, once.
 
@@ -14,6 +14,7 @@ pub(crate) mod list;
 pub(crate) mod multipart;
 pub(crate) mod object;
 pub(crate) mod options;
+pub(crate) mod versions;
 
 use crate::engine::Engine;
 use crate::error::Result;
@@ -119,4 +120,7 @@ ops! {
     get_bucket_lifecycle_configuration(GetBucketLifecycleConfigurationInput)
         -> GetBucketLifecycleConfigurationOutput => lifecycle;
     delete_bucket_lifecycle(DeleteBucketLifecycleInput) -> DeleteBucketLifecycleOutput => lifecycle;
+    put_bucket_versioning(PutBucketVersioningInput) -> PutBucketVersioningOutput => versions;
+    get_bucket_versioning(GetBucketVersioningInput) -> GetBucketVersioningOutput => versions;
+    list_object_versions(ListObjectVersionsInput) -> ListObjectVersionsOutput => versions;
 }

@@ -5,7 +5,7 @@ use super::bucket::owner;
 use super::convert::{
     check_key, checksum_fields, checksum_headers, etag, etag_value, object_headers, timestamp, trailer_value,
 };
-use super::object::{copy_source, load};
+use super::object::{copy_source, load_version};
 use crate::checksum::{Checksum, ChecksumAlgo, ChecksumPlan};
 use crate::conditions::Mode;
 use crate::engine::Engine;
@@ -206,8 +206,8 @@ pub(super) async fn upload_part_copy<E: Engine>(
     let (given, source_key) = (i.customer_key()?, i.copy_source_key()?);
     let upload = e.upload(&i.bucket, &i.key, &i.upload_id).await?;
     let dest_key = crate::sse::for_upload(upload.sse_c_key_md5, given)?;
-    let (sb, sk) = copy_source(&i.copy_source)?;
-    let (src, from) = load(e, &sb, &sk).await?;
+    let (sb, sk, sv) = copy_source(&i.copy_source)?;
+    let (src, from) = load_version(e, &sb, &sk, sv).await?;
     let source = crate::sse::open(&src, source_key.as_ref())?;
     crate::conditions::Preconditions {
         if_match: i.copy_source_if_match,
@@ -347,6 +347,7 @@ pub(super) async fn complete_multipart_upload<E: Engine>(
         checksum_sha1: c.sha1,
         checksum_sha256: c.sha256,
         checksum_type: c.kind,
+        version_id: meta.version_id(),
         ..Default::default()
     })
 }

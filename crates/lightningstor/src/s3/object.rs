@@ -12,6 +12,7 @@ use crate::meta::now_ms;
 use crate::meta::ops::WriteConditions;
 use crate::meta::types::ObjectMeta;
 use crate::sse::{WithCopySourceKey as _, WithCustomerKey as _};
+use crate::versioning::VersionRef;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -42,15 +43,37 @@ impl Stream for SyncBody {
     }
 }
 
-/// The current object of a key and where its bytes are, or NoSuchKey / NoSuchBucket.
+/// The current object of a key and where its bytes are, or NoSuchKey /
+/// NoSuchBucket (DeleteMarker when the key's latest version is one).
 pub(super) async fn load<E: Engine>(e: &E, bucket: &str, key: &str) -> Result<(ObjectMeta, E::Source)> {
     match e.get(bucket, key).await? {
         Some(found) => Ok(found),
         None => {
             e.require_bucket(bucket).await?;
-            Err(LightningError::NoSuchKey { key: key.to_owned() })
+            match e.latest_marker(bucket, key).await? {
+                Some(version_id) => Err(LightningError::DeleteMarker { key: key.to_owned(), version_id, named: false }),
+                None => Err(LightningError::NoSuchKey { key: key.to_owned() }),
+            }
         }
     }
+}
+
+/// [`load`], or version `v` of the key when one is named.
+pub(super) async fn load_version<E: Engine>(
+    e: &E,
+    bucket: &str,
+    key: &str,
+    v: Option<VersionRef>,
+) -> Result<(ObjectMeta, E::Source)> {
+    match v {
+        None => load(e, bucket, key).await,
+        Some(v) => e.get_version(bucket, key, v).await,
+    }
+}
+
+/// The `versionId` of a request, parsed.
+fn version_ref(v: Option<&str>) -> Result<Option<VersionRef>> {
+    v.map(VersionRef::parse).transpose()
 }
 
 pub(super) async fn put_object<E: Engine>(e: &E, req: S3Request<PutObjectInput>) -> Result<PutObjectOutput> {
@@ -129,6 +152,7 @@ pub(super) async fn put_object<E: Engine>(e: &E, req: S3Request<PutObjectInput>)
         parts: Vec::new(),
         data: ing.data,
         sse_c: sealing.map(|(s, _)| s),
+        versioned: None,
     };
     let meta = e.commit(&bucket, &key, meta, ing.hold, &cond).await?;
     let c = checksum_fields(meta.checksum.as_ref());
@@ -143,6 +167,7 @@ pub(super) async fn put_object<E: Engine>(e: &E, req: S3Request<PutObjectInput>)
         size: i64::try_from(meta.size).ok(),
         sse_customer_algorithm: meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
         sse_customer_key_md5: meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
+        version_id: meta.version_id(),
         ..Default::default()
     })
 }
@@ -204,7 +229,8 @@ pub(super) async fn get_object<E: Engine>(e: &E, req: S3Request<GetObjectInput>)
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    let (meta, from) = load(e, &i.bucket, &i.key).await?;
+    let v = version_ref(i.version_id.as_deref())?;
+    let (meta, from) = load_version(e, &i.bucket, &i.key, v).await?;
     let cipher = crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     let body = crate::sse::decrypting(cipher, s.range.start, e.read(&s.meta, from, s.range.clone()));
@@ -242,6 +268,7 @@ fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<B
         checksum_type: c.kind,
         sse_customer_algorithm: s.meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
         sse_customer_key_md5: s.meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
+        version_id: s.meta.version_id(),
         ..Default::default()
     }
 }
@@ -254,7 +281,8 @@ pub(super) async fn head_object<E: Engine>(e: &E, req: S3Request<HeadObjectInput
         i.if_modified_since.as_ref(),
         i.if_unmodified_since.as_ref(),
     );
-    let (meta, _) = load(e, &i.bucket, &i.key).await?;
+    let v = version_ref(i.version_id.as_deref())?;
+    let (meta, _) = load_version(e, &i.bucket, &i.key, v).await?;
     crate::sse::open(&meta, i.customer_key()?.as_ref())?;
     let s = select_meta(meta, &pre, i.range.as_ref(), i.part_number)?;
     Ok(head_output(i, &s))
@@ -290,6 +318,7 @@ fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
         checksum_type: c.kind,
         sse_customer_algorithm: s.meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
         sse_customer_key_md5: s.meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
+        version_id: s.meta.version_id(),
         ..Default::default()
     }
 }
@@ -297,8 +326,13 @@ fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
 pub(super) async fn delete_object<E: Engine>(e: &E, req: S3Request<DeleteObjectInput>) -> Result<DeleteObjectOutput> {
     let cond = delete_conditions(&req.input);
     check_key(&req.input.key)?;
-    e.delete(&req.input.bucket, &req.input.key, &cond).await?;
-    Ok(DeleteObjectOutput::default())
+    let v = version_ref(req.input.version_id.as_deref())?;
+    let r = e.delete(&req.input.bucket, &req.input.key, v, &cond).await?;
+    Ok(DeleteObjectOutput {
+        delete_marker: r.delete_marker.then_some(true),
+        version_id: r.version_id,
+        ..Default::default()
+    })
 }
 
 pub(super) async fn delete_objects<E: Engine>(
@@ -307,42 +341,53 @@ pub(super) async fn delete_objects<E: Engine>(
 ) -> Result<DeleteObjectsOutput> {
     let bucket = req.input.bucket;
     let quiet = req.input.delete.quiet.unwrap_or(false);
-    let keys: Vec<(String, DeleteConditions)> = req
+    let keys: Vec<(String, Option<String>, DeleteConditions)> = req
         .input
         .delete
         .objects
         .into_iter()
         .map(|o| {
             let cond = entry_conditions(&o);
-            (o.key, cond)
+            (o.key, o.version_id, cond)
         })
         .collect();
     if keys.len() > 1000 {
         return Err(LightningError::MalformedXml("at most 1000 keys may be deleted at once".into()));
     }
     e.require_bucket(&bucket).await?;
-    // A key that is no valid key gets its error here; the engine deletes the others.
-    let checked: Vec<Result<()>> = keys.iter().map(|(k, _)| check_key(k)).collect();
-    let valid = keys.iter().zip(&checked).filter(|(_, c)| c.is_ok()).map(|(k, _)| k.clone()).collect();
+    // A key that is no valid key (or a version id that is none) gets its
+    // error here; the engine deletes the others.
+    let checked: Vec<Result<Option<VersionRef>>> =
+        keys.iter().map(|(k, v, _)| check_key(k).and_then(|()| version_ref(v.as_deref()))).collect();
+    let valid = keys
+        .iter()
+        .zip(&checked)
+        .filter_map(|((k, _, c), v)| v.as_ref().ok().map(|v| (k.clone(), *v, c.clone())))
+        .collect();
     let mut done = e.delete_many(&bucket, valid).await?.into_iter();
-    let results = keys.into_iter().zip(checked).map(|((key, _), check)| {
+    let results = keys.into_iter().zip(checked).map(|((key, v, _), check)| {
         let r = match check {
-            Ok(()) => done.next().unwrap_or_else(|| Err(LightningError::Db("a delete went unanswered".into()))),
+            Ok(_) => done.next().unwrap_or_else(|| Err(LightningError::Db("a delete went unanswered".into()))),
             Err(e) => Err(e),
         };
-        (key, r)
+        (key, v, r)
     });
     let mut deleted = Vec::new();
     let mut errors = Vec::new();
-    for (key, r) in results {
+    for (key, v, r) in results {
         match r {
-            Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(key), ..Default::default() }),
-            Ok(()) => {}
+            Ok(r) if !quiet => deleted.push(DeletedObject {
+                key: Some(key),
+                delete_marker: r.delete_marker.then_some(true),
+                delete_marker_version_id: r.version_id.clone().filter(|_| r.delete_marker),
+                version_id: r.version_id.filter(|_| v.is_some()),
+            }),
+            Ok(_) => {}
             Err(e) => errors.push(Error {
                 code: Some(e.s3_code().as_str().to_owned()),
                 key: Some(key),
                 message: Some(e.to_string()),
-                version_id: None,
+                version_id: v,
             }),
         }
     }
@@ -353,14 +398,11 @@ pub(super) async fn delete_objects<E: Engine>(
     })
 }
 
-/// Resolves `x-amz-copy-source` to (bucket, key).
-pub(crate) fn copy_source(src: &CopySource) -> Result<(String, String)> {
+/// Resolves `x-amz-copy-source` to (bucket, key, version).
+pub(crate) fn copy_source(src: &CopySource) -> Result<(String, String, Option<VersionRef>)> {
     match src {
         CopySource::Bucket { bucket, key, version_id } => {
-            if version_id.as_deref().is_some_and(|v| v != "null") {
-                return Err(LightningError::NotImplemented("object versions".into()));
-            }
-            Ok((bucket.to_string(), key.to_string()))
+            Ok((bucket.to_string(), key.to_string(), version_ref(version_id.as_deref())?))
         }
         _ => Err(LightningError::NotImplemented("access point copy sources".into())),
     }
@@ -369,9 +411,10 @@ pub(crate) fn copy_source(src: &CopySource) -> Result<(String, String)> {
 pub(super) async fn copy_object<E: Engine>(e: &E, req: S3Request<CopyObjectInput>) -> Result<CopyObjectOutput> {
     let i = req.input;
     check_key(&i.key)?;
-    let (sb, sk) = copy_source(&i.copy_source)?;
+    let (sb, sk, sv) = copy_source(&i.copy_source)?;
     let (dest_key, source_key) = (i.customer_key()?, i.copy_source_key()?);
-    let (src, from) = load(e, &sb, &sk).await?;
+    let (src, from) = load_version(e, &sb, &sk, sv).await?;
+    let source_version = src.version_id();
     let source = crate::sse::open(&src, source_key.as_ref())?;
     preconditions(
         i.copy_source_if_match.clone(),
@@ -400,7 +443,7 @@ pub(super) async fn copy_object<E: Engine>(e: &E, req: S3Request<CopyObjectInput
         (row, staged.hold)
     };
     let meta = e.commit(&i.bucket, &i.key, row, hold, &WriteConditions::default()).await?;
-    Ok(copy_output(&meta))
+    Ok(CopyObjectOutput { copy_source_version_id: source_version, ..copy_output(&meta) })
 }
 
 /// A copy onto itself must change something: the metadata (REPLACE) or the
@@ -471,6 +514,7 @@ fn recrypted(
         parts: src.parts,
         data: data.clone(),
         sse_c,
+        versioned: None,
     })
 }
 
@@ -490,6 +534,7 @@ fn copy_output(meta: &ObjectMeta) -> CopyObjectOutput {
         }),
         sse_customer_algorithm: meta.sse_c.as_ref().map(|_| crate::sse::ALGORITHM.to_owned()),
         sse_customer_key_md5: meta.sse_c.as_ref().map(crate::sse::key_md5_base64),
+        version_id: meta.version_id(),
         ..Default::default()
     }
 }

@@ -29,14 +29,6 @@ fn refuse(what: &str) -> Result<()> {
     Err(LightningError::NotImplemented(format!("{what} is not supported by this server")))
 }
 
-/// `versionId` other than the `null` version (no versioning: every object is it).
-fn version(v: Option<&str>) -> Result<()> {
-    match v {
-        Some(v) if v != "null" => refuse("versionId (object versions)"),
-        _ => Ok(()),
-    }
-}
-
 /// Storage classes other than STANDARD.
 fn storage_class(c: Option<&StorageClass>) -> Result<()> {
     match c {
@@ -156,14 +148,14 @@ impl Supported for CompleteMultipartUploadInput {
 impl Supported for GetObjectInput {
     fn check_supported(&self) -> Result<()> {
         refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
-        version(self.version_id.as_deref())
+        Ok(())
     }
 }
 
 impl Supported for HeadObjectInput {
     fn check_supported(&self) -> Result<()> {
         refuse_some!(self; expected_bucket_owner => "x-amz-expected-bucket-owner");
-        version(self.version_id.as_deref())
+        Ok(())
     }
 }
 
@@ -174,7 +166,7 @@ impl Supported for DeleteObjectInput {
             mfa => "x-amz-mfa (MFA delete)",
             expected_bucket_owner => "x-amz-expected-bucket-owner",
         );
-        version(self.version_id.as_deref())
+        Ok(())
     }
 }
 
@@ -185,9 +177,6 @@ impl Supported for DeleteObjectsInput {
             mfa => "x-amz-mfa (MFA delete)",
             expected_bucket_owner => "x-amz-expected-bucket-owner",
         );
-        for o in &self.delete.objects {
-            version(o.version_id.as_deref())?;
-        }
         Ok(())
     }
 }
@@ -248,7 +237,37 @@ macro_rules! only_owner_refused {
     };
 }
 
-only_owner_refused!(HeadBucketInput, DeleteBucketInput, GetBucketLocationInput, ListMultipartUploadsInput);
+only_owner_refused!(
+    HeadBucketInput,
+    DeleteBucketInput,
+    GetBucketLocationInput,
+    ListMultipartUploadsInput,
+    GetBucketVersioningInput
+);
+
+/// MFA delete is not implemented (no MFA devices here).
+impl Supported for PutBucketVersioningInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self;
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+            mfa => "x-amz-mfa (MFA delete)",
+        );
+        if self.versioning_configuration.mfa_delete.as_ref().is_some_and(|m| m.as_str() == MFADelete::ENABLED) {
+            return refuse("MfaDelete Enabled (MFA delete)");
+        }
+        Ok(())
+    }
+}
+
+impl Supported for ListObjectVersionsInput {
+    fn check_supported(&self) -> Result<()> {
+        refuse_some!(self;
+            expected_bucket_owner => "x-amz-expected-bucket-owner",
+            optional_object_attributes => "x-amz-optional-object-attributes",
+        );
+        Ok(())
+    }
+}
 
 /// `OptionalObjectAttributes` (RestoreStatus of archived objects, which
 /// this server does not have).
@@ -364,17 +383,5 @@ mod tests {
         assert!(abort.check_supported().is_ok(), "request-payer has no effect here");
         abort.if_match_initiated_time = Some(s3s::dto::Timestamp::from(std::time::SystemTime::UNIX_EPOCH));
         assert!(not_implemented(abort.check_supported()).contains("initiated-time"));
-    }
-
-    #[test]
-    fn only_the_null_version_is_served() {
-        let get = |v: Option<&str>| {
-            let mut i = GetObjectInput::builder().bucket("b".into()).key("k".into()).build().unwrap();
-            i.version_id = v.map(str::to_owned);
-            i.check_supported()
-        };
-        assert!(get(None).is_ok());
-        assert!(get(Some("null")).is_ok());
-        assert!(not_implemented(get(Some("3HL4kqtJlcpXroDTDmJ"))).contains("versionId"));
     }
 }
