@@ -346,6 +346,29 @@ mod tests {
     }
 
     #[test]
+    fn the_api_token_comes_from_the_file_or_its_flag_and_a_bad_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("token");
+        std::fs::write(&path, "from-the-token-file-0123\n").expect("write");
+        let file =
+            ServeSettings::from_toml("data_dir = \"/a\"\napi_token = \"from-the-config-0123456\"\n").expect("parse");
+        let c = file.clone().into_server_config().expect("valid");
+        assert_eq!(c.api_token.as_ref().map(|t| t.expose()), Some("from-the-config-0123456"));
+        let flags = ServeSettings { api_token_file: Some(path.clone()), ..Default::default() };
+        let c = file.clone().overridden_by(flags).into_server_config().expect("the flag's file replaces api_token");
+        assert_eq!(c.api_token.as_ref().map(|t| t.expose()), Some("from-the-token-file-0123"));
+        let both = ServeSettings { api_token_file: Some(path), ..file };
+        let e = both.into_server_config().expect_err("both in one file").to_string();
+        assert!(e.contains("both api_token and api_token_file"), "{e}");
+        let short = ServeSettings::from_toml("data_dir = \"/a\"\napi_token = \"short\"\n").expect("parse");
+        let e = short.into_server_config().expect_err("short").to_string();
+        assert!(e.contains("api_token") && e.contains("at least 16"), "{e}");
+        let none = ServeSettings::from_toml("data_dir = \"/a\"\n").expect("parse").into_server_config().expect("ok");
+        assert!(none.api_token.is_none() && !none.no_api_token);
+        assert!(ServeSettings::from_toml("no_api_token = true\n").is_err(), "--no-api-token is a flag only");
+    }
+
+    #[test]
     fn file_errors_name_the_file_and_the_line() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("coronafs.toml");
