@@ -54,7 +54,14 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         assert!(dir.is_dir());
         // Use every service through its real interface before stopping it.
         let corona = c.endpoints.coronafs.clone().unwrap();
-        bench::cluster::create_volume(&corona.api, "v", 1 << 20).await.unwrap();
+        bench::cluster::create_volume(&corona, "v", 1 << 20).await.unwrap();
+        // The embedded services run with random API tokens, as deployed.
+        let e = coronafs::api_client::ApiClient::new(&corona.api).list().await.expect_err("no token");
+        assert!(matches!(e, coronafs::CoronaError::Api { status: Some(401), .. }), "{e}");
+        let plasma = c.endpoints.plasmavmc.clone().unwrap();
+        let e = plasmavmc::client::Client::new(&plasma.url).images().await.expect_err("no token");
+        assert!(matches!(e, plasmavmc::PlasmaError::Api { status: 401, .. }), "{e}");
+        assert!(plasma.client().unwrap().images().await.unwrap().is_empty());
         let nbd = coronafs::client::NbdClient::connect(corona.nbd.as_str(), "v").await.unwrap();
         nbd.write(0, &[7u8; 4096], false).await.unwrap();
         assert_eq!(nbd.read(0, 4096).await.unwrap(), vec![7u8; 4096]);

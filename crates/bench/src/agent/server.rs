@@ -177,7 +177,7 @@ async fn probe(State(s): S, b: Result<Json<ProbeRequest>, JsonRejection>) -> Res
     Ok(Json(work::probe(&s.links, r.to, r.duration, r.link).await?).into_response())
 }
 
-async fn iperf3_server(State(s): S, b: Result<Json<Iperf3ServerRequest>, JsonRejection>) -> Result<Response, ApiError> {
+async fn iperf3_server(b: Result<Json<Iperf3ServerRequest>, JsonRejection>) -> Result<Response, ApiError> {
     let port = work::iperf3_server(body(b)?.port).await?;
     Ok(Json(Iperf3ServerReply { port }).into_response())
 }
