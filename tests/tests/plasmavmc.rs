@@ -428,7 +428,8 @@ fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
     {
         use std::io::Write;
         let mut c = std::net::TcpStream::connect(&addr).expect("connect");
-        write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
+        let auth = format!("Authorization: Bearer {}\r\n", st.token.expose());
+        write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\n\r\n", 64u64 << 20)
             .expect("head");
         c.write_all(&stack_tests::pattern(12 << 20, 9)).expect("body");
     }
@@ -450,7 +451,9 @@ fn a_stalled_upload_times_out_and_the_image_can_be_deleted() {
     let addr = st.url.trim_start_matches("http://").to_owned();
     use std::io::Write;
     let mut c = std::net::TcpStream::connect(&addr).expect("connect");
-    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20).expect("head");
+    let auth = format!("Authorization: Bearer {}\r\n", st.token.expose());
+    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\n\r\n", 64u64 << 20)
+        .expect("head");
     c.write_all(&stack_tests::pattern(7 << 20, 9)).expect("body");
     // ... and then nothing, with the connection held open.
     let img = wait_image(&st, &id, &[Status::Queued, Status::Uploading], 20);

@@ -517,8 +517,8 @@ fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
     let id = img.id;
     // Announce 64 MiB, send 12 MiB (two 5 MiB parts leave), keep the connection.
     let mut conn = std::net::TcpStream::connect(lab.api.base().trim_start_matches("http://")).expect("connect");
-    write!(conn, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
-        .expect("head");
+    let head = format!("PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {VMC_TOKEN}\r\n");
+    write!(conn, "{head}Content-Length: {}\r\n\r\n", 64u64 << 20).expect("head");
     conn.write_all(&stack_tests::pattern(12 << 20, 9)).expect("body");
     let t0 = Instant::now();
     while !lab.open_uploads().iter().any(|(k, n)| k.ends_with(&id) && *n >= 2) {

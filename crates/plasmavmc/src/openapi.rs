@@ -222,11 +222,14 @@ mod tests {
         let doc = super::document();
         assert_eq!(doc["components"]["securitySchemes"]["bearerAuth"]["scheme"], "bearer");
         assert_eq!(doc["security"][0]["bearerAuth"], serde_json::json!([]));
-        for (method, path) in crate::api::ROUTES {
-            let op = &doc["paths"][path][method];
-            assert!(op.is_object(), "{method} {path} is described");
-            let open = svc_kit::api_token::OPEN_PATHS.contains(path);
-            assert_eq!(op.get("security") == Some(&serde_json::json!([])), open, "{method} {path}");
+        let mut ops = 0;
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().expect("item") {
+                let open = svc_kit::api_token::OPEN_PATHS.contains(&path.as_str());
+                assert_eq!(op.get("security") == Some(&serde_json::json!([])), open, "{method} {path}");
+                ops += 1;
+            }
         }
+        assert!(ops > 10, "{ops} operations");
     }
 }

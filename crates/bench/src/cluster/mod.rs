@@ -957,7 +957,9 @@ mod tests {
         ] {
             assert_eq!(field(agent, "api_token"), agent_token);
         }
-        let e = Endpoints::from_toml("[coronafs]\nnbd = \"h:1\"\napi = \"http://h:2\"\napi_token = \"short\"\n");
+        let e = Endpoints::from_toml(
+            "[coronafs]\nnbd = \"127.0.0.1:1\"\napi = \"http://127.0.0.1:2\"\napi_token = \"short\"\n",
+        );
         assert!(format!("{:#}", e.expect_err("short")).contains("coronafs.api_token"));
     }
 }
