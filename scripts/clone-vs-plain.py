@@ -83,7 +83,9 @@ def main():
     d = tempfile.mkdtemp(prefix="clone-vs-plain-")
     nbd, http = free_port(), free_port()
     srv = subprocess.Popen([a.bin, "serve", "--data-dir", d, "--nbd", f"127.0.0.1:{nbd}", "--api",
-                            f"127.0.0.1:{http}", "--io-engine", a.engine], stderr=subprocess.DEVNULL)
+                            f"127.0.0.1:{http}", "--io-engine", a.engine], stderr=subprocess.DEVNULL,
+                           # its own server on loopback, without an API token (the calls below send none)
+                           env={k: v for k, v in os.environ.items() if k != "CORONAFS_API_TOKEN"})
     try:
         wait_port(http, srv)
         base = f"http://127.0.0.1:{http}"

@@ -189,11 +189,18 @@ impl Drop for Corona {
     }
 }
 
-/// A spawned `coronafs serve` process.
+/// The control API token of every `coronafs serve` [`CoronaProc`] spawns
+/// (the same across restarts, so clients made before one still work).
+pub const CORONA_TOKEN: &str = "stack-tests-coronafs-api-token-0123";
+
+/// A spawned `coronafs serve` process, its API requiring [`CORONA_TOKEN`]
+/// (given in a file, as a deployment would).
 pub struct CoronaProc {
     pub child: Child,
     pub nbd: SocketAddr,
     pub api: SocketAddr,
+    /// The `--api-token-file` (removed on drop).
+    pub token_file: tempfile::NamedTempFile,
 }
 
 impl CoronaProc {
@@ -208,17 +215,32 @@ impl CoronaProc {
 
     /// A server on given addresses (to restart one where it was).
     pub fn spawn_at(data_dir: &std::path::Path, engine: IoEngine, nbd: SocketAddr, api: SocketAddr) -> Self {
+        let token_file = tempfile::NamedTempFile::new().expect("token file");
+        std::fs::write(token_file.path(), format!("{CORONA_TOKEN}\n")).expect("write token file");
         let child = Command::new(bin("coronafs", "coronafs"))
             .args(["serve", "--data-dir"])
             .arg(data_dir)
             .args(["--nbd", &nbd.to_string(), "--api", &api.to_string(), "--io-engine", &engine.to_string()])
+            .arg("--api-token-file")
+            .arg(token_file.path())
+            .env_remove("CORONAFS_API_TOKEN")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn coronafs");
         wait_for_port(nbd, Duration::from_secs(20));
         wait_for_port(api, Duration::from_secs(20));
-        CoronaProc { child, nbd, api }
+        CoronaProc { child, nbd, api, token_file }
+    }
+
+    /// The API's token.
+    pub fn token(&self) -> svc_kit::api_token::ApiToken {
+        svc_kit::api_token::ApiToken::new(CORONA_TOKEN).expect("a valid token")
+    }
+
+    /// The typed client of the control API, with the token.
+    pub fn client(&self) -> coronafs::api_client::ApiClient {
+        coronafs::api_client::ApiClient::new(&format!("http://{}", self.api)).with_token(Some(self.token()))
     }
 
     /// SIGKILL, no chance to clean up.

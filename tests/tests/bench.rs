@@ -54,7 +54,14 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         assert!(dir.is_dir());
         // Use every service through its real interface before stopping it.
         let corona = c.endpoints.coronafs.clone().unwrap();
-        bench::cluster::create_volume(&corona.api, "v", 1 << 20).await.unwrap();
+        bench::cluster::create_volume(&corona, "v", 1 << 20).await.unwrap();
+        // The embedded services run with random API tokens, as deployed.
+        let e = coronafs::api_client::ApiClient::new(&corona.api).list().await.expect_err("no token");
+        assert!(matches!(e, coronafs::CoronaError::Api { status: Some(401), .. }), "{e}");
+        let plasma = c.endpoints.plasmavmc.clone().unwrap();
+        let e = plasmavmc::client::Client::new(&plasma.url).images().await.expect_err("no token");
+        assert!(matches!(e, plasmavmc::PlasmaError::Api { status: 401, .. }), "{e}");
+        assert!(plasma.client().unwrap().images().await.unwrap().is_empty());
         let nbd = coronafs::client::NbdClient::connect(corona.nbd.as_str(), "v").await.unwrap();
         nbd.write(0, &[7u8; 4096], false).await.unwrap();
         assert_eq!(nbd.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
@@ -244,7 +251,7 @@ fn bench_run_on_an_agent_measures_an_export_and_a_directory_there() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "job files are removed after the run");
     let o = run(dir.to_str().unwrap(), &d.path().join("x.json"), "not-the-token-0123456789");
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("wrong agent token"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("wrong API token"), "{}", String::from_utf8_lossy(&o.stderr));
     let _ = agent[0].2.kill();
     let _ = agent[0].2.wait();
 }
@@ -683,6 +690,9 @@ fn check_vm_section(v: &Value) {
     assert!(targets.contains(&"warm_create_volume_p50_16g"), "{targets:?}");
 }
 
+/// The REST API token of the PlasmaVMC the bench test spawns.
+const PLASMA_TOKEN: &str = "bench-test-plasmavmc-token-0123456";
+
 #[test]
 fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
     let _measuring = shared();
@@ -706,6 +716,9 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
         .args(["--coronafs-api", &format!("http://{}", corona.api), "--coronafs-nbd", &corona.nbd.to_string()])
         .env("PLASMAVMC_S3_ACCESS_KEY", s3_common::AK)
         .env("PLASMAVMC_S3_SECRET_KEY", s3_common::SK)
+        // The tokens as a deployment gives them: its own and CoronaFS's.
+        .env("PLASMAVMC_API_TOKEN", PLASMA_TOKEN)
+        .env("CORONAFS_API_TOKEN", stack_tests::CORONA_TOKEN)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -719,9 +732,10 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
     std::fs::write(
         &lab,
         format!(
-            "[coronafs]\nnbd = \"{}\"\napi = \"http://{}\"\n\n[lightningstor]\nendpoints = [{}]\naccess_key = \"{}\"\nsecret_key = \"{}\"\ncluster_file = \"{}\"\n\n[plasmavmc]\nurl = \"http://{plasma_addr}\"\n\n[agents]\ntoken = \"{token}\"\n[agents.nodes]\n{}\n\n[roles]\nblock = \"wa\"\ncoronafs_host = \"host\"\ncross_write = \"wa\"\ncross_read = \"wb\"\ns3 = \"wb\"\ns3_host = \"host\"\n",
+            "[coronafs]\nnbd = \"{}\"\napi = \"http://{}\"\napi_token = \"{}\"\n\n[lightningstor]\nendpoints = [{}]\naccess_key = \"{}\"\nsecret_key = \"{}\"\ncluster_file = \"{}\"\n\n[plasmavmc]\nurl = \"http://{plasma_addr}\"\napi_token = \"{PLASMA_TOKEN}\"\n\n[agents]\ntoken = \"{token}\"\n[agents.nodes]\n{}\n\n[roles]\nblock = \"wa\"\ncoronafs_host = \"host\"\ncross_write = \"wa\"\ncross_read = \"wb\"\ns3 = \"wb\"\ns3_host = \"host\"\n",
             corona.nbd,
             corona.api,
+            stack_tests::CORONA_TOKEN,
             quoted.join(", "),
             s3_common::AK,
             s3_common::SK,

@@ -41,6 +41,15 @@ const NODE01: &str = "10.89.0.11";
 const S3_NODES: [(&str, &str); 4] =
     [("node02", "10.89.0.12"), ("node03", "10.89.0.13"), ("node04", "10.89.0.14"), ("node05", "10.89.0.15")];
 const KEYS: (&str, &str) = ("lab-access-key", "lab-secret-key-change-me");
+/// The API tokens of deploy/docker/config: CoronaFS's control API (node01..
+/// node03), PlasmaVMC's REST API and its workers' agents.
+const CORONAFS_TOKEN: &str = "lab-coronafs-api-token-change-me";
+const PLASMAVMC_TOKEN: &str = "lab-plasmavmc-api-token-change-me";
+const AGENT_TOKEN: &str = "lab-plasmavmc-agent-token-change-me";
+
+fn token(t: &str) -> Option<svc_kit::api_token::ApiToken> {
+    Some(svc_kit::api_token::ApiToken::new(t).expect("a valid token"))
+}
 /// The lab's CoronaFS cluster (config/coronafs-cluster.toml): NBD addresses, node01 first.
 const CORONAFS_NBD: [&str; 3] = ["10.89.0.11:10809", "10.89.0.12:10809", "10.89.0.13:10809"];
 /// Every service of deploy/docker/compose.yaml.
@@ -591,7 +600,18 @@ fn bench_run(lab: &Lab, service: &str, job: &Path, target: &str, side: &str) -> 
 fn create_volume(lab: &Lab, name: &str, size: &str) {
     lab.exec(
         "client",
-        &["coronafs", "volume", "create", name, "--size", size, "--api", &format!("http://{NODE01}:7070")],
+        &[
+            "coronafs",
+            "volume",
+            "create",
+            name,
+            "--size",
+            size,
+            "--api",
+            &format!("http://{NODE01}:7070"),
+            "--token",
+            CORONAFS_TOKEN,
+        ],
     )
     .unwrap_or_else(|e| panic!("creating volume {name}: {e}"));
 }
@@ -724,12 +744,14 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
             "3",
             "--api",
             &format!("http://{NODE01}:7070"),
+            "--token",
+            CORONAFS_TOKEN,
         ],
     )
     .unwrap_or_else(|e| panic!("creating a volume with 3 copies: {e}"));
     let rt = runtime();
     rt.block_on(async {
-        let api = ApiClient::new(&format!("http://{NODE01}:7070"));
+        let api = ApiClient::new(&format!("http://{NODE01}:7070")).with_token(token(CORONAFS_TOKEN));
         api.fence("replicated", 1).await.expect("fence at epoch 1, as PlasmaVMC does when it attaches");
         let nodes: Vec<String> = CORONAFS_NBD.iter().map(|a| (*a).to_owned()).collect();
         let att = Attachment::connect(&nodes, "vm-failover", "host", "replicated", 1, Default::default())
@@ -798,7 +820,11 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
         // names the other copies.
         let mut primaries = 0;
         for ip in ["10.89.0.12", "10.89.0.13"] {
-            let v = ApiClient::new(&format!("http://{ip}:7070")).get("replicated").await.expect("the volume on a copy");
+            let v = ApiClient::new(&format!("http://{ip}:7070"))
+                .with_token(token(CORONAFS_TOKEN))
+                .get("replicated")
+                .await
+                .expect("the volume on a copy");
             eprintln!(
                 "lab failover: on {ip}: epoch {}, replicas {:?}, stale {:?}",
                 v.epoch, v.replicas, v.stale_replicas
@@ -823,8 +849,8 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
 #[test]
 fn lab_vm_migrates_between_workers_survives_a_coronafs_restart_and_a_killed_worker() {
     let lab = Lab::up();
-    let http = Http::new();
-    let api = Client::new(&format!("http://{NODE01}:8080"));
+    let http = Http::new().with_bearer(AGENT_TOKEN); // its calls go to the agents
+    let api = Client::new(&format!("http://{NODE01}:8080")).with_token(token(PLASMAVMC_TOKEN));
     let (w2, w3) = (S3_NODES[0].1, S3_NODES[1].1);
 
     // Image and volume through the control plane.
@@ -917,10 +943,8 @@ fn lab_vm_migrates_between_workers_survives_a_coronafs_restart_and_a_killed_work
     assert_eq!(c, 200, "{flushed}");
     let acked = log_of(&flushed);
     let migrating = {
-        let (base, id) = (api.base().to_owned(), id.clone());
-        std::thread::spawn(move || {
-            Http::new().rt.block_on(Client::new(&base).migrate_vm(&id, &MigrateVm { worker: "node02".into() }))
-        })
+        let (api, id) = (api.clone(), id.clone());
+        std::thread::spawn(move || Http::new().rt.block_on(api.migrate_vm(&id, &MigrateVm { worker: "node02".into() })))
     };
     std::thread::sleep(Duration::from_millis(5));
     must(&mut docker(&["kill", &lab.container("node03-agent")]));

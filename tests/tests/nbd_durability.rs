@@ -11,6 +11,7 @@ fn cli(api: std::net::SocketAddr, args: &[&str]) -> std::process::Output {
         .arg("volume")
         .args(args)
         .args(["--api", &format!("http://{api}")])
+        .env("CORONAFS_API_TOKEN", stack_tests::CORONA_TOKEN) // the CLI's environment variable
         .output()
         .expect("run coronafs volume")
 }

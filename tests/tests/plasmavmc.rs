@@ -428,7 +428,8 @@ fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
     {
         use std::io::Write;
         let mut c = std::net::TcpStream::connect(&addr).expect("connect");
-        write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
+        let auth = format!("Authorization: Bearer {}\r\n", st.token.expose());
+        write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\n\r\n", 64u64 << 20)
             .expect("head");
         c.write_all(&stack_tests::pattern(12 << 20, 9)).expect("body");
     }
@@ -450,7 +451,9 @@ fn a_stalled_upload_times_out_and_the_image_can_be_deleted() {
     let addr = st.url.trim_start_matches("http://").to_owned();
     use std::io::Write;
     let mut c = std::net::TcpStream::connect(&addr).expect("connect");
-    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20).expect("head");
+    let auth = format!("Authorization: Bearer {}\r\n", st.token.expose());
+    write!(c, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\n\r\n", 64u64 << 20)
+        .expect("head");
     c.write_all(&stack_tests::pattern(7 << 20, 9)).expect("body");
     // ... and then nothing, with the connection held open.
     let img = wait_image(&st, &id, &[Status::Queued, Status::Uploading], 20);
@@ -672,6 +675,7 @@ fn a_migration_stalled_on_its_target_does_not_hold_up_other_vms() {
         name: "fast".into(),
         coronafs_nbd: st.nbd_addr().to_string(),
         coronafs_nodes: Vec::new(),
+        ..AgentConfig::default()
     };
     let fast = st.run(AgentServer::start(cfg)).expect("agent");
     let dir = st.work();
@@ -679,11 +683,11 @@ fn a_migration_stalled_on_its_target_does_not_hold_up_other_vms() {
     let (v1, v2) = (st.create_volume(&img.id, None), st.create_volume(&img.id, None));
     let vm1 = create_vm(&st, &v1.id, "fast", 100);
     // vm1's migration to "slow" stalls in the target's attach.
-    let (url, id1) = (st.url.clone(), vm1.id.clone());
+    let (api, id1) = (st.api.clone(), vm1.id.clone());
     let (done_tx, done) = mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
-        let _ = done_tx.send(rt.block_on(Client::new(&url).migrate_vm(&id1, &MigrateVm { worker: "slow".into() })));
+        let _ = done_tx.send(rt.block_on(api.migrate_vm(&id1, &MigrateVm { worker: "slow".into() })));
     });
     accepted.recv_timeout(Duration::from_secs(30)).expect("the migration never called the slow worker");
     // Meanwhile a second VM is created, shown and deleted.
@@ -860,4 +864,88 @@ fn measure_create_image_and_volume_times() {
         let (m, lo, hi) = median_spread(times);
         println!("warm CreateVolume {gib} GiB virtual: p50 {m:.1} ms (min {lo:.1}, max {hi:.1}); cold was {cold:.2} s");
     }
+}
+
+#[test]
+fn without_the_api_token_every_call_but_health_and_metrics_is_401_and_changes_nothing() {
+    let st = Stack::start();
+    let call = |method: &str, path: &str, auth: Option<&str>, body: Option<Value>| {
+        st.run(async {
+            let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+            let mut req = st.http.request(m, format!("{}{path}", st.url));
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            if let Some(b) = body {
+                req = req.json(&b);
+            }
+            let resp = req.send().await.expect("send");
+            let status = resp.status().as_u16();
+            let www = resp.headers().get("www-authenticate").map(|v| v.to_str().expect("ascii").to_owned());
+            let text = resp.text().await.expect("body");
+            (status, www, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        })
+    };
+    let wrong = "Bearer not-the-token-0123456789".to_owned();
+    for auth in [None, Some(wrong.as_str()), Some(st.token.expose())] {
+        for (method, path, body) in [
+            ("POST", "/v1/images", Some(json!({"name": "x"}))),
+            ("GET", "/v1/images", None),
+            ("POST", "/v1/volumes", Some(json!({"image_id": "nope"}))),
+            ("DELETE", "/v1/vms/nope", None),
+            ("GET", "/openapi.json", None),
+        ] {
+            let (status, www, b) = call(method, path, auth, body);
+            assert_eq!(status, 401, "{method} {path} with {auth:?}: {b}");
+            assert!(www.is_some_and(|w| w.starts_with("Bearer")));
+            assert!(b["error"].as_str().is_some_and(|e| e.starts_with("unauthorized: ")), "{b}");
+        }
+    }
+    assert_eq!(call("GET", "/healthz", None, None).0, 200, "monitoring stays open");
+    assert_eq!(call("GET", "/metrics", None, None).0, 200);
+    assert!(st.run(st.api.images()).expect("images").is_empty(), "no refused call made an image");
+    let e = st.run(Client::new(&st.url).images()).expect_err("no token");
+    assert!(matches!(e, PlasmaError::Api { status: 401, .. }), "{e}");
+    let img = st.run(st.api.create_image(&CreateImage { name: "x".into(), ..Default::default() })).expect("token");
+    assert_eq!(st.run(st.api.images()).expect("images").len(), 1, "{img:?}");
+    // The CLI: PLASMAVMC_API_TOKEN or --token; refused without.
+    let cli = |env: Option<&str>, extra: &[&str]| {
+        let mut cmd = std::process::Command::new(stack_tests::bin("plasmavmc", "plasmavmc"));
+        cmd.args(["image", "list", "--api", &st.url]).args(extra).env_remove("PLASMAVMC_API_TOKEN");
+        if let Some(t) = env {
+            cmd.env("PLASMAVMC_API_TOKEN", t);
+        }
+        let out = cmd.output().expect("run plasmavmc");
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (ok, text) = cli(None, &[]);
+    assert!(!ok && text.contains("401"), "{text}");
+    let (ok, text) = cli(Some(st.token.expose()), &[]);
+    assert!(ok && text.contains(&img.id), "{text}");
+    let (ok, text) = cli(None, &["--token", st.token.expose()]);
+    assert!(ok && text.contains(&img.id), "{text}");
+}
+
+#[test]
+fn a_token_that_is_too_short_or_given_twice_stops_the_server_from_starting() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let base = plasmavmc::Config { data_dir: dir.path().join("vmc"), ..plasmavmc::Config::default() };
+    let short = plasmavmc::Config { api_token: Some("short".into()), ..base.clone() };
+    let e = short.validate().expect_err("short").to_string();
+    assert!(e.contains("api_token") && e.contains("at least 16"), "{e}");
+    let file = dir.path().join("t");
+    std::fs::write(&file, "0123456789abcdef0123\n").expect("write");
+    let both = plasmavmc::Config {
+        coronafs_api_token: Some("0123456789abcdef0123".into()),
+        coronafs_api_token_file: Some(file.clone()),
+        ..base.clone()
+    };
+    assert!(both.validate().expect_err("both").to_string().contains("coronafs_api_token"));
+    let off_loopback = plasmavmc::Config { listen: "0.0.0.0:0".parse().expect("addr"), ..base };
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let e = rt.block_on(plasmavmc::Server::start(off_loopback)).expect_err("no token off loopback").to_string();
+    assert!(e.contains("no API token is set") && e.contains("--no-api-token"), "{e}");
 }

@@ -67,8 +67,18 @@ fn spawn(cmd: &mut Command) -> Proc {
     Proc(cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("spawn"))
 }
 
+/// The agents' API token (agent A takes it from the environment, B from
+/// its config file; the control plane's agent_token).
+const AGENT_TOKEN: &str = "stack-tests-agent-api-token-0123";
+/// The control plane's REST API token (from its api_token_file).
+const VMC_TOKEN: &str = "stack-tests-plasmavmc-api-token-01";
+
+fn token(t: &str) -> Option<svc_kit::api_token::ApiToken> {
+    Some(svc_kit::api_token::ApiToken::new(t).expect("a valid token"))
+}
+
 fn spawn_agent(name: &str, listen: SocketAddr, nbd: SocketAddr) -> Proc {
-    let p = spawn(Command::new(plasmavmc()).args([
+    let p = spawn(Command::new(plasmavmc()).env("PLASMAVMC_AGENT_TOKEN", AGENT_TOKEN).args([
         "agent",
         "--listen",
         &listen.to_string(),
@@ -112,22 +122,33 @@ impl Lab {
         let a = spawn_agent("a", a_addr, corona.nbd);
         // Agent B reads its settings from a TOML file.
         let b_cfg = dir.path().join("agent-b.toml");
-        std::fs::write(&b_cfg, format!("listen = \"{b_addr}\"\nname = \"b\"\ncoronafs_nbd = \"{}\"\n", corona.nbd))
-            .expect("write agent config");
+        std::fs::write(
+            &b_cfg,
+            format!(
+                "listen = \"{b_addr}\"\nname = \"b\"\ncoronafs_nbd = \"{}\"\napi_token = \"{AGENT_TOKEN}\"\n",
+                corona.nbd
+            ),
+        )
+        .expect("write agent config");
         let b = spawn(Command::new(plasmavmc()).args(["agent", "--config"]).arg(&b_cfg));
         wait_for_port(b_addr, Duration::from_secs(20));
         let vmc_addr = addr();
         let cfg = dir.path().join("plasmavmc.toml");
+        let token_file = dir.path().join("plasmavmc.token");
+        std::fs::write(&token_file, format!("{VMC_TOKEN}\n")).expect("write token file");
         std::fs::write(
             &cfg,
             format!(
                 "listen = \"{vmc_addr}\"\ndata_dir = \"{}\"\ns3_endpoint = \"http://{ls_addr}\"\ns3_bucket = \"images\"\n\
                  s3_access_key = \"{AK}\"\ns3_secret_key = \"{SK}\"\ncoronafs_api = \"http://{}\"\ncoronafs_nbd = \"{}\"\n\
-                 part_size = 5242880\nfetch_chunk = 1048576\n\n\
+                 part_size = 5242880\nfetch_chunk = 1048576\napi_token_file = \"{}\"\n\
+                 coronafs_api_token = \"{}\"\nagent_token = \"{AGENT_TOKEN}\"\n\n\
                  [[workers]]\nname = \"a\"\nurl = \"http://{a_addr}\"\n\n[[workers]]\nname = \"b\"\nurl = \"http://{b_addr}\"\n",
                 dir.path().join("vmc").display(),
                 corona.api,
-                corona.nbd
+                corona.nbd,
+                token_file.display(),
+                stack_tests::CORONA_TOKEN,
             ),
         )
         .expect("write config");
@@ -141,10 +162,16 @@ impl Lab {
             vmc,
             vmc_cfg: cfg,
             ls_addr,
-            api: Client::new(&format!("http://{vmc_addr}")),
+            api: Client::new(&format!("http://{vmc_addr}")).with_token(token(VMC_TOKEN)),
             agents: vec![
-                (Some(a), RemoteWorker::new("a", &format!("http://{a_addr}"), http_client())),
-                (Some(b), RemoteWorker::new("b", &format!("http://{b_addr}"), http_client())),
+                (
+                    Some(a),
+                    RemoteWorker::new("a", &format!("http://{a_addr}"), http_client()).with_token(token(AGENT_TOKEN)),
+                ),
+                (
+                    Some(b),
+                    RemoteWorker::new("b", &format!("http://{b_addr}"), http_client()).with_token(token(AGENT_TOKEN)),
+                ),
             ],
         }
     }
@@ -278,10 +305,9 @@ fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_ackno
     let flushed = lab.flush(0, &id2, false);
     let acked = flushed.log.clone();
     lab.wait_acked(&id2, flushed.writes_acked + 20);
-    let (api, id_) = (lab.api.base().to_owned(), id2.clone());
-    let migrating = std::thread::spawn(move || {
-        Http::new().rt.block_on(Client::new(&api).migrate_vm(&id_, &MigrateVm { worker: "b".into() }))
-    });
+    let (api, id_) = (lab.api.clone(), id2.clone());
+    let migrating =
+        std::thread::spawn(move || Http::new().rt.block_on(api.migrate_vm(&id_, &MigrateVm { worker: "b".into() })));
     std::thread::sleep(Duration::from_millis(3));
     let mut a = lab.agents[0].0.take().expect("agent a");
     a.signal(libc::SIGKILL);
@@ -322,6 +348,7 @@ fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("--config") && text.contains("--coronafs-nbd"), "{text}");
+        assert!(text.contains("--api-token-file") && text.contains("--no-api-token"), "{text}");
     }
     let dir = tempfile::tempdir().expect("tmp");
     let bad = |name: &str, sub: &str, body: &str, needle: &str| {
@@ -363,8 +390,54 @@ fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
     let mut agent = spawn_agent("t", listen, "127.0.0.1:1".parse().expect("addr"));
     let http = Http::new();
     let (c, body) = http.call("GET", &format!("http://{listen}/healthz"), None);
-    assert_eq!(c, 200);
+    assert_eq!(c, 200, "health is open without the token");
     assert!(body.as_str().unwrap_or("").contains("ok t"), "{body}");
+    // Everything else needs the agent's token: nothing is attached without it.
+    let attach = serde_json::json!({"vm_id": "v", "volume": "x", "epoch": 1});
+    let call = |auth: Option<&str>, method: &str, path: &str, body: Option<&serde_json::Value>| {
+        http.rt.block_on(async {
+            let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+            let mut req = http.c.request(m, format!("http://{listen}{path}"));
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let resp = req.send().await.expect("send");
+            let www = resp.headers().get("www-authenticate").is_some();
+            (resp.status().as_u16(), www, resp.text().await.expect("body"))
+        })
+    };
+    for auth in [None, Some("Bearer wrong-agent-token-0123456789")] {
+        for (method, path, body) in [
+            ("POST", "/v1/attachments", Some(&attach)),
+            ("GET", "/v1/attachments", None),
+            ("DELETE", "/v1/attachments/v", None),
+        ] {
+            let (code, www, text) = call(auth, method, path, body);
+            assert_eq!((code, www), (401, true), "{method} {path} {auth:?}: {text}");
+            assert!(text.contains("unauthorized"), "{text}");
+        }
+    }
+    let (code, _, text) = call(Some(&format!("Bearer {AGENT_TOKEN}")), "GET", "/v1/attachments", None);
+    assert_eq!((code, text.as_str()), (200, "[]"), "the refused attach made nothing");
+    // Off loopback without a token the agent and the server refuse to start.
+    let none = dir.path().join("none").display().to_string();
+    for args in [
+        &["agent", "--listen", "0.0.0.0:0", "--name", "z"][..],
+        &["serve", "--listen", "0.0.0.0:0", "--data-dir", &none],
+    ] {
+        let out = Command::new(&exe)
+            .args(args)
+            .env_remove("PLASMAVMC_AGENT_TOKEN")
+            .env_remove("PLASMAVMC_API_TOKEN")
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("no API token is set"), "{args:?}: {err}");
+        assert!(err.contains("--no-api-token"), "{err}");
+    }
     agent.signal(libc::SIGTERM);
     let st = agent.wait_exit(Duration::from_secs(20)).expect("agent did not stop on SIGTERM");
     assert!(st.success(), "{st}");
@@ -444,8 +517,8 @@ fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
     let id = img.id;
     // Announce 64 MiB, send 12 MiB (two 5 MiB parts leave), keep the connection.
     let mut conn = std::net::TcpStream::connect(lab.api.base().trim_start_matches("http://")).expect("connect");
-    write!(conn, "PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", 64u64 << 20)
-        .expect("head");
+    let head = format!("PUT /v1/images/{id}/file HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {VMC_TOKEN}\r\n");
+    write!(conn, "{head}Content-Length: {}\r\n\r\n", 64u64 << 20).expect("head");
     conn.write_all(&stack_tests::pattern(12 << 20, 9)).expect("body");
     let t0 = Instant::now();
     while !lab.open_uploads().iter().any(|(k, n)| k.ends_with(&id) && *n >= 2) {

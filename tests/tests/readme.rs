@@ -125,7 +125,14 @@ fn readme_by_hand_blocks_run_in_order_as_written() {
         cmd.env(var, port.to_string());
     }
     // Nothing the README does not set: a reader's shell has none of these.
-    for var in ["PLASMAVMC_API", "LIGHTNINGSTOR_ACCESS_KEY", "LIGHTNINGSTOR_SECRET_KEY", "RUST_LOG"] {
+    for var in [
+        "PLASMAVMC_API",
+        "LIGHTNINGSTOR_ACCESS_KEY",
+        "LIGHTNINGSTOR_SECRET_KEY",
+        "RUST_LOG",
+        "CORONAFS_API_TOKEN",
+        "PLASMAVMC_API_TOKEN",
+    ] {
         cmd.env_remove(var);
     }
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
@@ -148,6 +155,7 @@ fn readme_by_hand_blocks_run_in_order_as_written() {
     assert!(stdout.contains("ok http://127.0.0.1:"), "no healthcheck answered:\n{stdout}");
     let up = stdout.lines().filter(|l| l.split_whitespace().nth(4) == Some("up")).count();
     assert_eq!(up, 3, "cluster status should show the three nodes up:\n{stdout}");
+    assert!(stdout.contains("without the token: 401"), "the control API took a request without its token:\n{stdout}");
     assert!(stdout.contains("flattened vm2 (4194304 bytes allocated, no parent)"), "{stdout}");
     assert!(stdout.contains("export-size: 1073741824"), "nbdinfo of the PlasmaVMC volume (1 GiB) missing:\n{stdout}");
     assert!(stdout.contains("/v1/volumes"), "PlasmaVMC's OpenAPI paths missing:\n{stdout}");

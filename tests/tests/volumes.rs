@@ -301,8 +301,7 @@ struct Acks {
     deleting: Vec<String>,
 }
 
-async fn churn(api_url: String, nbd: std::net::SocketAddr, round: u64, acks: Arc<Mutex<Acks>>) {
-    let api = ApiClient::new(&api_url);
+async fn churn(api: ApiClient, nbd: std::net::SocketAddr, round: u64, acks: Arc<Mutex<Acks>>) {
     for i in 0..1000u64 {
         let name = format!("c{round}-{i}");
         if api.clone_snapshot(&name, "img@gold", None).await.is_err() {
@@ -339,7 +338,7 @@ fn kill_9_during_snapshot_clone_resize_and_delete_loses_nothing_acknowledged() {
     let gold = pattern(4 * MIB as usize, 77);
     {
         let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
-        let api = ApiClient::new(&format!("http://{}", p.api));
+        let api = p.client();
         rt.block_on(async {
             api.create("img", 32 * MIB).await.expect("create");
             let n = NbdClient::connect(p.nbd, "img").await.expect("connect");
@@ -351,7 +350,7 @@ fn kill_9_during_snapshot_clone_resize_and_delete_loses_nothing_acknowledged() {
     let acks = Arc::new(Mutex::new(Acks::default()));
     for round in 0..6u64 {
         let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
-        let task = rt.spawn(churn(format!("http://{}", p.api), p.nbd, round, acks.clone()));
+        let task = rt.spawn(churn(p.client(), p.nbd, round, acks.clone()));
         std::thread::sleep(Duration::from_millis(150 + round * 97 % 300));
         p.kill9();
         let _ = rt.block_on(task);
@@ -399,10 +398,13 @@ fn kill_9_during_snapshot_clone_resize_and_delete_loses_nothing_acknowledged() {
     });
 }
 
-fn cli(api: std::net::SocketAddr, args: &[&str]) -> (bool, String) {
+fn cli(p: &CoronaProc, args: &[&str]) -> (bool, String) {
     let out = Command::new(stack_tests::bin("coronafs", "coronafs"))
         .args(args)
-        .args(["--api", &format!("http://{api}")])
+        .args(["--api", &format!("http://{}", p.api)])
+        .arg("--token-file")
+        .arg(p.token_file.path())
+        .env_remove("CORONAFS_API_TOKEN")
         .output()
         .expect("run coronafs");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -414,11 +416,11 @@ fn the_cli_drives_snapshots_clones_resize_flatten_and_delete() {
     let dir = tempfile::tempdir().expect("tmp");
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
     let ok = |args: &[&str], needle: &str| {
-        let (success, text) = cli(p.api, args);
+        let (success, text) = cli(&p, args);
         assert!(success && text.contains(needle), "{args:?}: {text}");
     };
     let fails = |args: &[&str], needle: &str| {
-        let (success, text) = cli(p.api, args);
+        let (success, text) = cli(&p, args);
         assert!(!success && text.contains(needle), "{args:?} should fail with {needle:?}: {text}");
     };
     ok(&["volume", "create", "img", "--size", "64M"], "created img");
@@ -535,7 +537,7 @@ fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tmp");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
-    let api = ApiClient::new(&format!("http://{}", p.api));
+    let api = p.client();
     rt.block_on(async {
         api.create("d", 16 * MIB).await.expect("create");
         let old = Arc::new(NbdClient::connect(p.nbd, "d;epoch=1").await.expect("connect"));
@@ -570,7 +572,7 @@ fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
     });
     p.kill9();
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
-    let api = ApiClient::new(&format!("http://{}", p.api));
+    let api = p.client();
     rt.block_on(async {
         let v = api.get("d").await.expect("get");
         assert_eq!(v.epoch, 2, "{v:?}");
@@ -618,4 +620,131 @@ fn a_volume_larger_than_the_file_system_allows_is_507_and_blocks_no_later_change
     if let Err(e) = c.srv().volumes.verify() {
         panic!("{e}");
     }
+}
+
+/// One raw call with an optional `Authorization` header: the status, the
+/// `WWW-Authenticate` header and the body (JSON, else its text).
+async fn call_as(
+    base: &str,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    body: Option<Value>,
+) -> (u16, String, Value) {
+    let http = reqwest::Client::new();
+    let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = http.request(m, format!("{base}{path}"));
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.expect("send");
+    let status = resp.status().as_u16();
+    let www = resp.headers().get("www-authenticate").map(|v| v.to_str().expect("ascii").to_owned()).unwrap_or_default();
+    let text = resp.text().await.expect("body");
+    (status, www, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+#[test]
+fn without_the_api_token_every_call_but_health_and_metrics_is_401_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
+    let base = format!("http://{}", p.api);
+    let good = format!("Bearer {}", stack_tests::CORONA_TOKEN);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let create = json!({"name": "v", "size": MIB});
+        let refused = [
+            None,
+            Some("Bearer not-the-token-0123456789".to_owned()),
+            Some(format!("Basic {}", stack_tests::CORONA_TOKEN)),
+            Some(stack_tests::CORONA_TOKEN.to_owned()),
+        ];
+        for auth in &refused {
+            for (method, path, body) in [
+                ("POST", "/v1/volumes", Some(create.clone())),
+                ("GET", "/v1/volumes", None),
+                ("POST", "/v1/volumes/v/snapshots", Some(json!({"name": "s"}))),
+                ("DELETE", "/v1/volumes/v?force=true", None),
+                ("GET", "/openapi.json", None),
+            ] {
+                let (status, www, b) = call_as(&base, method, path, auth.as_deref(), body).await;
+                assert_eq!(status, 401, "{method} {path} with {auth:?}: {b}");
+                assert!(www.starts_with("Bearer"), "{www:?}");
+                assert!(b["error"].as_str().is_some_and(|e| e.starts_with("unauthorized: ")), "{b}");
+            }
+        }
+        // Monitoring stays open.
+        let (status, _, b) = call_as(&base, "GET", "/healthz", None, None).await;
+        assert_eq!((status, b), (200, Value::String("ok\n".into())));
+        let (status, _, b) = call_as(&base, "GET", "/metrics", None, None).await;
+        assert!(status == 200 && b.as_str().is_some_and(|m| m.contains("coronafs_")), "{status} {b}");
+        // Nothing was made by the refused calls.
+        let (status, _, list) = call_as(&base, "GET", "/v1/volumes", Some(&good), None).await;
+        assert_eq!((status, list), (200, json!([])));
+        assert!(std::fs::read_dir(dir.path()).expect("data dir").all(|e| !e.expect("entry").path().ends_with("v")));
+        // With the token, the same call works; the typed client sends it.
+        let (status, _, v) = call_as(&base, "POST", "/v1/volumes", Some(&good), Some(create.clone())).await;
+        assert_eq!(status, 201, "{v}");
+        let e = ApiClient::new(&base).list().await.expect_err("no token");
+        assert!(matches!(e, coronafs::CoronaError::Api { status: Some(401), .. }), "{e}");
+        let listed = p.client().list().await.expect("list with the token");
+        assert_eq!(listed.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), ["v"]);
+    });
+    // The CLI: refused without a token, working with --token or the variable.
+    let coronafs = |args: &[&str], env: Option<&str>| {
+        let mut cmd = Command::new(stack_tests::bin("coronafs", "coronafs"));
+        cmd.args(args).args(["--api", &base]).env_remove("CORONAFS_API_TOKEN");
+        if let Some(t) = env {
+            cmd.env("CORONAFS_API_TOKEN", t);
+        }
+        let out = cmd.output().expect("run coronafs");
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (ok, text) = coronafs(&["volume", "create", "w", "--size", "1M"], None);
+    assert!(!ok && text.contains("401") && text.contains("unauthorized"), "{text}");
+    let (ok, text) = coronafs(&["volume", "create", "w", "--size", "1M", "--token", "wrong-token-0123456789"], None);
+    assert!(!ok && text.contains("wrong API token"), "{text}");
+    let (ok, text) = coronafs(&["volume", "create", "w", "--size", "1M", "--token", "short"], None);
+    assert!(!ok && text.contains("at least 16"), "a short token is refused before any call: {text}");
+    let (ok, text) = coronafs(&["volume", "list"], None);
+    assert!(!ok && text.contains("401"), "{text}");
+    let (ok, text) = coronafs(&["volume", "create", "w", "--size", "1M", "--token", stack_tests::CORONA_TOKEN], None);
+    assert!(ok && text.contains("created w"), "{text}");
+    let (ok, text) = coronafs(&["volume", "list"], Some(stack_tests::CORONA_TOKEN));
+    assert!(ok && text.contains("w ") && text.contains("v "), "{text}");
+}
+
+#[test]
+fn a_server_off_loopback_without_a_token_refuses_to_start_unless_told_it_is_unsafe() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let serve = |extra: &[&str]| {
+        let nbd = format!("127.0.0.1:{}", stack_tests::free_port());
+        let api = format!("0.0.0.0:{}", stack_tests::free_port());
+        let mut child = Command::new(stack_tests::bin("coronafs", "coronafs"))
+            .args(["serve", "--data-dir"])
+            .arg(dir.path())
+            .args(["--nbd", &nbd, "--api", &api])
+            .args(extra)
+            .env_remove("CORONAFS_API_TOKEN")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        std::thread::sleep(Duration::from_millis(1500));
+        let exited = child.try_wait().expect("wait");
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("output");
+        (exited, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (exited, log) = serve(&[]);
+    assert!(exited.is_some_and(|s| !s.success()), "it must refuse: {log}");
+    assert!(log.contains("no API token is set") && log.contains("--no-api-token"), "{log}");
+    let (exited, log) = serve(&["--no-api-token"]);
+    assert!(exited.is_none(), "--no-api-token lets it run: {log}");
+    assert!(log.contains("without a token (--no-api-token)"), "and it warns: {log}");
 }

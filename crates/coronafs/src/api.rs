@@ -16,7 +16,11 @@
 //! | GET, POST | `/v1/volumes/{name}/snapshots` | list; create `{name}` |
 //! | DELETE | `/v1/volumes/{name}/snapshots/{snap}` | delete (`?force=true`) |
 //!
-//! Every error is `{"error": "..."}` with 400, 403, 404, 409, 500, 503 or 507.
+//! Every error is `{"error": "..."}` with 400, 401, 403, 404, 409, 500, 503 or 507.
+//! With an API token set (`coronafs serve --api-token-file`), every route
+//! but `GET /healthz` and `GET /metrics` needs `Authorization: Bearer TOKEN`
+//! and answers 401 without it ([`svc_kit::api_token::protect`], applied by
+//! [`crate::service::start`] with [`unauthorized`]).
 //! The bodies are [`crate::dto`]'s; [`crate::api_client`] is the client.
 
 use crate::dto::{ApiError, BUFFERED_NOTE, CreateSnapshot, CreateVolume, FenceVolume, Force, ResizeVolume, ServerInfo};
@@ -36,6 +40,11 @@ impl IntoResponse for CoronaError {
         let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, Json(ApiError { error: self.to_string() })).into_response()
     }
+}
+
+/// The 401 body of a request without the API token: the usual `{"error"}`.
+pub fn unauthorized(message: String) -> Response {
+    (StatusCode::UNAUTHORIZED, Json(ApiError { error: message })).into_response()
 }
 
 /// What the handlers work on: the volumes and the counters to render.

@@ -10,18 +10,27 @@ use crate::dto::{
 };
 use crate::error::{CoronaError, Result};
 use serde::de::DeserializeOwned;
+use svc_kit::api_token::ApiToken;
 
 /// The control API of one server.
 #[derive(Debug, Clone)]
 pub struct ApiClient {
     http: reqwest::Client,
     base: String,
+    token: Option<ApiToken>,
 }
 
 impl ApiClient {
     /// A client of the API at `base` (`http://host:7070`).
     pub fn new(base: &str) -> Self {
-        ApiClient { http: reqwest::Client::new(), base: base.trim_end_matches('/').to_owned() }
+        ApiClient { http: reqwest::Client::new(), base: base.trim_end_matches('/').to_owned(), token: None }
+    }
+
+    /// The same client sending `Authorization: Bearer TOKEN` on every call
+    /// (none with `None`): what a server started with an API token needs.
+    pub fn with_token(mut self, token: Option<ApiToken>) -> Self {
+        self.token = token;
+        self
     }
 
     /// The base URL.
@@ -137,6 +146,10 @@ impl ApiClient {
 
     /// Sends `req`; the body of a 2xx answer, or the error it carries.
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, Vec<u8>)> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t.expose()),
+            None => req,
+        };
         let resp = req.send().await.map_err(|e| self.error(None, e.to_string()))?;
         let status = resp.status();
         let body = resp.bytes().await.map_err(|e| self.error(Some(status.as_u16()), e.to_string()))?;

@@ -36,6 +36,9 @@ pub struct Membership {
     pub secret: RpcSecret,
     /// Where replicated volumes count dropped replicas.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The control API token, which the nodes of a cluster share: sent to
+    /// the other nodes' APIs (creating and removing copies).
+    pub api_token: Option<svc_kit::api_token::ApiToken>,
 }
 
 impl Membership {
@@ -43,7 +46,12 @@ impl Membership {
     pub fn new(cluster: ClusterFile, node: &str, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Result<Self> {
         cluster.node(node)?;
         let secret = cluster.secret()?;
-        Ok(Membership { cluster, node: node.to_owned(), secret, metrics })
+        Ok(Membership { cluster, node: node.to_owned(), secret, metrics, api_token: None })
+    }
+
+    /// A client of `node`'s control API, with the cluster's token.
+    pub fn peer_api(&self, node: &ClusterNode) -> crate::api_client::ApiClient {
+        crate::api_client::ApiClient::new(&format!("http://{}", node.api)).with_token(self.api_token.clone())
     }
 
     /// This node's entry.

@@ -10,7 +10,13 @@
 //! nbd = "10.89.0.11:10809"
 //! api = "10.89.0.11:7070"
 //! io_engine = "threads"
+//! api_token_file = "/etc/photoncloud/coronafs-api.token"
 //! ```
+//!
+//! The control API's token comes from `--api-token-file`, else
+//! `CORONAFS_API_TOKEN`, else `api_token_file` or `api_token` here. Without
+//! one the API may listen only on loopback, unless `--no-api-token`
+//! (unsafe) is given ([`svc_kit::api_token::check_exposure`]).
 
 use crate::backend::IoEngine;
 use crate::error::{CoronaError, Result};
@@ -18,6 +24,7 @@ use crate::proto::handshake::TlsMode;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use svc_kit::api_token::{ApiToken, TokenSources};
 
 /// Default NBD listen address.
 pub const DEFAULT_NBD: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10809);
@@ -42,6 +49,11 @@ pub struct ServerConfig {
     pub tls: TlsConfig,
     /// The cluster this server is a node of, and the node's name in it.
     pub cluster: Option<(crate::cluster::ClusterFile, String)>,
+    /// The bearer token the control API requires (all but `/healthz` and
+    /// `/metrics`); also what this node sends to its cluster's other nodes.
+    pub api_token: Option<ApiToken>,
+    /// Serve the API without a token even off loopback (`--no-api-token`).
+    pub no_api_token: bool,
 }
 
 /// NBD over TLS, as nbdkit's `--tls`, `--tls-certificates` and `--tls-verify-peer`.
@@ -67,6 +79,8 @@ impl ServerConfig {
             read_only: false,
             tls: TlsConfig::default(),
             cluster: None,
+            api_token: None,
+            no_api_token: false,
         }
     }
 }
@@ -104,6 +118,17 @@ pub struct ServeSettings {
     /// This node's name in the cluster file; its `nbd` and `api` addresses
     /// there are the defaults of `nbd` and `api`.
     pub node: Option<String>,
+    /// The control API's bearer token (at least 16 characters). Prefer
+    /// `api_token_file`; `--api-token-file` and `CORONAFS_API_TOKEN` win
+    /// over both. The nodes of a cluster share one token.
+    pub api_token: Option<String>,
+    /// A file holding the control API's bearer token (surrounding
+    /// whitespace dropped).
+    pub api_token_file: Option<PathBuf>,
+    /// `--no-api-token` (a flag only, never from the file): serve without a
+    /// token even off loopback.
+    #[serde(skip)]
+    pub no_api_token: bool,
 }
 
 fn tls_mode<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<TlsMode>, D::Error> {
@@ -133,6 +158,7 @@ impl ServeSettings {
 
     /// `self` with every field `over` sets replaced (flags over the file).
     pub fn overridden_by(self, over: ServeSettings) -> ServeSettings {
+        let token_over = over.api_token.is_some() || over.api_token_file.is_some();
         ServeSettings {
             data_dir: over.data_dir.or(self.data_dir),
             nbd: over.nbd.or(self.nbd),
@@ -145,6 +171,11 @@ impl ServeSettings {
             tls_verify_peer: over.tls_verify_peer.or(self.tls_verify_peer),
             cluster: over.cluster.or(self.cluster),
             node: over.node.or(self.node),
+            // A token given by flag or environment replaces the file's,
+            // whichever of its two fields the file used.
+            api_token: if token_over { over.api_token } else { self.api_token },
+            api_token_file: if token_over { over.api_token_file } else { self.api_token_file },
+            no_api_token: over.no_api_token || self.no_api_token,
         }
     }
 
@@ -191,6 +222,9 @@ impl ServeSettings {
             (Some(_), None) => return Err(CoronaError::Config("cluster given without node: name this node".into())),
             (None, Some(_)) => return Err(CoronaError::Config("node given without a cluster file".into())),
         };
+        let api_token =
+            TokenSources { config_file: self.api_token_file, config_token: self.api_token, ..Default::default() }
+                .resolve()?;
         let me = cluster.as_ref().and_then(|(f, n)| f.node(n).ok());
         let cfg = ServerConfig {
             data_dir,
@@ -200,6 +234,8 @@ impl ServeSettings {
             read_only: self.read_only.unwrap_or(false),
             tls,
             cluster,
+            api_token,
+            no_api_token: self.no_api_token,
         };
         if cfg.nbd == cfg.api && cfg.nbd.port() != 0 {
             return Err(CoronaError::Config(format!("nbd and api both listen on {}", cfg.nbd)));
@@ -307,6 +343,29 @@ mod tests {
         std::fs::write(&path, format!("rpc_secret = \"abc\"\n{nodes}")).expect("write");
         let e = ServeSettings::from_toml(&text).expect("parse").into_server_config().expect_err("bad secret");
         assert!(e.to_string().contains("cluster.toml") && e.to_string().contains("64 hex digits"), "{e}");
+    }
+
+    #[test]
+    fn the_api_token_comes_from_the_file_or_its_flag_and_a_bad_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("token");
+        std::fs::write(&path, "from-the-token-file-0123\n").expect("write");
+        let file =
+            ServeSettings::from_toml("data_dir = \"/a\"\napi_token = \"from-the-config-0123456\"\n").expect("parse");
+        let c = file.clone().into_server_config().expect("valid");
+        assert_eq!(c.api_token.as_ref().map(|t| t.expose()), Some("from-the-config-0123456"));
+        let flags = ServeSettings { api_token_file: Some(path.clone()), ..Default::default() };
+        let c = file.clone().overridden_by(flags).into_server_config().expect("the flag's file replaces api_token");
+        assert_eq!(c.api_token.as_ref().map(|t| t.expose()), Some("from-the-token-file-0123"));
+        let both = ServeSettings { api_token_file: Some(path), ..file };
+        let e = both.into_server_config().expect_err("both in one file").to_string();
+        assert!(e.contains("both api_token and api_token_file"), "{e}");
+        let short = ServeSettings::from_toml("data_dir = \"/a\"\napi_token = \"short\"\n").expect("parse");
+        let e = short.into_server_config().expect_err("short").to_string();
+        assert!(e.contains("api_token") && e.contains("at least 16"), "{e}");
+        let none = ServeSettings::from_toml("data_dir = \"/a\"\n").expect("parse").into_server_config().expect("ok");
+        assert!(none.api_token.is_none() && !none.no_api_token);
+        assert!(ServeSettings::from_toml("no_api_token = true\n").is_err(), "--no-api-token is a flag only");
     }
 
     #[test]

@@ -68,6 +68,10 @@ pub enum CoronaError {
     /// The `--config` file cannot be read or parsed (the message names it).
     #[error(transparent)]
     ConfigFile(#[from] svc_kit::config::ConfigError),
+    /// The control API's token is invalid, unreadable, or missing where the
+    /// API is reachable from the network (the message says which).
+    #[error("API token: {0}")]
+    ApiToken(#[from] svc_kit::api_token::ApiTokenError),
     /// The replica RPC failed: a refused handshake, a bad frame, a replica
     /// that refused a volume or is gone.
     #[error("replica: {0}")]
@@ -82,7 +86,7 @@ impl CoronaError {
     pub fn http_status(&self) -> u16 {
         match self {
             CoronaError::InvalidName { .. } | CoronaError::InvalidSize { .. } | CoronaError::BadRequest(_) => 400,
-            CoronaError::Config(_) | CoronaError::ConfigFile(_) | CoronaError::Tls(_) => 500,
+            CoronaError::Config(_) | CoronaError::ConfigFile(_) | CoronaError::Tls(_) | CoronaError::ApiToken(_) => 500,
             CoronaError::AlreadyExists(_) | CoronaError::SnapshotExists(_) | CoronaError::Conflict(_) => 409,
             CoronaError::NotFound(_) | CoronaError::SnapshotNotFound(_) => 404,
             CoronaError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => 507,

@@ -20,6 +20,10 @@ use std::path::PathBuf;
 /// nbd://HOST:PORT/NAME@SNAP.
 /// Snapshots take O(1) time and space; so do clones of them
 /// (`coronafs volume create NEW --from-snapshot NAME@SNAP`).
+///
+/// The control API needs a bearer token (`serve --api-token-file FILE`, or
+/// CORONAFS_API_TOKEN); the volume and snapshot commands send it with
+/// --token-file FILE, --token TEXT or CORONAFS_API_TOKEN.
 #[derive(Parser, Debug)]
 #[command(version, propagate_version = true)]
 struct Cli {
@@ -34,7 +38,7 @@ enum Cmd {
     /// Settings come from --config (TOML, unknown fields refused; see
     /// docs/deploy.md) and from flags; a flag wins over the file.
     #[command(
-        after_help = "Examples:\n  coronafs serve --data-dir /var/lib/coronafs\n  coronafs serve --config /etc/photoncloud/coronafs.toml\n  coronafs serve --data-dir /var/lib/coronafs --tls require --tls-certificates /etc/pki/coronafs\n    (clients: nbdinfo 'nbds://HOST/NAME?tls-certificates=DIR', DIR holding ca-cert.pem)\n\nThe file's fields: data_dir, nbd, api, io_engine, read_only, tls, tls_certificates,\ntls_verify_peer, tls_psk, cluster, node (as the flags)."
+        after_help = "Examples:\n  coronafs serve --data-dir /var/lib/coronafs\n  coronafs serve --config /etc/photoncloud/coronafs.toml\n  coronafs serve --data-dir /var/lib/coronafs --tls require --tls-certificates /etc/pki/coronafs\n    (clients: nbdinfo 'nbds://HOST/NAME?tls-certificates=DIR', DIR holding ca-cert.pem)\n\nThe file's fields: data_dir, nbd, api, io_engine, read_only, tls, tls_certificates,\ntls_verify_peer, tls_psk, cluster, node (as the flags), api_token, api_token_file.\n\nAPI token: every control API call but GET /healthz and GET /metrics needs\n`Authorization: Bearer TOKEN` (401 otherwise). The token (16 characters or more)\ncomes from --api-token-file, else CORONAFS_API_TOKEN, else api_token_file or\napi_token in --config. The nodes of a cluster share one token. Without a token\nthe API may only listen on loopback (a warning is logged); elsewhere the server\nrefuses to start unless --no-api-token is given."
     )]
     Serve {
         /// TOML settings file with the same fields as the flags
@@ -94,6 +98,16 @@ enum Cmd {
         /// This node's name in the cluster file.
         #[arg(long, value_name = "NAME")]
         node: Option<String>,
+        /// File holding the control API's bearer token (a file, so the token
+        /// does not show in `ps`). Wins over CORONAFS_API_TOKEN and the
+        /// config file's api_token / api_token_file.
+        #[arg(long, value_name = "FILE")]
+        api_token_file: Option<PathBuf>,
+        /// Serve the control API without a token even when it listens off
+        /// loopback. UNSAFE: anyone who reaches the port can create, change
+        /// and delete volumes.
+        #[arg(long)]
+        no_api_token: bool,
     },
     /// Manage volumes through a running server's control API.
     Volume {
@@ -102,6 +116,8 @@ enum Cmd {
         /// Control API of the server.
         #[arg(long, global = true, value_name = "URL", default_value = "http://127.0.0.1:7070")]
         api: String,
+        #[command(flatten)]
+        token: TokenArgs,
     },
     /// Manage snapshots through a running server's control API.
     Snapshot {
@@ -110,7 +126,27 @@ enum Cmd {
         /// Control API of the server.
         #[arg(long, global = true, value_name = "URL", default_value = "http://127.0.0.1:7070")]
         api: String,
+        #[command(flatten)]
+        token: TokenArgs,
     },
+}
+
+/// The control API's bearer token, for the client commands.
+#[derive(clap::Args, Debug)]
+struct TokenArgs {
+    /// The API token (shows in `ps`; prefer --token-file or the variable).
+    #[arg(long, global = true, value_name = "TOKEN", env = "CORONAFS_API_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the API token.
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+}
+
+impl TokenArgs {
+    fn client(&self, api: &str) -> anyhow::Result<ApiClient> {
+        let token = svc_kit::api_token::ApiToken::for_client(self.token.as_deref(), self.token_file.as_deref())?;
+        Ok(ApiClient::new(api).with_token(token))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -223,6 +259,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_psk,
             cluster,
             node,
+            api_token_file,
+            no_api_token,
         } => {
             let file = match &config {
                 Some(path) => ServeSettings::from_file(path)?,
@@ -240,14 +278,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 tls_verify_peer: tls_verify_peer.then_some(true),
                 cluster,
                 node,
+                // The flag's file, else the environment, replaces the file's token.
+                api_token: match api_token_file {
+                    Some(_) => None,
+                    None => std::env::var("CORONAFS_API_TOKEN").ok().filter(|t| !t.is_empty()),
+                },
+                api_token_file,
+                no_api_token,
             };
             let cfg = file.overridden_by(flags).into_server_config()?;
             let srv = service::start(cfg).await.context("starting the server")?;
             srv.run_until_signal().await;
             Ok(())
         }
-        Cmd::Volume { cmd, api } => volume(cmd, &ApiClient::new(&api)).await,
-        Cmd::Snapshot { cmd, api } => snapshot(cmd, &ApiClient::new(&api)).await,
+        Cmd::Volume { cmd, api, token } => volume(cmd, &token.client(&api)?).await,
+        Cmd::Snapshot { cmd, api, token } => snapshot(cmd, &token.client(&api)?).await,
     }
 }
 

@@ -35,10 +35,11 @@ pub fn document() -> Value {
     json!({
         "openapi": "3.0.3",
         "info": {"title": "CoronaFS control API", "version": env!("CARGO_PKG_VERSION"),
-                 "description": "Thin block volumes, O(1) snapshots and copy-on-write clones, exported over NBD as VOL (read-write) and VOL@SNAP (read-only). Every error answers {\"error\": message}."},
+                 "description": "Thin block volumes, O(1) snapshots and copy-on-write clones, exported over NBD as VOL (read-write) and VOL@SNAP (read-only). Every error answers {\"error\": message}. With an API token set on the server, every operation but GET /healthz and GET /metrics needs Authorization: Bearer TOKEN (401 with WWW-Authenticate: Bearer otherwise)."},
+        "security": [{"bearerAuth": []}],
         "paths": {
-            "/healthz": {"get": {"summary": "liveness", "responses": {"200": {"description": "ok"}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text exposition format"}}}},
+            "/healthz": {"get": {"summary": "liveness", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "text exposition format"}}}},
             "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI 3"}}}},
             "/v1/info": {"get": {"summary": "the server's conditions: version, engine in use, data dir and its file system, O_DIRECT, host",
                                  "responses": {"200": ok("the server", "ServerInfo")}}},
@@ -107,7 +108,10 @@ pub fn document() -> Value {
                            "responses": {"204": {"description": "deleted"}, "404": err("not found"), "409": err("has clones or NBD clients, and force not given")}}
             }
         },
-        "components": {"schemas": {
+        "components": {
+        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer",
+            "description": "the server's API token (coronafs serve --api-token-file, CORONAFS_API_TOKEN or api_token_file)"}},
+        "schemas": {
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
             "ServerInfo": {"type": "object", "required": ["version", "engine", "data_dir", "fs", "o_direct", "note", "host"], "properties": {
                 "version": {"type": "string"},
@@ -186,5 +190,16 @@ mod tests {
             assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
         }
         assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(13));
+    }
+
+    #[test]
+    fn the_bearer_scheme_covers_all_but_health_and_metrics() {
+        let doc = super::document();
+        assert_eq!(doc["components"]["securitySchemes"]["bearerAuth"]["scheme"], "bearer");
+        assert_eq!(doc["security"][0]["bearerAuth"], serde_json::json!([]));
+        for open in svc_kit::api_token::OPEN_PATHS {
+            assert_eq!(doc["paths"][open]["get"]["security"], serde_json::json!([]), "{open}");
+        }
+        assert!(doc["paths"]["/v1/volumes"]["post"].get("security").is_none(), "the global scheme applies");
     }
 }

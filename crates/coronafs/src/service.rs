@@ -31,6 +31,8 @@ pub struct RunningServer {
     pub volumes: Arc<Volumes>,
     /// The server's counters (rendered at `/metrics`).
     pub metrics: Arc<Metrics>,
+    /// The token its control API requires, if any.
+    pub api_token: Option<svc_kit::api_token::ApiToken>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
@@ -44,6 +46,11 @@ impl RunningServer {
     /// `http://host:port` of the control API.
     pub fn api_url(&self) -> String {
         format!("http://{}", self.api_addr)
+    }
+
+    /// A client of the control API carrying its token.
+    pub fn api_client(&self) -> crate::api_client::ApiClient {
+        crate::api_client::ApiClient::new(&self.api_url()).with_token(self.api_token.clone())
     }
 
     /// Stops accepting, drops every connection and waits for the tasks to end.
@@ -94,6 +101,13 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
             return Err(crate::CoronaError::Config(format!("--tls {mode} needs --tls-certificates DIR")));
         }
     };
+    svc_kit::api_token::check_exposure(
+        "CoronaFS",
+        cfg.api,
+        cfg.api_token.as_ref(),
+        cfg.no_api_token,
+        "--api-token-file, CORONAFS_API_TOKEN, or api_token_file in --config",
+    )?;
     std::fs::create_dir_all(&cfg.data_dir)?;
     let opener = Opener::start(cfg.engine);
     let engine = opener.engine();
@@ -101,7 +115,8 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     let metrics = Arc::new(Metrics::default());
     let replica = match &cfg.cluster {
         Some((file, node)) => {
-            let m = crate::cluster::Membership::new(file.clone(), node, metrics.clone())?;
+            let mut m = crate::cluster::Membership::new(file.clone(), node, metrics.clone())?;
+            m.api_token = cfg.api_token.clone();
             let listener = TcpListener::bind(m.me()?.replica).await?;
             let secret = m.secret.clone();
             volumes.join(m)?;
@@ -130,7 +145,11 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     if let Some((listener, secret)) = replica {
         tasks.spawn(crate::server::replica::serve(listener, volumes.clone(), secret, stopped.clone()));
     }
-    let app = crate::api::router(volumes.clone(), metrics.clone());
+    let app = svc_kit::api_token::protect(
+        crate::api::router(volumes.clone(), metrics.clone()),
+        cfg.api_token.clone(),
+        crate::api::unauthorized,
+    );
     let mut api_stop = stopped;
     tasks.spawn(async move {
         let shutdown = async move {
@@ -142,5 +161,6 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     });
     let tls = cfg.tls.mode;
     tracing::info!(%nbd_addr, %api_addr, ?replica_addr, %engine, %tls, dir = %cfg.data_dir.display(), "coronafs serving");
-    Ok(RunningServer { nbd_addr, api_addr, replica_addr, engine, volumes, metrics, stop, tasks })
+    let api_token = cfg.api_token;
+    Ok(RunningServer { nbd_addr, api_addr, replica_addr, engine, volumes, metrics, api_token, stop, tasks })
 }

@@ -3,7 +3,8 @@
 //! attachments of the VMs placed on it and their guest I/O. The control
 //! plane (`plasmavmc serve` with `[[workers]]`) drives it through
 //! [`RemoteWorker`](crate::worker::remote::RemoteWorker); the routes and
-//! bodies are in [`crate::wire`].
+//! bodies are in [`crate::wire`]. With a token every route but `GET
+//! /healthz` needs `Authorization: Bearer TOKEN`.
 
 use crate::error::{PlasmaError, Result};
 use crate::wire::{self, ApiError, Attach, FlushReq, Report, StartIo, Verified, VerifyReq};
@@ -32,6 +33,15 @@ pub struct AgentConfig {
     /// The NBD addresses of the other nodes of a CoronaFS cluster, where a
     /// replicated volume's primary is looked for after a failover.
     pub coronafs_nodes: Vec<String>,
+    /// The agent API's bearer token (16 characters or more; the control
+    /// plane's `agent_token`). Prefer `api_token_file`; `--api-token-file`
+    /// and `PLASMAVMC_AGENT_TOKEN` win over both.
+    pub api_token: Option<String>,
+    /// A file holding the agent API's token.
+    pub api_token_file: Option<std::path::PathBuf>,
+    /// `--no-api-token` (a flag only): serve without a token off loopback.
+    #[serde(skip)]
+    pub no_api_token: bool,
 }
 
 impl Default for AgentConfig {
@@ -41,6 +51,9 @@ impl Default for AgentConfig {
             name: String::new(),
             coronafs_nbd: "127.0.0.1:10809".into(),
             coronafs_nodes: Vec::new(),
+            api_token: None,
+            api_token_file: None,
+            no_api_token: false,
         }
     }
 }
@@ -58,7 +71,13 @@ impl AgentConfig {
         for n in &self.coronafs_nodes {
             crate::config::check_host_port("coronafs_nodes", n)?;
         }
+        self.token()?;
         Ok(())
+    }
+
+    /// The token from `api_token` or `api_token_file`.
+    pub fn token(&self) -> Result<Option<svc_kit::api_token::ApiToken>> {
+        crate::config::token("api_token", &self.api_token, &self.api_token_file)
     }
 }
 
@@ -140,6 +159,15 @@ impl AgentServer {
     /// Validates the config and starts serving.
     pub async fn start(cfg: AgentConfig) -> Result<AgentServer> {
         cfg.validate()?;
+        let token = cfg.token()?;
+        svc_kit::api_token::check_exposure(
+            "the plasmavmc agent",
+            cfg.listen,
+            token.as_ref(),
+            cfg.no_api_token,
+            "--api-token-file, PLASMAVMC_AGENT_TOKEN, or api_token_file in --config",
+        )
+        .map_err(|e| PlasmaError::Config(e.to_string()))?;
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .map_err(|e| PlasmaError::Config(format!("cannot listen on {}: {e}", cfg.listen)))?;
@@ -147,7 +175,7 @@ impl AgentServer {
         let nodes = crate::config::nbd_nodes(&cfg.coronafs_nbd, &cfg.coronafs_nodes);
         let agent = Arc::new(LocalWorker::new(&cfg.name, &nodes, Arc::default()));
         let (stop, mut stopped) = watch::channel(false);
-        let app = router(agent.clone());
+        let app = svc_kit::api_token::protect(router(agent.clone()), token, wire::unauthorized);
         let task = tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;

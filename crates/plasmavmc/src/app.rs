@@ -51,10 +51,11 @@ impl App {
         let meta = Meta::open(&cfg.data_dir)?;
         let metrics = Metrics::default();
         let nodes = crate::config::nbd_nodes(&cfg.coronafs_nbd, &cfg.coronafs_nodes);
-        let workers = Workers::new(nodes, &cfg.workers, metrics.fenced_writes.clone());
+        let tokens = cfg.tokens()?;
+        let workers = Workers::new(nodes, &cfg.workers, tokens.agents, metrics.fenced_writes.clone());
         let app = App {
             s3: ObjectStore::new(&cfg),
-            corona: Corona::new(&cfg.coronafs_api, &cfg.coronafs_nbd),
+            corona: Corona::new(&cfg.coronafs_api, &cfg.coronafs_nbd, tokens.coronafs),
             meta,
             metrics,
             progress: Mutex::default(),

@@ -12,6 +12,9 @@ use serde::de::DeserializeOwned;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// What [`Client::with_token`] takes.
+pub type Token = Option<svc_kit::api_token::ApiToken>;
+
 /// Time allowed to open a connection to the API.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -20,6 +23,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    token: Option<svc_kit::api_token::ApiToken>,
 }
 
 impl Client {
@@ -34,7 +38,14 @@ impl Client {
 
     /// A client on a configured `reqwest` client (timeouts, pools).
     pub fn with_http(base: &str, http: reqwest::Client) -> Self {
-        Client { base: base.trim_end_matches('/').to_owned(), http }
+        Client { base: base.trim_end_matches('/').to_owned(), http, token: None }
+    }
+
+    /// The same client sending `Authorization: Bearer TOKEN` on every call
+    /// (none with `None`).
+    pub fn with_token(mut self, token: Option<svc_kit::api_token::ApiToken>) -> Self {
+        self.token = token;
+        self
     }
 
     /// The base URL.
@@ -48,6 +59,10 @@ impl Client {
 
     /// Sends `req`; the answer's body if it succeeded, else its error.
     async fn send(&self, req: reqwest::RequestBuilder, what: &str) -> Result<bytes::Bytes> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t.expose()),
+            None => req,
+        };
         let resp =
             req.send().await.map_err(|e| PlasmaError::Client(format!("{what}: no answer from {}: {e}", self.base)))?;
         let status = resp.status();

@@ -4,6 +4,7 @@ use crate::error::{PlasmaError, Result};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use svc_kit::api_token::{ApiToken, TokenSources};
 
 /// Everything a PlasmaVMC server needs.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -55,6 +56,45 @@ pub struct Config {
     /// `plasmavmc agent` processes VMs are placed on (`[[workers]]` tables).
     /// Empty: workers are in-process objects created by name on first use.
     pub workers: Vec<WorkerConfig>,
+    /// The REST API's bearer token (16 characters or more; every route but
+    /// `GET /healthz` and `GET /metrics` needs it). Prefer `api_token_file`;
+    /// `--api-token-file` and `PLASMAVMC_API_TOKEN` win over both.
+    pub api_token: Option<String>,
+    /// A file holding the REST API's token.
+    pub api_token_file: Option<PathBuf>,
+    /// The token of the CoronaFS control API (`coronafs_api`); prefer
+    /// `coronafs_api_token_file`. `--coronafs-api-token-file` and
+    /// `CORONAFS_API_TOKEN` win over both.
+    pub coronafs_api_token: Option<String>,
+    /// A file holding the CoronaFS control API's token.
+    pub coronafs_api_token_file: Option<PathBuf>,
+    /// The token of the worker agents (`[[workers]]`; one for all of them).
+    /// `--agent-token-file` and `PLASMAVMC_AGENT_TOKEN` win over it and
+    /// `agent_token_file`.
+    pub agent_token: Option<String>,
+    /// A file holding the worker agents' token.
+    pub agent_token_file: Option<PathBuf>,
+    /// `--no-api-token` (a flag only): serve without a token off loopback.
+    #[serde(skip)]
+    pub no_api_token: bool,
+}
+
+/// The tokens of a [`Config`], read and checked.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    /// What the REST API requires.
+    pub api: Option<ApiToken>,
+    /// What is sent to CoronaFS's control API.
+    pub coronafs: Option<ApiToken>,
+    /// What is sent to the worker agents.
+    pub agents: Option<ApiToken>,
+}
+
+/// A token from a config's `NAME` / `NAME_file` pair (not both).
+pub fn token(name: &str, text: &Option<String>, file: &Option<PathBuf>) -> Result<Option<ApiToken>> {
+    TokenSources { config_token: text.clone(), config_file: file.clone(), ..Default::default() }
+        .resolve()
+        .map_err(|e| PlasmaError::Config(format!("{name}: {e}")))
 }
 
 /// One `[[workers]]` entry.
@@ -104,6 +144,13 @@ impl Default for Config {
             allow_private_urls: false,
             upload_idle_timeout_secs: 120,
             workers: Vec::new(),
+            api_token: None,
+            api_token_file: None,
+            coronafs_api_token: None,
+            coronafs_api_token_file: None,
+            agent_token: None,
+            agent_token_file: None,
+            no_api_token: false,
         }
     }
 }
@@ -120,8 +167,18 @@ impl Config {
         Ok(svc_kit::config::parse(text)?)
     }
 
+    /// The tokens, each read from its `NAME` or `NAME_file` field.
+    pub fn tokens(&self) -> Result<Tokens> {
+        Ok(Tokens {
+            api: token("api_token", &self.api_token, &self.api_token_file)?,
+            coronafs: token("coronafs_api_token", &self.coronafs_api_token, &self.coronafs_api_token_file)?,
+            agents: token("agent_token", &self.agent_token, &self.agent_token_file)?,
+        })
+    }
+
     /// Checks the rules a configuration must follow before the server starts.
     pub fn validate(&self) -> Result<()> {
+        self.tokens()?;
         let bad = |m: String| Err(PlasmaError::Config(m));
         if url::Url::parse(&self.s3_endpoint).is_err() {
             return bad(format!("s3_endpoint {:?} is not a URL", self.s3_endpoint));

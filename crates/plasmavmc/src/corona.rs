@@ -52,8 +52,9 @@ fn gone_is_ok(r: coronafs::Result<()>) -> Result<(), CallError> {
 }
 
 impl Corona {
-    pub fn new(api: &str, nbd: &str) -> Self {
-        Corona { api: ApiClient::new(api), nbd: nbd.to_owned() }
+    /// The CoronaFS at control API `api` (sending `token`) and NBD `nbd`.
+    pub fn new(api: &str, nbd: &str, token: Option<svc_kit::api_token::ApiToken>) -> Self {
+        Corona { api: ApiClient::new(api).with_token(token), nbd: nbd.to_owned() }
     }
 
     /// `POST /v1/volumes {name, size}`.

@@ -18,6 +18,13 @@ struct Cli {
     /// URL of a running PlasmaVMC API (client commands).
     #[arg(long, global = true, env = "PLASMAVMC_API", default_value = "http://127.0.0.1:8080")]
     api: String,
+    /// The REST API's token (client commands; shows in `ps`, prefer
+    /// --token-file or the variable).
+    #[arg(long, global = true, value_name = "TOKEN", env = "PLASMAVMC_API_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the REST API's token (client commands).
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -81,6 +88,25 @@ struct Serve {
     /// [[workers]]. Without any, VMs run on in-process workers.
     #[arg(long = "worker", value_name = "NAME=URL")]
     workers: Vec<String>,
+    /// File holding this REST API's bearer token (every route but GET
+    /// /healthz and GET /metrics needs it). Wins over PLASMAVMC_API_TOKEN
+    /// and the config's api_token / api_token_file. Without any token the
+    /// API may only listen on loopback.
+    #[arg(long, value_name = "FILE")]
+    api_token_file: Option<PathBuf>,
+    /// File holding the CoronaFS control API's token. Wins over
+    /// CORONAFS_API_TOKEN and the config's coronafs_api_token(_file).
+    #[arg(long, value_name = "FILE")]
+    coronafs_api_token_file: Option<PathBuf>,
+    /// File holding the worker agents' token. Wins over PLASMAVMC_AGENT_TOKEN
+    /// and the config's agent_token(_file).
+    #[arg(long, value_name = "FILE")]
+    agent_token_file: Option<PathBuf>,
+    /// Serve the REST API without a token even off loopback. UNSAFE:
+    /// anyone who reaches the port can create and delete images, volumes
+    /// and VMs.
+    #[arg(long)]
+    no_api_token: bool,
 }
 
 #[derive(clap::Args)]
@@ -103,6 +129,16 @@ struct AgentArgs {
     /// after a failover.
     #[arg(long, value_name = "ADDR,...", value_delimiter = ',')]
     coronafs_nodes: Option<Vec<String>>,
+    /// File holding the agent API's bearer token (the control plane's
+    /// agent_token; every route but GET /healthz needs it). Wins over
+    /// PLASMAVMC_AGENT_TOKEN and the config's api_token / api_token_file.
+    /// Without any token the agent may only listen on loopback.
+    #[arg(long, value_name = "FILE")]
+    api_token_file: Option<PathBuf>,
+    /// Serve the agent API without a token even off loopback. UNSAFE:
+    /// anyone who reaches the port can attach, write to and detach volumes.
+    #[arg(long)]
+    no_api_token: bool,
 }
 
 #[derive(Subcommand)]
@@ -193,12 +229,31 @@ fn serve_config(s: Serve) -> Result<Config> {
     macro_rules! set { ($($f:ident),*) => { $(if let Some(v) = s.$f { c.$f = v; })* } }
     set!(listen, data_dir, s3_endpoint, s3_bucket, s3_access_key, s3_secret_key, coronafs_api, coronafs_nbd);
     c.allow_private_urls |= s.allow_private_urls;
+    override_token(&mut c.api_token, &mut c.api_token_file, s.api_token_file, "PLASMAVMC_API_TOKEN");
+    override_token(
+        &mut c.coronafs_api_token,
+        &mut c.coronafs_api_token_file,
+        s.coronafs_api_token_file,
+        "CORONAFS_API_TOKEN",
+    );
+    override_token(&mut c.agent_token, &mut c.agent_token_file, s.agent_token_file, "PLASMAVMC_AGENT_TOKEN");
+    c.no_api_token = s.no_api_token;
     for w in s.workers {
         let (name, url) = w.split_once('=').with_context(|| format!("--worker {w:?} must be NAME=URL"))?;
         c.workers.push(plasmavmc::config::WorkerConfig { name: name.into(), url: url.into() });
     }
     c.validate()?;
     Ok(c)
+}
+
+/// A token's flag (a file) wins over its environment variable, which wins
+/// over the config's `NAME` / `NAME_file` pair.
+fn override_token(text: &mut Option<String>, file: &mut Option<PathBuf>, flag: Option<PathBuf>, env: &str) {
+    if flag.is_some() {
+        (*text, *file) = (None, flag);
+    } else if let Some(v) = std::env::var(env).ok().filter(|v| !v.is_empty()) {
+        (*text, *file) = (Some(v), None);
+    }
 }
 
 fn agent_config(a: AgentArgs) -> Result<plasmavmc::agent::AgentConfig> {
@@ -218,6 +273,8 @@ fn agent_config(a: AgentArgs) -> Result<plasmavmc::agent::AgentConfig> {
     if let Some(v) = a.coronafs_nodes {
         c.coronafs_nodes = v;
     }
+    override_token(&mut c.api_token, &mut c.api_token_file, a.api_token_file, "PLASMAVMC_AGENT_TOKEN");
+    c.no_api_token = a.no_api_token;
     c.validate()?;
     Ok(c)
 }
@@ -236,8 +293,8 @@ fn print<T: serde::Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
-async fn client(api: String, cmd: Cmd) -> Result<()> {
-    let c = Client::new(&api);
+async fn client(api: String, token: plasmavmc::client::Token, cmd: Cmd) -> Result<()> {
+    let c = Client::new(&api).with_token(token);
     match cmd {
         Cmd::Serve(_) | Cmd::Agent(_) => bail!("serve and agent are not client commands"),
         Cmd::Image(ImageCmd::Create { name, file, sha256, format }) => {
@@ -286,6 +343,9 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Serve(_) | Cmd::Agent(_)) && cli.token_file.is_some() {
+        bail!("--token-file is for the client commands; a server reads its own token from --api-token-file");
+    }
     match cli.cmd {
         Cmd::Serve(s) => {
             let cfg = serve_config(s)?;
@@ -305,6 +365,9 @@ async fn main() -> Result<()> {
             eprintln!("plasmavmc agent stopped");
             Ok(())
         }
-        cmd => client(cli.api, cmd).await,
+        cmd => {
+            let token = svc_kit::api_token::ApiToken::for_client(cli.token.as_deref(), cli.token_file.as_deref())?;
+            client(cli.api, token, cmd).await
+        }
     }
 }

@@ -150,6 +150,12 @@ fn id_param() -> Value {
     json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }])
 }
 
+/// `v` with no security requirement (monitoring reads need no token).
+fn open(mut v: Value) -> Value {
+    v["security"] = json!([]);
+    v
+}
+
 /// The whole document.
 pub fn document() -> Value {
     let arr = |s: &str| json!({ "type": "array", "items": r(s) });
@@ -167,10 +173,11 @@ pub fn document() -> Value {
     };
     json!({
         "openapi": "3.1.0",
-        "info": { "title": "PlasmaVMC", "version": env!("CARGO_PKG_VERSION"), "description": "VM images in LightningStor, volumes in CoronaFS, emulated VM attach and migration." },
+        "info": { "title": "PlasmaVMC", "version": env!("CARGO_PKG_VERSION"), "description": "VM images in LightningStor, volumes in CoronaFS, emulated VM attach and migration. With an API token set on the server, every operation but GET /healthz and GET /metrics needs Authorization: Bearer TOKEN (401 with WWW-Authenticate: Bearer otherwise)." },
+        "security": [{ "bearerAuth": [] }],
         "paths": {
-            "/healthz": { "get": op("Liveness", None, vec![text("ok")]) },
-            "/metrics": { "get": op("Prometheus metrics", None, vec![text("metrics text")]) },
+            "/healthz": { "get": open(op("Liveness", None, vec![text("ok")])) },
+            "/metrics": { "get": open(op("Prometheus metrics", None, vec![text("metrics text")])) },
             "/openapi.json": { "get": op("This document", None, vec![ok("200", "OpenAPI", Some(json!({ "type": "object" })))]) },
             "/v1/images": {
                 "get": op("List images", None, vec![ok("200", "images", Some(arr("Image")))]),
@@ -200,6 +207,29 @@ pub fn document() -> Value {
             "/v1/vms/{id}/migrate": { "post": with_id(op("Move a VM to another worker", Some("MigrateVm"), vec![ok("200", "migrated", Some(r("Vm")))])) },
             "/v1/cache": { "get": op("Cache counters and bases", None, vec![ok("200", "cache", Some(r("CacheStats")))]) }
         },
-        "components": { "schemas": schemas() }
+        "components": {
+            "securitySchemes": { "bearerAuth": { "type": "http", "scheme": "bearer",
+                "description": "the server's API token (plasmavmc serve --api-token-file, PLASMAVMC_API_TOKEN or api_token_file)" } },
+            "schemas": schemas()
+        }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_bearer_scheme_covers_all_but_health_and_metrics() {
+        let doc = super::document();
+        assert_eq!(doc["components"]["securitySchemes"]["bearerAuth"]["scheme"], "bearer");
+        assert_eq!(doc["security"][0]["bearerAuth"], serde_json::json!([]));
+        let mut ops = 0;
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in item.as_object().expect("item") {
+                let open = svc_kit::api_token::OPEN_PATHS.contains(&path.as_str());
+                assert_eq!(op.get("security") == Some(&serde_json::json!([])), open, "{method} {path}");
+                ops += 1;
+            }
+        }
+        assert!(ops > 10, "{ops} operations");
+    }
 }

@@ -22,6 +22,15 @@ impl Server {
     /// bucket exists and starts serving.
     pub async fn start(cfg: Config) -> Result<Server> {
         cfg.validate()?;
+        let tokens = cfg.tokens()?;
+        svc_kit::api_token::check_exposure(
+            "PlasmaVMC",
+            cfg.listen,
+            tokens.api.as_ref(),
+            cfg.no_api_token,
+            "--api-token-file, PLASMAVMC_API_TOKEN, or api_token_file in --config",
+        )
+        .map_err(|e| crate::error::PlasmaError::Config(e.to_string()))?;
         let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
         let addr = listener.local_addr()?;
         let cfg2 = cfg.clone();
@@ -29,7 +38,8 @@ impl Server {
         app.s3.ensure_bucket().await?;
         app.clean_leftovers().await?;
         let (stop, mut stopped) = watch::channel(false);
-        let router = crate::api::router(app.clone());
+        let router =
+            svc_kit::api_token::protect(crate::api::router(app.clone()), tokens.api, crate::wire::unauthorized);
         let task = tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;

@@ -20,11 +20,20 @@
 //! | DELETE | `/v1/attachments/{vm}` | | 204 |
 //!
 //! Errors answer `{"error": "..."}` ([`ApiError`]) with the
-//! status of [`PlasmaError::http_status`].
+//! status of [`PlasmaError::http_status`]. With a token (`plasmavmc agent
+//! --api-token-file`), every route but `GET /healthz` needs
+//! `Authorization: Bearer TOKEN`, else 401 ([`unauthorized`]).
 
 use crate::error::{PlasmaError, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// The 401 body of a request without the API token (the REST API's and the
+/// agent's): the usual `{"error"}`.
+pub fn unauthorized(message: String) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (axum::http::StatusCode::UNAUTHORIZED, axum::Json(ApiError { error: message })).into_response()
+}
 
 /// What the guest has written and had acknowledged: block -> last seq.
 pub type WriteLog = BTreeMap<u64, u64>;

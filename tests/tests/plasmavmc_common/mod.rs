@@ -16,6 +16,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use svc_kit::api_token::ApiToken;
 
 pub const AK: &str = "vmc-test-key";
 pub const SK: &str = "vmc-test-secret-0123456789";
@@ -26,6 +27,9 @@ pub struct Stack {
     pub ls: Option<lightningstor::server::Running>,
     pub corona: Option<coronafs::service::RunningServer>,
     pub vmc: Option<plasmavmc::Server>,
+    /// The REST API's token (the stack runs with tokens, as deployed:
+    /// CoronaFS's API has one too, which PlasmaVMC is configured with).
+    pub token: ApiToken,
     pub http: reqwest::Client,
     pub url: String,
     /// The typed client of the API.
@@ -45,7 +49,10 @@ impl Stack {
         lcfg.listen = "127.0.0.1:0".parse().expect("addr");
         lcfg.fsync = false;
         let (ls, _) = rt.block_on(lightningstor::server::start(lcfg)).expect("lightningstor");
-        let ccfg = coronafs::config::ServerConfig::ephemeral(dir.path().join("corona"), IoEngine::Threads);
+        let mut ccfg = coronafs::config::ServerConfig::ephemeral(dir.path().join("corona"), IoEngine::Threads);
+        let corona_token = ApiToken::random().expect("token");
+        ccfg.api_token = Some(corona_token.clone());
+        let token = ApiToken::random().expect("token");
         let corona = rt.block_on(coronafs::service::start(ccfg)).expect("coronafs");
         let mut cfg = plasmavmc::Config {
             listen: "127.0.0.1:0".parse().expect("addr"),
@@ -57,6 +64,8 @@ impl Stack {
             coronafs_nbd: corona.nbd_addr.to_string(),
             part_size: 5 << 20,
             fetch_chunk: 1 << 20,
+            coronafs_api_token: Some(corona_token.expose().to_owned()),
+            api_token: Some(token.expose().to_owned()),
             ..plasmavmc::Config::default()
         };
         f(&mut cfg);
@@ -76,7 +85,8 @@ impl Stack {
             corona: Some(corona),
             vmc: Some(vmc),
             http: reqwest::Client::new(),
-            api: Client::new(&url),
+            api: Client::new(&url).with_token(Some(token.clone())),
+            token,
             url,
             s3: aws_sdk_s3::Client::from_conf(conf),
         }
@@ -107,7 +117,7 @@ impl Stack {
         let url = format!("{}{path}", self.url);
         self.rt.block_on(async {
             let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-            let mut req = self.http.request(m, url);
+            let mut req = self.http.request(m, url).bearer_auth(self.token.expose());
             if let Some(b) = body {
                 req = req.json(&b);
             }
@@ -125,7 +135,8 @@ impl Stack {
         let url = format!("{}{path}", self.url);
         self.rt.block_on(async {
             let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-            let resp = self.http.request(m, url).header("content-type", ctype).body(body).send().await.expect("send");
+            let req = self.http.request(m, url).bearer_auth(self.token.expose()).header("content-type", ctype);
+            let resp = req.body(body).send().await.expect("send");
             let status = resp.status().as_u16();
             let text = resp.text().await.expect("body");
             (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
@@ -346,17 +357,28 @@ pub fn validate(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<
 pub struct Http {
     pub rt: tokio::runtime::Runtime,
     pub c: reqwest::Client,
+    /// Sent as `Authorization: Bearer` by [`Http::call`], when set.
+    pub bearer: Option<String>,
 }
 
 impl Http {
     pub fn new() -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
-        Http { rt, c: reqwest::Client::new() }
+        Http { rt, c: reqwest::Client::new(), bearer: None }
+    }
+
+    /// The same, [`Http::call`] sending `token` as a bearer token.
+    pub fn with_bearer(mut self, token: &str) -> Self {
+        self.bearer = Some(token.to_owned());
+        self
     }
 
     pub fn call(&self, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
         self.rt.block_on(async {
             let mut req = self.c.request(reqwest::Method::from_bytes(method.as_bytes()).expect("method"), url);
+            if let Some(t) = &self.bearer {
+                req = req.bearer_auth(t);
+            }
             if let Some(b) = body {
                 req = req.json(&b);
             }

@@ -1,6 +1,8 @@
-//! The agent's HTTP service (axum). Handlers check the token, run the work
-//! in [`super::work`] and answer JSON; an error is `{"error": "..."}` with
-//! 400 (bad request), 401 (token), or 500 (the work failed).
+//! The agent's HTTP service (axum). Every route but `GET /healthz` needs the
+//! token ([`svc_kit::api_token::protect`], the layer every control API of
+//! the stack uses); handlers run the work in [`super::work`] and answer
+//! JSON; an error is `{"error": "..."}` with 400 (bad request), 401 (token,
+//! with `WWW-Authenticate: Bearer`), or 500 (the work failed).
 
 use super::work::{self, Links};
 use super::{
@@ -10,7 +12,7 @@ use super::{
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use std::net::SocketAddr;
@@ -63,21 +65,20 @@ impl RunningAgent {
 }
 
 /// Checks the token's shape before anything listens.
-pub fn check_token(token: &str) -> anyhow::Result<()> {
-    if token.len() < super::MIN_TOKEN_LEN || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        anyhow::bail!(
-            "the agent token must be at least {} characters with no spaces (set {} or --token-file)",
+pub fn check_token(token: &str) -> anyhow::Result<svc_kit::api_token::ApiToken> {
+    svc_kit::api_token::ApiToken::new(token).map_err(|e| {
+        anyhow::anyhow!(
+            "the agent token must be at least {} printable characters with no spaces (set {} or --token-file): {e}",
             super::MIN_TOKEN_LEN,
             super::TOKEN_ENV
-        );
-    }
-    Ok(())
+        )
+    })
 }
 
 /// Starts the HTTP service and the sink.
 pub async fn start(cfg: AgentConfig) -> anyhow::Result<RunningAgent> {
     use anyhow::Context;
-    check_token(&cfg.token)?;
+    let token = check_token(&cfg.token)?;
     std::fs::create_dir_all(&cfg.scratch).with_context(|| format!("scratch dir {}", cfg.scratch.display()))?;
     let (sink, sink_task) =
         crate::netprobe::sink_on(cfg.sink).await.with_context(|| format!("sink on {}", cfg.sink))?;
@@ -87,7 +88,9 @@ pub async fn start(cfg: AgentConfig) -> anyhow::Result<RunningAgent> {
     let halt = Arc::new(AtomicBool::new(false));
     let shared = Arc::new(Shared { cfg, sink_port: sink.port(), links: Links::default(), stop: halt.clone() });
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let app = router(shared);
+    let app = svc_kit::api_token::protect(router(shared), Some(token), |m| {
+        ApiError(StatusCode::UNAUTHORIZED, m).into_response()
+    });
     let serve = tokio::spawn(async move {
         let r = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
@@ -131,29 +134,11 @@ impl From<anyhow::Error> for ApiError {
     }
 }
 
-/// Constant-time comparison, so the token cannot be guessed byte by byte.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn auth(s: &Shared, h: &HeaderMap) -> Result<(), ApiError> {
-    let given =
-        h.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(t) if same(t.as_bytes(), s.cfg.token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError(StatusCode::UNAUTHORIZED, "wrong agent token".into())),
-        None => {
-            Err(ApiError(StatusCode::UNAUTHORIZED, "missing `Authorization: Bearer TOKEN` (the agent token)".into()))
-        }
-    }
-}
-
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     b.map(|Json(t)| t).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))
 }
 
-async fn info(State(s): S, h: HeaderMap) -> Result<Json<AgentInfo>, ApiError> {
-    auth(&s, &h)?;
+async fn info(State(s): S) -> Result<Json<AgentInfo>, ApiError> {
     let scratch = s.cfg.scratch.clone();
     let info = tokio::task::spawn_blocking(move || AgentInfo {
         name: String::new(),
@@ -170,71 +155,39 @@ async fn info(State(s): S, h: HeaderMap) -> Result<Json<AgentInfo>, ApiError> {
     Ok(Json(AgentInfo { name: s.cfg.name.clone(), sink_port: s.sink_port, ..info }))
 }
 
-async fn job(State(s): S, h: HeaderMap, b: Result<Json<JobRequest>, JsonRejection>) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn job(State(s): S, b: Result<Json<JobRequest>, JsonRejection>) -> Result<Response, ApiError> {
     let r = body(b)?;
     Ok(Json(work::job(&s.links, &s.cfg.scratch, r, s.stop.clone()).await?).into_response())
 }
 
-async fn pattern(
-    State(s): S,
-    h: HeaderMap,
-    b: Result<Json<PatternRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn pattern(State(s): S, b: Result<Json<PatternRequest>, JsonRejection>) -> Result<Response, ApiError> {
     Ok(Json(work::pattern(&s.links, body(b)?).await?).into_response())
 }
 
-async fn objects(
-    State(s): S,
-    h: HeaderMap,
-    b: Result<Json<ObjectsRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn objects(State(s): S, b: Result<Json<ObjectsRequest>, JsonRejection>) -> Result<Response, ApiError> {
     Ok(Json(work::objects(&s.links, body(b)?).await?).into_response())
 }
 
-async fn steady(
-    State(s): S,
-    h: HeaderMap,
-    b: Result<Json<SteadyRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn steady(State(s): S, b: Result<Json<SteadyRequest>, JsonRejection>) -> Result<Response, ApiError> {
     Ok(Json(work::steady(&s.links, body(b)?).await?).into_response())
 }
 
-async fn probe(State(s): S, h: HeaderMap, b: Result<Json<ProbeRequest>, JsonRejection>) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn probe(State(s): S, b: Result<Json<ProbeRequest>, JsonRejection>) -> Result<Response, ApiError> {
     let r = body(b)?;
     Ok(Json(work::probe(&s.links, r.to, r.duration, r.link).await?).into_response())
 }
 
-async fn iperf3_server(
-    State(s): S,
-    h: HeaderMap,
-    b: Result<Json<Iperf3ServerRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn iperf3_server(b: Result<Json<Iperf3ServerRequest>, JsonRejection>) -> Result<Response, ApiError> {
     let port = work::iperf3_server(body(b)?.port).await?;
     Ok(Json(Iperf3ServerReply { port }).into_response())
 }
 
-async fn iperf3_client(
-    State(s): S,
-    h: HeaderMap,
-    b: Result<Json<Iperf3ClientRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn iperf3_client(State(s): S, b: Result<Json<Iperf3ClientRequest>, JsonRejection>) -> Result<Response, ApiError> {
     let r = body(b)?;
     Ok(Json(work::iperf3_client(&s.links, r.to, r.duration, r.link).await?).into_response())
 }
 
-async fn cleanup(
-    State(s): S,
-    h: HeaderMap,
-    b: Result<Json<CleanupRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    auth(&s, &h)?;
+async fn cleanup(State(s): S, b: Result<Json<CleanupRequest>, JsonRejection>) -> Result<Response, ApiError> {
     body(b)?;
     let dir = s.cfg.scratch.clone();
     let removed = tokio::task::spawn_blocking(move || {
@@ -258,10 +211,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_compared_whole() {
-        assert!(same(b"abcdefgh", b"abcdefgh"));
-        assert!(!same(b"abcdefgh", b"abcdefgx"));
-        assert!(!same(b"abc", b"abcdefgh"));
+    fn tokens_are_checked_before_the_agent_listens() {
         assert!(check_token("short").is_err());
         assert!(check_token("with a space in it here").is_err());
         assert!(check_token("0123456789abcdef").is_ok());

@@ -59,6 +59,22 @@ pub struct CoronaEndpoint {
     pub nbd: String,
     /// Control API base URL, e.g. `http://10.0.0.1:7070`.
     pub api: String,
+    /// The control API's bearer token (`coronafs serve --api-token-file`),
+    /// when the server has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_token: Option<String>,
+}
+
+impl CoronaEndpoint {
+    /// The typed client of the control API, with the token.
+    pub fn client(&self) -> anyhow::Result<coronafs::api_client::ApiClient> {
+        Ok(coronafs::api_client::ApiClient::new(&self.api).with_token(token(self.api_token.as_deref())?))
+    }
+}
+
+/// A `api_token` field of the cluster file, checked.
+fn token(text: Option<&str>) -> anyhow::Result<Option<svc_kit::api_token::ApiToken>> {
+    Ok(text.map(svc_kit::api_token::ApiToken::new).transpose()?)
 }
 
 /// The S3 side: one or more LightningStor nodes sharing keys.
@@ -93,6 +109,17 @@ fn default_region() -> String {
 pub struct PlasmaEndpoint {
     /// API base URL.
     pub url: String,
+    /// The REST API's bearer token (`plasmavmc serve --api-token-file`),
+    /// when the server has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_token: Option<String>,
+}
+
+impl PlasmaEndpoint {
+    /// The typed client of the REST API, with the token.
+    pub fn client(&self) -> anyhow::Result<plasmavmc::client::Client> {
+        Ok(plasmavmc::client::Client::new(&self.url).with_token(token(self.api_token.as_deref())?))
+    }
 }
 
 /// The load agents (`bench agent`) of a deployed cluster.
@@ -198,9 +225,11 @@ impl Endpoints {
         if let Some(c) = &e.coronafs {
             host_port(&c.nbd).with_context(|| format!("coronafs.nbd {:?}", c.nbd))?;
             url_addr(&c.api).context("coronafs.api")?;
+            token(c.api_token.as_deref()).context("coronafs.api_token")?;
         }
         if let Some(p) = &e.plasmavmc {
             url_addr(&p.url).context("plasmavmc.url")?;
+            token(p.api_token.as_deref()).context("plasmavmc.api_token")?;
         }
         match (&e.agents, &e.roles) {
             (Some(a), Some(r)) => {
@@ -284,6 +313,7 @@ pub struct ReplicatedCorona {
 async fn start_corona_cluster(
     base: &Path,
     engine: IoEngine,
+    api_token: &svc_kit::api_token::ApiToken,
 ) -> anyhow::Result<(coronafs::service::RunningServer, Vec<coronafs::service::RunningServer>)> {
     use coronafs::cluster::{ClusterFile, ClusterNode};
     let mut last = None;
@@ -316,6 +346,7 @@ async fn start_corona_cluster(
             let dir = base.join(format!("attempt-{attempt}")).join(&n.name);
             let mut cfg = coronafs::config::ServerConfig::ephemeral(dir, engine);
             (cfg.nbd, cfg.api, cfg.cluster) = (n.nbd, n.api, Some((file.clone(), n.name.clone())));
+            cfg.api_token = Some(api_token.clone());
             match coronafs::service::start(cfg).await {
                 Ok(s) => started.push(s),
                 Err(e) => {
@@ -488,8 +519,13 @@ impl Cluster {
     pub async fn embedded(link: LinkSpec) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("fresh-bench-storage-").tempdir()?;
         let token = embedded::random_token()?;
+        // Every API gets a random token, as a deployment would.
+        let corona_token = svc_kit::api_token::ApiToken::random()?;
+        let plasma_token = svc_kit::api_token::ApiToken::random()?;
         let (corona, corona_copies) =
-            start_corona_cluster(&dir.path().join("coronafs"), IoEngine::Uring).await.context("starting CoronaFS")?;
+            start_corona_cluster(&dir.path().join("coronafs"), IoEngine::Uring, &corona_token)
+                .await
+                .context("starting CoronaFS")?;
         let (s3, s3_config) = match start_s3_cluster(&dir.path().join("lightningstor")).await {
             Ok(x) => x,
             Err(e) => {
@@ -526,6 +562,8 @@ impl Cluster {
             s3_region: default_region(),
             coronafs_api: corona.api_url(),
             coronafs_nbd: corona.nbd_addr.to_string(),
+            coronafs_api_token: Some(corona_token.expose().to_owned()),
+            api_token: Some(plasma_token.expose().to_owned()),
             ..plasmavmc::Config::default()
         };
         let plasma = match plasmavmc::Server::start(pcfg).await {
@@ -572,7 +610,11 @@ impl Cluster {
         };
         agents.insert("services".into(), AgentClient::new("services", services_agent.addr, &token));
         let setup = Endpoints {
-            coronafs: Some(CoronaEndpoint { nbd: corona.nbd_addr.to_string(), api: corona.api_url() }),
+            coronafs: Some(CoronaEndpoint {
+                nbd: corona.nbd_addr.to_string(),
+                api: corona.api_url(),
+                api_token: Some(corona_token.expose().to_owned()),
+            }),
             lightningstor: Some(S3Endpoint {
                 endpoints: s3_addrs.iter().map(|a| format!("http://{a}")).collect(),
                 access_key: EMBEDDED_KEYS.0.into(),
@@ -580,7 +622,7 @@ impl Cluster {
                 region: default_region(),
                 cluster_file: None,
             }),
-            plasmavmc: Some(PlasmaEndpoint { url: plasma.url() }),
+            plasmavmc: Some(PlasmaEndpoint { url: plasma.url(), api_token: Some(plasma_token.expose().to_owned()) }),
             agents: None,
             roles: None,
             faults: None,
@@ -794,14 +836,20 @@ impl Cluster {
 
 /// Creates a CoronaFS volume with `copies` copies through the control API
 /// of its primary.
-pub async fn create_replicated_volume(api: &str, name: &str, size: u64, copies: usize) -> anyhow::Result<()> {
+pub async fn create_replicated_volume(
+    corona: &CoronaEndpoint,
+    name: &str,
+    size: u64,
+    copies: usize,
+) -> anyhow::Result<()> {
     let req = coronafs::dto::CreateVolume {
         name: name.into(),
         size: Some(size),
         from_snapshot: None,
         replicas: Some(copies),
     };
-    coronafs::api_client::ApiClient::new(api)
+    corona
+        .client()?
         .create_volume(&req)
         .await
         .with_context(|| format!("creating volume {name} with {copies} copies"))?;
@@ -809,11 +857,8 @@ pub async fn create_replicated_volume(api: &str, name: &str, size: u64, copies: 
 }
 
 /// Creates a CoronaFS volume through the control API.
-pub async fn create_volume(api: &str, name: &str, size: u64) -> anyhow::Result<()> {
-    coronafs::api_client::ApiClient::new(api)
-        .create(name, size)
-        .await
-        .with_context(|| format!("creating volume {name}"))?;
+pub async fn create_volume(corona: &CoronaEndpoint, name: &str, size: u64) -> anyhow::Result<()> {
+    corona.client()?.create(name, size).await.with_context(|| format!("creating volume {name}"))?;
     Ok(())
 }
 
@@ -881,5 +926,40 @@ mod tests {
         let ls = e.lightningstor.expect("[lightningstor]");
         let file = ls.cluster_file.expect("cluster_file");
         assert!(compose.contains(&format!(":{}:ro", file.display())), "the cluster file is not mounted");
+    }
+
+    /// The Docker lab's API tokens agree: the client's lab.toml, the three
+    /// CoronaFS nodes, PlasmaVMC's three tokens and its four agents.
+    #[test]
+    fn the_lab_configs_share_their_api_tokens() {
+        let lab = Endpoints::from_toml(include_str!("../../../../deploy/docker/config/client/lab.toml")).expect("lab");
+        let field = |text: &str, key: &str| -> String {
+            let t: toml::Table = toml::from_str(text).expect("toml");
+            t.get(key).and_then(|v| v.as_str()).unwrap_or_else(|| panic!("no {key}")).to_owned()
+        };
+        let corona = lab.coronafs.expect("[coronafs]").api_token.expect("coronafs api_token");
+        for node in [
+            include_str!("../../../../deploy/docker/config/node01/coronafs.toml"),
+            include_str!("../../../../deploy/docker/config/node02/coronafs.toml"),
+            include_str!("../../../../deploy/docker/config/node03/coronafs.toml"),
+        ] {
+            assert_eq!(field(node, "api_token"), corona);
+        }
+        let plasma = include_str!("../../../../deploy/docker/config/node01/plasmavmc.toml");
+        assert_eq!(field(plasma, "coronafs_api_token"), corona);
+        assert_eq!(field(plasma, "api_token"), lab.plasmavmc.expect("[plasmavmc]").api_token.expect("api_token"));
+        let agent_token = field(plasma, "agent_token");
+        for agent in [
+            include_str!("../../../../deploy/docker/config/node02/agent.toml"),
+            include_str!("../../../../deploy/docker/config/node03/agent.toml"),
+            include_str!("../../../../deploy/docker/config/node04/agent.toml"),
+            include_str!("../../../../deploy/docker/config/node05/agent.toml"),
+        ] {
+            assert_eq!(field(agent, "api_token"), agent_token);
+        }
+        let e = Endpoints::from_toml(
+            "[coronafs]\nnbd = \"127.0.0.1:1\"\napi = \"http://127.0.0.1:2\"\napi_token = \"short\"\n",
+        );
+        assert!(format!("{:#}", e.expect_err("short")).contains("coronafs.api_token"));
     }
 }

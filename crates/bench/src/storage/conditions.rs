@@ -65,8 +65,13 @@ pub struct Conditions {
 }
 
 /// CoronaFS's self-description (`GET /v1/info`).
-async fn coronafs_info(api: &str) -> serde_json::Value {
-    let r = tokio::time::timeout(Duration::from_secs(10), coronafs::api_client::ApiClient::new(api).info()).await;
+async fn coronafs_info(c: &crate::cluster::CoronaEndpoint) -> serde_json::Value {
+    let api = &c.api;
+    let client = match c.client() {
+        Ok(client) => client,
+        Err(e) => return serde_json::json!({ "error": format!("{e:#}") }),
+    };
+    let r = tokio::time::timeout(Duration::from_secs(10), client.info()).await;
     match r {
         Ok(Ok(i)) => serde_json::to_value(i).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() })),
         Ok(Err(e)) => serde_json::json!({ "error": format!("GET {api}/v1/info: {e}") }),
@@ -115,7 +120,7 @@ pub async fn read(cluster: &Cluster, started_at: String, scratch: &std::path::Pa
         });
     }
     let coronafs = match &cluster.setup.coronafs {
-        Some(c) => Some(coronafs_info(&c.api).await),
+        Some(c) => Some(coronafs_info(c).await),
         None => None,
     };
     let lightningstor = match (&cluster.s3_config, &cluster.setup.lightningstor) {

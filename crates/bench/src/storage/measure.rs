@@ -116,8 +116,9 @@ pub async fn prefill(c: &CoronaEndpoint, export: &str, size: u64) -> anyhow::Res
 
 /// What the CoronaFS server said about evicting a volume from its page cache
 /// (`POST /v1/volumes/{name}/evict`).
-pub async fn evict(api: &str, volume: &str) -> anyhow::Result<serde_json::Value> {
-    let r = coronafs::api_client::ApiClient::new(api)
+pub async fn evict(c: &crate::cluster::CoronaEndpoint, volume: &str) -> anyhow::Result<serde_json::Value> {
+    let r = c
+        .client()?
         .evict(volume)
         .await
         .with_context(|| format!("evicting {volume} from the CoronaFS server's page cache"))?;
@@ -153,7 +154,7 @@ pub async fn cross_worker(
     }
     let req = |write| PatternRequest { addr: c.nbd.clone(), export: export.into(), offset: 0, size, seed, write, link };
     let w = writer.pattern(&req(true)).await.with_context(|| format!("worker {} writing", writer.name))?;
-    let evicted = evict(&c.api, export).await.map_err(|e| format!("{e:#}"));
+    let evicted = evict(c, export).await.map_err(|e| format!("{e:#}"));
     let r = reader.pattern(&req(false)).await.with_context(|| format!("worker {} reading back", reader.name))?;
     let mib = |b: u64, s: f64| b as f64 / 1048576.0 / s.max(1e-9);
     Ok(Cross { write_mib_s: mib(w.bytes, w.secs), read_mib_s: mib(r.bytes, r.secs), evicted })

@@ -567,7 +567,7 @@ pub async fn run(
     let block_agent = role(cluster, "block", &roles.block).filter(|a| alive(&a.name));
     let corona = match (&ep.coronafs, &cluster.setup.coronafs) {
         (Some(c), Some(setup)) => {
-            crate::cluster::create_volume(&setup.api, VOLUME, opts.volume_size).await.or_else(|e| {
+            crate::cluster::create_volume(setup, VOLUME, opts.volume_size).await.or_else(|e| {
                 // A volume left by an earlier run against a deployed cluster is fine.
                 if format!("{e:#}").contains("exists") { Ok(()) } else { Err(e) }
             })?;
@@ -579,7 +579,7 @@ pub async fn run(
     // The replicated volume on the same primary, filled the same way.
     let copies = match (&corona, &cluster.setup.coronafs, &cluster.coronafs_replicated) {
         (Some(_), Some(setup), Ok(rc)) => {
-            crate::cluster::create_replicated_volume(&setup.api, REPLICATED_VOLUME, opts.volume_size, rc.copies)
+            crate::cluster::create_replicated_volume(setup, REPLICATED_VOLUME, opts.volume_size, rc.copies)
                 .await
                 .or_else(|e| if format!("{e:#}").contains("exists") { Ok(()) } else { Err(e) })?;
             measure::prefill(setup, REPLICATED_VOLUME, opts.volume_size)

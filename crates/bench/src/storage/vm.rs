@@ -141,7 +141,7 @@ pub async fn measure(
     placement: &str,
     mut step: impl FnMut(&str),
 ) -> anyhow::Result<VmImage> {
-    let api = Client::new(&plasma.url);
+    let api = plasma.client()?;
     let dir = scratch.join("vm-images");
     std::fs::create_dir_all(&dir)?;
     let r = run(&api, verify_on, opts, &dir, placement, &mut step).await;

@@ -61,14 +61,22 @@ pub struct Workers {
 
 impl Workers {
     /// In-process workers on CoronaFS `nbd` if `configured` is empty, else
-    /// the configured agents.
-    pub fn new(nodes: Vec<String>, configured: &[WorkerConfig], fenced: Arc<AtomicU64>) -> Self {
+    /// the configured agents, called with `token`.
+    pub fn new(
+        nodes: Vec<String>,
+        configured: &[WorkerConfig],
+        token: Option<svc_kit::api_token::ApiToken>,
+        fenced: Arc<AtomicU64>,
+    ) -> Self {
         let http = remote::http_client();
         Workers {
             nodes,
             remote: configured
                 .iter()
-                .map(|w| (w.name.clone(), Arc::new(RemoteWorker::new(&w.name, &w.url, http.clone()))))
+                .map(|w| {
+                    let worker = RemoteWorker::new(&w.name, &w.url, http.clone()).with_token(token.clone());
+                    (w.name.clone(), Arc::new(worker))
+                })
                 .collect(),
             local: Mutex::default(),
             fenced,

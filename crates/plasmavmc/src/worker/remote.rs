@@ -29,11 +29,19 @@ pub struct RemoteWorker {
     /// `http://host:port`, no trailing slash.
     url: String,
     http: reqwest::Client,
+    token: Option<svc_kit::api_token::ApiToken>,
 }
 
 impl RemoteWorker {
     pub fn new(name: &str, url: &str, http: reqwest::Client) -> Self {
-        RemoteWorker { name: name.to_owned(), url: url.trim_end_matches('/').to_owned(), http }
+        RemoteWorker { name: name.to_owned(), url: url.trim_end_matches('/').to_owned(), http, token: None }
+    }
+
+    /// The same worker, sending `Authorization: Bearer TOKEN` (the agent's
+    /// `--api-token-file`) on every call.
+    pub fn with_token(mut self, token: Option<svc_kit::api_token::ApiToken>) -> Self {
+        self.token = token;
+        self
     }
 
     fn err(&self, message: String) -> PlasmaError {
@@ -50,6 +58,10 @@ impl RemoteWorker {
     /// Sends `req`; 204 is `None`, another success the decoded body. The
     /// agent's 409 stays a conflict; every other failure is the worker's.
     async fn call<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<Option<T>> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t.expose()),
+            None => req,
+        };
         let resp = req.send().await.map_err(|e| self.err(format!("unreachable: {e}")))?;
         let status = resp.status();
         if status == reqwest::StatusCode::NO_CONTENT {
