@@ -356,7 +356,7 @@ impl Volumes {
         let mut made: Vec<&ClusterNode> = Vec::new();
         let mut failure = None;
         for n in &placed[1..] {
-            let api = crate::api_client::ApiClient::new(&format!("http://{}", n.api));
+            let api = m.peer_api(n);
             match api.clone_snapshot(name, from, Some(size)).await {
                 Ok(_) => made.push(n),
                 Err(e) => {
@@ -371,7 +371,7 @@ impl Volumes {
         };
         if result.is_err() {
             for n in made {
-                let api = crate::api_client::ApiClient::new(&format!("http://{}", n.api));
+                let api = m.peer_api(n);
                 if let Err(e) = api.delete(name, true).await {
                     tracing::warn!(node = %n.name, volume = name, error = %e, "could not undo a clone's copy");
                 }

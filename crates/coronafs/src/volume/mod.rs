@@ -256,7 +256,7 @@ impl Volumes {
         if let Some(primary) = self.primary_elsewhere(name)? {
             let m = self.membership().cloned().ok_or_else(|| CoronaError::Config("no cluster".into()))?;
             let node = m.cluster.node(&primary)?;
-            let api = crate::api_client::ApiClient::new(&format!("http://{}", node.api));
+            let api = m.peer_api(node);
             tracing::info!(volume = name, epoch, primary, "fence asked of a replica copy: forwarded to its primary");
             return api.fence(name, epoch).await.map_err(|e| {
                 let why = format!("{name} is a replica on {}; its primary {primary} ({}): {e}", m.node, node.api);
