@@ -202,7 +202,7 @@ async fn own_export(res: &mut Resources, size: u64, cpus: Option<Vec<usize>>) ->
     let cfg = coronafs::config::ServerConfig::ephemeral(dir.path(), coronafs::backend::IoEngine::Threads);
     let srv = srt.handle().spawn(coronafs::service::start(cfg)).await??;
     srv.volumes.create("accuracy", size).await?;
-    let ep = crate::cluster::CoronaEndpoint { nbd: srv.nbd_addr.to_string(), api: srv.api_url() };
+    let ep = crate::cluster::CoronaEndpoint { nbd: srv.nbd_addr.to_string(), api: srv.api_url(), cluster_file: None };
     crate::storage::measure::prefill(&ep, "accuracy", size).await?;
     let spec = TargetSpec::Nbd { addr: srv.nbd_addr.to_string(), export: "accuracy".into() };
     res.export = Some((dir, srv, srt));

@@ -23,6 +23,7 @@
 //! [`Cluster::embedded`]. Set-up traffic (creating and filling volumes) is
 //! the coordinator's and is not shaped.
 
+pub mod corona_procs;
 pub mod embedded;
 
 use crate::agent::client::AgentClient;
@@ -59,6 +60,12 @@ pub struct CoronaEndpoint {
     pub nbd: String,
     /// Control API base URL, e.g. `http://10.0.0.1:7070`.
     pub api: String,
+    /// The CoronaFS cluster file the nodes run with (`coronafs serve`'s
+    /// `cluster`): the failover row reads the nodes' names and addresses,
+    /// `heartbeat_ms` and `failover_after_ms` from it. Without it (or
+    /// without `[faults]`) that row is not measured.
+    #[serde(default)]
+    pub cluster_file: Option<PathBuf>,
 }
 
 /// The S3 side: one or more LightningStor nodes sharing keys.
@@ -572,7 +579,11 @@ impl Cluster {
         };
         agents.insert("services".into(), AgentClient::new("services", services_agent.addr, &token));
         let setup = Endpoints {
-            coronafs: Some(CoronaEndpoint { nbd: corona.nbd_addr.to_string(), api: corona.api_url() }),
+            coronafs: Some(CoronaEndpoint {
+                nbd: corona.nbd_addr.to_string(),
+                api: corona.api_url(),
+                cluster_file: None,
+            }),
             lightningstor: Some(S3Endpoint {
                 endpoints: s3_addrs.iter().map(|a| format!("http://{a}")).collect(),
                 access_key: EMBEDDED_KEYS.0.into(),
@@ -881,5 +892,19 @@ mod tests {
         let ls = e.lightningstor.expect("[lightningstor]");
         let file = ls.cluster_file.expect("cluster_file");
         assert!(compose.contains(&format!(":{}:ro", file.display())), "the cluster file is not mounted");
+        let corona = e.coronafs.expect("[coronafs]").cluster_file.expect("coronafs.cluster_file");
+        assert!(
+            compose.contains(&format!("- ./config/coronafs-cluster.toml:{}:ro", corona.display())),
+            "the CoronaFS cluster file is not mounted where lab.toml says"
+        );
+        // The failover row kills kill:coronafs@NODE, the container NODE-coronafs.
+        let cf = coronafs::cluster::ClusterFile::from_toml(include_str!(
+            "../../../../deploy/docker/config/coronafs-cluster.toml"
+        ))
+        .expect("deploy/docker/config/coronafs-cluster.toml");
+        assert_eq!(cf.nodes.len(), 3);
+        for n in &cf.nodes {
+            assert!(compose.contains(&format!("\n  {}-coronafs:", n.name)), "no container {}-coronafs", n.name);
+        }
     }
 }
