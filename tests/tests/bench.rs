@@ -675,6 +675,8 @@ fn check_failover_row(r: &Value, trials: usize) {
 #[test]
 fn the_embedded_failover_row_loses_no_flushed_write_and_resumes_within_bounds() {
     let _measuring = shared();
+    // The row's CoronaFS nodes are child processes of the bench binary.
+    bin("bench", "bench");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let c = Cluster::embedded(LinkSpec::default()).await.unwrap();
