@@ -436,7 +436,6 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     block_row(&mut s, "Depth-32 read", &cols, |b| (&b.depth32_read_mib_s, "MiB/s", 2));
     s.push('\n');
     replicated_table(&mut s, r);
-    super::failover::markdown(&mut s, &r.coronafs_failover);
     let rep = r.coronafs_replicated.get();
     if l.is_some() || c.is_some() {
         let copies = rep.map_or("CoronaFS, copies".to_owned(), |x| format!("CoronaFS, {} copies", x.copies));
@@ -448,6 +447,8 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     if l.is_some() && c.is_some() {
         let _ = writeln!(s, "{PAGE_CACHE_NOTE}");
     }
+    s.push('\n');
+    super::failover::markdown(&mut s, &r.coronafs_failover);
     let _ = writeln!(s, "\nCross-worker shared-volume visibility:\n");
     s.push_str(&na(&r.cross_worker));
     if let Some(x) = r.cross_worker.get() {
