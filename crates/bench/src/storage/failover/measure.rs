@@ -271,6 +271,14 @@ async fn attach_and_stop(
         let r = record.lock().unwrap_or_else(|e| e.into_inner());
         let c0 = super::conn_at(&r.acks, stop_s);
         t.writes_acked = r.acks.len() as u64;
+        t.flush_eio = r.flush_eio;
+        if let Some((at, e)) = &r.first_flush_eio {
+            t.notes.push(format!(
+                "the new primary answered FLUSH with EIO {} (retried every 50 ms), the first {:.2} s after the stop: {e}",
+                crate::text::count(r.flush_eio as usize, "time"),
+                at - stop_s
+            ));
+        }
         (t.writes_flushed_before, t.writes_flushed_after) = super::flushed_split(&r.flushes, c0);
         if let Some(p) = super::pause(&r.acks, stop_s) {
             t.io_pause_s = Some(p.io_pause_s());

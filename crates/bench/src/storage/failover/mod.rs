@@ -51,6 +51,8 @@ pub struct Trial {
     /// The first few of them.
     pub lost: Vec<String>,
     pub reconnects: u64,
+    /// FLUSHes answered EIO (retried until one succeeded).
+    pub flush_eio: u64,
     /// Why the trial did not complete (the client stopped, did not resume,
     /// the read-back failed).
     pub error: Option<String>,

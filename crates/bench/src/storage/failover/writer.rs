@@ -45,7 +45,17 @@ pub struct Record {
     pub flushes: Vec<FlushMark>,
     /// Why the writer stopped before it was asked to.
     pub error: Option<String>,
+    /// FLUSHes answered EIO (each retried, see [`FLUSH_RETRY_FOR`]).
+    pub flush_eio: u64,
+    /// The first of those answers, and when.
+    pub first_flush_eio: Option<(f64, String)>,
 }
+
+/// How long a FLUSH answered EIO is retried (every 50 ms). A new primary
+/// may refuse FLUSHes until it has caught the other copy up; like a
+/// hypervisor that stops the VM on an I/O error and resumes it, the client
+/// retries, and the row counts the refusals.
+pub const FLUSH_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The client, for the report.
 pub fn describe() -> String {
@@ -109,7 +119,21 @@ impl Writer {
 
     async fn flush(&mut self) -> Result<(), String> {
         let (covered, n, conn) = (self.acked_log.clone(), self.pending, self.conn);
-        self.att.flush().await.map_err(|e| format!("FLUSH after write {}: {e}", self.seq))?;
+        let started = Instant::now();
+        loop {
+            match self.att.flush().await {
+                Ok(()) => break,
+                Err(e) if e.to_string().contains("EIO") && started.elapsed() < FLUSH_RETRY_FOR => {
+                    let t = self.t0.elapsed().as_secs_f64();
+                    let mut r = self.lock();
+                    r.flush_eio += 1;
+                    r.first_flush_eio.get_or_insert_with(|| (t, format!("FLUSH after write {}: {e}", self.seq)));
+                    drop(r);
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(format!("FLUSH after write {}: {e}", self.seq)),
+            }
+        }
         self.after_op().await;
         if self.conn == conn {
             for (b, s) in covered {
