@@ -125,10 +125,12 @@ impl Writer {
                 Ok(()) => break,
                 Err(e) if e.to_string().contains("EIO") && started.elapsed() < FLUSH_RETRY_FOR => {
                     let t = self.t0.elapsed().as_secs_f64();
-                    let mut r = self.lock();
-                    r.flush_eio += 1;
-                    r.first_flush_eio.get_or_insert_with(|| (t, format!("FLUSH after write {}: {e}", self.seq)));
-                    drop(r);
+                    let what = format!("FLUSH after write {}: {e}", self.seq);
+                    {
+                        let mut r = self.lock();
+                        r.flush_eio += 1;
+                        r.first_flush_eio.get_or_insert((t, what));
+                    }
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
                 Err(e) => return Err(format!("FLUSH after write {}: {e}", self.seq)),
