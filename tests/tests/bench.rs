@@ -532,6 +532,7 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
         assert!(v[s]["measured_by"].as_str().unwrap().contains("worker-a"), "{}", v[s]["measured_by"]);
     }
     check_replicated_row(&v);
+    check_failover_row(&v["coronafs_failover"], 1);
     // The scratch dir is on ext4 here, which takes O_DIRECT: the report says it was used.
     assert_eq!(v["local_disk"]["o_direct"], true);
     // One iteration: no spread.
@@ -608,6 +609,12 @@ fn fresh_bench_storage_quick_reports_every_available_section() {
             && md.contains("not replication across a network"),
         "the replicated row or its conditions are missing"
     );
+    assert!(
+        md.contains("Failover of a replicated volume (CoronaFS)")
+            && md.contains("| Verdict | ok: 0 flushed writes lost in 1 failover |")
+            && md.contains("failover_after_ms 1500"),
+        "the failover row, its verdict or its conditions are missing"
+    );
     for svg in ["throughput.svg", "coronafs.svg", "lightningstor.svg"] {
         assert!(md.contains(svg), "report does not embed {svg}");
         assert!(std::fs::read_to_string(d.path().join(svg)).unwrap().contains("<svg"));
@@ -637,6 +644,63 @@ fn check_replicated_row(v: &Value) {
         let ratio = x["ratio"].as_f64().unwrap_or(0.0);
         assert!((ratio - copies / one).abs() <= 1e-9 * ratio.max(1.0), "{f}: {ratio} vs {copies} / {one}");
     }
+}
+
+/// The failover row of an embedded run: `trials` failovers, each to
+/// another node at a higher epoch, the client resumed after a pause that
+/// is above 0 and below a generous bound, and no flushed write lost.
+fn check_failover_row(r: &Value, trials: usize) {
+    assert_eq!(r["status"], "measured", "coronafs_failover: {r}");
+    assert_eq!(r["passed"], true, "{r}");
+    assert_eq!((r["heartbeat_ms"].as_u64(), r["failover_after_ms"].as_u64()), (Some(250), Some(1500)), "{r}");
+    let said = format!("{} {} {}", r["stopped_by"], r["path"], r["nodes"]);
+    assert!(said.contains("SIGKILL") && said.contains("loopback") && said.contains("child processes"), "{said}");
+    let t = r["trials"].as_array().unwrap();
+    assert_eq!(t.len(), trials, "{r}");
+    for t in t {
+        assert_eq!(t["lost_flushed_writes"], 0, "{t}");
+        assert!(t["error"].is_null(), "{t}");
+        let pause = t["io_pause_s"].as_f64().unwrap_or(-1.0);
+        // At least the silence the copies wait for before electing; 30 s is generous.
+        assert!(pause > 1.0 && pause < 30.0, "io pause {pause}: {t}");
+        let reconnect = t["reconnect_s"].as_f64().unwrap_or(-1.0);
+        // Polled every 5 ms on a busy host: within a second of the first write after it.
+        assert!(reconnect > 0.0 && reconnect <= t["stop_to_first_write_s"].as_f64().unwrap() + 1.0, "{t}");
+        assert_ne!(t["new_primary"], t["old_primary"], "{t}");
+        assert!(t["new_primary"].is_string(), "{t}");
+        assert!(t["epoch_after"].as_u64().unwrap() > t["epoch_before"].as_u64().unwrap(), "{t}");
+        for k in ["writes_flushed_before", "writes_flushed_after", "blocks_checked"] {
+            assert!(t[k].as_u64().unwrap_or(0) > 0, "{k}: {t}");
+        }
+    }
+    assert!(r["io_pause_s"]["median"].as_f64().unwrap_or(0.0) > 1.0, "{r}");
+}
+
+/// Two failovers on the embedded cluster, straight through the library:
+/// the primary moves to the next node for the second one, after the first
+/// stopped node was started again.
+#[test]
+fn the_embedded_failover_row_loses_no_flushed_write_and_resumes_within_bounds() {
+    let _measuring = shared();
+    // The row's CoronaFS nodes are child processes of the bench binary.
+    bin("bench", "bench");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = Cluster::embedded(LinkSpec::default()).await.unwrap();
+        let t = std::time::Instant::now();
+        let row = bench::storage::failover::measure::section(&c, 2).await;
+        let took = t.elapsed();
+        c.shutdown().await;
+        let v = serde_json::to_value(&row).unwrap();
+        check_failover_row(&v, 2);
+        let t = v["trials"].as_array().unwrap();
+        assert_eq!((t[0]["old_primary"].as_str(), t[1]["old_primary"].as_str()), (Some("f1"), Some("f2")), "{v}");
+        assert!(took < Duration::from_secs(45), "two failovers took {took:?}");
+        eprintln!(
+            "embedded failover: io pauses {} s and {} s, reconnects after {} s and {} s; {took:?} in all",
+            t[0]["io_pause_s"], t[1]["io_pause_s"], t[0]["reconnect_s"], t[1]["reconnect_s"]
+        );
+    });
 }
 
 /// Starts `bench agent` processes on loopback; (name, addr, child).
@@ -794,6 +858,10 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
     let rep = &v["coronafs_replicated"];
     assert_eq!(rep["status"], "not_available", "{rep}");
     assert!(rep["reason"].as_str().unwrap_or("").contains("several copies"), "{rep}");
+    // Nor the failover row without [coronafs] cluster_file: not measured, with the reason.
+    let fo = &v["coronafs_failover"];
+    assert_eq!(fo["status"], "not_available", "{fo}");
+    assert!(fo["reason"].as_str().unwrap_or("").contains("cluster_file"), "{fo}");
     check_vm_section(&v);
     // The deployed cluster keeps running; the bench left no volumes or images behind.
     let images = s3_common::http_get(&plasma_addr, "/v1/images");

@@ -511,6 +511,31 @@ fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads()
         "lab: degraded: before {} / during {} / after {} ops/s, back at full redundancy after {} s",
         d["before"]["ops_per_s"], d["during"]["ops_per_s"], d["after"]["ops_per_s"], d["time_to_full_redundancy_s"]
     );
+    // The failover row: a volume with 3 copies made on node01, whose
+    // CoronaFS container the client kills (through the engine's API) under
+    // a writing client and starts again afterwards.
+    let f = &results["coronafs_failover"];
+    assert_eq!(f["status"], "measured", "coronafs_failover: {f}");
+    let t = &f["trials"][0];
+    eprintln!(
+        "lab: failover: node01's CoronaFS killed, new primary {} at epoch {}, io pause {} s, reconnect after {} s, \
+         {} writes flushed before and {} after, {} lost",
+        t["new_primary"],
+        t["epoch_after"],
+        t["io_pause_s"],
+        t["reconnect_s"],
+        t["writes_flushed_before"],
+        t["writes_flushed_after"],
+        t["lost_flushed_writes"]
+    );
+    assert_eq!(f["passed"], true, "{f}");
+    assert_eq!((t["old_primary"].as_str(), t["lost_flushed_writes"].as_u64()), (Some("node01"), Some(0)), "{t}");
+    assert!(matches!(t["new_primary"].as_str(), Some("node02" | "node03")), "{t}");
+    let notes = t["notes"].to_string();
+    assert!(!notes.contains("restarting") && !notes.contains("deleting"), "restart or clean-up failed: {t}");
+    let path = f["path"].as_str().unwrap_or("");
+    assert!(path.contains("network") && !path.contains("loopback"), "{path}");
+    assert_eq!((f["heartbeat_ms"].as_u64(), f["failover_after_ms"].as_u64()), (Some(1000), Some(5000)), "{f}");
 
     // node02's LightningStor already dead before the run: the run completes,
     // leaves the node out, and reports the whole load as degraded.

@@ -206,6 +206,7 @@ async fn own_export(res: &mut Resources, size: u64, cpus: Option<Vec<usize>>) ->
         nbd: srv.nbd_addr.to_string(),
         api: srv.api_url(),
         api_token: srv.api_token.as_ref().map(|t| t.expose().to_owned()),
+        cluster_file: None,
     };
     crate::storage::measure::prefill(&ep, "accuracy", size).await?;
     let spec = TargetSpec::Nbd { addr: srv.nbd_addr.to_string(), export: "accuracy".into() };

@@ -434,6 +434,8 @@ mod tests {
             "network.tcp_retransmits",
             "x.errors",
             "workloads.w.peers.coronafs.server_cpu_us_per_op",
+            "coronafs_failover.io_pause_s",
+            "coronafs_failover.reconnect_s",
         ] {
             assert!(lower_is_better(p), "{p} should be better lower");
         }

@@ -143,6 +143,23 @@ enum Cmd {
         #[arg(long)]
         exit_with_stdin: bool,
     },
+    /// Internal: run one node of a CoronaFS cluster file (the failover
+    /// row's nodes are child processes, so the primary can be SIGKILLed).
+    #[command(name = "__serve-coronafs-node", hide = true)]
+    ServeCoronafsNode {
+        /// The cluster file (`coronafs serve`'s `cluster`).
+        #[arg(long)]
+        cluster: PathBuf,
+        /// This node's name in it.
+        #[arg(long)]
+        node: String,
+        /// The node's data dir.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Exit when standard input closes (the parent went away).
+        #[arg(long)]
+        exit_with_stdin: bool,
+    },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -242,7 +259,8 @@ struct StorageArgs {
     /// [coronafs] nbd = "host:port", api = "http://host:port";
     /// [lightningstor] endpoints = ["http://host:port", ...], access_key,
     /// secret_key, region (default us-east-1); [plasmavmc] url =
-    /// "http://host:port". See docs/bench.md.
+    /// "http://host:port". The failover row needs [coronafs] cluster_file
+    /// and [faults]. See docs/bench.md.
     #[arg(long)]
     cluster: Option<PathBuf>,
     /// Iterations (default 3, or 1 with --quick).
@@ -270,6 +288,14 @@ struct StorageArgs {
     /// n2, n3; the lab's are node02..node05.
     #[arg(long)]
     fault: Option<String>,
+    /// Failovers of the "CoronaFS failover" row: a volume with 3 copies,
+    /// a client writing and FLUSHing through PlasmaVMC's reconnecting
+    /// attachment, its primary stopped abruptly (embedded: a child-process
+    /// node SIGKILLed; Docker lab: the primary's container killed, then
+    /// started again); the I/O pause and lost flushed writes (none allowed).
+    /// Default 3, or 1 with --quick; 0 leaves the row out.
+    #[arg(long)]
+    failovers: Option<usize>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -547,6 +573,9 @@ fn cmd_storage(a: StorageArgs) -> anyhow::Result<i32> {
         let dir = a.ceph_dir.clone().unwrap_or_else(bench::ceph::default_dir);
         opts.ceph = Some(bench::ceph::load(&dir).context("--peers ceph: run `bench peers ceph up` first")?);
     }
+    if let Some(n) = a.failovers {
+        opts.failover_trials = n;
+    }
     opts.fault = a.fault.as_deref().map(str::parse::<bench::fault::Fault>).transpose()?;
     let endpoints = a.cluster.as_deref().map(bench::cluster::Endpoints::from_file).transpose()?;
     std::fs::create_dir_all(&a.out_dir).with_context(|| a.out_dir.display().to_string())?;
@@ -662,6 +691,25 @@ fn cmd_serve_lightningstor(config: PathBuf, node: String, exit_with: bool) -> an
     })
 }
 
+fn cmd_serve_coronafs_node(cluster: PathBuf, node: String, data_dir: PathBuf, exit_with: bool) -> anyhow::Result<()> {
+    if exit_with {
+        exit_with_stdin();
+    }
+    let file = coronafs::cluster::ClusterFile::load(&cluster).context("cluster file")?;
+    let me = file.node(&node).with_context(|| format!("node {node}"))?.clone();
+    let mut cfg = coronafs::config::ServerConfig::ephemeral(data_dir, IoEngine::Uring);
+    (cfg.nbd, cfg.api, cfg.cluster) = (me.nbd, me.api, Some((file, node.clone())));
+    runtime()?.block_on(async {
+        let running = coronafs::service::start(cfg).await.with_context(|| format!("starting CoronaFS node {node}"))?;
+        println!("listening on {}", running.nbd_addr);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        wait_for_signal().await?;
+        running.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
@@ -714,6 +762,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Peers(PeersCmd::Ceph { action }) => cmd_ceph(action)?,
         Cmd::ServeLightningstor { config, node, exit_with_stdin } => {
             cmd_serve_lightningstor(config, node, exit_with_stdin).map(|()| 0)?
+        }
+        Cmd::ServeCoronafsNode { cluster, node, data_dir, exit_with_stdin } => {
+            cmd_serve_coronafs_node(cluster, node, data_dir, exit_with_stdin).map(|()| 0)?
         }
         Cmd::ServeCoronafs { dir, addr, engine } => peers::serve_coronafs(&dir, addr, engine).map(|()| 0)?,
         Cmd::NbdCompare { size, iterations, runtime, engines, json, peers: names, ceph_dir } => {

@@ -23,6 +23,7 @@
 //! [`Cluster::embedded`]. Set-up traffic (creating and filling volumes) is
 //! the coordinator's and is not shaped.
 
+pub mod corona_procs;
 pub mod embedded;
 
 use crate::agent::client::AgentClient;
@@ -63,6 +64,12 @@ pub struct CoronaEndpoint {
     /// when the server has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_token: Option<String>,
+    /// The CoronaFS cluster file the nodes run with (`coronafs serve`'s
+    /// `cluster`): the failover row reads the nodes' names and addresses,
+    /// `heartbeat_ms` and `failover_after_ms` from it. Without it (or
+    /// without `[faults]`) that row is not measured.
+    #[serde(default)]
+    pub cluster_file: Option<PathBuf>,
 }
 
 impl CoronaEndpoint {
@@ -614,6 +621,7 @@ impl Cluster {
                 nbd: corona.nbd_addr.to_string(),
                 api: corona.api_url(),
                 api_token: Some(corona_token.expose().to_owned()),
+                cluster_file: None,
             }),
             lightningstor: Some(S3Endpoint {
                 endpoints: s3_addrs.iter().map(|a| format!("http://{a}")).collect(),
@@ -926,6 +934,20 @@ mod tests {
         let ls = e.lightningstor.expect("[lightningstor]");
         let file = ls.cluster_file.expect("cluster_file");
         assert!(compose.contains(&format!(":{}:ro", file.display())), "the cluster file is not mounted");
+        let corona = e.coronafs.expect("[coronafs]").cluster_file.expect("coronafs.cluster_file");
+        assert!(
+            compose.contains(&format!("- ./config/coronafs-cluster.toml:{}:ro", corona.display())),
+            "the CoronaFS cluster file is not mounted where lab.toml says"
+        );
+        // The failover row kills kill:coronafs@NODE, the container NODE-coronafs.
+        let cf = coronafs::cluster::ClusterFile::from_toml(include_str!(
+            "../../../../deploy/docker/config/coronafs-cluster.toml"
+        ))
+        .expect("deploy/docker/config/coronafs-cluster.toml");
+        assert_eq!(cf.nodes.len(), 3);
+        for n in &cf.nodes {
+            assert!(compose.contains(&format!("\n  {}-coronafs:", n.name)), "no container {}-coronafs", n.name);
+        }
     }
 
     /// The Docker lab's API tokens agree: the client's lab.toml, the three

@@ -447,6 +447,8 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     if l.is_some() && c.is_some() {
         let _ = writeln!(s, "{PAGE_CACHE_NOTE}");
     }
+    s.push('\n');
+    super::failover::markdown(&mut s, &r.coronafs_failover);
     let _ = writeln!(s, "\nCross-worker shared-volume visibility:\n");
     s.push_str(&na(&r.cross_worker));
     if let Some(x) = r.cross_worker.get() {

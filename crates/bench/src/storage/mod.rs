@@ -11,6 +11,7 @@ pub mod assess;
 pub mod ceph;
 pub mod conditions;
 pub mod degraded;
+pub mod failover;
 pub mod markdown;
 pub mod measure;
 pub mod replicated;
@@ -79,6 +80,9 @@ pub struct Options {
     pub fault: Option<crate::fault::Fault>,
     /// Length of that load.
     pub degraded_time: Duration,
+    /// Failovers of the failover row (the primary stopped under a writing
+    /// client); 0 leaves the row out.
+    pub failover_trials: usize,
 }
 
 impl Options {
@@ -104,6 +108,7 @@ impl Options {
                 link_rate: None,
                 fault: None,
                 degraded_time: Duration::from_secs(15),
+                failover_trials: 1,
             }
         } else {
             Options {
@@ -125,6 +130,7 @@ impl Options {
                 link_rate: None,
                 fault: None,
                 degraded_time: Duration::from_secs(30),
+                failover_trials: 3,
             }
         }
     }
@@ -308,6 +314,8 @@ pub struct Report {
     /// The same jobs on a CoronaFS volume with several copies, with each
     /// job's ratio to `coronafs`.
     pub coronafs_replicated: Section<replicated::Replicated>,
+    /// A replicated volume's primary stopped under a writing client.
+    pub coronafs_failover: Section<failover::Failover>,
     pub cross_worker: Section<CrossWorker>,
     pub s3_large_object: Section<Objects>,
     pub s3_small_batch: Section<Objects>,
@@ -437,6 +445,7 @@ pub fn steps(opts: &Options) -> u64 {
         + 2
         + opts.iterations as u64
         + u64::from(opts.fault.is_some())
+        + u64::from(opts.failover_trials > 0)
 }
 
 /// A named agent of the cluster, or an error naming the role.
@@ -841,6 +850,7 @@ pub async fn run(
             (_, Err(why)) => Section::na(why.clone()),
             _ => Section::na(why_block("CoronaFS")),
         },
+        coronafs_failover: Section::na("not asked for (0 failovers)"),
         cross_worker: if !cross.is_empty() {
             Section::Measured(CrossWorker {
                 writer: roles.cross_write.clone(),
@@ -962,6 +972,18 @@ pub async fn run(
         };
         if let Some(e) = &s3 {
             measure::delete_prefix(e, BUCKET, "degraded/").await;
+        }
+    }
+    if opts.failover_trials > 0 {
+        progress.step(&format!(
+            "CoronaFS failover: {}, the primary stopped under a writing client",
+            crate::text::count(opts.failover_trials, "failover")
+        ));
+        report.coronafs_failover = failover::measure::section(cluster, opts.failover_trials).await;
+        if let Some(f) = report.coronafs_failover.get()
+            && !f.passed
+        {
+            events.push(format!("CoronaFS failover: {}", f.verdict()));
         }
     }
     if (opts.peers && cluster.data_dir().is_some()) || opts.ceph.is_some() {
