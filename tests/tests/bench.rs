@@ -78,8 +78,7 @@ fn cycle(link: LinkSpec) -> (std::path::PathBuf, Vec<std::net::SocketAddr>) {
         assert_eq!(got.body.collect().await.unwrap().into_bytes().as_ref(), &[1u8; 100][..]);
         // PlasmaVMC answers and reaches LightningStor (its bucket exists).
         let p = c.endpoints.plasmavmc.clone().unwrap();
-        let images = reqwest::get(format!("{}/v1/images", p.url)).await.unwrap();
-        assert!(images.status().is_success());
+        p.client().unwrap().images().await.expect("PlasmaVMC answers a request with its token");
         s3.head_bucket().bucket(bench::cluster::EMBEDDED_IMAGE_BUCKET).send().await.unwrap();
         // The agents answer, the workers as processes of their own.
         for name in ["worker-a", "worker-b", "services"] {
@@ -864,7 +863,7 @@ fn fresh_bench_storage_quick_measures_services_spawned_as_processes() {
     assert!(fo["reason"].as_str().unwrap_or("").contains("cluster_file"), "{fo}");
     check_vm_section(&v);
     // The deployed cluster keeps running; the bench left no volumes or images behind.
-    let images = s3_common::http_get(&plasma_addr, "/v1/images");
+    let images = s3_common::http_get_with_token(&plasma_addr, "/v1/images", PLASMA_TOKEN);
     let _ = plasma.kill();
     let _ = plasma.wait();
     let images: Value = serde_json::from_str(&images.expect("GET /v1/images")).unwrap();

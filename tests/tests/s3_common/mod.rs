@@ -421,10 +421,19 @@ impl SpawnedCluster {
 
 /// A plain HTTP/1.0 GET on loopback; the body, if the status is 200.
 pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    http_get_headers(addr, path, "")
+}
+
+/// [`http_get`] with `Authorization: Bearer TOKEN` (an API that needs a token).
+pub fn http_get_with_token(addr: &str, path: &str, token: &str) -> Option<String> {
+    http_get_headers(addr, path, &format!("Authorization: Bearer {token}\r\n"))
+}
+
+fn http_get_headers(addr: &str, path: &str, headers: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}\r\n").ok()?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let (head, body) = buf.split_once("\r\n\r\n")?;
