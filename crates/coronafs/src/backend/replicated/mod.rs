@@ -140,6 +140,9 @@ pub struct Inner<B> {
     /// A replica refused this primary as fenced at a higher epoch: another
     /// copy was elected primary. From then on no write, flush or resync.
     deposed: std::sync::atomic::AtomicBool,
+    /// The resync task is trying replicas out of the live set (a round is
+    /// running): a request below the quorum waits for it ([`Inner::await_quorum`]).
+    resyncing: std::sync::atomic::AtomicBool,
     /// [`Replicated`] values sharing this (see [`Replicated::share`]): the
     /// resync task stops when the last one is dropped.
     owners: std::sync::atomic::AtomicUsize,
@@ -236,6 +239,7 @@ impl<B: BlockBackend> Replicated<B> {
                 resync: None,
                 task: std::sync::Mutex::new(None),
                 deposed: std::sync::atomic::AtomicBool::new(false),
+                resyncing: std::sync::atomic::AtomicBool::new(false),
                 owners: std::sync::atomic::AtomicUsize::new(1),
             }),
         }
@@ -409,6 +413,29 @@ impl<B: BlockBackend> Inner<B> {
             }
         }
         1 + o.peers.iter().filter(|p| p.live()).count()
+    }
+
+    /// Waits, at most `ack_timeout`, while the live copies are below the
+    /// write quorum and a resync round is trying to bring copies back: after
+    /// a failover the new primary catches the other copies up before they
+    /// count, and a write or flush arriving meanwhile would otherwise fail
+    /// at once (a guest sees EIO). Called before the write gate is taken
+    /// (a resync's last pass holds it). Nothing is acknowledged on fewer
+    /// copies: [`Inner::forward`] still checks the quorum.
+    async fn await_quorum(&self) {
+        let deadline = tokio::time::Instant::now() + self.policy.ack_timeout;
+        loop {
+            {
+                let mut o = self.order.lock().await;
+                if o.closed || self.refresh(&mut o) >= self.policy.write_quorum {
+                    return;
+                }
+            }
+            if self.deposed.load(Relaxed) || !self.resyncing.load(Relaxed) || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Numbers `body` and queues it on every live replica, in number order;
@@ -757,6 +784,7 @@ impl<B: BlockBackend> BlockBackend for Replicated<B> {
             return (Err(io::Error::from_raw_os_error(libc::EINVAL)), buf);
         }
         let i = &self.inner;
+        i.await_quorum().await;
         let gate = i.gate.read().await;
         if let Err(e) = i.log_dirty(offset, buf.len() as u64).await {
             return (Err(eio(e)), buf);
@@ -784,6 +812,7 @@ impl<B: BlockBackend> BlockBackend for Replicated<B> {
             return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
         }
         let i = &self.inner;
+        i.await_quorum().await;
         let _gate = i.gate.read().await;
         i.log_dirty(offset, len).await.map_err(eio)?;
         i.forward(Body::WriteZeroes { offset, len, punch }).await.map_err(eio)?;
@@ -795,6 +824,7 @@ impl<B: BlockBackend> BlockBackend for Replicated<B> {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let i = &self.inner;
+        i.await_quorum().await;
         let _gate = i.gate.read().await;
         i.log_dirty(offset, len).await.map_err(eio)?;
         i.forward(Body::Trim { offset, len }).await.map_err(eio)?;
@@ -802,6 +832,7 @@ impl<B: BlockBackend> BlockBackend for Replicated<B> {
     }
 
     async fn flush(&self) -> io::Result<()> {
+        self.inner.await_quorum().await;
         self.inner.flush_all().await.map_err(eio)
     }
 

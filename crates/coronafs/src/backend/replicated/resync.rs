@@ -116,6 +116,8 @@ pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
             (0..o.peers.len()).filter(|&i| !o.peers[i].live()).collect()
         };
         backoff.retain(|i, _| behind.contains(i));
+        let due_now = behind.iter().any(|i| backoff.get(i).is_none_or(|(_, at)| Instant::now() >= *at));
+        inner.resyncing.store(due_now, Relaxed);
         for i in behind {
             if inner.deposed.load(Relaxed) {
                 tracing::warn!("deposed: the resync stops");
@@ -139,6 +141,7 @@ pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
             }
             inner.order.lock().await.peers[i].left = None;
         }
+        inner.resyncing.store(false, Relaxed);
         if inner.deposed.load(Relaxed) {
             tracing::warn!("deposed: the resync stops");
             return;
