@@ -137,8 +137,8 @@ struct TokenArgs {
     /// The API token (shows in `ps`; prefer --token-file or the variable).
     #[arg(long, global = true, value_name = "TOKEN", env = "CORONAFS_API_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// File holding the API token.
-    #[arg(long, global = true, value_name = "FILE", conflicts_with = "token")]
+    /// File holding the API token (used before --token and the variable).
+    #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
 }
 

@@ -22,8 +22,9 @@ struct Cli {
     /// --token-file or the variable).
     #[arg(long, global = true, value_name = "TOKEN", env = "PLASMAVMC_API_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// File holding the REST API's token (client commands).
-    #[arg(long, global = true, value_name = "FILE", conflicts_with = "token")]
+    /// File holding the REST API's token (client commands; used before
+    /// --token and the variable).
+    #[arg(long, global = true, value_name = "FILE")]
     token_file: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,

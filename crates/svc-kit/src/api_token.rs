@@ -123,12 +123,14 @@ impl ApiToken {
         a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     }
 
-    /// A client's token from `--token TEXT` or `--token-file PATH` (not both).
+    /// A client's token: `--token-file PATH` when given, else `--token TEXT`
+    /// (which clap also fills from the service's environment variable), as
+    /// a server takes its file flag before its variable. The file wins so
+    /// that `--token-file` works where the variable is set.
     pub fn for_client(text: Option<&str>, file: Option<&Path>) -> Result<Option<Self>, ApiTokenError> {
         match (text, file) {
-            (Some(_), Some(_)) => Err(ApiTokenError::Invalid("give --token or --token-file, not both".into())),
+            (_, Some(p)) => ApiToken::from_file(p).map(Some),
             (Some(t), None) => ApiToken::new(t).map(Some),
-            (None, Some(p)) => ApiToken::from_file(p).map(Some),
             (None, None) => Ok(None),
         }
     }
@@ -396,5 +398,18 @@ mod tests {
         assert!(http(addr, "POST", "/healthz", None).await.starts_with("HTTP/1.1 401"), "only reads are open");
         assert!(http(addr, "GET", "/nowhere", None).await.starts_with("HTTP/1.1 401"), "unknown paths too");
         server.abort();
+    }
+
+    #[test]
+    fn a_client_takes_its_token_file_before_its_token_text() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("token");
+        std::fs::write(&f, "from-the-file-0123456789\n").expect("write");
+        let t = ApiToken::for_client(Some("from-the-variable-0123456"), Some(&f)).expect("file").expect("some");
+        assert_eq!(t.expose(), "from-the-file-0123456789");
+        let t = ApiToken::for_client(Some("from-the-variable-0123456"), None).expect("text").expect("some");
+        assert_eq!(t.expose(), "from-the-variable-0123456");
+        assert!(ApiToken::for_client(None, None).expect("none").is_none());
+        assert!(ApiToken::for_client(Some("short"), None).is_err(), "a short token is refused");
     }
 }
