@@ -10,7 +10,7 @@
 use super::embedded::Proc;
 use crate::fault::{Fault, FaultDriver, FaultKind};
 use anyhow::{Context, bail};
-use coronafs::cluster::{ClusterFile, ClusterNode};
+use coronafs::cluster::ClusterFile;
 use std::path::Path;
 use tokio::sync::Mutex;
 
@@ -30,34 +30,15 @@ pub struct CoronaProcs {
     nodes: Mutex<Vec<(String, Proc)>>,
 }
 
-fn free_addr() -> anyhow::Result<std::net::SocketAddr> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?)
-}
-
 /// The cluster file of the failover cluster: [`NODES`] nodes on loopback
 /// addresses free right now, one zone each.
 fn cluster_file() -> anyhow::Result<ClusterFile> {
-    let mut nodes = Vec::new();
-    for i in 0..NODES {
-        nodes.push(ClusterNode {
-            name: format!("f{}", i + 1),
-            nbd: free_addr()?,
-            api: free_addr()?,
-            replica: free_addr()?,
-            zone: format!("zone-{}", i + 1),
-        });
+    let mut file = ClusterFile::on_loopback(NODES).context("the failover cluster file")?;
+    for (i, n) in file.nodes.iter_mut().enumerate() {
+        n.name = format!("f{}", i + 1);
     }
-    let secret = coronafs::replica::auth::RpcSecret::random().context("a replica RPC secret")?;
-    let file = ClusterFile {
-        rpc_secret: secret.to_hex(),
-        write_quorum: WRITE_QUORUM,
-        ack_timeout_ms: 10_000,
-        resync_bytes_per_sec: coronafs::backend::replicated::resync::DEFAULT_RATE,
-        resync_retry_ms: 2_000,
-        heartbeat_ms: HEARTBEAT_MS,
-        failover_after_ms: FAILOVER_AFTER_MS,
-        nodes,
-    };
+    file.write_quorum = WRITE_QUORUM;
+    (file.heartbeat_ms, file.failover_after_ms) = (HEARTBEAT_MS, FAILOVER_AFTER_MS);
     file.validate().context("the failover cluster file")?;
     Ok(file)
 }

@@ -322,30 +322,14 @@ async fn start_corona_cluster(
     engine: IoEngine,
     api_token: &svc_kit::api_token::ApiToken,
 ) -> anyhow::Result<(coronafs::service::RunningServer, Vec<coronafs::service::RunningServer>)> {
-    use coronafs::cluster::{ClusterFile, ClusterNode};
+    use coronafs::cluster::ClusterFile;
     let mut last = None;
     for attempt in 0..3 {
-        let mut nodes = Vec::new();
-        for i in 0..EMBEDDED_CORONA_COPIES {
-            nodes.push(ClusterNode {
-                name: format!("n{}", i + 1),
-                nbd: free_addr()?,
-                api: free_addr()?,
-                replica: free_addr()?,
-                zone: format!("zone-{}", i + 1),
-            });
-        }
-        let secret = coronafs::replica::auth::RpcSecret::random().context("a replica RPC secret")?;
-        let file = ClusterFile {
-            rpc_secret: secret.to_hex(),
-            write_quorum: EMBEDDED_CORONA_QUORUM,
-            ack_timeout_ms: 10_000,
-            resync_bytes_per_sec: coronafs::backend::replicated::resync::DEFAULT_RATE,
-            resync_retry_ms: 2_000,
-            heartbeat_ms: 1_000,
-            failover_after_ms: 5_000,
-            nodes,
-        };
+        let mut file =
+            ClusterFile::on_loopback(EMBEDDED_CORONA_COPIES).context("the embedded CoronaFS cluster file")?;
+        file.write_quorum = EMBEDDED_CORONA_QUORUM;
+        (file.ack_timeout_ms, file.resync_retry_ms, file.heartbeat_ms, file.failover_after_ms) =
+            (10_000, 2_000, 1_000, 5_000);
         file.validate().context("the embedded CoronaFS cluster file")?;
         let mut started = Vec::new();
         let mut failed = None;

@@ -423,6 +423,11 @@ impl<B: BlockBackend> Inner<B> {
     /// (a resync's last pass holds it). Nothing is acknowledged on fewer
     /// copies: [`Inner::forward`] still checks the quorum.
     async fn await_quorum(&self) {
+        // The common case, no round running, costs one atomic load (no lock
+        // on the write path).
+        if !self.resyncing.load(Relaxed) {
+            return;
+        }
         let deadline = tokio::time::Instant::now() + self.policy.ack_timeout;
         loop {
             {
