@@ -273,6 +273,57 @@ async fn a_candidate_behind_a_voter_loses_and_the_copy_ahead_wins_without_live_l
     c.shutdown().await;
 }
 
+/// A listener on `addr` that accepts every connection and never sends or
+/// reads a byte: a node whose kernel still takes connections while nothing
+/// answers (a hung process), so a connect succeeds and the handshake hangs.
+async fn silent_listener(addr: SocketAddr) -> tokio::task::JoinHandle<()> {
+    let l = tokio::net::TcpListener::bind(addr).await.expect("bind the dead node's replica address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_a_flush_waits_only_for_the_live_copys_catch_up_not_behind_the_dead_primary_that_hangs() {
+    let ack = std::time::Duration::from_millis(3000);
+    let (mut c, client) = Cluster::with_volume().await;
+    // n3 misses a flushed write, then restarts once n1 is gone: it does not
+    // know its place, so the next primary counts it stale (a full copy).
+    c.kill(2).await;
+    client.write(0, &data(65_536, 60), false).await.expect("write on 2 of 3");
+    client.flush().await.expect("flush on 2 of 3");
+    drop(client);
+    c.kill(0).await;
+    c.restart(2).await;
+    // The old primary's replica address takes connections and never answers.
+    let hung = silent_listener(c.file.nodes[0].replica).await;
+    let v = c.api(1).promote("vm").await.expect("promote n2 (n1's vote times out)");
+    // n2's resync knows its stale copies in the volume's order: n1 first.
+    assert_eq!(v.replicas, ["n1", "n3"]);
+    assert_eq!(v.stale_replicas, ["n1", "n3"], "n3 restarted, n1 did not vote");
+    let client = NbdClient::connect(c.nbd(1), &format!("vm;epoch={}", v.epoch)).await.expect("connect to n2");
+    // One live copy of the two the quorum needs: the flush waits for n3's
+    // catch-up (8 MiB at the default 64 MiB/s), which must not wait for
+    // n1's attempt to time out first (one ack timeout, and the flush's
+    // wait is one ack timeout too: EIO).
+    let t = std::time::Instant::now();
+    client.flush().await.expect("the first flush after the failover: no EIO");
+    let took = t.elapsed();
+    eprintln!("the first flush after the failover took {took:?} (ack timeout {ack:?})");
+    assert!(took < ack, "the flush waited {took:?}: behind n1's attempt");
+    let v = c.api(1).get("vm").await.expect("show");
+    let n1 = v.replica_states.iter().find(|s| s.node == "n1").expect("n1's state");
+    assert_ne!(n1.state, crate::dto::ReplicaSync::InSync, "a node that never answered rejoined");
+    client.write(4096, &data(4096, 61), true).await.expect("fua write on n2 and n3");
+    assert!(c.image(2).await == c.image(1).await, "n3 differs from the new primary");
+    drop(client);
+    hung.abort();
+    c.shutdown().await;
+}
+
 /// Polls `node`'s record of `vm` until it is the primary (it names
 /// replicas), for at most `limit`; gives the record and how long it took.
 async fn until_primary(

@@ -120,6 +120,9 @@ pub struct MemConnector<B> {
     pub epochs: std::sync::Mutex<Vec<(String, u64)>>,
     /// Replicas fenced at an epoch: they refuse links of older epochs.
     pub fences: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Replicas that hang: their links take frames and never answer (a
+    /// node whose kernel takes the connection and whose process is stuck).
+    pub hanging: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl<B: BlockBackend> MemConnector<B> {
@@ -130,6 +133,7 @@ impl<B: BlockBackend> MemConnector<B> {
             opened: Default::default(),
             epochs: Default::default(),
             fences: Default::default(),
+            hanging: Default::default(),
         }
     }
 
@@ -161,6 +165,9 @@ impl<B: BlockBackend + 'static> super::resync::Connector for MemConnector<B> {
         let link = Arc::new(MemLink::new(peer, backend, first_seq, 0));
         if self.offline.lock().map(|o| o.contains(peer)).unwrap_or(false) {
             link.kill();
+        }
+        if self.hanging.lock().map(|h| h.contains(peer)).unwrap_or(false) {
+            link.stall();
         }
         if self.fences.lock().ok().and_then(|f| f.get(peer).copied()).is_some_and(|f| f > epoch) {
             link.refuse_fenced();

@@ -140,9 +140,13 @@ pub struct Inner<B> {
     /// A replica refused this primary as fenced at a higher epoch: another
     /// copy was elected primary. From then on no write, flush or resync.
     deposed: std::sync::atomic::AtomicBool,
-    /// The resync task is trying replicas out of the live set (a round is
-    /// running): a request below the quorum waits for it ([`Inner::await_quorum`]).
+    /// The resync task is trying to bring a replica back (an attempt is
+    /// running): a request below the quorum waits ([`Inner::await_quorum`]).
     resyncing: std::sync::atomic::AtomicBool,
+    /// Told when what a request below the quorum waits for may have
+    /// changed: a replica rejoined, no attempt runs any more, the volume
+    /// was closed, or this primary was deposed.
+    changed: tokio::sync::Notify,
     /// [`Replicated`] values sharing this (see [`Replicated::share`]): the
     /// resync task stops when the last one is dropped.
     owners: std::sync::atomic::AtomicUsize,
@@ -240,6 +244,7 @@ impl<B: BlockBackend> Replicated<B> {
                 task: std::sync::Mutex::new(None),
                 deposed: std::sync::atomic::AtomicBool::new(false),
                 resyncing: std::sync::atomic::AtomicBool::new(false),
+                changed: tokio::sync::Notify::new(),
                 owners: std::sync::atomic::AtomicUsize::new(1),
             }),
         }
@@ -296,6 +301,10 @@ impl<B: BlockBackend> Replicated<B> {
         B: 'static,
     {
         if self.inner.resync.is_some() {
+            // A request that comes before the task's first look waits for
+            // it too (the task clears this when nothing is to be tried).
+            let behind = self.inner.order.try_lock().is_ok_and(|o| o.peers.iter().any(|p| !p.live()));
+            self.inner.resyncing.store(behind, Relaxed);
             let task = tokio::spawn(resync::run(self.inner.clone()));
             if let Ok(mut t) = self.inner.task.lock() {
                 *t = Some(task);
@@ -374,6 +383,7 @@ impl<B: BlockBackend> Inner<B> {
     /// A replica refused `peer`'s stream as fenced above this primary.
     fn depose(&self, peer: &str) {
         if !self.deposed.swap(true, Relaxed) {
+            self.changed.notify_waiters();
             tracing::error!(
                 peer,
                 "a copy is fenced at a higher epoch: another primary was elected; this one takes no more writes \
@@ -416,30 +426,47 @@ impl<B: BlockBackend> Inner<B> {
     }
 
     /// Waits, at most `ack_timeout`, while the live copies are below the
-    /// write quorum and a resync round is trying to bring copies back: after
-    /// a failover the new primary catches the other copies up before they
-    /// count, and a write or flush arriving meanwhile would otherwise fail
-    /// at once (a guest sees EIO). Called before the write gate is taken
-    /// (a resync's last pass holds it). Nothing is acknowledged on fewer
+    /// write quorum and the resync task is trying to bring a replica back:
+    /// after a failover the new primary catches the other copies up before
+    /// they count, and a write or flush arriving meanwhile would otherwise
+    /// fail at once (a guest sees EIO). Returns as soon as a catch-up
+    /// brought the live copies up to the quorum (it wakes the waiters), not
+    /// when every attempt ended. Called before the write gate is taken (a
+    /// resync's last pass holds it). Nothing is acknowledged on fewer
     /// copies: [`Inner::forward`] still checks the quorum.
     async fn await_quorum(&self) {
-        // The common case, no round running, costs one atomic load (no lock
-        // on the write path).
+        // The common case, no attempt running, costs one atomic load (no
+        // lock on the write path).
         if !self.resyncing.load(Relaxed) {
             return;
         }
         let deadline = tokio::time::Instant::now() + self.policy.ack_timeout;
         loop {
+            // Registered before looking, so a wake between the look and
+            // the wait is not missed.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             {
                 let mut o = self.order.lock().await;
                 if o.closed || self.refresh(&mut o) >= self.policy.write_quorum {
                     return;
                 }
             }
-            if self.deposed.load(Relaxed) || !self.resyncing.load(Relaxed) || tokio::time::Instant::now() >= deadline {
+            if self.deposed.load(Relaxed) || !self.resyncing.load(Relaxed) {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Says whether the resync task has an attempt running; waiters
+    /// ([`Inner::await_quorum`]) look again when that ends.
+    fn set_resyncing(&self, on: bool) {
+        if self.resyncing.swap(on, Relaxed) && !on {
+            self.changed.notify_waiters();
         }
     }
 
@@ -745,6 +772,7 @@ impl<B: BlockBackend> Inner<B> {
             let _ = t.await;
         }
         self.order.lock().await.closed = true;
+        self.changed.notify_waiters();
     }
 
     /// A clean close: no write is taken from now on, a last FLUSH, and the
@@ -760,6 +788,7 @@ impl<B: BlockBackend> Inner<B> {
             let _g = self.gate.write().await;
             self.order.lock().await.closed = true;
         }
+        self.changed.notify_waiters();
         if let Err(e) = self.flush_all().await {
             tracing::warn!(error = %e, "the last flush before closing failed");
         }

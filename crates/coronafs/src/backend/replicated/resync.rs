@@ -12,6 +12,7 @@ use super::{Inner, Peer};
 use crate::backend::traits::BlockBackend;
 use crate::replica::wire::{Body, MAX_PAYLOAD, Msg};
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -97,83 +98,150 @@ pub struct Resync {
 /// periods apart (64 s at the default 2 s).
 pub const MAX_BACKOFF: u32 = 32;
 
-/// The resync task of a volume: tries every replica out of the live set,
-/// one after the other, then waits `retry`; until the volume is closed or
-/// this primary learns it was deposed. A replica whose attempt failed is
-/// next tried after a pause that doubles with each failure, from `retry`
-/// up to [`MAX_BACKOFF`] times it, jittered (two primaries that each try
-/// the other, or many volumes of one lost node, do not retry in step).
+/// The resync task of a volume, until the volume is closed or this primary
+/// learns it was deposed: an attempt for every replica out of the live
+/// set, all of them at once (a task per replica), so a replica that is
+/// back never waits behind another whose connect or first answer hangs
+/// until `ack_timeout` (after a failover: the dead old primary). It looks
+/// for replicas that left the live set whenever an attempt ends, and at
+/// least every `retry`. A replica whose attempt failed is next tried after
+/// a pause that doubles with each failure, from `retry` up to
+/// [`MAX_BACKOFF`] times it, jittered (two primaries that each try the
+/// other, or many volumes of one lost node, do not retry in step). The
+/// throttle is the volume's: replicas catching up at once share it.
 pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
-    let Some(retry) = inner.resync.as_ref().map(|r| r.retry) else { return };
+    let Some((retry, rate)) = inner.resync.as_ref().map(|r| (r.retry, r.rate)) else { return };
+    // However the task ends (closed, deposed, aborted), no request waits
+    // for it any more.
+    let _running = Running(inner.clone());
+    let pace = Arc::new(Pace { rate, next: std::sync::Mutex::new(None) });
     // Per replica: the pause after its last failure, and when to try again.
-    let mut backoff: std::collections::HashMap<usize, (Duration, Instant)> = Default::default();
+    let mut backoff: HashMap<usize, (Duration, Instant)> = HashMap::new();
+    // The attempts running (dropping the set aborts them), by replica.
+    let mut attempts = tokio::task::JoinSet::new();
+    let mut busy: HashMap<tokio::task::Id, usize> = HashMap::new();
     loop {
+        if inner.deposed.load(Relaxed) {
+            tracing::warn!("deposed: the resync stops");
+            break;
+        }
         let behind: Vec<usize> = {
             let o = inner.order.lock().await;
             if o.closed {
-                return;
+                break;
             }
             (0..o.peers.len()).filter(|&i| !o.peers[i].live()).collect()
         };
         backoff.retain(|i, _| behind.contains(i));
-        let due_now = behind.iter().any(|i| backoff.get(i).is_none_or(|(_, at)| Instant::now() >= *at));
-        inner.resyncing.store(due_now, Relaxed);
-        for i in behind {
-            if inner.deposed.load(Relaxed) {
-                tracing::warn!("deposed: the resync stops");
-                return;
-            }
-            if backoff.get(&i).is_some_and(|(_, at)| Instant::now() < *at) {
+        let now = Instant::now();
+        for &i in &behind {
+            if busy.values().any(|&b| b == i) || backoff.get(&i).is_some_and(|(_, at)| now < *at) {
                 continue;
             }
-            let started = Instant::now();
-            match catch_up(&inner, i).await {
-                Ok((peer, bytes)) => {
-                    backoff.remove(&i);
-                    tracing::info!(peer, bytes, took = ?started.elapsed(), "replica caught up and rejoined")
-                }
-                Err((peer, e)) => {
-                    let pause = backoff.get(&i).map_or(retry, |(d, _)| (*d * 2).min(retry * MAX_BACKOFF));
-                    let wait = crate::util::jitter(pause);
-                    backoff.insert(i, (pause, Instant::now() + wait));
-                    tracing::info!(peer, error = %e, retry_in = ?wait, "replica not caught up; will retry");
-                }
-            }
-            inner.order.lock().await.peers[i].left = None;
+            let (inner, pace) = (inner.clone(), pace.clone());
+            let task = attempts.spawn(async move {
+                let started = Instant::now();
+                (started, catch_up(&inner, i, &pace).await)
+            });
+            busy.insert(task.id(), i);
         }
-        inner.resyncing.store(false, Relaxed);
-        if inner.deposed.load(Relaxed) {
-            tracing::warn!("deposed: the resync stops");
-            return;
-        }
+        inner.set_resyncing(!busy.is_empty());
         // Wake for the first replica due, and at least every `retry` for
         // replicas that leave the live set meanwhile.
-        let due = backoff.values().map(|(_, at)| at.saturating_duration_since(Instant::now())).min();
-        tokio::time::sleep(due.map_or(retry, |d| d.min(retry))).await;
+        let wake = backoff
+            .iter()
+            .filter(|(i, _)| !busy.values().any(|b| b == *i))
+            .map(|(_, (_, at))| at.saturating_duration_since(now))
+            .min()
+            .map_or(retry, |d| d.min(retry));
+        tokio::select! {
+            Some(joined) = attempts.join_next_with_id() => {
+                let id = match &joined {
+                    Ok((id, _)) => *id,
+                    Err(e) => e.id(),
+                };
+                let Some(i) = busy.remove(&id) else { continue };
+                let (took, outcome) = match joined {
+                    Ok((_, (started, r))) => (started.elapsed(), r.map(|(_, bytes)| bytes).map_err(|(_, e)| e)),
+                    Err(e) => (Duration::ZERO, Err(io::Error::other(format!("the attempt ended: {e}")))),
+                };
+                let peer = {
+                    let mut o = inner.order.lock().await;
+                    o.peers[i].left = None;
+                    o.peers[i].name.clone()
+                };
+                match outcome {
+                    Ok(bytes) => {
+                        backoff.remove(&i);
+                        tracing::info!(peer, bytes, ?took, "replica caught up and rejoined")
+                    }
+                    Err(e) => {
+                        let pause = backoff.get(&i).map_or(retry, |(d, _)| (*d * 2).min(retry * MAX_BACKOFF));
+                        let wait = crate::util::jitter(pause);
+                        backoff.insert(i, (pause, Instant::now() + wait));
+                        tracing::info!(peer, error = %e, retry_in = ?wait, "replica not caught up; will retry");
+                    }
+                }
+            }
+            _ = tokio::time::sleep(wake) => {}
+        }
+    }
+    // Attempts cut short leave no 'catching up' behind.
+    attempts.shutdown().await;
+    let mut o = inner.order.lock().await;
+    for i in busy.into_values() {
+        o.peers[i].left = None;
     }
 }
 
-/// Paces copying to `rate` bytes per second.
-struct Throttle {
-    rate: u64,
-    start: Instant,
-    sent: u64,
+/// Clears [`Inner::resyncing`] when the resync task ends, however it ends.
+struct Running<B: BlockBackend>(Arc<Inner<B>>);
+
+impl<B: BlockBackend> Drop for Running<B> {
+    fn drop(&mut self) {
+        self.0.set_resyncing(false);
+    }
 }
 
-impl Throttle {
-    async fn take(&mut self, bytes: u64) {
-        self.sent += bytes;
-        if self.rate > 0 {
-            let due = self.start + Duration::from_secs_f64(self.sent as f64 / self.rate as f64);
-            tokio::time::sleep_until(due.into()).await;
+/// Paces the copying of every catch-up of a volume, together, to `rate`
+/// bytes per second (0: unthrottled).
+struct Pace {
+    rate: u64,
+    /// When the bytes taken so far are paid for.
+    next: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Pace {
+    /// After sending `bytes`: books them from when sending them began at
+    /// `rate` (now less their time at `rate`), or from when the bytes
+    /// booked before are paid for if that is later, and waits until they
+    /// are paid for. So copying runs at `rate` however many catch-ups share
+    /// it, and time spent reading or waiting for the gate counts toward it.
+    async fn take(&self, bytes: u64) {
+        if self.rate == 0 {
+            return;
         }
+        let cost = Duration::from_secs_f64(bytes as f64 / self.rate as f64);
+        let due = {
+            let Ok(mut next) = self.next.lock() else { return };
+            let now = Instant::now();
+            let began = now.checked_sub(cost).unwrap_or(now);
+            let due = next.map_or(began, |n| n.max(began)) + cost;
+            *next = Some(due);
+            due
+        };
+        tokio::time::sleep_until(due.into()).await;
     }
 }
 
 type Failed = (String, io::Error);
 
 /// One attempt to bring replica `i` back; gives its name and the bytes copied.
-async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) -> Result<(String, u64), Failed> {
+async fn catch_up<B: BlockBackend + 'static>(
+    inner: &Arc<Inner<B>>,
+    i: usize,
+    pace: &Pace,
+) -> Result<(String, u64), Failed> {
     let r = inner.resync.as_ref().expect("resync configured");
     let (name, turn, mut base, expect) = {
         let o = inner.order.lock().await;
@@ -213,7 +281,6 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
     }
     let mut seq = 2;
     let mut copied = 0;
-    let mut throttle = Throttle { rate: r.rate, start: Instant::now(), sent: 0 };
     let (mut last, mut final_at) = (usize::MAX, FINAL_REGIONS);
     for _pass in 0..MAX_PASSES {
         let (todo, start, most, region) = {
@@ -243,7 +310,7 @@ async fn catch_up<B: BlockBackend + 'static>(inner: &Arc<Inner<B>>, i: usize) ->
             if let Some(left) = inner.order.lock().await.peers[i].left.as_mut() {
                 *left = left.saturating_sub(len);
             }
-            throttle.take(len).await;
+            pace.take(len).await;
         }
         // A replica that stops answering must not hold the volume's resync
         // task (and its other replicas) forever.
@@ -328,6 +395,9 @@ async fn finish<B: BlockBackend + 'static>(
         a?;
     }
     let mut o = inner.order.lock().await;
+    if inner.deposed.load(Relaxed) {
+        return Err(io::Error::other("another copy was elected primary: no replica rejoins this one"));
+    }
     let next = o.next_seq;
     let p = &mut o.peers[i];
     if p.turn != turn || p.live() {
@@ -347,6 +417,8 @@ async fn finish<B: BlockBackend + 'static>(
     }
     drop(o);
     drop(_held);
+    // A request waiting for the quorum may go on now.
+    inner.changed.notify_waiters();
     if was_unknown || learnt {
         // The record stops listing it as untracked (a crash before this
         // only costs a second full copy).

@@ -24,9 +24,16 @@ struct Fixture {
 
 /// Primary and replicas n2, n3; `behind` start out of the live set.
 fn fixture(rate: u64, behind: Vec<(String, History)>) -> Fixture {
+    fixture_with(rate, behind, DEFAULT_ACK_TIMEOUT, &[])
+}
+
+/// The same with `ack_timeout`, and the replicas of `hanging` taking
+/// frames and never answering from the start.
+fn fixture_with(rate: u64, behind: Vec<(String, History)>, ack_timeout: Duration, hanging: &[&str]) -> Fixture {
     let replicas: Vec<_> = (0..2).map(|_| Arc::new(MemBackend::new(SIZE))).collect();
     let names = ["n2".to_owned(), "n3".to_owned()];
     let connector = Arc::new(MemConnector::new(names.iter().cloned().zip(replicas.iter().cloned())));
+    connector.hanging.lock().expect("lock").extend(hanging.iter().map(|h| h.to_string()));
     let links = names
         .iter()
         .filter(|n| !behind.iter().any(|(b, _)| b == *n))
@@ -34,7 +41,7 @@ fn fixture(rate: u64, behind: Vec<(String, History)>) -> Fixture {
         .collect();
     let metrics = Arc::new(Metrics::default());
     let store = Arc::new(MemStore::default());
-    let policy = ReplicationPolicy { write_quorum: 2, epoch: 0, ack_timeout: DEFAULT_ACK_TIMEOUT };
+    let policy = ReplicationPolicy { write_quorum: 2, epoch: 0, ack_timeout };
     let resync = Resync { connector: connector.clone(), store: store.clone(), rate, retry: Duration::from_millis(20) };
     let backend = Replicated::new(MemBackend::new(SIZE), links, policy, 1, metrics.clone())
         .with_resync(resync, behind, Default::default())
@@ -317,4 +324,47 @@ fn the_last_pass_grows_only_while_passes_stop_shrinking_and_never_past_its_bound
     assert_eq!(final_limit(16, 40, 40, 64), 50, "as many as before: the limit rises");
     assert_eq!(final_limit(16, 200, 200, 64), 64, "never past the bound");
     assert_eq!(final_limit(50, 40, 30, 64), 50, "never falls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_is_back_rejoins_without_waiting_behind_one_that_hangs_and_a_flush_meanwhile_succeeds() {
+    // As after a failover: both copies out of the live set, histories
+    // unknown, one live copy of the two the quorum needs. n2, first in the
+    // volume's order, takes the stream and never answers (the dead old
+    // primary's node); n3 is there and gets a full copy (64 MiB, unthrottled).
+    let ack = Duration::from_secs(2);
+    let behind = vec![("n2".to_owned(), History::Unknown), ("n3".to_owned(), History::Unknown)];
+    let f = fixture_with(0, behind, ack, &["n2"]);
+    let t = Instant::now();
+    f.backend.flush().await.expect("the flush waits for n3's catch-up, not behind n2's attempt");
+    let took = t.elapsed();
+    assert!(took < ack, "the flush took {took:?}, the ack timeout is {ack:?}");
+    assert_eq!(f.backend.live_replicas().await, ["n3"]);
+    assert_eq!(state(&f, "n2").await, PeerState::Stale, "n2 never answered its first FLUSH");
+    assert!(image(&*f.replicas[1]).await == image(f.backend.local()).await, "n3 rejoined without the primary's bytes");
+    write(&f, 3 * MIB, 4096, 7).await;
+    f.backend.flush().await.expect("flush on 2 of 3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_catch_up_at_once_and_share_the_volumes_throttle() {
+    // Two full copies of 64 MiB at 64 MiB/s for the volume: about 2 s
+    // together (1 s if each had a throttle of its own), both under way at once.
+    let behind = vec![("n2".to_owned(), History::Unknown), ("n3".to_owned(), History::Unknown)];
+    let start = Instant::now();
+    let f = fixture(64 * MIB, behind);
+    let mut both = false;
+    while f.backend.live_replicas().await.len() < 2 {
+        let s = f.backend.handle().states().await;
+        both |= s.iter().all(|(_, s)| matches!(s, PeerState::CatchingUp { .. }));
+        assert!(start.elapsed() < Duration::from_secs(20), "the copies did not rejoin: {s:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = start.elapsed();
+    assert!(both, "the two copies were never caught up at the same time");
+    assert_eq!(f.metrics.resync_bytes.load(Relaxed), 2 * SIZE);
+    assert!(took >= Duration::from_millis(1800), "128 MiB copied in {took:?}: faster than the volume's 64 MiB/s");
+    f.backend.flush().await.expect("flush on 3 of 3");
+    let want = image(f.backend.local()).await;
+    assert!(image(&*f.replicas[0]).await == want && image(&*f.replicas[1]).await == want);
 }
