@@ -1697,6 +1697,24 @@ async fn a_repeated_complete_multipart_upload_gets_the_same_answer(c: aws_sdk_s3
     put(&c, "again", "k", b"newer").await;
     let e = complete(parts).await.expect_err("key overwritten");
     assert_eq!(code(&e), "NoSuchUpload");
+    let got = body_of(c.get_object().bucket("again").key("k").send().await?).await;
+    assert_eq!(got, b"newer", "a retry overwrote a newer object");
+    // A conditional complete repeated: the same answer, not 412 for the object it made itself.
+    let id = c.create_multipart_upload().bucket("again").key("new").send().await?.upload_id.expect("upload id");
+    let p =
+        c.upload_part().bucket("again").key("new").upload_id(&id).part_number(1).body(ByteStream::from_static(b"x"));
+    let part = CompletedPart::builder().part_number(1).e_tag(p.send().await?.e_tag.expect("etag")).build();
+    let complete_new = || {
+        c.complete_multipart_upload()
+            .bucket("again")
+            .key("new")
+            .upload_id(&id)
+            .if_none_match("*")
+            .multipart_upload(CompletedMultipartUpload::builder().parts(part.clone()).build())
+            .send()
+    };
+    let done = complete_new().await?;
+    assert_eq!(complete_new().await?.e_tag(), done.e_tag());
     Ok(())
 }
 

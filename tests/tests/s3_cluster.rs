@@ -953,6 +953,52 @@ async fn complete(c: &aws_sdk_s3::Client, b: &str, k: &str, id: &str, etags: &[S
     Ok(out.e_tag.ok_or_else(|| anyhow::anyhow!("no etag"))?)
 }
 
+/// A completion drops the upload in the same transaction, on each replica,
+/// as it commits the object: wherever the object is, the upload is gone. A
+/// retry through a node that missed the completion (its upload still live)
+/// gets the first answer while the key holds that object, and commits
+/// nothing again: not with `If-None-Match: *` (no 412), and not over a
+/// newer object written meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_complete_through_a_replica_that_missed_it_never_commits_again() -> R {
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    let id = create_upload(&c, "bkt", "k").await?;
+    let etag = upload_part(&c, "bkt", "k", &id, 1, &pseudo_random(70_000, 9)).await?;
+    let complete = |c: aws_sdk_s3::Client, cond: bool| {
+        let parts =
+            CompletedMultipartUpload::builder().parts(CompletedPart::builder().part_number(1).e_tag(&etag).build());
+        let req = c.complete_multipart_upload().bucket("bkt").key("k").upload_id(&id).multipart_upload(parts.build());
+        let req = if cond { req.if_none_match("*") } else { req };
+        async move { req.send().await.map(|o| o.e_tag.unwrap_or_default()).map_err(|e| code(&e)) }
+    };
+    s.cluster.faults.isolate(3);
+    let first = complete(c.clone(), true).await.expect("the first complete");
+    for n in [1, 2] {
+        let store = &s.cluster.node(n).store;
+        assert!(store.meta.upload_gone(&id)? && store.meta.get_upload(&id)?.is_none(), "node {n} kept the upload");
+        let Some(Row::Object(m)) = local_row(&s, n, "bkt", "k") else { panic!("node {n} lacks the object") };
+        assert_eq!(format!("\"{}\"", m.etag), first);
+    }
+    let version = |n| local_row(&s, n, "bkt", "k").map(|r| r.version());
+    let committed = version(1);
+    s.cluster.faults.heal();
+    assert!(s.cluster.node(3).store.meta.get_upload(&id)?.is_some(), "node 3 missed the completion");
+    // The retry after a lost reply, conditional as the first: the same answer, no new version.
+    assert_eq!(complete(s.client_of(3), true).await, Ok(first.clone()));
+    assert_eq!(complete(s.client_of(3), false).await, Ok(first.clone()));
+    assert_eq!((version(1), version(2)), (committed, committed), "a retry committed again");
+    // A newer object written meanwhile is never overwritten by a retry.
+    put(&s.client_of(2), "bkt", "k", b"newer").await?;
+    for n in 1..=3u8 {
+        assert_eq!(complete(s.client_of(n), false).await, Err("NoSuchUpload".to_owned()), "through node {n}");
+    }
+    assert_eq!(get(&c, "bkt", "k").await?, b"newer");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn multipart_uploads_survive_nodes_down_and_read_back_from_every_node() -> R {
     let s = InCluster::new(3);

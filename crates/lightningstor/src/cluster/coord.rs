@@ -819,6 +819,20 @@ impl Node {
     /// from any other replica), then commits the row there. Returns the
     /// version `to` holds afterwards (above the row's if it had a newer one).
     pub async fn push_row(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8], row: &Row) -> Result<u64> {
+        self.push_row_of(to, bucket, key, row, None).await
+    }
+
+    /// [`Node::push_row`]; with `upload`, the row is that completed
+    /// upload's and the replica drops the upload with the commit
+    /// ([`Req::CompleteUpload`]).
+    pub(crate) async fn push_row_of(
+        self: &Arc<Self>,
+        to: NodeId,
+        bucket: &str,
+        key: &[u8],
+        row: &Row,
+        upload: Option<&str>,
+    ) -> Result<u64> {
         let session = session_id();
         if let Row::Object(m) = row
             && !m.data.blocks().is_empty()
@@ -834,10 +848,14 @@ impl Node {
                 self.call(to, Msg::with_data(Req::PutBlock { session, hash }, data)).await?;
             }
         }
-        let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
+        let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
+        let req = match upload {
+            None => Req::Commit { session, bucket, key, row },
+            Some(id) => Req::CompleteUpload { session, id: id.to_owned(), bucket, key, row },
+        };
         match self.call(to, Msg::new(req)).await?.head {
             Resp::Committed { applied, current } => {
-                if applied {
+                if applied && upload.is_none() {
                     ClusterMetrics::inc(&self.metrics.repairs);
                 }
                 Ok(current)

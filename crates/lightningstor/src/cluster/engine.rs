@@ -293,31 +293,19 @@ impl Engine for Arc<Node> {
         let assemble_and_commit = async {
             let meta = ops::assemble_upload(&upload, &wanted, &stored, self.hlc.now(), now_ms())?;
             ops::check_claimed_checksums(&upload, &meta, &claimed)?;
-            self.commit_row_filling(bucket, key.as_bytes(), &Row::Object(meta.clone())).await?;
+            // The replicas drop the upload in the transaction that commits the object.
+            self.commit_completed(bucket, key.as_bytes(), &Row::Object(meta.clone()), id).await?;
             Ok::<_, LightningError>(meta)
         };
-        let meta = if cond.if_match.is_some() || cond.if_none_match.is_some() {
+        if cond.if_match.is_some() || cond.if_none_match.is_some() {
             self.with_key_lease(bucket, key.as_bytes(), async {
                 self.check_write_conditions(bucket, key, &cond).await?;
                 assemble_and_commit.await
             })
-            .await?
-        } else {
-            assemble_and_commit.await?
-        };
-        // The object is committed: dropping the upload is cleanup. Replicas
-        // that miss it are fixed by reads that see them and by the sweep.
-        let targets = union(&self.write_sets(bucket, key.as_bytes()));
-        if let Err(e) = self
-            .quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload {
-                id: id.to_owned(),
-                bucket: bucket.to_owned(),
-            })
             .await
-        {
-            tracing::warn!(upload = %id, error = %e, "completed upload not dropped everywhere yet");
+        } else {
+            assemble_and_commit.await
         }
-        Ok(meta)
     }
 
     async fn abort_upload(&self, bucket: &str, key: &str, id: &str) -> Result<()> {

@@ -42,6 +42,17 @@ pub enum Req {
         key: Vec<u8>,
         row: Row,
     },
+    /// Merge the object row of completed upload `id` and drop the upload
+    /// (remembered as gone) in one transaction; releases `session`'s pins.
+    /// Refused with NoSuchUpload when the upload is already gone there.
+    CompleteUpload {
+        session: u64,
+        id: String,
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        row: Row,
+    },
     /// The replica's row for a key.
     GetRow {
         bucket: String,

@@ -621,6 +621,28 @@ pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(
     Ok((true, row.version(), freed))
 }
 
+/// A replica's side of a completed multipart upload: merges the object
+/// row the coordinator assembled (as [`apply_row`]) and drops the upload,
+/// remembering it as gone, in one transaction. So wherever the object was
+/// committed the upload is gone too, and a repeated complete finds it gone
+/// (and the object) instead of committing again. Refused (NoSuchUpload)
+/// when the upload is already gone here: another complete or an abort of
+/// it got here first. Returns what [`apply_row`] does, with the freed
+/// blocks of both.
+pub fn replica_complete_upload(
+    txn: &Txn<'_>,
+    id: &str,
+    bucket: &str,
+    key: &[u8],
+    row: &Row,
+    now_ms: i64,
+) -> Result<(bool, u64, Vec<BlockHash>)> {
+    refuse_if_gone(txn, id)?;
+    let (applied, current, mut freed) = apply_row(txn, bucket, key, row)?;
+    freed.extend(drop_upload(txn, id, bucket, now_ms)?);
+    Ok((applied, current, freed))
+}
+
 /// Removes a tombstone if it still has `version` (collection after the delay).
 pub fn drop_tombstone(txn: &Txn<'_>, bucket: &str, key: &[u8], version: u64) -> Result<()> {
     let dropped = {
