@@ -1437,6 +1437,55 @@ async fn concurrent_conditional_puts_through_different_nodes_let_exactly_one_win
     Ok(())
 }
 
+/// A conditional write that works longer than a lease (a complete copying
+/// blocks to a lagging replica) keeps its key leased: with 300 ms leases, a
+/// holder working 1.5 s is never overlapped by another node's holder, and a
+/// holder cut off from the other replicas is abandoned with 503 before the
+/// grants it lost expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_lease_is_renewed_while_its_holder_works_and_abandoned_when_it_cannot_be() -> R {
+    let s = InCluster::with(3, |c| c.key_lease_ms = 300);
+    let (n1, n2) = (s.cluster.node(1), s.cluster.node(2));
+    let held = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let first = {
+        let (n1, held) = (n1.clone(), held.clone());
+        tokio::spawn(async move {
+            n1.with_key_lease("bkt", b"k", async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                *held.lock().expect("lock") = Some(Instant::now());
+                Ok(())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = n2.with_key_lease("bkt", b"k", async { Ok(Instant::now()) }).await?;
+    first.await??;
+    let released = held.lock().expect("lock").expect("the first holder finished");
+    assert!(second >= released, "the second holder got the key {:?} before the first let it go", released - second);
+
+    // Cut off from both other replicas, a holder cannot renew: it is
+    // abandoned, and the others then take the key.
+    let started = Instant::now();
+    let cut_off = {
+        let (n1, faults) = (n1.clone(), s.cluster.faults.clone());
+        tokio::spawn(async move {
+            n1.with_key_lease("bkt", b"k2", async {
+                faults.isolate(1);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(())
+            })
+            .await
+        })
+    };
+    let e = cut_off.await?.expect_err("a holder that lost its lease is abandoned");
+    assert!(matches!(e, lightningstor::LightningError::Unavailable(_)), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "abandoned only after {:?}", started.elapsed());
+    s.cluster.faults.heal();
+    n2.with_key_lease("bkt", b"k2", async { Ok(()) }).await?;
+    Ok(())
+}
+
 /// A process that can reach a node's RPC port but lacks the cluster's
 /// `rpc_secret` gets nothing done: an old-style client that sends a
 /// `ChangeLayout` frame straight away, a handshake with a made-up answer, and
