@@ -79,6 +79,51 @@ mod sse_c_multipart {
     }
 }
 
+/// `consistency = "degraded"` exists only on a cluster (a single node checks
+/// write conditions in its own transaction): there a key lease is not
+/// exclusive, so every conditional write is refused with 501 NotImplemented
+/// naming degraded consistency, nothing changes, and unconditional writes go on.
+mod degraded {
+    use super::*;
+
+    fn not_implemented<T, E: aws_sdk_s3::error::ProvideErrorMetadata, Raw: HasStatus>(
+        r: Result<T, aws_sdk_s3::error::SdkError<E, Raw>>,
+    ) {
+        let Err(e) = r else { panic!("a conditional write in degraded mode succeeded") };
+        assert_eq!((code(&e), status(&e)), ("NotImplemented".to_owned(), 501));
+        let msg = aws_sdk_s3::error::ProvideErrorMetadata::message(&e).unwrap_or_default().to_owned();
+        assert!(msg.contains("degraded"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn conditional_writes_are_refused_in_degraded_mode_three_node_cluster() -> R {
+        let s = InCluster::with(3, |c| c.consistency = lightningstor::cluster::Consistency::Degraded);
+        let c = s.client();
+        c.create_bucket().bucket("deg").send().await?;
+        let body = || ByteStream::from_static(b"v1");
+        not_implemented(c.put_object().bucket("deg").key("k").if_none_match("*").body(body()).send().await);
+        let e = c.head_object().bucket("deg").key("k").send().await.expect_err("nothing stored");
+        assert_eq!(status(&e), 404);
+        let etag = put(&c, "deg", "k", b"v1").await;
+        not_implemented(c.put_object().bucket("deg").key("k").if_match(&etag).body(body()).send().await);
+        not_implemented(c.delete_object().bucket("deg").key("k").if_match(&etag).send().await);
+        let id = c.create_multipart_upload().bucket("deg").key("m").send().await?.upload_id.expect("upload id");
+        let p = c.upload_part().bucket("deg").key("m").upload_id(&id).part_number(1).body(body()).send().await?;
+        let parts = CompletedMultipartUpload::builder()
+            .parts(CompletedPart::builder().part_number(1).e_tag(p.e_tag.expect("etag")).build())
+            .build();
+        let complete =
+            || c.complete_multipart_upload().bucket("deg").key("m").upload_id(&id).multipart_upload(parts.clone());
+        not_implemented(complete().if_none_match("*").send().await);
+        // Nothing changed: the object and the upload are as they were.
+        assert_eq!(c.head_object().bucket("deg").key("k").send().await?.e_tag(), Some(etag.as_str()));
+        assert_eq!(c.list_parts().bucket("deg").key("m").upload_id(&id).send().await?.parts().len(), 1);
+        complete().send().await?;
+        assert_eq!(body_of(c.get_object().bucket("deg").key("m").send().await?).await, b"v1");
+        Ok(())
+    }
+}
+
 /// Lifecycle tests need a short "day" and a frequent task, and one needs a
 /// second key: a single node and a 3-node cluster each set that up here.
 mod lifecycle {

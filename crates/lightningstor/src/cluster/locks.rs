@@ -73,6 +73,25 @@ impl Node {
     where
         F: Future<Output = Result<T>>,
     {
+        if matches!(self.consistency(), super::config::Consistency::Degraded) {
+            // A degraded node takes a lease on the replicas it reaches, even
+            // one of them: two sides of a partition could both hold it.
+            return Err(LightningError::NotImplemented(
+                "conditional writes (If-Match, If-None-Match, conditional deletes and completes) on a cluster \
+                 with consistency = \"degraded\", whose key leases are not exclusive"
+                    .into(),
+            ));
+        }
+        self.with_key_lease_even_degraded(bucket, key, f).await
+    }
+
+    /// [`Node::with_key_lease`] also in degraded mode, where the lease is
+    /// exclusive only among nodes that reach each other: for the lifecycle
+    /// task's deletes of the object it listed, which must go on there.
+    pub async fn with_key_lease_even_degraded<T, F>(self: &Arc<Self>, bucket: &str, key: &[u8], f: F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
         let token = session_id();
         let sets = self.write_sets(bucket, key);
         let targets = union(&sets);
