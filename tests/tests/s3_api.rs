@@ -52,6 +52,7 @@ single_node_and_cluster!(
     an_expected_bucket_owner_is_refused_on_bucket_listing_and_upload_operations,
     conditional_deletes_keep_the_object_when_a_condition_fails,
     a_repeated_complete_multipart_upload_gets_the_same_answer,
+    a_complete_into_a_bucket_deleted_meanwhile_fails_with_no_such_bucket,
     a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays,
     replies_carry_a_request_id_and_error_xml_repeats_it,
     sse_c_objects_are_served_only_with_their_key,
@@ -1697,6 +1698,29 @@ async fn presigned_urls_valid_for_more_than_seven_days_are_refused(
     let (status, text) = call(&svc, signed("GET", "/pre/k", b"", "", Some(week + Duration::from_secs(1)))).await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("AuthorizationQueryParametersError"), "{text}");
+    Ok(())
+}
+
+async fn a_complete_into_a_bucket_deleted_meanwhile_fails_with_no_such_bucket(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("going").send().await?;
+    let id = c.create_multipart_upload().bucket("going").key("k").send().await?.upload_id.expect("upload id");
+    let p = c.upload_part().bucket("going").key("k").upload_id(&id).part_number(1).body(ByteStream::from_static(b"x"));
+    let part = CompletedPart::builder().part_number(1).e_tag(p.send().await?.e_tag.expect("etag")).build();
+    // Uploads in progress do not keep a bucket; they go with it.
+    c.delete_bucket().bucket("going").send().await?;
+    let e = c
+        .complete_multipart_upload()
+        .bucket("going")
+        .key("k")
+        .upload_id(&id)
+        .multipart_upload(CompletedMultipartUpload::builder().parts(part).build())
+        .send()
+        .await
+        .expect_err("the bucket is gone");
+    assert_eq!(code(&e), "NoSuchBucket");
+    assert_eq!(status(&c.head_bucket().bucket("going").send().await.expect_err("not recreated")), 404);
+    let e = c.get_object().bucket("going").key("k").send().await.expect_err("no object");
+    assert_eq!(code(&e), "NoSuchBucket");
     Ok(())
 }
 

@@ -423,6 +423,7 @@ impl Node {
         let mut ok = HashSet::new();
         let mut newest = 0;
         let mut missed: Vec<NodeId> = targets.iter().copied().filter(|n| !complete.contains(n)).collect();
+        let mut bucket_gone = false;
         while !self.has_quorum(&sets, &ok) {
             match pending.next().await {
                 Some((n, Ok(reply))) => {
@@ -433,6 +434,7 @@ impl Node {
                 }
                 Some((n, Err(e))) => {
                     tracing::debug!(node = n, error = %e, "replica missed a commit");
+                    bucket_gone |= matches!(e, LightningError::NoSuchBucket(_));
                     missed.push(n);
                 }
                 None => break,
@@ -441,6 +443,10 @@ impl Node {
         for s in &sets {
             let acks = s.iter().filter(|n| ok.contains(n)).count();
             if acks < self.need_w(s.len()) {
+                if bucket_gone {
+                    self.undo_commit(bucket, key, row, &ok).await;
+                    return Err(LightningError::NoSuchBucket(bucket.to_owned()));
+                }
                 return Err(self.quorum_failed(&format!(
                     "only {acks} of {} replicas committed (write quorum {})",
                     s.len(),
@@ -491,6 +497,30 @@ impl Node {
             });
         }
         Ok(newest)
+    }
+
+    /// After a write failed because its bucket was deleted on the replicas
+    /// that refused it (the write raced DeleteBucket): the replicas in `ok`,
+    /// which committed `row` before the delete reached them (and so refuse
+    /// the delete), get a tombstone above it, so the failed write leaves no
+    /// object behind once the delete is retried or undone. Best effort: one
+    /// that misses it keeps the row until a delete of the key.
+    pub(crate) async fn undo_commit(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row, ok: &HashSet<NodeId>) {
+        if ok.is_empty() || matches!(row, Row::Tombstone(_)) {
+            return;
+        }
+        self.hlc.observe(row.version());
+        let tomb = Row::Tombstone(self.hlc.now());
+        let calls = ok.iter().map(|&n| {
+            let node = self.clone();
+            let req = Req::Commit { session: 0, bucket: bucket.to_owned(), key: key.to_vec(), row: tomb.clone() };
+            async move { (n, node.call(n, Msg::new(req)).await) }
+        });
+        for (n, r) in futures::future::join_all(calls).await {
+            if let Err(e) = r {
+                tracing::warn!(node = n, error = %e, "a write refused for its deleted bucket left its row on a replica");
+            }
+        }
     }
 
     /// Queues (bucket, key) for resync to `nodes` (persisted before it returns).

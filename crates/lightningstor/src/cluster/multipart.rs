@@ -38,7 +38,8 @@ use std::sync::Arc;
 impl Node {
     /// Sends `make(n)` to every node of `targets` and returns those that
     /// accepted it; fails when a write set of (bucket, key) lacks its write
-    /// quorum. A replica's NoSuchUpload is passed on as such.
+    /// quorum. A replica's NoSuchUpload (or NoSuchBucket: the bucket was
+    /// deleted there) is passed on as such.
     pub(super) async fn quorum_call(
         self: &Arc<Self>,
         bucket: &str,
@@ -59,7 +60,7 @@ impl Node {
                 Ok(_) => {
                     ok.insert(n);
                 }
-                Err(e @ LightningError::NoSuchUpload(_)) => gone = Some(e),
+                Err(e @ (LightningError::NoSuchUpload(_) | LightningError::NoSuchBucket(_))) => gone = Some(e),
                 Err(e) => tracing::debug!(node = n, error = %e, "replica missed an upload write"),
             }
         }
@@ -171,18 +172,26 @@ impl Node {
         });
         let mut ok = HashSet::new();
         let mut newest = 0;
+        let mut refused = None;
         for (n, r) in futures::future::join_all(calls).await {
             match r {
                 Ok(current) => {
                     newest = newest.max(current);
                     ok.insert(n);
                 }
+                Err(e @ (LightningError::NoSuchUpload(_) | LightningError::NoSuchBucket(_))) => refused = Some(e),
                 Err(e) => tracing::debug!(node = n, error = %e, "replica missed a completed upload"),
             }
         }
         for s in &sets {
             let acks = s.iter().filter(|n| ok.contains(n)).count();
             if acks < self.need_w(s.len()) {
+                if let Some(e) = refused {
+                    if matches!(e, LightningError::NoSuchBucket(_)) {
+                        self.undo_commit(bucket, key, row, &ok).await;
+                    }
+                    return Err(e);
+                }
                 return Err(self.quorum_failed(&format!(
                     "only {acks} of {} replicas committed the object (write quorum {})",
                     s.len(),
