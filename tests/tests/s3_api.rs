@@ -41,6 +41,7 @@ single_node_and_cluster!(
     objects_round_trip_with_metadata_and_standard_headers,
     range_gets_cover_first_last_open_ended_and_suffix_forms,
     conditional_gets_and_heads_answer_304_and_412,
+    gets_and_heads_honour_every_response_header_override,
     conditional_puts_honour_if_none_match_and_if_match,
     copies_keep_or_replace_metadata_and_check_source_conditions,
     delete_objects_removes_a_batch_and_reports_each_key,
@@ -1698,6 +1699,83 @@ async fn presigned_urls_valid_for_more_than_seven_days_are_refused(
     let (status, text) = call(&svc, signed("GET", "/pre/k", b"", "", Some(week + Duration::from_secs(1)))).await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("AuthorizationQueryParametersError"), "{text}");
+    Ok(())
+}
+
+/// The `response-*` query overrides of GetObject and HeadObject replace the
+/// stored standard headers in the answer (and only there: the object keeps
+/// its own, as a plain GET shows).
+async fn gets_and_heads_honour_every_response_header_override(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("over").send().await?;
+    c.put_object()
+        .bucket("over")
+        .key("k")
+        .content_type("text/plain")
+        .content_language("en")
+        .cache_control("no-cache")
+        .content_disposition("inline")
+        .content_encoding("identity")
+        .expires(DateTime::from_secs(1_700_000_000))
+        .body(ByteStream::from_static(b"body"))
+        .send()
+        .await?;
+    let when = DateTime::from_secs(1_800_000_000);
+    let http_date = "Fri, 15 Jan 2027 08:00:00 GMT";
+    assert_eq!(when.fmt(aws_sdk_s3::primitives::DateTimeFormat::HttpDate)?, http_date);
+    let want = ["image/png", "fr", "max-age=60", "attachment; filename=\"x.png\"", "gzip", http_date];
+    let g = c
+        .get_object()
+        .bucket("over")
+        .key("k")
+        .response_content_type(want[0])
+        .response_content_language(want[1])
+        .response_cache_control(want[2])
+        .response_content_disposition(want[3])
+        .response_content_encoding(want[4])
+        .response_expires(when)
+        .send()
+        .await?;
+    let got = [
+        g.content_type(),
+        g.content_language(),
+        g.cache_control(),
+        g.content_disposition(),
+        g.content_encoding(),
+        g.expires_string(),
+    ];
+    assert_eq!(got, want.map(Some), "GET");
+    let h = c
+        .head_object()
+        .bucket("over")
+        .key("k")
+        .response_content_type(want[0])
+        .response_content_language(want[1])
+        .response_cache_control(want[2])
+        .response_content_disposition(want[3])
+        .response_content_encoding(want[4])
+        .response_expires(when)
+        .send()
+        .await?;
+    let got = [
+        h.content_type(),
+        h.content_language(),
+        h.cache_control(),
+        h.content_disposition(),
+        h.content_encoding(),
+        h.expires_string(),
+    ];
+    assert_eq!(got, want.map(Some), "HEAD");
+    let h = c.head_object().bucket("over").key("k").send().await?;
+    let stored = ["text/plain", "en", "no-cache", "inline", "identity", "Tue, 14 Nov 2023 22:13:20 GMT"];
+    let got = [
+        h.content_type(),
+        h.content_language(),
+        h.cache_control(),
+        h.content_disposition(),
+        h.content_encoding(),
+        h.expires_string(),
+    ];
+    assert_eq!(got, stored.map(Some), "plain HEAD");
     Ok(())
 }
 

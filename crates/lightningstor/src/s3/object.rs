@@ -237,9 +237,44 @@ pub(super) async fn get_object<E: Engine>(e: &E, req: S3Request<GetObjectInput>)
     Ok(get_output(i, &s, body))
 }
 
+/// The standard headers a GET or HEAD answers with: first the request's
+/// `response-*` overrides, then [`Shown::over`] fills the rest from the
+/// object's stored headers.
+struct Shown {
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    expires: Option<Timestamp>,
+}
+
+impl Shown {
+    /// Each header not overridden by the request, as stored in `h`.
+    fn over(self, h: &crate::meta::types::ObjectHeaders) -> Shown {
+        Shown {
+            content_type: self.content_type.or_else(|| h.content_type.clone()),
+            content_encoding: self.content_encoding.or_else(|| h.content_encoding.clone()),
+            content_disposition: self.content_disposition.or_else(|| h.content_disposition.clone()),
+            content_language: self.content_language.or_else(|| h.content_language.clone()),
+            cache_control: self.cache_control.or_else(|| h.cache_control.clone()),
+            expires: self.expires.or_else(|| h.expires.map(|e| timestamp(e.saturating_mul(1000)))),
+        }
+    }
+}
+
 /// The GetObject answer for a selected object and its body stream.
 fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<Bytes>>) -> GetObjectOutput {
     let h = &s.meta.headers;
+    let shown = Shown {
+        content_type: i.response_content_type,
+        content_encoding: i.response_content_encoding,
+        content_disposition: i.response_content_disposition,
+        content_language: i.response_content_language,
+        cache_control: i.response_cache_control,
+        expires: i.response_expires,
+    }
+    .over(h);
     let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
     } else {
@@ -253,12 +288,12 @@ fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<B
         e_tag: Some(etag(&s.meta.etag)),
         last_modified: Some(timestamp(s.meta.last_modified_ms)),
         metadata: metadata(h),
-        content_type: i.response_content_type.or_else(|| h.content_type.clone()),
-        content_encoding: i.response_content_encoding.or_else(|| h.content_encoding.clone()),
-        content_disposition: i.response_content_disposition.or_else(|| h.content_disposition.clone()),
-        content_language: i.response_content_language.or_else(|| h.content_language.clone()),
-        cache_control: i.response_cache_control.or_else(|| h.cache_control.clone()),
-        expires: i.response_expires.or_else(|| h.expires.map(|e| timestamp(e.saturating_mul(1000)))),
+        content_type: shown.content_type,
+        content_encoding: shown.content_encoding,
+        content_disposition: shown.content_disposition,
+        content_language: shown.content_language,
+        cache_control: shown.cache_control,
+        expires: shown.expires,
         parts_count: i.part_number.and_then(|_| i32::try_from(s.meta.parts.len()).ok()).filter(|n| *n > 0),
         checksum_crc32: c.crc32,
         checksum_crc32c: c.crc32c,
@@ -291,6 +326,15 @@ pub(super) async fn head_object<E: Engine>(e: &E, req: S3Request<HeadObjectInput
 /// The HeadObject answer for a selected object.
 fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
     let h = &s.meta.headers;
+    let shown = Shown {
+        content_type: i.response_content_type,
+        content_encoding: i.response_content_encoding,
+        content_disposition: i.response_content_disposition,
+        content_language: i.response_content_language,
+        cache_control: i.response_cache_control,
+        expires: i.response_expires,
+    }
+    .over(h);
     let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
     } else {
@@ -303,12 +347,12 @@ fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
         e_tag: Some(etag(&s.meta.etag)),
         last_modified: Some(timestamp(s.meta.last_modified_ms)),
         metadata: metadata(h),
-        content_type: i.response_content_type.or_else(|| h.content_type.clone()),
-        content_encoding: h.content_encoding.clone(),
-        content_disposition: h.content_disposition.clone(),
-        content_language: h.content_language.clone(),
-        cache_control: h.cache_control.clone(),
-        expires: h.expires.map(|e| timestamp(e.saturating_mul(1000))),
+        content_type: shown.content_type,
+        content_encoding: shown.content_encoding,
+        content_disposition: shown.content_disposition,
+        content_language: shown.content_language,
+        cache_control: shown.cache_control,
+        expires: shown.expires,
         parts_count: i.part_number.and_then(|_| i32::try_from(s.meta.parts.len()).ok()).filter(|n| *n > 0),
         checksum_crc32: c.crc32,
         checksum_crc32c: c.crc32c,
