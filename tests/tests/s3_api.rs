@@ -44,6 +44,7 @@ single_node_and_cluster!(
     gets_and_heads_honour_every_response_header_override,
     conditional_puts_honour_if_none_match_and_if_match,
     copies_keep_or_replace_metadata_and_check_source_conditions,
+    a_copy_asking_for_a_checksum_algorithm_stores_and_returns_that_checksum,
     delete_objects_removes_a_batch_and_reports_each_key,
     listings_page_through_prefixes_delimiters_and_markers,
     multipart_uploads_complete_with_an_s3_style_etag,
@@ -1776,6 +1777,41 @@ async fn gets_and_heads_honour_every_response_header_override(c: aws_sdk_s3::Cli
         h.expires_string(),
     ];
     assert_eq!(got, stored.map(Some), "plain HEAD");
+    Ok(())
+}
+
+/// CopyObject with `x-amz-checksum-algorithm`: the copy gets that checksum
+/// of its bytes (computed, or the source's own of that algorithm), returned
+/// in the answer and stored with it, as PutObject does with the header.
+async fn a_copy_asking_for_a_checksum_algorithm_stores_and_returns_that_checksum(c: aws_sdk_s3::Client) -> R {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    c.create_bucket().bucket("sums").send().await?;
+    let data = pseudo_random(300_000, 61);
+    let src = c
+        .put_object()
+        .bucket("sums")
+        .key("src")
+        .checksum_algorithm(ChecksumAlgorithm::Crc32)
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await?;
+    let crc32 = src.checksum_crc32().expect("the source's CRC32").to_owned();
+    let sha256 = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&data));
+    let copy = |key: &'static str, algo: ChecksumAlgorithm| {
+        c.copy_object().bucket("sums").key(key).copy_source("sums/src").checksum_algorithm(algo).send()
+    };
+    let out = copy("sha", ChecksumAlgorithm::Sha256).await?;
+    let r = out.copy_object_result().expect("result");
+    assert_eq!((r.checksum_sha256(), r.checksum_crc32()), (Some(sha256.as_str()), None));
+    let got = c.get_object().bucket("sums").key("sha").checksum_mode(ChecksumMode::Enabled).send().await?;
+    assert_eq!(got.checksum_sha256(), Some(sha256.as_str()));
+    assert_eq!(body_of(got).await, data);
+    // The algorithm the source has: its checksum, unchanged.
+    let out = copy("crc", ChecksumAlgorithm::Crc32).await?;
+    assert_eq!(out.copy_object_result().and_then(|r| r.checksum_crc32()), Some(crc32.as_str()));
+    let head = c.head_object().bucket("sums").key("crc").checksum_mode(ChecksumMode::Enabled).send().await?;
+    assert_eq!(head.checksum_crc32(), Some(crc32.as_str()));
     Ok(())
 }
 

@@ -468,26 +468,58 @@ pub(super) async fn copy_object<E: Engine>(e: &E, req: S3Request<CopyObjectInput
     )
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
     check_copy_to_itself(&i, &sb, &sk, &src, dest_key.as_ref())?;
+    // `x-amz-checksum-algorithm`: the copy gets that checksum of its bytes
+    // (the source's, when it has a whole-object one of that algorithm).
+    let algo = copy_checksum_algo(i.checksum_algorithm.as_ref(), &src)?;
     e.require_bucket(&i.bucket).await?;
     let headers = copied_headers(&i, &src);
-    let (row, hold) = if source.is_none() && dest_key.is_none() {
+    let (row, hold) = if source.is_none() && dest_key.is_none() && algo.is_none() {
         // Plain to plain: the bytes do not change; the engine makes them
         // the destination's (shared blocks, or copies on its replicas).
         let (data, hold) = e.copy_data(&i.bucket, &i.key, &src, from).await?;
         (ObjectMeta { last_modified_ms: now_ms(), headers, data, ..src }, hold)
     } else {
-        // SSE-C on either side: the bytes change, so they go through the
-        // write path, decrypted and (for an SSE-C destination) encrypted
-        // under the destination's key with a fresh IV.
+        // SSE-C on either side, or a checksum to compute: the bytes go
+        // through the write path, decrypted, hashed (the checksum is of the
+        // plaintext) and, for an SSE-C destination, encrypted under the
+        // destination's key with a fresh IV.
         let sealing = dest_key.map(|k| k.seal()).transpose()?;
-        let plain = e.read(&src, from, 0..src.size);
-        let body = crate::sse::recrypting(source, 0, sealing.as_ref().map(|(_, c)| c.clone()), plain);
+        let plain = crate::sse::recrypting(source, 0, None, e.read(&src, from, 0..src.size));
+        let hasher = std::sync::Arc::new(Mutex::new(algo.map(crate::checksum::Hasher::new)));
+        let tap = hasher.clone();
+        let plain = plain
+            .inspect(move |r| {
+                if let (Ok(b), Ok(mut guard)) = (r, tap.lock())
+                    && let Some(h) = guard.as_mut()
+                {
+                    h.update(b);
+                }
+            })
+            .boxed();
+        let body = crate::sse::recrypting(None, 0, sealing.as_ref().map(|(_, c)| c.clone()), plain);
         let staged = e.stage(&i.bucket, &i.key, body, None, true).await?;
-        let row = recrypted(src, &staged.data, staged.size, staged.md5, headers, sealing.map(|(s, _)| s))?;
+        let mut row = recrypted(src, &staged.data, staged.size, staged.md5, headers, sealing.map(|(s, _)| s))?;
+        let computed = hasher.lock().ok().and_then(|mut h| h.take());
+        if let (Some(algo), Some(h)) = (algo, computed) {
+            row.checksum = Some(crate::checksum::Checksum { algo, raw: h.finalize(), parts: None });
+        }
         (row, staged.hold)
     };
     let meta = e.commit(&i.bucket, &i.key, row, hold, &WriteConditions::default()).await?;
     Ok(CopyObjectOutput { copy_source_version_id: source_version, ..copy_output(&meta) })
+}
+
+/// The checksum algorithm a copy must compute: the one `x-amz-checksum-algorithm`
+/// names, unless the source already has a whole-object checksum of it.
+fn copy_checksum_algo(
+    asked: Option<&ChecksumAlgorithm>,
+    src: &ObjectMeta,
+) -> Result<Option<crate::checksum::ChecksumAlgo>> {
+    let Some(a) = asked else { return Ok(None) };
+    let algo = crate::checksum::ChecksumAlgo::from_name(a.as_str())
+        .ok_or_else(|| LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str())))?;
+    let kept = src.checksum.as_ref().is_some_and(|c| c.algo == algo && c.parts.is_none());
+    Ok((!kept).then_some(algo))
 }
 
 /// A copy onto itself must change something: the metadata (REPLACE) or the
