@@ -41,8 +41,10 @@ single_node_and_cluster!(
     objects_round_trip_with_metadata_and_standard_headers,
     range_gets_cover_first_last_open_ended_and_suffix_forms,
     conditional_gets_and_heads_answer_304_and_412,
+    gets_and_heads_honour_every_response_header_override,
     conditional_puts_honour_if_none_match_and_if_match,
     copies_keep_or_replace_metadata_and_check_source_conditions,
+    a_copy_asking_for_a_checksum_algorithm_stores_and_returns_that_checksum,
     delete_objects_removes_a_batch_and_reports_each_key,
     listings_page_through_prefixes_delimiters_and_markers,
     multipart_uploads_complete_with_an_s3_style_etag,
@@ -52,6 +54,7 @@ single_node_and_cluster!(
     an_expected_bucket_owner_is_refused_on_bucket_listing_and_upload_operations,
     conditional_deletes_keep_the_object_when_a_condition_fails,
     a_repeated_complete_multipart_upload_gets_the_same_answer,
+    a_complete_into_a_bucket_deleted_meanwhile_fails_with_no_such_bucket,
     a_complete_claiming_a_wrong_object_checksum_is_refused_and_the_upload_stays,
     replies_carry_a_request_id_and_error_xml_repeats_it,
     sse_c_objects_are_served_only_with_their_key,
@@ -76,6 +79,51 @@ mod sse_c_multipart {
     async fn sse_c_multipart_uploads_need_the_key_on_every_part_three_node_cluster() -> R {
         let s = InCluster::new(3);
         super::sse_c_multipart_uploads_need_the_key_on_every_part(s.client(), s.dir.path()).await
+    }
+}
+
+/// `consistency = "degraded"` exists only on a cluster (a single node checks
+/// write conditions in its own transaction): there a key lease is not
+/// exclusive, so every conditional write is refused with 501 NotImplemented
+/// naming degraded consistency, nothing changes, and unconditional writes go on.
+mod degraded {
+    use super::*;
+
+    fn not_implemented<T, E: aws_sdk_s3::error::ProvideErrorMetadata, Raw: HasStatus>(
+        r: Result<T, aws_sdk_s3::error::SdkError<E, Raw>>,
+    ) {
+        let Err(e) = r else { panic!("a conditional write in degraded mode succeeded") };
+        assert_eq!((code(&e), status(&e)), ("NotImplemented".to_owned(), 501));
+        let msg = aws_sdk_s3::error::ProvideErrorMetadata::message(&e).unwrap_or_default().to_owned();
+        assert!(msg.contains("degraded"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn conditional_writes_are_refused_in_degraded_mode_three_node_cluster() -> R {
+        let s = InCluster::with(3, |c| c.consistency = lightningstor::cluster::Consistency::Degraded);
+        let c = s.client();
+        c.create_bucket().bucket("deg").send().await?;
+        let body = || ByteStream::from_static(b"v1");
+        not_implemented(c.put_object().bucket("deg").key("k").if_none_match("*").body(body()).send().await);
+        let e = c.head_object().bucket("deg").key("k").send().await.expect_err("nothing stored");
+        assert_eq!(status(&e), 404);
+        let etag = put(&c, "deg", "k", b"v1").await;
+        not_implemented(c.put_object().bucket("deg").key("k").if_match(&etag).body(body()).send().await);
+        not_implemented(c.delete_object().bucket("deg").key("k").if_match(&etag).send().await);
+        let id = c.create_multipart_upload().bucket("deg").key("m").send().await?.upload_id.expect("upload id");
+        let p = c.upload_part().bucket("deg").key("m").upload_id(&id).part_number(1).body(body()).send().await?;
+        let parts = CompletedMultipartUpload::builder()
+            .parts(CompletedPart::builder().part_number(1).e_tag(p.e_tag.expect("etag")).build())
+            .build();
+        let complete =
+            || c.complete_multipart_upload().bucket("deg").key("m").upload_id(&id).multipart_upload(parts.clone());
+        not_implemented(complete().if_none_match("*").send().await);
+        // Nothing changed: the object and the upload are as they were.
+        assert_eq!(c.head_object().bucket("deg").key("k").send().await?.e_tag(), Some(etag.as_str()));
+        assert_eq!(c.list_parts().bucket("deg").key("m").upload_id(&id).send().await?.parts().len(), 1);
+        complete().send().await?;
+        assert_eq!(body_of(c.get_object().bucket("deg").key("m").send().await?).await, b"v1");
+        Ok(())
     }
 }
 
@@ -1655,6 +1703,141 @@ async fn presigned_urls_valid_for_more_than_seven_days_are_refused(
     Ok(())
 }
 
+/// The `response-*` query overrides of GetObject and HeadObject replace the
+/// stored standard headers in the answer (and only there: the object keeps
+/// its own, as a plain GET shows).
+async fn gets_and_heads_honour_every_response_header_override(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("over").send().await?;
+    c.put_object()
+        .bucket("over")
+        .key("k")
+        .content_type("text/plain")
+        .content_language("en")
+        .cache_control("no-cache")
+        .content_disposition("inline")
+        .content_encoding("identity")
+        .expires(DateTime::from_secs(1_700_000_000))
+        .body(ByteStream::from_static(b"body"))
+        .send()
+        .await?;
+    let when = DateTime::from_secs(1_800_000_000);
+    let http_date = "Fri, 15 Jan 2027 08:00:00 GMT";
+    assert_eq!(when.fmt(aws_sdk_s3::primitives::DateTimeFormat::HttpDate)?, http_date);
+    let want = ["image/png", "fr", "max-age=60", "attachment; filename=\"x.png\"", "gzip", http_date];
+    let g = c
+        .get_object()
+        .bucket("over")
+        .key("k")
+        .response_content_type(want[0])
+        .response_content_language(want[1])
+        .response_cache_control(want[2])
+        .response_content_disposition(want[3])
+        .response_content_encoding(want[4])
+        .response_expires(when)
+        .send()
+        .await?;
+    let got = [
+        g.content_type(),
+        g.content_language(),
+        g.cache_control(),
+        g.content_disposition(),
+        g.content_encoding(),
+        g.expires_string(),
+    ];
+    assert_eq!(got, want.map(Some), "GET");
+    let h = c
+        .head_object()
+        .bucket("over")
+        .key("k")
+        .response_content_type(want[0])
+        .response_content_language(want[1])
+        .response_cache_control(want[2])
+        .response_content_disposition(want[3])
+        .response_content_encoding(want[4])
+        .response_expires(when)
+        .send()
+        .await?;
+    let got = [
+        h.content_type(),
+        h.content_language(),
+        h.cache_control(),
+        h.content_disposition(),
+        h.content_encoding(),
+        h.expires_string(),
+    ];
+    assert_eq!(got, want.map(Some), "HEAD");
+    let h = c.head_object().bucket("over").key("k").send().await?;
+    let stored = ["text/plain", "en", "no-cache", "inline", "identity", "Tue, 14 Nov 2023 22:13:20 GMT"];
+    let got = [
+        h.content_type(),
+        h.content_language(),
+        h.cache_control(),
+        h.content_disposition(),
+        h.content_encoding(),
+        h.expires_string(),
+    ];
+    assert_eq!(got, stored.map(Some), "plain HEAD");
+    Ok(())
+}
+
+/// CopyObject with `x-amz-checksum-algorithm`: the copy gets that checksum
+/// of its bytes (computed, or the source's own of that algorithm), returned
+/// in the answer and stored with it, as PutObject does with the header.
+async fn a_copy_asking_for_a_checksum_algorithm_stores_and_returns_that_checksum(c: aws_sdk_s3::Client) -> R {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    c.create_bucket().bucket("sums").send().await?;
+    let data = pseudo_random(300_000, 61);
+    let src = c
+        .put_object()
+        .bucket("sums")
+        .key("src")
+        .checksum_algorithm(ChecksumAlgorithm::Crc32)
+        .body(ByteStream::from(data.clone()))
+        .send()
+        .await?;
+    let crc32 = src.checksum_crc32().expect("the source's CRC32").to_owned();
+    let sha256 = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&data));
+    let copy = |key: &'static str, algo: ChecksumAlgorithm| {
+        c.copy_object().bucket("sums").key(key).copy_source("sums/src").checksum_algorithm(algo).send()
+    };
+    let out = copy("sha", ChecksumAlgorithm::Sha256).await?;
+    let r = out.copy_object_result().expect("result");
+    assert_eq!((r.checksum_sha256(), r.checksum_crc32()), (Some(sha256.as_str()), None));
+    let got = c.get_object().bucket("sums").key("sha").checksum_mode(ChecksumMode::Enabled).send().await?;
+    assert_eq!(got.checksum_sha256(), Some(sha256.as_str()));
+    assert_eq!(body_of(got).await, data);
+    // The algorithm the source has: its checksum, unchanged.
+    let out = copy("crc", ChecksumAlgorithm::Crc32).await?;
+    assert_eq!(out.copy_object_result().and_then(|r| r.checksum_crc32()), Some(crc32.as_str()));
+    let head = c.head_object().bucket("sums").key("crc").checksum_mode(ChecksumMode::Enabled).send().await?;
+    assert_eq!(head.checksum_crc32(), Some(crc32.as_str()));
+    Ok(())
+}
+
+async fn a_complete_into_a_bucket_deleted_meanwhile_fails_with_no_such_bucket(c: aws_sdk_s3::Client) -> R {
+    c.create_bucket().bucket("going").send().await?;
+    let id = c.create_multipart_upload().bucket("going").key("k").send().await?.upload_id.expect("upload id");
+    let p = c.upload_part().bucket("going").key("k").upload_id(&id).part_number(1).body(ByteStream::from_static(b"x"));
+    let part = CompletedPart::builder().part_number(1).e_tag(p.send().await?.e_tag.expect("etag")).build();
+    // Uploads in progress do not keep a bucket; they go with it.
+    c.delete_bucket().bucket("going").send().await?;
+    let e = c
+        .complete_multipart_upload()
+        .bucket("going")
+        .key("k")
+        .upload_id(&id)
+        .multipart_upload(CompletedMultipartUpload::builder().parts(part).build())
+        .send()
+        .await
+        .expect_err("the bucket is gone");
+    assert_eq!(code(&e), "NoSuchBucket");
+    assert_eq!(status(&c.head_bucket().bucket("going").send().await.expect_err("not recreated")), 404);
+    let e = c.get_object().bucket("going").key("k").send().await.expect_err("no object");
+    assert_eq!(code(&e), "NoSuchBucket");
+    Ok(())
+}
+
 async fn a_repeated_complete_multipart_upload_gets_the_same_answer(c: aws_sdk_s3::Client) -> R {
     use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
     c.create_bucket().bucket("again").send().await?;
@@ -1697,6 +1880,24 @@ async fn a_repeated_complete_multipart_upload_gets_the_same_answer(c: aws_sdk_s3
     put(&c, "again", "k", b"newer").await;
     let e = complete(parts).await.expect_err("key overwritten");
     assert_eq!(code(&e), "NoSuchUpload");
+    let got = body_of(c.get_object().bucket("again").key("k").send().await?).await;
+    assert_eq!(got, b"newer", "a retry overwrote a newer object");
+    // A conditional complete repeated: the same answer, not 412 for the object it made itself.
+    let id = c.create_multipart_upload().bucket("again").key("new").send().await?.upload_id.expect("upload id");
+    let p =
+        c.upload_part().bucket("again").key("new").upload_id(&id).part_number(1).body(ByteStream::from_static(b"x"));
+    let part = CompletedPart::builder().part_number(1).e_tag(p.send().await?.e_tag.expect("etag")).build();
+    let complete_new = || {
+        c.complete_multipart_upload()
+            .bucket("again")
+            .key("new")
+            .upload_id(&id)
+            .if_none_match("*")
+            .multipart_upload(CompletedMultipartUpload::builder().parts(part.clone()).build())
+            .send()
+    };
+    let done = complete_new().await?;
+    assert_eq!(complete_new().await?.e_tag(), done.e_tag());
     Ok(())
 }
 

@@ -6,7 +6,7 @@ mod s3_common;
 
 use aws_sdk_s3::primitives::ByteStream;
 use lightningstor::cluster::NodeId;
-use lightningstor::meta::types::Row;
+use lightningstor::meta::types::{ObjectMeta, Row};
 use s3_common::*;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -953,6 +953,52 @@ async fn complete(c: &aws_sdk_s3::Client, b: &str, k: &str, id: &str, etags: &[S
     Ok(out.e_tag.ok_or_else(|| anyhow::anyhow!("no etag"))?)
 }
 
+/// A completion drops the upload in the same transaction, on each replica,
+/// as it commits the object: wherever the object is, the upload is gone. A
+/// retry through a node that missed the completion (its upload still live)
+/// gets the first answer while the key holds that object, and commits
+/// nothing again: not with `If-None-Match: *` (no 412), and not over a
+/// newer object written meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_complete_through_a_replica_that_missed_it_never_commits_again() -> R {
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    let id = create_upload(&c, "bkt", "k").await?;
+    let etag = upload_part(&c, "bkt", "k", &id, 1, &pseudo_random(70_000, 9)).await?;
+    let complete = |c: aws_sdk_s3::Client, cond: bool| {
+        let parts =
+            CompletedMultipartUpload::builder().parts(CompletedPart::builder().part_number(1).e_tag(&etag).build());
+        let req = c.complete_multipart_upload().bucket("bkt").key("k").upload_id(&id).multipart_upload(parts.build());
+        let req = if cond { req.if_none_match("*") } else { req };
+        async move { req.send().await.map(|o| o.e_tag.unwrap_or_default()).map_err(|e| code(&e)) }
+    };
+    s.cluster.faults.isolate(3);
+    let first = complete(c.clone(), true).await.expect("the first complete");
+    for n in [1, 2] {
+        let store = &s.cluster.node(n).store;
+        assert!(store.meta.upload_gone(&id)? && store.meta.get_upload(&id)?.is_none(), "node {n} kept the upload");
+        let Some(Row::Object(m)) = local_row(&s, n, "bkt", "k") else { panic!("node {n} lacks the object") };
+        assert_eq!(format!("\"{}\"", m.etag), first);
+    }
+    let version = |n| local_row(&s, n, "bkt", "k").map(|r| r.version());
+    let committed = version(1);
+    s.cluster.faults.heal();
+    assert!(s.cluster.node(3).store.meta.get_upload(&id)?.is_some(), "node 3 missed the completion");
+    // The retry after a lost reply, conditional as the first: the same answer, no new version.
+    assert_eq!(complete(s.client_of(3), true).await, Ok(first.clone()));
+    assert_eq!(complete(s.client_of(3), false).await, Ok(first.clone()));
+    assert_eq!((version(1), version(2)), (committed, committed), "a retry committed again");
+    // A newer object written meanwhile is never overwritten by a retry.
+    put(&s.client_of(2), "bkt", "k", b"newer").await?;
+    for n in 1..=3u8 {
+        assert_eq!(complete(s.client_of(n), false).await, Err("NoSuchUpload".to_owned()), "through node {n}");
+    }
+    assert_eq!(get(&c, "bkt", "k").await?, b"newer");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn multipart_uploads_survive_nodes_down_and_read_back_from_every_node() -> R {
     let s = InCluster::new(3);
@@ -1388,6 +1434,123 @@ async fn concurrent_conditional_puts_through_different_nodes_let_exactly_one_win
     let winners: Vec<u64> = results.iter().filter(|(_, r)| r.is_ok()).map(|(i, _)| *i).collect();
     assert_eq!(winners.len(), 1, "{results:?}");
     assert_eq!(get(&clients[2], "bkt", "once").await?, pseudo_random(700, winners[0]));
+    Ok(())
+}
+
+/// A conditional write that works longer than a lease (a complete copying
+/// blocks to a lagging replica) keeps its key leased: with 300 ms leases, a
+/// holder working 1.5 s is never overlapped by another node's holder, and a
+/// holder cut off from the other replicas is abandoned with 503 before the
+/// grants it lost expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_lease_is_renewed_while_its_holder_works_and_abandoned_when_it_cannot_be() -> R {
+    let s = InCluster::with(3, |c| c.key_lease_ms = 300);
+    let (n1, n2) = (s.cluster.node(1), s.cluster.node(2));
+    let held = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let first = {
+        let (n1, held) = (n1.clone(), held.clone());
+        tokio::spawn(async move {
+            n1.with_key_lease("bkt", b"k", async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                *held.lock().expect("lock") = Some(Instant::now());
+                Ok(())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = n2.with_key_lease("bkt", b"k", async { Ok(Instant::now()) }).await?;
+    first.await??;
+    let released = held.lock().expect("lock").expect("the first holder finished");
+    assert!(second >= released, "the second holder got the key {:?} before the first let it go", released - second);
+
+    // Cut off from both other replicas, a holder cannot renew: it is
+    // abandoned, and the others then take the key.
+    let started = Instant::now();
+    let cut_off = {
+        let (n1, faults) = (n1.clone(), s.cluster.faults.clone());
+        tokio::spawn(async move {
+            n1.with_key_lease("bkt", b"k2", async {
+                faults.isolate(1);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(())
+            })
+            .await
+        })
+    };
+    let e = cut_off.await?.expect_err("a holder that lost its lease is abandoned");
+    assert!(matches!(e, lightningstor::LightningError::Unavailable(_)), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "abandoned only after {:?}", started.elapsed());
+    s.cluster.faults.heal();
+    n2.with_key_lease("bkt", b"k2", async { Ok(()) }).await?;
+    Ok(())
+}
+
+/// A row for `data` staged by `Engine::stage`, as PutObject commits it.
+fn object_row(staged: &lightningstor::engine::Staged<lightningstor::cluster::engine::Session>) -> ObjectMeta {
+    ObjectMeta {
+        version: 0,
+        size: staged.size,
+        etag: hex::encode(staged.md5),
+        last_modified_ms: 1,
+        headers: Default::default(),
+        checksum: None,
+        parts: Vec::new(),
+        data: staged.data.clone(),
+        sse_c: None,
+        versioned: None,
+    }
+}
+
+/// A write racing DeleteBucket: a body staged before the delete and
+/// committed after it is refused NoSuchBucket on every replica, so the
+/// write fails and neither brings the bucket back nor leaves a row. One
+/// committed on a replica before the delete reached it makes the delete
+/// fail there: the delete answers BucketNotEmpty and the bucket is back
+/// on every node, holding the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_racing_delete_bucket_fails_with_no_such_bucket_and_leaves_nothing() -> R {
+    use lightningstor::engine::Engine;
+    use lightningstor::meta::ops::WriteConditions;
+    let s = InCluster::new(3);
+    let (n1, n2) = (s.cluster.node(1), s.cluster.node(2));
+    Engine::create_bucket(&n1, "race").await?;
+    let body = || futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(pseudo_random(300_000, 5)))]);
+    let staged = Engine::stage(&n1, "race", "k", body(), None, false).await?;
+    let row = object_row(&staged);
+    Engine::delete_bucket(&n2, "race").await?;
+    let e = Engine::commit(&n1, "race", "k", row, staged.hold, &WriteConditions::default()).await.expect_err("deleted");
+    assert!(matches!(e, lightningstor::LightningError::NoSuchBucket(_)), "{e:?}");
+    // So is a copy into it (the same commit) and a conditional write.
+    let staged = Engine::stage(&n1, "race", "k", body(), None, true).await?;
+    let cond = WriteConditions { if_none_match: Some(s3s::dto::ETagCondition::Any), if_match: None };
+    let e = Engine::commit(&n1, "race", "k", object_row(&staged), staged.hold, &cond).await.expect_err("deleted");
+    assert!(matches!(e, lightningstor::LightningError::NoSuchBucket(_)), "{e:?}");
+    for n in 1..=3u8 {
+        let store = &s.cluster.node(n).store;
+        assert!(store.meta.get_bucket("race")?.is_none(), "node {n} has the bucket again");
+        assert!(local_row(&s, n, "race", "k").is_none(), "node {n} kept a row");
+    }
+    let c = s.client();
+    assert_eq!(status(&c.head_bucket().bucket("race").send().await.expect_err("deleted")), 404);
+
+    // Node 3 commits a write (its replica's part of it) before the delete
+    // reaches it; the delete fails, and leaves the bucket on every node.
+    Engine::create_bucket(&n1, "race2").await?;
+    let staged = Engine::stage(&n1, "race2", "k", body(), None, true).await?;
+    let row = Row::Object(ObjectMeta { version: n1.hlc.now(), ..object_row(&staged) });
+    let node3 = s.cluster.node(3);
+    let req = lightningstor::cluster::rpc::Req::Commit { session: 0, bucket: "race2".into(), key: b"k".to_vec(), row };
+    node3.call(3, lightningstor::cluster::rpc::Msg::new(req)).await?;
+    // (The listing the delete starts with reads a quorum that may not include node 3.)
+    match Engine::delete_bucket(&n2, "race2").await {
+        Err(lightningstor::LightningError::BucketNotEmpty(_)) => {}
+        other => panic!("delete of a bucket a replica holds an object of: {other:?}"),
+    }
+    for n in 1..=3u8 {
+        assert!(s.cluster.node(n).store.meta.get_bucket("race2")?.is_some(), "node {n} lost the bucket");
+    }
+    c.head_bucket().bucket("race2").send().await?;
     Ok(())
 }
 

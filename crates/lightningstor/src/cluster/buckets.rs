@@ -103,6 +103,13 @@ impl Node {
     }
 
     /// Deletes an empty bucket everywhere.
+    ///
+    /// Each node refuses the delete while it holds an object row of the
+    /// bucket and, once it has deleted it, refuses the rows of writes that
+    /// were under way ([`crate::meta::ops::drop_bucket`]). A write that
+    /// raced the delete and committed somewhere first makes it fail: the
+    /// nodes that had deleted the bucket get it back (with its lifecycle
+    /// configuration), and the answer is BucketNotEmpty.
     pub async fn delete_bucket(self: &Arc<Self>, name: &str) -> Result<()> {
         self.require_bucket(name).await?;
         let q = crate::listing::ListQuery { max_keys: 1, ..Default::default() };
@@ -110,10 +117,53 @@ impl Node {
         if !page.entries.is_empty() {
             return Err(LightningError::BucketNotEmpty(name.to_owned()));
         }
+        // What the nodes that delete it get back should another refuse.
+        let row = self.store.meta.get_bucket(name)?;
         let replies = self.to_all(Req::DeleteBucket { name: name.to_owned() }).await;
         let total = replies.len();
         let ok = replies.iter().filter(|(_, r)| r.is_ok()).count();
+        if replies.iter().any(|(_, r)| matches!(r, Err(LightningError::BucketNotEmpty(_)))) {
+            let deleted: Vec<NodeId> = replies.iter().filter(|(_, r)| r.is_ok()).map(|(n, _)| *n).collect();
+            self.undo_delete_bucket(name, row, &deleted).await?;
+            return Err(LightningError::BucketNotEmpty(name.to_owned()));
+        }
         self.majority(ok, total, "delete bucket")
+    }
+
+    /// Creates bucket `name` again, with its lifecycle configuration, on
+    /// the nodes that deleted it when another node refused the delete;
+    /// those this misses get it from the resync queue.
+    async fn undo_delete_bucket(
+        self: &Arc<Self>,
+        name: &str,
+        row: Option<crate::meta::types::BucketMeta>,
+        deleted: &[NodeId],
+    ) -> Result<()> {
+        let created_ms = row.as_ref().map_or_else(now_ms, |b| b.created_ms);
+        let lifecycle = row.and_then(|b| b.lifecycle);
+        let calls = deleted.iter().map(|&n| {
+            let node = self.clone();
+            let create = Req::CreateBucket { name: name.to_owned(), created_ms };
+            let set = lifecycle.clone().map(|lifecycle| Req::SetLifecycle { bucket: name.to_owned(), lifecycle });
+            async move {
+                node.call(n, Msg::new(create)).await?;
+                if let Some(set) = set {
+                    node.call(n, Msg::new(set)).await?;
+                }
+                Ok::<_, LightningError>(())
+            }
+        });
+        let mut missed = Vec::new();
+        for (n, r) in deleted.iter().zip(futures::future::join_all(calls).await) {
+            if let Err(e) = r {
+                tracing::warn!(bucket = name, node = n, error = %e, "a bucket whose delete was refused is queued to come back");
+                missed.push((*n, name.to_owned(), Vec::new(), true));
+            }
+        }
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
     }
 
     /// Sends a bucket's lifecycle configuration (an empty one deletes it) to

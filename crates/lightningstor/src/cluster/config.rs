@@ -143,12 +143,23 @@ pub struct ClusterConfig {
     /// Seconds between rounds of the lifecycle task on each node.
     #[serde(default = "default_lifecycle_interval")]
     pub lifecycle_interval_secs: u64,
+    /// Milliseconds a conditional write's key lease lasts unless renewed
+    /// (its holder renews it every third of that while it works); at least 100.
+    #[serde(default = "default_key_lease_ms")]
+    pub key_lease_ms: u64,
     /// The nodes.
     pub nodes: Vec<NodeConfig>,
 }
 
 fn default_lifecycle_day() -> u64 {
     crate::config::DEFAULT_LIFECYCLE_DAY_SECS
+}
+
+/// How long a conditional write's key lease lasts unless released or renewed.
+pub const DEFAULT_KEY_LEASE_MS: u64 = 10_000;
+
+fn default_key_lease_ms() -> u64 {
+    DEFAULT_KEY_LEASE_MS
 }
 
 fn default_lifecycle_interval() -> u64 {
@@ -202,6 +213,9 @@ impl ClusterConfig {
         }
         if r + w <= self.replication_factor {
             return bad(format!("R + W must exceed N (R={r} W={w} N={})", self.replication_factor));
+        }
+        if !(100..=u64::from(u32::MAX)).contains(&self.key_lease_ms) {
+            return bad(format!("key_lease_ms {} must be between 100 and {}", self.key_lease_ms, u32::MAX));
         }
         if self.partitions == 0 || self.partitions > 65_536 {
             return bad("partitions must be between 1 and 65536".into());
@@ -305,6 +319,7 @@ impl ClusterConfig {
             anti_entropy_secs: default_anti_entropy(),
             lifecycle_day_secs: default_lifecycle_day(),
             lifecycle_interval_secs: default_lifecycle_interval(),
+            key_lease_ms: default_key_lease_ms(),
             nodes,
         };
         c.validate()?;

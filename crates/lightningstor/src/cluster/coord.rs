@@ -423,6 +423,7 @@ impl Node {
         let mut ok = HashSet::new();
         let mut newest = 0;
         let mut missed: Vec<NodeId> = targets.iter().copied().filter(|n| !complete.contains(n)).collect();
+        let mut bucket_gone = false;
         while !self.has_quorum(&sets, &ok) {
             match pending.next().await {
                 Some((n, Ok(reply))) => {
@@ -433,6 +434,7 @@ impl Node {
                 }
                 Some((n, Err(e))) => {
                     tracing::debug!(node = n, error = %e, "replica missed a commit");
+                    bucket_gone |= matches!(e, LightningError::NoSuchBucket(_));
                     missed.push(n);
                 }
                 None => break,
@@ -441,6 +443,10 @@ impl Node {
         for s in &sets {
             let acks = s.iter().filter(|n| ok.contains(n)).count();
             if acks < self.need_w(s.len()) {
+                if bucket_gone {
+                    self.undo_commit(bucket, key, row, &ok).await;
+                    return Err(LightningError::NoSuchBucket(bucket.to_owned()));
+                }
                 return Err(self.quorum_failed(&format!(
                     "only {acks} of {} replicas committed (write quorum {})",
                     s.len(),
@@ -491,6 +497,30 @@ impl Node {
             });
         }
         Ok(newest)
+    }
+
+    /// After a write failed because its bucket was deleted on the replicas
+    /// that refused it (the write raced DeleteBucket): the replicas in `ok`,
+    /// which committed `row` before the delete reached them (and so refuse
+    /// the delete), get a tombstone above it, so the failed write leaves no
+    /// object behind once the delete is retried or undone. Best effort: one
+    /// that misses it keeps the row until a delete of the key.
+    pub(crate) async fn undo_commit(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row, ok: &HashSet<NodeId>) {
+        if ok.is_empty() || matches!(row, Row::Tombstone(_)) {
+            return;
+        }
+        self.hlc.observe(row.version());
+        let tomb = Row::Tombstone(self.hlc.now());
+        let calls = ok.iter().map(|&n| {
+            let node = self.clone();
+            let req = Req::Commit { session: 0, bucket: bucket.to_owned(), key: key.to_vec(), row: tomb.clone() };
+            async move { (n, node.call(n, Msg::new(req)).await) }
+        });
+        for (n, r) in futures::future::join_all(calls).await {
+            if let Err(e) = r {
+                tracing::warn!(node = n, error = %e, "a write refused for its deleted bucket left its row on a replica");
+            }
+        }
     }
 
     /// Queues (bucket, key) for resync to `nodes` (persisted before it returns).
@@ -819,6 +849,20 @@ impl Node {
     /// from any other replica), then commits the row there. Returns the
     /// version `to` holds afterwards (above the row's if it had a newer one).
     pub async fn push_row(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8], row: &Row) -> Result<u64> {
+        self.push_row_of(to, bucket, key, row, None).await
+    }
+
+    /// [`Node::push_row`]; with `upload`, the row is that completed
+    /// upload's and the replica drops the upload with the commit
+    /// ([`Req::CompleteUpload`]).
+    pub(crate) async fn push_row_of(
+        self: &Arc<Self>,
+        to: NodeId,
+        bucket: &str,
+        key: &[u8],
+        row: &Row,
+        upload: Option<&str>,
+    ) -> Result<u64> {
         let session = session_id();
         if let Row::Object(m) = row
             && !m.data.blocks().is_empty()
@@ -834,10 +878,14 @@ impl Node {
                 self.call(to, Msg::with_data(Req::PutBlock { session, hash }, data)).await?;
             }
         }
-        let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
+        let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
+        let req = match upload {
+            None => Req::Commit { session, bucket, key, row },
+            Some(id) => Req::CompleteUpload { session, id: id.to_owned(), bucket, key, row },
+        };
         match self.call(to, Msg::new(req)).await?.head {
             Resp::Committed { applied, current } => {
-                if applied {
+                if applied && upload.is_none() {
                     ClusterMetrics::inc(&self.metrics.repairs);
                 }
                 Ok(current)

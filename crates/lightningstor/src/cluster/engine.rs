@@ -64,12 +64,19 @@ impl Node {
     }
 
     /// Writes the tombstone of `key`; a conditional delete checks `cond` against
-    /// a quorum read under the key's lease, as a conditional PUT does.
-    async fn delete_row(self: &Arc<Self>, bucket: &str, key: &str, cond: &DeleteConditions) -> Result<()> {
+    /// a quorum read under the key's lease, as a conditional PUT does
+    /// (refused in degraded mode unless `even_degraded`, see [`Node::with_key_lease`]).
+    pub(super) async fn delete_row(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        cond: &DeleteConditions,
+        even_degraded: bool,
+    ) -> Result<()> {
         if cond.is_empty() {
             return self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.hlc.now())).await;
         }
-        self.with_key_lease(bucket, key.as_bytes(), async {
+        let checked_delete = async {
             let cur = self.read_row(bucket, key.as_bytes()).await?;
             let current = match &cur.row {
                 Some(Row::Object(m)) => Some((m.etag.as_str(), m.size, m.last_modified_ms.div_euclid(1000))),
@@ -78,8 +85,12 @@ impl Node {
             cond.check(current, key)?;
             // A version above the row the check saw (the read advanced the clock).
             self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.hlc.now())).await
-        })
-        .await
+        };
+        if even_degraded {
+            self.with_key_lease_even_degraded(bucket, key.as_bytes(), checked_delete).await
+        } else {
+            self.with_key_lease(bucket, key.as_bytes(), checked_delete).await
+        }
     }
 }
 
@@ -201,7 +212,7 @@ impl Engine for Arc<Node> {
     ) -> Result<Removed> {
         unversioned(version)?;
         Node::require_bucket(self, bucket).await?;
-        self.delete_row(bucket, key, cond).await.map(|()| Removed::default())
+        self.delete_row(bucket, key, cond, false).await.map(|()| Removed::default())
     }
 
     async fn delete_many(
@@ -214,7 +225,7 @@ impl Engine for Arc<Node> {
             let bucket = bucket.to_owned();
             async move {
                 unversioned(version)?;
-                node.delete_row(&bucket, &key, &cond).await.map(|()| Removed::default())
+                node.delete_row(&bucket, &key, &cond, false).await.map(|()| Removed::default())
             }
         });
         Ok(futures::future::join_all(calls).await)
@@ -293,31 +304,19 @@ impl Engine for Arc<Node> {
         let assemble_and_commit = async {
             let meta = ops::assemble_upload(&upload, &wanted, &stored, self.hlc.now(), now_ms())?;
             ops::check_claimed_checksums(&upload, &meta, &claimed)?;
-            self.commit_row_filling(bucket, key.as_bytes(), &Row::Object(meta.clone())).await?;
+            // The replicas drop the upload in the transaction that commits the object.
+            self.commit_completed(bucket, key.as_bytes(), &Row::Object(meta.clone()), id).await?;
             Ok::<_, LightningError>(meta)
         };
-        let meta = if cond.if_match.is_some() || cond.if_none_match.is_some() {
+        if cond.if_match.is_some() || cond.if_none_match.is_some() {
             self.with_key_lease(bucket, key.as_bytes(), async {
                 self.check_write_conditions(bucket, key, &cond).await?;
                 assemble_and_commit.await
             })
-            .await?
-        } else {
-            assemble_and_commit.await?
-        };
-        // The object is committed: dropping the upload is cleanup. Replicas
-        // that miss it are fixed by reads that see them and by the sweep.
-        let targets = union(&self.write_sets(bucket, key.as_bytes()));
-        if let Err(e) = self
-            .quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload {
-                id: id.to_owned(),
-                bucket: bucket.to_owned(),
-            })
             .await
-        {
-            tracing::warn!(upload = %id, error = %e, "completed upload not dropped everywhere yet");
+        } else {
+            assemble_and_commit.await
         }
-        Ok(meta)
     }
 
     async fn abort_upload(&self, bucket: &str, key: &str, id: &str) -> Result<()> {

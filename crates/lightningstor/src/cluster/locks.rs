@@ -6,23 +6,26 @@
 //! write set during a layout change) before the quorum read, and releases
 //! it after the commit. Two coordinators need W grants each from the same
 //! N replicas and 2W > N, so at most one holds the lease. Leases expire
-//! after [`LEASE`], so a coordinator that dies cannot block the key; a
-//! coordinator stalled longer than that between its check and its commit
-//! could break the exclusion (the check and commit take milliseconds, the
-//! body is staged before the lease is taken).
+//! after `key_lease_ms` (10 s by default), so a coordinator that dies
+//! cannot block the key. A holder renews its lease every third of that
+//! while it works (a complete that copies blocks to a lagging replica may
+//! take longer than a lease); should a renewal round fail to keep a write
+//! quorum of grants, the work is abandoned (503) well before the grants it
+//! lost have expired, so no other writer can take the key while it still
+//! commits. (A commit message already in flight when the work is abandoned
+//! may still land: the write is then partly applied, as any write answered
+//! 503 may be.)
 
 use super::NodeId;
 use super::coord::{session_id, union};
 use super::node::Node;
 use super::rpc::{Msg, Req, Resp};
-use crate::error::Result;
+use crate::error::{LightningError, Result};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a lease lasts unless released.
-pub const LEASE: Duration = Duration::from_secs(10);
 /// How long a coordinator keeps trying to get a contended lease.
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -63,34 +66,50 @@ impl KeyLocks {
 
 impl Node {
     /// Runs `f` holding the lease on (bucket, key) on a write quorum of
-    /// every write set. Contention is retried with back-off for a while,
-    /// then answered 503 (SlowDown-like; SDKs retry).
+    /// every write set, renewing it while `f` runs; `f` is abandoned (503)
+    /// when a renewal cannot keep that quorum. Contention is retried with
+    /// back-off for a while, then answered 503 (SlowDown-like; SDKs retry).
     pub async fn with_key_lease<T, F>(self: &Arc<Self>, bucket: &str, key: &[u8], f: F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        if matches!(self.consistency(), super::config::Consistency::Degraded) {
+            // A degraded node takes a lease on the replicas it reaches, even
+            // one of them: two sides of a partition could both hold it.
+            return Err(LightningError::NotImplemented(
+                "conditional writes (If-Match, If-None-Match, conditional deletes and completes) on a cluster \
+                 with consistency = \"degraded\", whose key leases are not exclusive"
+                    .into(),
+            ));
+        }
+        self.with_key_lease_even_degraded(bucket, key, f).await
+    }
+
+    /// [`Node::with_key_lease`] also in degraded mode, where the lease is
+    /// exclusive only among nodes that reach each other: for the lifecycle
+    /// task's deletes of the object it listed, which must go on there.
+    pub async fn with_key_lease_even_degraded<T, F>(self: &Arc<Self>, bucket: &str, key: &[u8], f: F) -> Result<T>
     where
         F: Future<Output = Result<T>>,
     {
         let token = session_id();
         let sets = self.write_sets(bucket, key);
         let targets = union(&sets);
-        let ttl_ms = u32::try_from(LEASE.as_millis()).unwrap_or(u32::MAX);
+        let lease = self.lease();
         let start = Instant::now();
         let mut backoff = Duration::from_millis(2);
         loop {
-            let calls = targets.iter().map(|&n| {
-                let node = self.clone();
-                let req = Req::LockKey { bucket: bucket.to_owned(), key: key.to_vec(), token, ttl_ms };
-                async move { (n, matches!(node.call(n, Msg::new(req)).await, Ok(Msg { head: Resp::Flag(true), .. }))) }
-            });
-            let granted: Vec<NodeId> =
-                futures::future::join_all(calls).await.into_iter().filter(|(_, g)| *g).map(|(n, _)| n).collect();
-            let enough = sets.iter().all(|s| s.iter().filter(|n| granted.contains(n)).count() >= self.need_w(s.len()));
-            if enough {
-                let r = f.await;
+            let granted = self.lock_on(bucket, key, token, &targets, None).await;
+            if self.has_write_quorum(&sets, &granted) {
+                let r = tokio::select! {
+                    r = f => r,
+                    e = self.keep_lease(bucket, key, token, &sets, &granted) => Err(e),
+                };
                 self.release(bucket, key, token, &granted).await;
                 return r;
             }
             self.release(bucket, key, token, &granted).await;
-            if start.elapsed() > WAIT {
+            if start.elapsed() > WAIT.max(lease) {
                 return Err(
                     self.quorum_failed("the key is locked by another conditional write, or too few replicas answered")
                 );
@@ -98,6 +117,63 @@ impl Node {
             // Jitter from the token keeps two contenders from retrying in step.
             tokio::time::sleep(backoff + Duration::from_micros(token % 2000)).await;
             backoff = (backoff * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// How long a lease lasts unless renewed (`key_lease_ms`).
+    fn lease(&self) -> Duration {
+        Duration::from_millis(self.config().key_lease_ms)
+    }
+
+    fn has_write_quorum(&self, sets: &[Vec<NodeId>], granted: &[NodeId]) -> bool {
+        sets.iter().all(|s| s.iter().filter(|n| granted.contains(n)).count() >= self.need_w(s.len()))
+    }
+
+    /// Asks `targets` to lease the key to `token` (each call given up after
+    /// `timeout`, if any); returns those that granted it.
+    async fn lock_on(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &[u8],
+        token: u64,
+        targets: &[NodeId],
+        timeout: Option<Duration>,
+    ) -> Vec<NodeId> {
+        let ttl_ms = u32::try_from(self.lease().as_millis()).unwrap_or(u32::MAX);
+        let calls = targets.iter().map(|&n| {
+            let node = self.clone();
+            let req = Req::LockKey { bucket: bucket.to_owned(), key: key.to_vec(), token, ttl_ms };
+            async move {
+                let call = node.call(n, Msg::new(req));
+                let r = match timeout {
+                    Some(t) => tokio::time::timeout(t, call).await.ok(),
+                    None => Some(call.await),
+                };
+                (n, matches!(r, Some(Ok(Msg { head: Resp::Flag(true), .. }))))
+            }
+        });
+        futures::future::join_all(calls).await.into_iter().filter(|(_, g)| *g).map(|(n, _)| n).collect()
+    }
+
+    /// Renews the lease on the nodes that `granted` it every third of its
+    /// length; returns (an error) only when a round cannot keep a write
+    /// quorum of grants. A round's calls are given up after a sixth of the
+    /// lease, so that is known before the lost grants expire.
+    async fn keep_lease(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &[u8],
+        token: u64,
+        sets: &[Vec<NodeId>],
+        granted: &[NodeId],
+    ) -> LightningError {
+        let lease = self.lease();
+        loop {
+            tokio::time::sleep(lease / 3).await;
+            let kept = self.lock_on(bucket, key, token, granted, Some(lease / 6)).await;
+            if !self.has_write_quorum(sets, &kept) {
+                return self.quorum_failed("the conditional write lost the key's lease (too few replicas renewed it)");
+            }
         }
     }
 

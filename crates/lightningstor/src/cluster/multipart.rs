@@ -13,11 +13,16 @@
 //! acknowledged part), takes for each requested part the copy whose ETag
 //! the client names, and commits the object row on every replica, first
 //! sending a replica the blocks it lacks (it may have missed a part);
-//! the object becomes visible atomically, as any row does. Then the upload
-//! is dropped everywhere and remembered as *gone* (`uploads_gone`), so a
-//! replica that missed the drop, or a late part, can never revive it: in a
-//! quorum read a `Gone` answer wins over `Live`, and the stale replica is
-//! told to drop it (and the periodic sweep finds those no read visits).
+//! the object becomes visible atomically, as any row does. Each replica
+//! drops the upload and remembers it as *gone* (`uploads_gone`) in the
+//! transaction that commits the object, so a repeated complete (an SDK
+//! retrying a lost reply) finds it gone and the object there, and never
+//! commits again; a replica that already has it gone refuses the commit,
+//! so of two completes (or a complete and an abort) racing, at most one
+//! gets a write quorum. A replica that missed the complete, or a late
+//! part, can never revive the upload: in a quorum read a `Gone` answer
+//! wins over `Live`, and the stale replica is told to drop it (and the
+//! periodic sweep finds those no read visits).
 
 use super::NodeId;
 use super::coord::union;
@@ -33,7 +38,8 @@ use std::sync::Arc;
 impl Node {
     /// Sends `make(n)` to every node of `targets` and returns those that
     /// accepted it; fails when a write set of (bucket, key) lacks its write
-    /// quorum. A replica's NoSuchUpload is passed on as such.
+    /// quorum. A replica's NoSuchUpload (or NoSuchBucket: the bucket was
+    /// deleted there) is passed on as such.
     pub(super) async fn quorum_call(
         self: &Arc<Self>,
         bucket: &str,
@@ -54,7 +60,7 @@ impl Node {
                 Ok(_) => {
                     ok.insert(n);
                 }
-                Err(e @ LightningError::NoSuchUpload(_)) => gone = Some(e),
+                Err(e @ (LightningError::NoSuchUpload(_) | LightningError::NoSuchBucket(_))) => gone = Some(e),
                 Err(e) => tracing::debug!(node = n, error = %e, "replica missed an upload write"),
             }
         }
@@ -137,42 +143,55 @@ impl Node {
         Ok((upload.ok_or_else(no_such)?, all_parts))
     }
 
-    /// Commits `row` on every replica of (bucket, key), first sending each
-    /// the blocks it lacks; acknowledged once every write set has W, with
-    /// the replicas that missed it queued for resync first. Like
-    /// [`Node::commit_row`], once more at a newer version if a replica of
-    /// the quorum holds a newer row.
-    pub async fn commit_row_filling(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row) -> Result<()> {
-        let newest = self.fill_attempt(bucket, key, row).await?;
+    /// Commits `row`, the object of completed upload `id`, on every
+    /// replica of (bucket, key), first sending each the blocks it lacks;
+    /// each replica drops the upload in the same transaction
+    /// ([`Req::CompleteUpload`]), so the upload is gone wherever the object
+    /// is, and a repeated complete can never commit it again. Acknowledged
+    /// once every write set has W, with the replicas that missed it queued
+    /// for resync first. NoSuchUpload when too few replicas took it because
+    /// another complete or an abort of the upload got there first. Like
+    /// [`Node::commit_row`], once more at a newer version (a plain commit:
+    /// the upload is gone) if a replica of the quorum holds a newer row.
+    pub async fn commit_completed(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row, id: &str) -> Result<()> {
+        let newest = self.fill_attempt(bucket, key, row, Some(id)).await?;
         if let Some(row) = self.above(newest, row) {
-            self.fill_attempt(bucket, key, &row).await?;
+            self.fill_attempt(bucket, key, &row, None).await?;
         }
         Ok(())
     }
 
-    /// One round of [`Node::commit_row_filling`]; returns the newest version
+    /// One round of [`Node::commit_completed`]; returns the newest version
     /// the acknowledging replicas hold.
-    async fn fill_attempt(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row) -> Result<u64> {
+    async fn fill_attempt(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row, upload: Option<&str>) -> Result<u64> {
         let sets = self.write_sets(bucket, key);
         let targets = union(&sets);
         let calls = targets.iter().map(|&n| {
             let node = self.clone();
-            async move { (n, node.push_row(n, bucket, key, row).await) }
+            async move { (n, node.push_row_of(n, bucket, key, row, upload).await) }
         });
         let mut ok = HashSet::new();
         let mut newest = 0;
+        let mut refused = None;
         for (n, r) in futures::future::join_all(calls).await {
             match r {
                 Ok(current) => {
                     newest = newest.max(current);
                     ok.insert(n);
                 }
+                Err(e @ (LightningError::NoSuchUpload(_) | LightningError::NoSuchBucket(_))) => refused = Some(e),
                 Err(e) => tracing::debug!(node = n, error = %e, "replica missed a completed upload"),
             }
         }
         for s in &sets {
             let acks = s.iter().filter(|n| ok.contains(n)).count();
             if acks < self.need_w(s.len()) {
+                if let Some(e) = refused {
+                    if matches!(e, LightningError::NoSuchBucket(_)) {
+                        self.undo_commit(bucket, key, row, &ok).await;
+                    }
+                    return Err(e);
+                }
                 return Err(self.quorum_failed(&format!(
                     "only {acks} of {} replicas committed the object (write quorum {})",
                     s.len(),

@@ -301,7 +301,12 @@ impl Node {
             }
             Req::Commit { session, bucket, key, row } => {
                 self.hlc.observe(row.version());
-                let (applied, current) = self.commit(session, bucket, key, row).await?;
+                let (applied, current) = self.commit(session, bucket, key, row, None).await?;
+                Msg::new(Resp::Committed { applied, current })
+            }
+            Req::CompleteUpload { session, id, bucket, key, row } => {
+                self.hlc.observe(row.version());
+                let (applied, current) = self.commit(session, bucket, key, row, Some(id)).await?;
                 Msg::new(Resp::Committed { applied, current })
             }
             // A point read of a row is a few microseconds of redb on cached
@@ -467,7 +472,17 @@ impl Node {
 
     /// Applies `row` unless the key holds a version at least as new;
     /// returns whether it did and the version the key holds afterwards.
-    async fn commit(&self, session: u64, bucket: String, key: Vec<u8>, row: Row) -> Result<(bool, u64)> {
+    /// Merges a row whose blocks were sent under `session`; with `upload`,
+    /// the row of that completed upload, which goes with it
+    /// ([`ops::replica_complete_upload`]).
+    async fn commit(
+        &self,
+        session: u64,
+        bucket: String,
+        key: Vec<u8>,
+        row: Row,
+        upload: Option<String>,
+    ) -> Result<(bool, u64)> {
         let pins = self.sessions.lock().ok().and_then(|mut s| s.remove(&session)).map(|(p, _)| p);
         let blocks = match &row {
             Row::Object(m) => m.data.blocks().to_vec(),
@@ -481,8 +496,17 @@ impl Node {
         } else {
             self.blocking(move |_| store.pin_existing(&blocks)).await?
         };
-        let (applied, current, freed) = self.store.meta.write(move |t| ops::apply_row(t, &bucket, &key, &row)).await?;
+        let now = crate::meta::now_ms();
+        let r = self
+            .store
+            .meta
+            .write(move |t| match &upload {
+                None => ops::apply_row(t, &bucket, &key, &row),
+                Some(id) => ops::replica_complete_upload(t, id, &bucket, &key, &row, now),
+            })
+            .await;
         held.release();
+        let (applied, current, freed) = r?;
         if let Some(p) = pins {
             p.release();
         }

@@ -42,6 +42,17 @@ pub enum Req {
         key: Vec<u8>,
         row: Row,
     },
+    /// Merge the object row of completed upload `id` and drop the upload
+    /// (remembered as gone) in one transaction; releases `session`'s pins.
+    /// Refused with NoSuchUpload when the upload is already gone there.
+    CompleteUpload {
+        session: u64,
+        id: String,
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        row: Row,
+    },
     /// The replica's row for a key.
     GetRow {
         bucket: String,
@@ -52,7 +63,8 @@ pub enum Req {
     CreateBucket { name: String, created_ms: i64 },
     /// Whether a bucket row exists.
     HeadBucket { name: String },
-    /// Drop a bucket row.
+    /// Drop a bucket row and remember it deleted; refused (BucketNotEmpty)
+    /// while an object row of it is here.
     DeleteBucket { name: String },
     /// Every bucket row.
     ListBuckets,
@@ -205,6 +217,10 @@ pub enum RemoteError {
     Other(String),
     /// The multipart upload is gone (completed or aborted) there.
     NoSuchUpload(String),
+    /// The bucket was deleted there.
+    NoSuchBucket(String),
+    /// The bucket holds an object there.
+    BucketNotEmpty(String),
 }
 
 impl From<&LightningError> for RemoteError {
@@ -213,6 +229,8 @@ impl From<&LightningError> for RemoteError {
             LightningError::CorruptBlock { hash } => RemoteError::Corrupt(hash.clone()),
             LightningError::MissingBlock { hash } => RemoteError::Missing(hash.clone()),
             LightningError::NoSuchUpload(id) => RemoteError::NoSuchUpload(id.clone()),
+            LightningError::NoSuchBucket(b) => RemoteError::NoSuchBucket(b.clone()),
+            LightningError::BucketNotEmpty(b) => RemoteError::BucketNotEmpty(b.clone()),
             other => RemoteError::Other(other.to_string()),
         }
     }
@@ -225,6 +243,8 @@ impl From<RemoteError> for LightningError {
             RemoteError::Missing(hash) => LightningError::MissingBlock { hash },
             RemoteError::Other(m) => LightningError::Unavailable(format!("replica: {m}")),
             RemoteError::NoSuchUpload(id) => LightningError::NoSuchUpload(id),
+            RemoteError::NoSuchBucket(b) => LightningError::NoSuchBucket(b),
+            RemoteError::BucketNotEmpty(b) => LightningError::BucketNotEmpty(b),
         }
     }
 }

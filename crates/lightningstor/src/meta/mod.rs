@@ -44,6 +44,10 @@ pub const TOMBSTONES: TableDefinition<(&str, &[u8]), u64> = TableDefinition::new
 /// (replicated mode only), so a replica that still lists one, or a late
 /// part, cannot bring it back.
 pub const UPLOADS_GONE: TableDefinition<&str, &[u8]> = TableDefinition::new("uploads_gone");
+/// Cluster replicas: buckets deleted here (name -> Unix ms of the delete),
+/// so a write that raced the delete cannot bring the bucket back; removed
+/// when the bucket is created again.
+pub const BUCKETS_GONE: TableDefinition<&str, i64> = TableDefinition::new("buckets_gone");
 /// access key id -> postcard [`KeyRow`] (deleted keys stay as `key: None`).
 pub const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 /// (bucket, access key id) -> postcard [`GrantRow`].
@@ -195,6 +199,7 @@ impl MetaStore {
             txn.open_table(REFS)?;
             txn.open_table(TOMBSTONES)?;
             txn.open_table(UPLOADS_GONE)?;
+            txn.open_table(BUCKETS_GONE)?;
             txn.open_table(KEYS)?;
             txn.open_table(GRANTS)?;
             txn.open_table(VERSIONS)?;

@@ -8,7 +8,9 @@ use super::types::ObjectSummary;
 use super::types::Version;
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
 use super::versions;
-use super::{BUCKETS, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, Txn, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE};
+use super::{
+    BUCKETS, BUCKETS_GONE, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, Txn, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE,
+};
 use crate::block::BlockHash;
 use crate::checksum::Checksum;
 use crate::conditions;
@@ -573,8 +575,9 @@ pub fn complete_upload(
 /// Merges a replicated row: it replaces the stored row (object or tombstone)
 /// only when its version is higher, so replicas that receive the same rows
 /// in any order end up equal. Creates the bucket row if this replica missed
-/// it. Returns whether the row was applied, the version the key holds
-/// afterwards, and the blocks freed.
+/// its creation; an object of a bucket deleted here is refused
+/// (NoSuchBucket, see [`drop_bucket`]). Returns whether the row was
+/// applied, the version the key holds afterwards, and the blocks freed.
 pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(bool, u64, Vec<BlockHash>)> {
     let mut objects = txn.open_table(OBJECTS)?;
     let mut tombs = txn.open_table(TOMBSTONES)?;
@@ -587,12 +590,13 @@ pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(
     if row.version() <= current {
         return Ok((false, current, Vec::new()));
     }
-    {
-        let mut buckets = txn.open_table(BUCKETS)?;
-        if buckets.get(bucket)?.is_none() {
-            let b = postcard::to_allocvec(&BucketMeta::new(super::now_ms()))?;
-            buckets.insert(bucket, b.as_slice())?;
-        }
+    if !replica_bucket(txn, bucket)? {
+        // The bucket was deleted here: a tombstone has nothing to delete,
+        // an object is refused (the write raced the bucket's delete).
+        return match row {
+            Row::Tombstone(_) => Ok((false, current, Vec::new())),
+            Row::Object(_) => Err(LightningError::NoSuchBucket(bucket.to_owned())),
+        };
     }
     let mut freed = Vec::new();
     match row {
@@ -621,6 +625,28 @@ pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(
     Ok((true, row.version(), freed))
 }
 
+/// A replica's side of a completed multipart upload: merges the object
+/// row the coordinator assembled (as [`apply_row`]) and drops the upload,
+/// remembering it as gone, in one transaction. So wherever the object was
+/// committed the upload is gone too, and a repeated complete finds it gone
+/// (and the object) instead of committing again. Refused (NoSuchUpload)
+/// when the upload is already gone here: another complete or an abort of
+/// it got here first. Returns what [`apply_row`] does, with the freed
+/// blocks of both.
+pub fn replica_complete_upload(
+    txn: &Txn<'_>,
+    id: &str,
+    bucket: &str,
+    key: &[u8],
+    row: &Row,
+    now_ms: i64,
+) -> Result<(bool, u64, Vec<BlockHash>)> {
+    refuse_if_gone(txn, id)?;
+    let (applied, current, mut freed) = apply_row(txn, bucket, key, row)?;
+    freed.extend(drop_upload(txn, id, bucket, now_ms)?);
+    Ok((applied, current, freed))
+}
+
 /// Removes a tombstone if it still has `version` (collection after the delay).
 pub fn drop_tombstone(txn: &Txn<'_>, bucket: &str, key: &[u8], version: u64) -> Result<()> {
     let dropped = {
@@ -634,25 +660,55 @@ pub fn drop_tombstone(txn: &Txn<'_>, bucket: &str, key: &[u8], version: u64) -> 
     Ok(())
 }
 
-/// Deletes a bucket row and its uploads in progress without checking for objects (the cluster checked).
+/// A replica's side of DeleteBucket: refused (BucketNotEmpty) while the
+/// bucket holds an object row here, else deletes the row and its uploads in
+/// progress and remembers the bucket as deleted ([`BUCKETS_GONE`]). In one
+/// transaction, so on each replica a write and the bucket's delete are
+/// ordered: a row committed first makes the delete fail, a delete first
+/// makes the row's commit fail (see [`apply_row`]). Returns freed blocks.
 pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>> {
+    let has_object = match txn.open_table(OBJECTS)?.range((name, &b""[..])..)?.next() {
+        Some(row) => row?.0.value().0 == name,
+        None => false,
+    };
+    if has_object {
+        return Err(LightningError::BucketNotEmpty(name.to_owned()));
+    }
     let mut freed = Vec::new();
     for id in uploads_in(txn, name)? {
         freed.extend(drop_upload(txn, &id, name, super::now_ms())?);
     }
     txn.open_table(BUCKETS)?.remove(name)?;
+    txn.open_table(BUCKETS_GONE)?.insert(name, super::now_ms())?;
     Ok(freed)
+}
+
+/// On a replica, makes sure the bucket row of a replicated write exists:
+/// creates it if this replica missed the bucket's creation. `false` when the
+/// bucket was deleted here (the write raced its delete).
+fn replica_bucket(txn: &WriteTransaction, name: &str) -> Result<bool> {
+    let mut buckets = txn.open_table(BUCKETS)?;
+    if buckets.get(name)?.is_some() {
+        return Ok(true);
+    }
+    if txn.open_table(BUCKETS_GONE)?.get(name)?.is_some() {
+        return Ok(false);
+    }
+    let b = postcard::to_allocvec(&BucketMeta::new(super::now_ms()))?;
+    buckets.insert(name, b.as_slice())?;
+    Ok(true)
 }
 
 /// Stores `lc` as `bucket`'s lifecycle configuration unless the row holds
 /// a newer one (replicas keep the newest; applying is idempotent). A
 /// replica that missed the bucket's creation (`create_missing`) creates the
-/// row; otherwise a missing bucket is NoSuchBucket. Returns whether it applied.
+/// row, unless it deleted the bucket; otherwise a missing bucket is NoSuchBucket. Returns whether it applied.
 pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, create_missing: bool) -> Result<bool> {
+    let gone = create_missing && txn.open_table(BUCKETS_GONE)?.get(bucket)?.is_some();
     let mut t = txn.open_table(BUCKETS)?;
     let mut row: BucketMeta = match t.get(bucket)? {
         Some(v) => postcard::from_bytes(v.value())?,
-        None if create_missing => BucketMeta::new(super::now_ms()),
+        None if create_missing && !gone => BucketMeta::new(super::now_ms()),
         None => return Err(LightningError::NoSuchBucket(bucket.to_owned())),
     };
     if row.lifecycle.as_ref().is_some_and(|old| old.version >= lc.version) {
@@ -663,8 +719,10 @@ pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, creat
     Ok(true)
 }
 
-/// Creates a bucket row if it is missing (replicated create: idempotent).
+/// Creates a bucket row if it is missing (replicated create: idempotent),
+/// forgetting that it was deleted.
 pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
+    txn.open_table(BUCKETS_GONE)?.remove(name)?;
     let mut t = txn.open_table(BUCKETS)?;
     if t.get(name)?.is_some() {
         return Ok(false);
@@ -682,13 +740,16 @@ fn refuse_if_gone(txn: &WriteTransaction, id: &str) -> Result<()> {
 }
 
 /// Records a replicated upload unless it is already here or gone
-/// (completed or aborted); creates the bucket row if this replica missed it.
+/// (completed or aborted); creates the bucket row if this replica missed
+/// it, NoSuchBucket if the bucket was deleted here.
 pub fn replica_create_upload(txn: &WriteTransaction, id: &str, meta: &UploadMeta) -> Result<()> {
     refuse_if_gone(txn, id)?;
     if txn.open_table(UPLOADS)?.get(id)?.is_some() {
         return Ok(());
     }
-    ensure_bucket(txn, &meta.bucket, super::now_ms())?;
+    if !replica_bucket(txn, &meta.bucket)? {
+        return Err(LightningError::NoSuchBucket(meta.bucket.clone()));
+    }
     create_upload(txn, id, meta)
 }
 

@@ -167,8 +167,14 @@ pub(crate) async fn delete_bucket_lifecycle<E: Engine>(
 /// the object that was listed: false when it changed or went meanwhile.
 /// Shared by the single node's and a cluster node's lifecycle [`Target`].
 pub(crate) async fn expire<E: Engine>(e: &E, bucket: &str, c: &Candidate) -> Result<bool> {
-    match e.delete(bucket, &c.key, None, &unchanged(c)).await {
-        Ok(_) => Ok(true),
+    expired(e.delete(bucket, &c.key, None, &unchanged(c)).await.map(drop))
+}
+
+/// The outcome of a delete of an expired object made under [`unchanged`]:
+/// false when the key changed or went meanwhile.
+pub(crate) fn expired(r: Result<()>) -> Result<bool> {
+    match r {
+        Ok(()) => Ok(true),
         Err(LightningError::PreconditionFailed | LightningError::NoSuchKey { .. }) => Ok(false),
         Err(err) => Err(err),
     }
@@ -184,7 +190,7 @@ pub(crate) async fn abort<E: Engine>(e: &E, bucket: &str, u: &PendingUpload) -> 
 }
 
 /// A delete of `c` only if the key still holds the object that was listed.
-fn unchanged(c: &Candidate) -> DeleteConditions {
+pub(crate) fn unchanged(c: &Candidate) -> DeleteConditions {
     DeleteConditions {
         if_match: Some(ETagCondition::ETag(ETag::Strong(c.etag.clone()))),
         size: None,

@@ -330,7 +330,11 @@ pub(super) async fn complete_multipart_upload<E: Engine>(
         // A retry of a completion that happened (its reply was lost): the same answer again.
         Err(err @ LightningError::NoSuchUpload(_)) => match e.get(&i.bucket, &i.key).await? {
             Some((m, _)) if retry_etag.as_deref() == Some(m.etag.as_str()) => m,
-            _ => return Err(err),
+            _ => {
+                // The bucket deleted while the upload was in progress took the upload with it.
+                e.require_bucket(&i.bucket).await?;
+                return Err(err);
+            }
         },
         Err(err) => return Err(err),
     };

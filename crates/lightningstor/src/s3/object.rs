@@ -237,9 +237,44 @@ pub(super) async fn get_object<E: Engine>(e: &E, req: S3Request<GetObjectInput>)
     Ok(get_output(i, &s, body))
 }
 
+/// The standard headers a GET or HEAD answers with: first the request's
+/// `response-*` overrides, then [`Shown::over`] fills the rest from the
+/// object's stored headers.
+struct Shown {
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    expires: Option<Timestamp>,
+}
+
+impl Shown {
+    /// Each header not overridden by the request, as stored in `h`.
+    fn over(self, h: &crate::meta::types::ObjectHeaders) -> Shown {
+        Shown {
+            content_type: self.content_type.or_else(|| h.content_type.clone()),
+            content_encoding: self.content_encoding.or_else(|| h.content_encoding.clone()),
+            content_disposition: self.content_disposition.or_else(|| h.content_disposition.clone()),
+            content_language: self.content_language.or_else(|| h.content_language.clone()),
+            cache_control: self.cache_control.or_else(|| h.cache_control.clone()),
+            expires: self.expires.or_else(|| h.expires.map(|e| timestamp(e.saturating_mul(1000)))),
+        }
+    }
+}
+
 /// The GetObject answer for a selected object and its body stream.
 fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<Bytes>>) -> GetObjectOutput {
     let h = &s.meta.headers;
+    let shown = Shown {
+        content_type: i.response_content_type,
+        content_encoding: i.response_content_encoding,
+        content_disposition: i.response_content_disposition,
+        content_language: i.response_content_language,
+        cache_control: i.response_cache_control,
+        expires: i.response_expires,
+    }
+    .over(h);
     let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
     } else {
@@ -253,12 +288,12 @@ fn get_output(i: GetObjectInput, s: &Selected, body: BoxStream<'static, Result<B
         e_tag: Some(etag(&s.meta.etag)),
         last_modified: Some(timestamp(s.meta.last_modified_ms)),
         metadata: metadata(h),
-        content_type: i.response_content_type.or_else(|| h.content_type.clone()),
-        content_encoding: i.response_content_encoding.or_else(|| h.content_encoding.clone()),
-        content_disposition: i.response_content_disposition.or_else(|| h.content_disposition.clone()),
-        content_language: i.response_content_language.or_else(|| h.content_language.clone()),
-        cache_control: i.response_cache_control.or_else(|| h.cache_control.clone()),
-        expires: i.response_expires.or_else(|| h.expires.map(|e| timestamp(e.saturating_mul(1000)))),
+        content_type: shown.content_type,
+        content_encoding: shown.content_encoding,
+        content_disposition: shown.content_disposition,
+        content_language: shown.content_language,
+        cache_control: shown.cache_control,
+        expires: shown.expires,
         parts_count: i.part_number.and_then(|_| i32::try_from(s.meta.parts.len()).ok()).filter(|n| *n > 0),
         checksum_crc32: c.crc32,
         checksum_crc32c: c.crc32c,
@@ -291,6 +326,15 @@ pub(super) async fn head_object<E: Engine>(e: &E, req: S3Request<HeadObjectInput
 /// The HeadObject answer for a selected object.
 fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
     let h = &s.meta.headers;
+    let shown = Shown {
+        content_type: i.response_content_type,
+        content_encoding: i.response_content_encoding,
+        content_disposition: i.response_content_disposition,
+        content_language: i.response_content_language,
+        cache_control: i.response_cache_control,
+        expires: i.response_expires,
+    }
+    .over(h);
     let c = if want_checksum(i.checksum_mode.as_ref(), s) {
         checksum_fields(s.meta.checksum.as_ref())
     } else {
@@ -303,12 +347,12 @@ fn head_output(i: HeadObjectInput, s: &Selected) -> HeadObjectOutput {
         e_tag: Some(etag(&s.meta.etag)),
         last_modified: Some(timestamp(s.meta.last_modified_ms)),
         metadata: metadata(h),
-        content_type: i.response_content_type.or_else(|| h.content_type.clone()),
-        content_encoding: h.content_encoding.clone(),
-        content_disposition: h.content_disposition.clone(),
-        content_language: h.content_language.clone(),
-        cache_control: h.cache_control.clone(),
-        expires: h.expires.map(|e| timestamp(e.saturating_mul(1000))),
+        content_type: shown.content_type,
+        content_encoding: shown.content_encoding,
+        content_disposition: shown.content_disposition,
+        content_language: shown.content_language,
+        cache_control: shown.cache_control,
+        expires: shown.expires,
         parts_count: i.part_number.and_then(|_| i32::try_from(s.meta.parts.len()).ok()).filter(|n| *n > 0),
         checksum_crc32: c.crc32,
         checksum_crc32c: c.crc32c,
@@ -424,26 +468,58 @@ pub(super) async fn copy_object<E: Engine>(e: &E, req: S3Request<CopyObjectInput
     )
     .check(&src.etag, src.last_modified_secs(), Mode::Copy)?;
     check_copy_to_itself(&i, &sb, &sk, &src, dest_key.as_ref())?;
+    // `x-amz-checksum-algorithm`: the copy gets that checksum of its bytes
+    // (the source's, when it has a whole-object one of that algorithm).
+    let algo = copy_checksum_algo(i.checksum_algorithm.as_ref(), &src)?;
     e.require_bucket(&i.bucket).await?;
     let headers = copied_headers(&i, &src);
-    let (row, hold) = if source.is_none() && dest_key.is_none() {
+    let (row, hold) = if source.is_none() && dest_key.is_none() && algo.is_none() {
         // Plain to plain: the bytes do not change; the engine makes them
         // the destination's (shared blocks, or copies on its replicas).
         let (data, hold) = e.copy_data(&i.bucket, &i.key, &src, from).await?;
         (ObjectMeta { last_modified_ms: now_ms(), headers, data, ..src }, hold)
     } else {
-        // SSE-C on either side: the bytes change, so they go through the
-        // write path, decrypted and (for an SSE-C destination) encrypted
-        // under the destination's key with a fresh IV.
+        // SSE-C on either side, or a checksum to compute: the bytes go
+        // through the write path, decrypted, hashed (the checksum is of the
+        // plaintext) and, for an SSE-C destination, encrypted under the
+        // destination's key with a fresh IV.
         let sealing = dest_key.map(|k| k.seal()).transpose()?;
-        let plain = e.read(&src, from, 0..src.size);
-        let body = crate::sse::recrypting(source, 0, sealing.as_ref().map(|(_, c)| c.clone()), plain);
+        let plain = crate::sse::recrypting(source, 0, None, e.read(&src, from, 0..src.size));
+        let hasher = std::sync::Arc::new(Mutex::new(algo.map(crate::checksum::Hasher::new)));
+        let tap = hasher.clone();
+        let plain = plain
+            .inspect(move |r| {
+                if let (Ok(b), Ok(mut guard)) = (r, tap.lock())
+                    && let Some(h) = guard.as_mut()
+                {
+                    h.update(b);
+                }
+            })
+            .boxed();
+        let body = crate::sse::recrypting(None, 0, sealing.as_ref().map(|(_, c)| c.clone()), plain);
         let staged = e.stage(&i.bucket, &i.key, body, None, true).await?;
-        let row = recrypted(src, &staged.data, staged.size, staged.md5, headers, sealing.map(|(s, _)| s))?;
+        let mut row = recrypted(src, &staged.data, staged.size, staged.md5, headers, sealing.map(|(s, _)| s))?;
+        let computed = hasher.lock().ok().and_then(|mut h| h.take());
+        if let (Some(algo), Some(h)) = (algo, computed) {
+            row.checksum = Some(crate::checksum::Checksum { algo, raw: h.finalize(), parts: None });
+        }
         (row, staged.hold)
     };
     let meta = e.commit(&i.bucket, &i.key, row, hold, &WriteConditions::default()).await?;
     Ok(CopyObjectOutput { copy_source_version_id: source_version, ..copy_output(&meta) })
+}
+
+/// The checksum algorithm a copy must compute: the one `x-amz-checksum-algorithm`
+/// names, unless the source already has a whole-object checksum of it.
+fn copy_checksum_algo(
+    asked: Option<&ChecksumAlgorithm>,
+    src: &ObjectMeta,
+) -> Result<Option<crate::checksum::ChecksumAlgo>> {
+    let Some(a) = asked else { return Ok(None) };
+    let algo = crate::checksum::ChecksumAlgo::from_name(a.as_str())
+        .ok_or_else(|| LightningError::InvalidRequest(format!("unknown checksum algorithm {:?}", a.as_str())))?;
+    let kept = src.checksum.as_ref().is_some_and(|c| c.algo == algo && c.parts.is_none());
+    Ok((!kept).then_some(algo))
 }
 
 /// A copy onto itself must change something: the metadata (REPLACE) or the
