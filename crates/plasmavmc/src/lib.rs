@@ -9,7 +9,8 @@
 //!    the REST API's DTOs, configuration, the redb tables;
 //! 2. engines: [`convert`], [`sink`] (qcow2/raw to guest bytes, and NBD
 //!    writes of them), [`objstore`], [`corona`] (clients of LightningStor and
-//!    CoronaFS), [`guest`] (an emulated guest), [`worker`] (the [`Worker`]
+//!    CoronaFS), [`reconnect`] (a volume connection that survives failovers),
+//!    [`guest`] (an emulated guest), [`worker`] (the [`Worker`]
 //!    trait: in-process, or a `plasmavmc agent` over HTTP), [`client`] (the
 //!    typed client of the REST API);
 //! 3. [`app`]: the shared state and start-up recovery;
@@ -40,6 +41,7 @@ pub mod model;
 pub mod objstore;
 pub mod openapi;
 pub mod probe;
+pub mod reconnect;
 pub mod server;
 pub mod sink;
 pub mod urlfilter;
