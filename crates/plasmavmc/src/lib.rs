@@ -16,7 +16,8 @@
 //! 3. [`app`]: the shared state and start-up recovery;
 //! 4. services: [`images`], [`cache`], [`volumes`], [`vms`];
 //! 5. front ends: [`api`], [`openapi`], [`server`] (the REST API and its
-//!    in-process server) and [`agent`] (the agent's HTTP server);
+//!    in-process server), [`agent`] (the agent's HTTP server) and [`front`]
+//!    (`plasmavmc nbd-front`, a local NBD export that survives failovers);
 //! 6. `main.rs`: the CLI.
 //!
 //! [`Worker`]: worker::Worker
@@ -32,6 +33,7 @@ pub mod corona;
 pub mod error;
 #[cfg(test)]
 mod failover_tests;
+pub mod front;
 pub mod guest;
 pub mod images;
 pub mod locks;
