@@ -212,4 +212,29 @@ fn the_front_refuses_what_it_does_not_forward_drops_garbage_and_serves_the_next_
     let stats = stopped(front);
     assert_eq!(stats["protocol_errors"], 2, "the two garbage clients: {stats}");
     assert_eq!(stats["reconnects"], 0, "{stats}");
+
+    // The same export on a Unix socket, for its owner only.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("front.sock");
+    let mut unix = Proc::new(bin("plasmavmc", "plasmavmc"))
+        .args(["nbd-front", "--volume", "disk", "--epoch", "1"])
+        .arg(format!("--coronafs-nodes={}", c.addr()))
+        .arg("--socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the front on a Unix socket");
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "no socket at {}", sock.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run(Proc::new("nbdinfo").arg(format!("nbd+unix:///disk?socket={}", sock.display())));
+    // Read once the front served a client: it sets the mode right after bind(2).
+    let mode = std::fs::metadata(&sock).expect("socket").permissions().mode() & 0o777;
+    let _ = unix.kill();
+    let _ = unix.wait();
+    assert_eq!(mode, 0o600, "the socket is for its owner only");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("export-size: 16777216"));
 }
