@@ -5,10 +5,11 @@
 use coronafs::backend::IoEngine;
 use coronafs::config::ServerConfig;
 use coronafs::service::{self, RunningServer};
+use std::io::BufRead;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Both data-path engines: tests that touch the data path run on each.
@@ -268,4 +269,98 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A running `plasmavmc nbd-front` (a child process) and the lines it printed.
+pub struct NbdFront {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl NbdFront {
+    pub fn start(nodes: &[String], volume: &str, epoch: u64) -> NbdFront {
+        let mut child = Command::new(bin("plasmavmc", "plasmavmc"))
+            .args(["nbd-front", "--listen", "127.0.0.1:0", "--volume", volume])
+            .arg(format!("--epoch={epoch}"))
+            .arg(format!("--coronafs-nodes={}", nodes.join(",")))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start plasmavmc nbd-front");
+        let out = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let keep = lines.clone();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                eprintln!("nbd-front: {l}");
+                if let Some(rest) = l.strip_prefix("listening on ") {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_owned());
+                }
+                keep.lock().unwrap_or_else(|e| e.into_inner()).push(l);
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(30)).expect("the front printed `listening on ADDR`");
+        NbdFront { child, addr, lines }
+    }
+
+    pub fn uri(&self, volume: &str) -> String {
+        format!("nbd://{}/{volume}", self.addr)
+    }
+
+    /// The value of `key=` in the last line starting with `word`.
+    pub fn last(&self, word: &str, key: &str) -> Option<u64> {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let l = lines.iter().rev().find(|l| l.starts_with(word))?;
+        l.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{key}=")))?.parse().ok()
+    }
+
+    /// SIGTERM, then the stats it printed on the way out (JSON).
+    pub fn stop(mut self) -> String {
+        // SAFETY: a plain kill(2) of our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait for the front");
+        let t = Instant::now();
+        loop {
+            let last = self.lines.lock().unwrap_or_else(|e| e.into_inner()).last().cloned().unwrap_or_default();
+            if let Some(json) = last.strip_prefix("stopped ") {
+                assert!(status.success(), "the front's last FLUSH failed: {status}");
+                return json.to_owned();
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "no `stopped` line (exit {status}): {last}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NbdFront {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// fio's `nbd` engine writing `size` at random 64 KiB blocks through `uri`
+/// and reading every block back with crc32c verify (the first error is fatal).
+pub fn fio_verify(uri: &str, size: &str, extra: &[&str]) -> Command {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=front",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=64k",
+        "--iodepth=8",
+        &format!("--size={size}"),
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+        "--randrepeat=1",
+        // fio would otherwise leave its verify state file in the working directory.
+        "--verify_state_save=0",
+    ])
+    .args(extra);
+    c
 }

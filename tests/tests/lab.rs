@@ -751,6 +751,13 @@ fn log_of(report: &serde_json::Value) -> WriteLog {
 /// after the kill reads back. The I/O pause is printed. The containers share
 /// this host's CPUs and disk and talk over a Docker bridge: the pause is the
 /// failover protocol and its timeouts, not a network's behaviour.
+///
+/// Beside it, on a second volume with three copies (node01 primary too),
+/// unmodified fio (`--ioengine=nbd`, crc32c verify) runs on this host
+/// through `plasmavmc nbd-front` (also on this host, reaching the
+/// containers over the Docker bridge) across the same kill: fio ends with
+/// 0 errors, its read-back of every block it wrote matching, and the
+/// front's I/O pause is printed.
 #[test]
 fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under_a_writing_guest() {
     use coronafs::api_client::ApiClient;
@@ -774,11 +781,42 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
         ],
     )
     .unwrap_or_else(|e| panic!("creating a volume with 3 copies: {e}"));
+    lab.exec(
+        "client",
+        &[
+            "coronafs",
+            "volume",
+            "create",
+            "fio-replicated",
+            "--size",
+            "64M",
+            "--replicas",
+            "3",
+            "--api",
+            &format!("http://{NODE01}:7070"),
+            "--token",
+            CORONAFS_TOKEN,
+        ],
+    )
+    .unwrap_or_else(|e| panic!("creating fio's volume with 3 copies: {e}"));
     let rt = runtime();
+    let nodes: Vec<String> = CORONAFS_NBD.iter().map(|a| (*a).to_owned()).collect();
     rt.block_on(async {
         let api = ApiClient::new(&format!("http://{NODE01}:7070")).with_token(token(CORONAFS_TOKEN));
+        api.fence("fio-replicated", 1).await.expect("fence fio's volume at epoch 1");
+    });
+    // 64 MiB at 4 MiB/s: fio still writes when node01 is killed, and its
+    // verify pass reads every block from the new primary.
+    let front = stack_tests::NbdFront::start(&nodes, "fio-replicated", 1);
+    let fio_started = Instant::now();
+    let mut fio = stack_tests::fio_verify(&front.uri("fio-replicated"), "64m", &["--rate=4m"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fio");
+    let killed = rt.block_on(async {
+        let api = ApiClient::new(&format!("http://{NODE01}:7070")).with_token(token(CORONAFS_TOKEN));
         api.fence("replicated", 1).await.expect("fence at epoch 1, as PlasmaVMC does when it attaches");
-        let nodes: Vec<String> = CORONAFS_NBD.iter().map(|a| (*a).to_owned()).collect();
         let att = Attachment::connect(&nodes, "vm-failover", "host", "replicated", 1, Default::default())
             .await
             .expect("attach through node01");
@@ -803,8 +841,17 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
         let before = att.flush_report(false).await.expect("flush through node01").log;
         assert!(!before.is_empty());
 
+        assert!(
+            fio.try_wait().expect("fio").is_none(),
+            "fio ended {:.1} s after its start, before the kill",
+            fio_started.elapsed().as_secs_f64()
+        );
         let killed = Instant::now();
         must(&mut docker(&["kill", "--signal", "KILL", &lab.container("node01-coronafs")]));
+        eprintln!(
+            "lab failover: node01's CoronaFS killed {:.1} s after fio started",
+            fio_started.elapsed().as_secs_f64()
+        );
         // The pause: from the kill until a write is acknowledged on the
         // new connection.
         let t = Instant::now();
@@ -861,7 +908,37 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
         }
         assert_eq!(primaries, 1, "one of node02 and node03 should be the primary");
         drop(att);
+        killed
     });
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = fio.try_wait().expect("fio") {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(240), "fio did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut text = String::new();
+    use std::io::Read;
+    fio.stdout.take().expect("fio stdout").read_to_string(&mut text).expect("fio output");
+    fio.stderr.take().expect("fio stderr").read_to_string(&mut text).expect("fio errors");
+    assert!(status.success(), "fio through nbd-front failed ({status}) across the failover:\n{text}");
+    assert!(text.contains("err= 0"), "fio reported errors:\n{text}");
+    assert!(!text.contains("verify failed") && !text.contains("bad magic"), "fio reported a verify error:\n{text}");
+    let epoch = front.last("reconnected", "epoch");
+    let reconnect_ms = front.last("reconnected", "reconnect_ms").expect("the front reconnected");
+    let replayed = front.last("reconnected", "replayed_ops").unwrap_or(0);
+    let pause = front.last("resumed", "io_pause_ms").expect("a write acknowledged after the reconnect");
+    eprintln!(
+        "lab failover: fio (64 MiB randwrite at 4 MiB/s, crc32c verify) through plasmavmc nbd-front on the host \
+         ended with 0 errors {:.1} s after the kill; the front reconnected at epoch {epoch:?} {reconnect_ms} ms \
+         after it noticed the loss, wrote {replayed} unflushed writes again, and its I/O pause (loss noticed to \
+         the first write acknowledged after it) was {pause} ms (failover_after_ms 5000, heartbeat_ms 1000)",
+        killed.elapsed().as_secs_f64()
+    );
+    assert_eq!(epoch, Some(2), "the front did not follow the failover's epoch");
+    let stats: serde_json::Value = serde_json::from_str(&front.stop()).expect("the front's stats");
+    assert_eq!(stats["errors"], 0, "{stats}");
 }
 
 /// VMs across worker containers: an image uploaded to PlasmaVMC (stored in

@@ -323,6 +323,12 @@ impl NbdClient {
             .lock()
             .map_err(|_| CoronaError::Disconnected)?
             .insert(cookie, Pending { kind, error: None, tx });
+        // The reader marks the connection dead before it fails what is
+        // pending; a request added after that would wait forever.
+        if self.shared.dead.load(Ordering::Acquire) {
+            self.shared.pending.lock().ok().and_then(|mut p| p.remove(&cookie));
+            return Err(CoronaError::Disconnected);
+        }
         let hdr = Request::new(command, flags, cookie, offset, length as u64).encode();
         {
             let mut wr = self.wr.lock().await;

@@ -13,26 +13,17 @@
 //! the fence that stops a stale guest is CoronaFS's (its writes answer EPERM).
 //!
 //! Like a hypervisor's NBD client, an attachment survives a CoronaFS restart
-//! and a failover of a replicated volume: when its connection breaks it
-//! reconnects (retrying for up to [`RECONNECT_FOR`]) to whichever of the
-//! CoronaFS nodes it knows is the volume's primary
-//! ([`NbdClient::connect_primary`]) and resends the request that was in
-//! flight. NBD writes are idempotent, and only what a FLUSH covered is
-//! promised durable, so resending is safe; on a reconnect the write log
+//! and a failover of a replicated volume: its connection is a
+//! [`Reconnecting`] one, which reconnects to the volume's primary (following
+//! a failover's new epoch) and resends the request that was in flight. Only
+//! what a FLUSH covered is promised durable, so on a reconnect the write log
 //! goes back to what the last FLUSH covered, as a guest may assume nothing
 //! about writes it never flushed.
-//!
-//! A failover elects the new primary at a higher epoch than the one this
-//! attachment declared. The new primary refuses the old epoch, and says in
-//! its refusal which epoch the stream it took over was written at
-//! (`failover-from=N failover-epoch=M`, [`coronafs::client::failover_hint`]);
-//! only an attachment that held exactly that epoch N follows to M. One that
-//! was fenced out before (a migration's source, at a lower epoch) is refused
-//! as before, so a failover never lets a stale attachment write again.
 
 use crate::error::{PlasmaError, Result};
+use crate::reconnect::{OnReconnect, Reconnecting};
 use crate::wire::{Report, Verified, WriteLog};
-use coronafs::client::{NbdClient, failover_hint, primary_hint};
+use coronafs::client::NbdClient;
 use coronafs::proto::NbdErrno;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,16 +36,6 @@ pub const WORKING_SET: u64 = 64 << 20;
 pub const MAX_IO_OPS: u64 = 100_000;
 /// A FLUSH after every this many writes.
 const FLUSH_EVERY: u64 = 16;
-/// How long an attachment keeps trying to reconnect after its connection broke.
-pub const RECONNECT_FOR: std::time::Duration = std::time::Duration::from_secs(60);
-/// Pause between reconnect attempts.
-const RECONNECT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// `VOL;epoch=N`.
-fn export_name(volume: &str, epoch: u64) -> String {
-    format!("{volume}{}{epoch}", coronafs::volume::fence::EPOCH_SUFFIX)
-}
-
 /// The guest's content for `block` at write number `seq`. Pure.
 pub fn pattern(vm_id: &str, block: u64, seq: u64) -> Vec<u8> {
     let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ block.rotate_left(29) ^ 0x5851_f42d_4c95_7f2d;
@@ -73,12 +54,6 @@ pub fn pattern(vm_id: &str, block: u64, seq: u64) -> Vec<u8> {
     out
 }
 
-/// An error that means the connection (or the server) went away, as
-/// opposed to an answer from the server.
-fn connection_lost(e: &coronafs::CoronaError) -> bool {
-    matches!(e, coronafs::CoronaError::Disconnected | coronafs::CoronaError::Io(_))
-}
-
 /// Which guest write `data` (the contents of `block`) holds, if any. Pure.
 pub fn written_seq(vm_id: &str, block: u64, data: &[u8]) -> Option<u64> {
     let seq = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
@@ -90,23 +65,23 @@ fn block_of(seq: u64, blocks: u64) -> u64 {
     (seq.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 17) % blocks
 }
 
-/// Whether a failed connect may succeed later: the node was unreachable, or
-/// it holds only a replica whose primary is not reachable yet (a failover
-/// may be under way).
-fn may_come_back(e: &coronafs::CoronaError) -> bool {
-    connection_lost(e) || primary_hint(&e.to_string()).is_some()
+/// The guest's write log and what a FLUSH made durable of it. On a new
+/// connection the log goes back to what was flushed: the server may have
+/// restarted, and writes acknowledged since the last FLUSH may be gone
+/// (a later write puts its block back).
+#[derive(Debug, Default)]
+pub struct GuestLog {
+    log: Mutex<WriteLog>,
+    /// The log as of the last FLUSH that succeeded: what is durable.
+    flushed: Mutex<WriteLog>,
 }
 
-/// Resolves `host:port` names (unresolvable ones are left out, logged).
-async fn resolve(nodes: &[String]) -> Vec<std::net::SocketAddr> {
-    let mut out = Vec::with_capacity(nodes.len());
-    for n in nodes {
-        match tokio::net::lookup_host(n.as_str()).await.map(|mut a| a.next()) {
-            Ok(Some(a)) => out.push(a),
-            _ => tracing::warn!(node = %n, "cannot resolve a CoronaFS NBD address"),
-        }
+impl OnReconnect for GuestLog {
+    async fn reconnected(&self, _: &NbdClient) -> coronafs::Result<()> {
+        let flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        *self.log.lock().unwrap_or_else(|e| e.into_inner()) = flushed;
+        Ok(())
     }
-    out
 }
 
 /// A volume attached on a worker, holding one epoch (a higher one after
@@ -116,15 +91,7 @@ pub struct Attachment {
     pub vm_id: String,
     pub worker: String,
     pub volume: String,
-    epoch: AtomicU64,
-    size: u64,
-    /// The CoronaFS NBD addresses to find the primary among.
-    nodes: Vec<String>,
-    nbd: tokio::sync::RwLock<Arc<NbdClient>>,
-    reconnects: AtomicU64,
-    log: Mutex<WriteLog>,
-    /// The log as of the last FLUSH that succeeded: what is durable.
-    flushed: Mutex<WriteLog>,
+    link: Reconnecting<GuestLog>,
     next_seq: AtomicU64,
     acked: AtomicU64,
     stop: AtomicBool,
@@ -145,24 +112,15 @@ impl Attachment {
         epoch: u64,
         fenced: Arc<AtomicU64>,
     ) -> Result<Arc<Self>> {
-        let export = export_name(volume, epoch);
-        let (nbd, at) = NbdClient::connect_primary(&resolve(nodes).await, &export)
-            .await
-            .map_err(|e| PlasmaError::Volume(format!("attaching {export} at {}: {e}", nodes.join(", "))))?;
-        if nbd.info().read_only() {
-            return Err(PlasmaError::Volume(format!("{export} at {at} is exported read-only")));
+        let link = Reconnecting::connect(nodes, volume, epoch, GuestLog::default()).await?;
+        if link.read_only() {
+            return Err(PlasmaError::Volume(format!("{} is exported read-only", link.export())));
         }
         Ok(Arc::new(Attachment {
             vm_id: vm_id.to_owned(),
             worker: worker.to_owned(),
             volume: volume.to_owned(),
-            epoch: AtomicU64::new(epoch),
-            size: nbd.size(),
-            nodes: nodes.to_vec(),
-            nbd: tokio::sync::RwLock::new(Arc::new(nbd)),
-            reconnects: AtomicU64::new(0),
-            log: Mutex::default(),
-            flushed: Mutex::default(),
+            link,
             next_seq: AtomicU64::new(0),
             acked: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -174,17 +132,24 @@ impl Attachment {
 
     /// The epoch this attachment declares now.
     pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::SeqCst)
+        self.link.epoch()
     }
 
-    fn export(&self) -> String {
-        export_name(&self.volume, self.epoch())
+    fn size(&self) -> u64 {
+        self.link.size()
     }
 
     /// One guest write. A write CoronaFS refuses for a stale epoch is
     /// [`PlasmaError::Fenced`].
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        match self.on_connection(|c| async move { c.write(offset, data, false).await }).await {
+        self.write_then(offset, data, || {}).await
+    }
+
+    /// A write, and `acked` once it is acknowledged, before the connection
+    /// may be replaced (so a reconnect's reset of the log comes after it).
+    async fn write_then(&self, offset: u64, data: &[u8], acked: impl Fn()) -> Result<()> {
+        let acked = &acked;
+        match self.link.call(|c| async move { c.write(offset, data, false).await.map(|()| acked()) }).await {
             Ok(()) => Ok(()),
             Err(coronafs::CoronaError::Nbd { errno: NbdErrno::Perm, message }) => {
                 self.fenced.fetch_add(1, Ordering::Relaxed);
@@ -195,7 +160,7 @@ impl Attachment {
     }
 
     pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        Ok(self.on_connection(|c| async move { c.read(offset, len).await }).await?)
+        Ok(self.link.call(|c| async move { c.read(offset, len).await }).await?)
     }
 
     pub async fn flush(&self) -> Result<()> {
@@ -206,99 +171,28 @@ impl Attachment {
     /// was sent), now durable. After a reconnect the FLUSH is sent again and
     /// covers the log as it is then.
     async fn flush_covering(&self) -> Result<WriteLog> {
-        let started = std::time::Instant::now();
-        loop {
-            let c = self.nbd.read().await.clone();
-            let covered = self.log();
-            match c.flush().await {
-                Ok(()) => {
-                    // Merged, not replaced: an API flush and the guest's own
-                    // may finish in either order, and each made its snapshot
-                    // durable, so the flushed log only moves forward.
-                    let mut flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
-                    for (&block, &seq) in &covered {
-                        let e = flushed.entry(block).or_insert(seq);
-                        *e = (*e).max(seq);
-                    }
-                    return Ok(covered);
+        let covered = self
+            .link
+            .call(|c| async move {
+                let covered = self.log();
+                c.flush().await?;
+                // Merged, not replaced: an API flush and the guest's own
+                // may finish in either order, and each made its snapshot
+                // durable, so the flushed log only moves forward.
+                let mut flushed = self.link.hook().flushed.lock().unwrap_or_else(|e| e.into_inner());
+                for (&block, &seq) in &covered {
+                    let e = flushed.entry(block).or_insert(seq);
+                    *e = (*e).max(seq);
                 }
-                Err(e) if connection_lost(&e) => self.reconnect(&c, started).await?,
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    /// Runs `op` on the current connection; when the connection is lost,
-    /// reconnects (for up to [`RECONNECT_FOR`]) and runs it again.
-    async fn on_connection<T, F, Fut>(&self, op: F) -> coronafs::Result<T>
-    where
-        F: Fn(Arc<NbdClient>) -> Fut,
-        Fut: std::future::Future<Output = coronafs::Result<T>>,
-    {
-        let started = std::time::Instant::now();
-        loop {
-            let c = self.nbd.read().await.clone();
-            match op(c.clone()).await {
-                Err(e) if connection_lost(&e) => {
-                    tracing::warn!(vm = %self.vm_id, export = %self.export(), error = %e, "NBD connection lost; reconnecting");
-                    self.reconnect(&c, started).await?;
-                }
-                r => return r,
-            }
-        }
-    }
-
-    /// Replaces the broken connection `old` (unless another request already
-    /// did) with one to the volume's primary, following a failover's new
-    /// epoch when this attachment held the epoch the failover took over.
-    /// Gives up after [`RECONNECT_FOR`] since `started`, or at once when
-    /// CoronaFS answers but refuses the export (fenced, deleted).
-    async fn reconnect(&self, old: &Arc<NbdClient>, started: std::time::Instant) -> coronafs::Result<()> {
-        let mut cur = self.nbd.write().await;
-        if !Arc::ptr_eq(&cur, old) {
-            return Ok(());
-        }
-        loop {
-            let export = self.export();
-            match NbdClient::connect_primary(&resolve(&self.nodes).await, &export).await {
-                Ok((c, at)) if c.size() == self.size && !c.info().read_only() => {
-                    *cur = Arc::new(c);
-                    // The server may have restarted: only what a FLUSH covered
-                    // is promised to be there. Writes acknowledged since then
-                    // leave the log (a later write puts its block back).
-                    let flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    *self.log.lock().unwrap_or_else(|e| e.into_inner()) = flushed;
-                    self.reconnects.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(vm = %self.vm_id, %export, %at, "NBD connection re-established");
-                    return Ok(());
-                }
-                Ok((c, _)) => {
-                    return Err(coronafs::CoronaError::Negotiation(format!(
-                        "{export} reopened with size {} (was {}){}",
-                        c.size(),
-                        self.size,
-                        if c.info().read_only() { ", read-only" } else { "" }
-                    )));
-                }
-                Err(e) => match failover_hint(&e.to_string()) {
-                    // The primary a failover elected took over the stream of
-                    // this attachment's epoch: follow it (the epoch only rises).
-                    Some((from, to)) if from == self.epoch() && to > from && started.elapsed() < RECONNECT_FOR => {
-                        tracing::warn!(vm = %self.vm_id, volume = %self.volume, from, to, "following a failover to its new epoch");
-                        self.epoch.store(to, Ordering::SeqCst);
-                    }
-                    _ if may_come_back(&e) && started.elapsed() < RECONNECT_FOR => {
-                        tokio::time::sleep(RECONNECT_EVERY).await;
-                    }
-                    _ => return Err(e),
-                },
-            }
-        }
+                Ok(covered)
+            })
+            .await?;
+        Ok(covered)
     }
 
     /// A copy of the write log.
     pub fn log(&self) -> WriteLog {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.link.hook().log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The current state.
@@ -314,7 +208,7 @@ impl Attachment {
             next_seq: self.next_seq.load(Ordering::Relaxed),
             log: self.log(),
             stopped_by: self.stopped_by.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            reconnects: self.reconnects.load(Ordering::Relaxed),
+            reconnects: self.link.reconnects(),
         }
     }
 
@@ -336,19 +230,21 @@ impl Attachment {
     }
 
     async fn run(&self, ops: u64) {
-        let blocks = (self.size.min(WORKING_SET) / BLOCK).max(1);
+        let blocks = (self.size().min(WORKING_SET) / BLOCK).max(1);
         for n in 0..ops {
             if self.stop.load(Ordering::Relaxed) {
                 return;
             }
             let s = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let block = block_of(s, blocks);
-            if let Err(e) = self.write(block * BLOCK, &pattern(&self.vm_id, block, s)).await {
+            let log = || {
+                self.link.hook().log.lock().unwrap_or_else(|e| e.into_inner()).insert(block, s);
+            };
+            if let Err(e) = self.write_then(block * BLOCK, &pattern(&self.vm_id, block, s), log).await {
                 tracing::info!(vm = %self.vm_id, worker = %self.worker, error = %e, "guest stopped");
                 *self.stopped_by.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
                 return;
             }
-            self.log.lock().unwrap_or_else(|e| e.into_inner()).insert(block, s);
             self.acked.fetch_add(1, Ordering::Relaxed);
             if n % FLUSH_EVERY == FLUSH_EVERY - 1
                 && let Err(e) = self.flush().await
@@ -411,7 +307,7 @@ impl Attachment {
             }
         }
         if adopt {
-            let mut l = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            let mut l = self.link.hook().log.lock().unwrap_or_else(|e| e.into_inner());
             for (b, s) in found {
                 let e = l.entry(b).or_insert(s);
                 *e = (*e).max(s);

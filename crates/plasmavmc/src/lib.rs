@@ -9,13 +9,15 @@
 //!    the REST API's DTOs, configuration, the redb tables;
 //! 2. engines: [`convert`], [`sink`] (qcow2/raw to guest bytes, and NBD
 //!    writes of them), [`objstore`], [`corona`] (clients of LightningStor and
-//!    CoronaFS), [`guest`] (an emulated guest), [`worker`] (the [`Worker`]
+//!    CoronaFS), [`reconnect`] (a volume connection that survives failovers),
+//!    [`guest`] (an emulated guest), [`worker`] (the [`Worker`]
 //!    trait: in-process, or a `plasmavmc agent` over HTTP), [`client`] (the
 //!    typed client of the REST API);
 //! 3. [`app`]: the shared state and start-up recovery;
 //! 4. services: [`images`], [`cache`], [`volumes`], [`vms`];
 //! 5. front ends: [`api`], [`openapi`], [`server`] (the REST API and its
-//!    in-process server) and [`agent`] (the agent's HTTP server);
+//!    in-process server), [`agent`] (the agent's HTTP server) and [`front`]
+//!    (`plasmavmc nbd-front`, a local NBD export that survives failovers);
 //! 6. `main.rs`: the CLI.
 //!
 //! [`Worker`]: worker::Worker
@@ -31,6 +33,7 @@ pub mod corona;
 pub mod error;
 #[cfg(test)]
 mod failover_tests;
+pub mod front;
 pub mod guest;
 pub mod images;
 pub mod locks;
@@ -40,6 +43,7 @@ pub mod model;
 pub mod objstore;
 pub mod openapi;
 pub mod probe;
+pub mod reconnect;
 pub mod server;
 pub mod sink;
 pub mod urlfilter;

@@ -12,7 +12,7 @@ use std::time::Duration;
 #[command(
     name = "plasmavmc",
     version,
-    about = "PlasmaVMC: VM images in LightningStor, volumes in CoronaFS, emulated VMs.\n\nRun `plasmavmc serve` next to a LightningStor and a CoronaFS, and `plasmavmc agent` on each worker node; every other command talks to a running server's REST API (--api)."
+    about = "PlasmaVMC: VM images in LightningStor, volumes in CoronaFS, emulated VMs.\n\nRun `plasmavmc serve` next to a LightningStor and a CoronaFS, `plasmavmc agent` on each worker node, and `plasmavmc nbd-front` on a host whose NBD clients (fio, qemu-img) must ride out a replicated volume's failovers; every other command talks to a running server's REST API (--api)."
 )]
 struct Cli {
     /// URL of a running PlasmaVMC API (client commands).
@@ -40,6 +40,15 @@ enum Cmd {
     /// Stops on SIGTERM or ctrl-c (its VMs' guests stop; CoronaFS keeps
     /// what they had written and acknowledged).
     Agent(AgentArgs),
+    /// Serve one CoronaFS volume to local NBD clients (fio, qemu-img,
+    /// nbdinfo, a hypervisor) over loopback TCP or a Unix socket, surviving
+    /// the volume's failovers: the front reconnects to the new primary,
+    /// follows its epoch, resends what was in flight and writes again the
+    /// acknowledged writes no FLUSH had covered yet (kept up to
+    /// --replay-budget bytes; at that much it FLUSHes). Prints `listening
+    /// on ADDR`, then a line per reconnect and per I/O pause. Stops on
+    /// SIGTERM or ctrl-c after a last FLUSH.
+    NbdFront(FrontArgs),
     /// Images: upload, import, list, show, delete.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -140,6 +149,102 @@ struct AgentArgs {
     /// anyone who reaches the port can attach, write to and detach volumes.
     #[arg(long)]
     no_api_token: bool,
+}
+
+#[derive(clap::Args)]
+struct FrontArgs {
+    /// Loopback TCP address local clients connect to (port 0 picks one).
+    #[arg(long, value_name = "ADDR", conflicts_with = "socket", required_unless_present = "socket")]
+    listen: Option<std::net::SocketAddr>,
+    /// Unix socket local clients connect to (mode 0600), instead of --listen.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// The CoronaFS nodes' NBD addresses (host:port, comma-separated).
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', required_unless_present = "cluster_file")]
+    coronafs_nodes: Vec<String>,
+    /// A CoronaFS cluster file: its nodes' NBD addresses are used (after
+    /// --coronafs-nodes).
+    #[arg(long, value_name = "FILE")]
+    cluster_file: Option<PathBuf>,
+    /// The volume.
+    #[arg(long)]
+    volume: String,
+    /// The write epoch the volume was fenced at for this client
+    /// (`VOL;epoch=N`); a failover's new epoch is followed from there.
+    #[arg(long)]
+    epoch: u64,
+    /// Bytes of acknowledged, unflushed writes kept to write again after a
+    /// failover (at least 32 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = plasmavmc::front::REPLAY_BUDGET)]
+    replay_budget: u64,
+}
+
+fn front_config(a: FrontArgs) -> Result<plasmavmc::front::FrontConfig> {
+    use plasmavmc::front::{FrontConfig, Listen};
+    let listen = match (a.listen, a.socket) {
+        (Some(addr), None) => Listen::Tcp(addr),
+        (None, Some(p)) => Listen::Unix(p),
+        _ => bail!("give one of --listen and --socket"),
+    };
+    let mut nodes = a.coronafs_nodes;
+    if let Some(p) = &a.cluster_file {
+        let file = coronafs::cluster::ClusterFile::load(p)?;
+        for n in file.nodes {
+            let addr = n.nbd.to_string();
+            if !nodes.contains(&addr) {
+                nodes.push(addr);
+            }
+        }
+    }
+    let c =
+        FrontConfig { listen, coronafs_nodes: nodes, volume: a.volume, epoch: a.epoch, replay_budget: a.replay_budget };
+    c.validate()?;
+    Ok(c)
+}
+
+/// One line on stdout, flushed at once (a reader may wait for it); a
+/// closed stdout is not worth stopping the front for.
+fn say(line: String) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+/// Runs the front until SIGTERM or ctrl-c, printing what it lived through.
+async fn run_front(a: FrontArgs) -> Result<()> {
+    let srv = plasmavmc::front::FrontServer::start(front_config(a)?).await?;
+    let d = srv.front.export();
+    say(format!("listening on {} volume={} size={} read_only={}", srv.listening, d.name, d.size, d.read_only));
+    let front = srv.front.clone();
+    let report = tokio::spawn(async move {
+        let (mut reconnects, mut pause) = (0, None);
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let s = front.stats();
+            if s.reconnects != reconnects {
+                reconnects = s.reconnects;
+                say(format!(
+                    "reconnected reconnects={} epoch={} reconnect_ms={} replayed_ops={} replayed_bytes={}",
+                    s.reconnects,
+                    s.epoch,
+                    s.last_reconnect_ms.unwrap_or(0),
+                    s.replayed_ops,
+                    s.replayed_bytes
+                ));
+            }
+            if s.last_io_pause_ms.is_some() && s.last_io_pause_ms != pause {
+                pause = s.last_io_pause_ms;
+                say(format!("resumed io_pause_ms={} writes={}", pause.unwrap_or(0), s.writes));
+            }
+        }
+    });
+    stop_signal().await;
+    report.abort();
+    let stats = srv.front.stats();
+    let flushed = srv.shutdown().await;
+    say(format!("stopped {}", serde_json::to_string(&stats)?));
+    flushed?;
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -297,7 +402,7 @@ fn print<T: serde::Serialize>(v: &T) -> Result<()> {
 async fn client(api: String, token: plasmavmc::client::Token, cmd: Cmd) -> Result<()> {
     let c = Client::new(&api).with_token(token);
     match cmd {
-        Cmd::Serve(_) | Cmd::Agent(_) => bail!("serve and agent are not client commands"),
+        Cmd::Serve(_) | Cmd::Agent(_) | Cmd::NbdFront(_) => bail!("serve, agent and nbd-front are not client commands"),
         Cmd::Image(ImageCmd::Create { name, file, sha256, format }) => {
             let img =
                 c.create_image(&CreateImage { name, sha256, disk_format: Some(format), ..Default::default() }).await?;
@@ -344,7 +449,7 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Serve(_) | Cmd::Agent(_)) && cli.token_file.is_some() {
+    if matches!(cli.cmd, Cmd::Serve(_) | Cmd::Agent(_) | Cmd::NbdFront(_)) && cli.token_file.is_some() {
         bail!("--token-file is for the client commands; a server reads its own token from --api-token-file");
     }
     match cli.cmd {
@@ -366,6 +471,7 @@ async fn main() -> Result<()> {
             eprintln!("plasmavmc agent stopped");
             Ok(())
         }
+        Cmd::NbdFront(a) => run_front(a).await,
         cmd => {
             let token = svc_kit::api_token::ApiToken::for_client(cli.token.as_deref(), cli.token_file.as_deref())?;
             client(cli.api, token, cmd).await

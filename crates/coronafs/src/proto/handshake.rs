@@ -293,6 +293,30 @@ impl std::fmt::Display for TlsMode {
     }
 }
 
+/// What a server offers beyond the base protocol. CoronaFS's own server
+/// offers everything ([`Offer::default`]); a proxy that forwards only some
+/// commands to a server of its own (PlasmaVMC's `nbd-front`) offers less,
+/// and refuses the rest instead of accepting what it cannot do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offer {
+    /// `NBD_OPT_EXTENDED_HEADERS` is acknowledged; without it the option
+    /// gets `NBD_REP_ERR_UNSUP`.
+    pub extended_headers: bool,
+    /// The `base:allocation` metadata context is offered; without it
+    /// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT` get
+    /// `NBD_REP_ERR_UNSUP`.
+    pub base_allocation: bool,
+    /// The transmission flags that may be announced: the export's
+    /// ([`ExportDesc::tx_flags`]) are cut to these.
+    pub tx_flags: u16,
+}
+
+impl Default for Offer {
+    fn default() -> Self {
+        Offer { extended_headers: true, base_allocation: true, tx_flags: u16::MAX }
+    }
+}
+
 /// The server's negotiation state for one connection.
 #[derive(Debug, Default, Clone)]
 pub struct Negotiator {
@@ -308,6 +332,8 @@ pub struct Negotiator {
     pub tls: TlsMode,
     /// `NBD_OPT_STARTTLS` was acknowledged: everything since runs in TLS.
     pub tls_active: bool,
+    /// What this server offers.
+    pub offer: Offer,
 }
 
 /// Outcome of negotiation that transmission needs.
@@ -334,6 +360,16 @@ impl Negotiator {
         let fixed = client_flags & client_flags::FIXED_NEWSTYLE != 0;
         let tls = if !fixed && tls == TlsMode::Allow { TlsMode::Off } else { tls };
         Negotiator { no_zeroes: client_flags & client_flags::NO_ZEROES != 0, tls, ..Default::default() }
+    }
+
+    /// The same negotiation offering only `offer`.
+    pub fn offering(self, offer: Offer) -> Self {
+        Negotiator { offer, ..self }
+    }
+
+    /// The transmission flags announced for `desc`.
+    pub fn tx_flags(&self, desc: &ExportDesc) -> u16 {
+        desc.tx_flags() & self.offer.tx_flags
     }
 
     /// Handles one option, appending any reply to `out`.
@@ -365,7 +401,7 @@ impl Negotiator {
             ClientOption::ExportName(name) => match cat.lookup(&name) {
                 Ok(desc) => {
                     out.extend_from_slice(&desc.size.to_be_bytes());
-                    out.extend_from_slice(&desc.tx_flags().to_be_bytes());
+                    out.extend_from_slice(&self.tx_flags(&desc).to_be_bytes());
                     if !self.no_zeroes {
                         out.extend_from_slice(&[0u8; 124]);
                     }
@@ -416,6 +452,10 @@ impl Negotiator {
                 Step::Continue
             }
             ClientOption::ExtendedHeaders => {
+                if !self.offer.extended_headers {
+                    error_reply(code, rep::ERR_UNSUP, "extended headers are not offered by this server", out);
+                    return Step::Continue;
+                }
                 self.extended = true;
                 encode_option_reply(code, rep::ACK, &[], out);
                 Step::Continue
@@ -428,7 +468,7 @@ impl Negotiator {
                         return Step::Continue;
                     }
                 };
-                encode_info_replies(code, &desc, &requests, out);
+                encode_info_replies(code, &desc, self.tx_flags(&desc), &requests, out);
                 encode_option_reply(code, rep::ACK, &[], out);
                 if code == opt::GO {
                     self.clear_meta_unless(&name);
@@ -438,6 +478,10 @@ impl Negotiator {
                 }
             }
             ClientOption::ListMetaContext { name, queries } | ClientOption::SetMetaContext { name, queries } => {
+                if !self.offer.base_allocation {
+                    error_reply(code, rep::ERR_UNSUP, "this server offers no metadata context", out);
+                    return Step::Continue;
+                }
                 let set = code == opt::SET_META_CONTEXT;
                 if set && !self.structured && !self.extended {
                     let msg = "structured replies or extended headers must be negotiated first";
@@ -506,11 +550,11 @@ pub fn error_reply(code: u32, reply: u32, msg: &str, out: &mut Vec<u8>) {
     encode_option_reply(code, reply, msg, out);
 }
 
-fn encode_info_replies(code: u32, desc: &ExportDesc, requests: &[u16], out: &mut Vec<u8>) {
+fn encode_info_replies(code: u32, desc: &ExportDesc, tx_flags: u16, requests: &[u16], out: &mut Vec<u8>) {
     let mut d = Vec::with_capacity(14);
     d.extend_from_slice(&info::EXPORT.to_be_bytes());
     d.extend_from_slice(&desc.size.to_be_bytes());
-    d.extend_from_slice(&desc.tx_flags().to_be_bytes());
+    d.extend_from_slice(&tx_flags.to_be_bytes());
     encode_option_reply(code, rep::INFO, &d, out);
     // Block sizes are sent whether asked or not: the spec allows it, and it
     // tells clients our maximum payload.
@@ -801,6 +845,37 @@ mod tests {
         let mut out = Vec::new();
         n.handle(opt::EXTENDED_HEADERS, b"x", &One, &mut out);
         assert_eq!(reply_types(&out), vec![rep::ERR_INVALID], "the option takes no payload");
+    }
+
+    #[test]
+    fn a_server_offering_less_refuses_extended_headers_and_meta_contexts_and_announces_only_its_flags() {
+        let offer = Offer {
+            extended_headers: false,
+            base_allocation: false,
+            tx_flags: tx_flags::HAS_FLAGS | tx_flags::SEND_FLUSH | tx_flags::SEND_FUA,
+        };
+        let mut n = Negotiator::new(client_flags::FIXED_NEWSTYLE).offering(offer);
+        assert_eq!(send(&mut n, &ClientOption::ExtendedHeaders), (Step::Continue, vec![rep::ERR_UNSUP]));
+        assert_eq!(send(&mut n, &ClientOption::StructuredReply), (Step::Continue, vec![rep::ACK]));
+        for q in [
+            ClientOption::SetMetaContext { name: "vol".into(), queries: vec![BASE_ALLOCATION.into()] },
+            ClientOption::ListMetaContext { name: "vol".into(), queries: vec![] },
+        ] {
+            assert_eq!(send(&mut n, &q), (Step::Continue, vec![rep::ERR_UNSUP]), "{q:?}");
+        }
+        let (code, data) = ClientOption::Go { name: "vol".into(), requests: vec![] }.encode_payload();
+        let mut out = Vec::new();
+        let Step::Transmit(desc) = n.handle(code, &data, &One, &mut out) else { panic!("no transmit") };
+        let done = n.finish(desc);
+        assert_eq!((done.mode, done.base_allocation), (ReplyMode::Structured, false));
+        // The first INFO reply is the export's size and flags.
+        let flags = be_u16(&out, 20 + 10);
+        assert_eq!(flags, tx_flags::HAS_FLAGS | tx_flags::SEND_FLUSH | tx_flags::SEND_FUA);
+        // EXPORT_NAME announces the same flags.
+        let mut n = Negotiator::new(client_flags::NO_ZEROES).offering(offer);
+        let mut out = Vec::new();
+        assert!(matches!(n.handle(opt::EXPORT_NAME, b"vol", &One, &mut out), Step::Transmit(_)));
+        assert_eq!(be_u16(&out, 8), tx_flags::HAS_FLAGS | tx_flags::SEND_FLUSH | tx_flags::SEND_FUA);
     }
 
     fn arb_option() -> impl Strategy<Value = ClientOption> {

@@ -228,6 +228,37 @@ impl Request {
             _ => Err(NbdErrno::Inval),
         }
     }
+
+    /// Refuses (`EINVAL`) a request that the export's transmission flags
+    /// `tx_flags` did not announce: FLUSH, TRIM, WRITE_ZEROES and CACHE
+    /// without their `SEND_*` flag, the FUA, DF and FAST_ZERO flags
+    /// without theirs, and BLOCK_STATUS without a negotiated metadata
+    /// context. A client may not send those; a server that announced less
+    /// than [`ExportDesc::tx_flags`](super::handshake::ExportDesc::tx_flags)
+    /// (a proxy) checks this after [`Request::validate`].
+    pub fn check_offered(&self, tx_flags: u16, meta_context: bool) -> Result<(), NbdErrno> {
+        use crate::proto::tx_flags as tx;
+        let has = |f: u16| tx_flags & f != 0;
+        let command = match self.command {
+            Command::Read | Command::Write | Command::Disc => true,
+            Command::Flush => has(tx::SEND_FLUSH),
+            Command::Trim => has(tx::SEND_TRIM),
+            Command::WriteZeroes => has(tx::SEND_WRITE_ZEROES),
+            Command::Cache => has(tx::SEND_CACHE),
+            Command::BlockStatus => meta_context,
+            Command::Unknown(_) => false,
+        };
+        let flag = |f: u16, needs: u16| self.flags & f == 0 || has(needs);
+        if command
+            && flag(cmd_flags::FUA, tx::SEND_FUA)
+            && flag(cmd_flags::DF, tx::SEND_DF)
+            && flag(cmd_flags::FAST_ZERO, tx::SEND_FAST_ZERO)
+        {
+            Ok(())
+        } else {
+            Err(NbdErrno::Inval)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -329,7 +360,44 @@ mod tests {
         assert!(matches!(Request::decode(compact), Err(ProtoError::BadMagic { .. })));
     }
 
+    #[test]
+    fn a_request_the_export_did_not_announce_is_einval() {
+        use crate::proto::tx_flags as tx;
+        let basic = tx::HAS_FLAGS | tx::SEND_FLUSH | tx::SEND_FUA;
+        assert_eq!(req(Command::Read, 0, 0, 1).check_offered(basic, false), Ok(()));
+        assert_eq!(req(Command::Write, cmd_flags::FUA, 0, 1).check_offered(basic, false), Ok(()));
+        assert_eq!(req(Command::Write, cmd_flags::FUA, 0, 1).check_offered(tx::HAS_FLAGS, false), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::Flush, 0, 0, 0).check_offered(basic, false), Ok(()));
+        assert_eq!(req(Command::Flush, 0, 0, 0).check_offered(tx::HAS_FLAGS, false), Err(NbdErrno::Inval));
+        for (c, needs) in [
+            (Command::Trim, tx::SEND_TRIM),
+            (Command::WriteZeroes, tx::SEND_WRITE_ZEROES),
+            (Command::Cache, tx::SEND_CACHE),
+        ] {
+            assert_eq!(req(c, 0, 0, 1).check_offered(basic, false), Err(NbdErrno::Inval), "{c:?}");
+            assert_eq!(req(c, 0, 0, 1).check_offered(basic | needs, false), Ok(()), "{c:?}");
+        }
+        assert_eq!(req(Command::Read, cmd_flags::DF, 0, 1).check_offered(basic, false), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::Read, cmd_flags::DF, 0, 1).check_offered(basic | tx::SEND_DF, false), Ok(()));
+        let zeroes = basic | tx::SEND_WRITE_ZEROES;
+        let fast = req(Command::WriteZeroes, cmd_flags::FAST_ZERO, 0, 1);
+        assert_eq!(fast.check_offered(zeroes, false), Err(NbdErrno::Inval));
+        assert_eq!(fast.check_offered(zeroes | tx::SEND_FAST_ZERO, false), Ok(()));
+        assert_eq!(req(Command::BlockStatus, 0, 0, 1).check_offered(u16::MAX, false), Err(NbdErrno::Inval));
+        assert_eq!(req(Command::BlockStatus, 0, 0, 1).check_offered(basic, true), Ok(()));
+        assert_eq!(req(Command::Unknown(99), 0, 0, 1).check_offered(u16::MAX, true), Err(NbdErrno::Inval));
+    }
+
     proptest! {
+        /// Everything announced: nothing a valid request asks is refused.
+        #[test]
+        fn with_every_flag_announced_a_valid_request_is_offered(flags: u16, c in 0u16..8, offset in 0u64..8192, length in 1u64..4096) {
+            let r = Request::new(Command::from_wire(c), flags, 1, offset, length);
+            if r.validate(1 << 20, false, 1 << 25).is_ok() {
+                prop_assert_eq!(r.check_offered(u16::MAX, true), Ok(()));
+            }
+        }
+
         #[test]
         fn request_roundtrips(flags: u16, c: u16, cookie: u64, offset: u64, length: u32) {
             let r = Request::new(Command::from_wire(c), flags, cookie, offset, length as u64);
