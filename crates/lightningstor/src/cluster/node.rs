@@ -6,7 +6,7 @@ use super::config::{ClusterConfig, Consistency};
 use super::hlc::Hlc;
 use super::placement::{Layout, Replication, partition_of};
 use super::resync::Resync;
-use super::rpc::{Msg, NodeStatus, Req, Resp, UploadState};
+use super::rpc::{Msg, NodeStatus, RemoteError, Req, Resp, UploadState};
 use super::transport::{Handler, Transport};
 use crate::block::BlockHash;
 use crate::error::{LightningError, Result};
@@ -27,6 +27,11 @@ const SESSION_TTL: Duration = Duration::from_secs(600);
 /// (nodes do not pin blocks for each other's reads). A node that stops
 /// before then leaves them to the garbage collection at its next start.
 const FREED_BLOCK_GRACE: Duration = Duration::from_secs(60);
+
+/// Most keys of a [`Req::RowVersions`] read on the request's task (point
+/// reads of cached pages, microseconds each); a larger batch goes to the
+/// blocking pool, so it does not hold a runtime thread.
+const ROW_READS_INLINE: usize = 32;
 
 /// Replication counters of one node (exported at /metrics).
 #[derive(Debug, Default)]
@@ -59,6 +64,15 @@ pub struct ClusterMetrics {
     /// Reads that asked replicas beyond the read quorum (one asked failed
     /// or was slow to answer).
     pub hedged_reads: AtomicU64,
+    /// Rows reads fetched in full from a replica, the local one included:
+    /// one per read when the row read is the newest, two when a replica
+    /// reported a newer version (see [`Node::read_row`]).
+    pub read_rows_fetched: AtomicU64,
+    /// Row versions reads asked of replicas instead of the row.
+    pub read_versions_asked: AtomicU64,
+    /// Messages that carried version asks ([`super::batch`]): fewer than
+    /// the asks when concurrent reads shared them.
+    pub version_batches: AtomicU64,
 }
 
 impl ClusterMetrics {
@@ -94,6 +108,10 @@ pub struct Node {
     pub(crate) budget: Arc<tokio::sync::Semaphore>,
     /// Turns of the remote replicas a read asks (see [`Node::read_row`]).
     pub(crate) read_turn: std::sync::atomic::AtomicUsize,
+    /// Reads' version asks waiting for their replica's next batch.
+    pub(crate) version_asks: super::batch::Batches<super::batch::VersionAsk>,
+    /// Writes' commits waiting for their replica's next batch.
+    pub(crate) commit_asks: super::batch::Batches<super::batch::CommitAsk>,
 }
 
 impl std::fmt::Debug for Node {
@@ -129,6 +147,8 @@ impl Node {
             locks: super::locks::KeyLocks::default(),
             budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
             read_turn: std::sync::atomic::AtomicUsize::new(0),
+            version_asks: super::batch::Batches::new(1),
+            commit_asks: super::batch::Batches::new(2),
         }))
     }
 
@@ -318,6 +338,25 @@ impl Node {
                 let v = self.store.meta.get_row(&bucket, &key)?.map_or(0, |r| r.version());
                 self.hlc.observe(v);
                 Msg::new(Resp::Version(v))
+            }
+            Req::Commits { rows } => {
+                // Concurrently: the store's writer takes them in one transaction.
+                let done = futures::future::join_all(rows.into_iter().map(|c| async move {
+                    self.hlc.observe(c.row.version());
+                    self.commit(c.session, c.bucket, c.key, c.row).await.map_err(|e| RemoteError::from(&e))
+                }))
+                .await;
+                Msg::new(Resp::Commits(done))
+            }
+            Req::RowVersions { keys } => {
+                let versions = if keys.len() <= ROW_READS_INLINE {
+                    self.store.meta.get_versions(keys.iter().map(|(b, k)| (b.as_str(), k.as_slice())))?
+                } else {
+                    self.blocking(move |s| s.meta.get_versions(keys.iter().map(|(b, k)| (b.as_str(), k.as_slice()))))
+                        .await?
+                };
+                self.hlc.observe(versions.iter().copied().max().unwrap_or(0));
+                Msg::new(Resp::RowVersions(versions))
             }
             Req::CreateBucket { name, created_ms } => {
                 let created = self.store.meta.write(move |t| ops::ensure_bucket(t, &name, created_ms)).await?;
