@@ -21,11 +21,11 @@
 //! the winning row pushed (read repair).
 
 use super::NodeId;
-use super::batch::{CommitAsk, VersionAsk};
+use super::batch::VersionAsk;
 use super::config::Consistency;
 use super::node::{ClusterMetrics, Node};
 use super::placement::{Replication, partition_of};
-use super::rpc::{CommitRow, Msg, Req, Resp};
+use super::rpc::{Msg, Req, Resp};
 use crate::block::BlockHash;
 use crate::checksum::{BodyHasher, Checksum, ChecksumAlgo};
 use crate::error::{LightningError, Result};
@@ -418,8 +418,8 @@ impl Node {
             .filter(|n| targets.contains(n))
             .map(|&n| {
                 let node = self.clone();
-                let commit = CommitRow { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
-                async move { (n, node.commit_on(n, commit).await) }
+                let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
+                async move { (n, node.call(n, Msg::new(req)).await) }
             })
             .collect();
         let mut ok = HashSet::new();
@@ -493,49 +493,6 @@ impl Node {
             });
         }
         Ok(newest)
-    }
-
-    /// Commits a row on replica `n`: here directly when `n` is this node,
-    /// else in the next batch of commits to `n` ([`super::batch`]; a sender
-    /// for `n` is started here when fewer than two run).
-    async fn commit_on(self: &Arc<Self>, n: NodeId, commit: CommitRow) -> Result<Msg<Resp>> {
-        if n == self.id {
-            let CommitRow { session, bucket, key, row } = commit;
-            return self.call(n, Msg::new(Req::Commit { session, bucket, key, row })).await;
-        }
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        if self.commit_asks.push(n, CommitAsk { commit, reply }) {
-            // Its own task, so that a write that stops waiting (it has its
-            // quorum, or failed) does not stop the others' batch.
-            tokio::spawn(self.clone().send_commits(n));
-        }
-        let (applied, current) =
-            answer.await.map_err(|_| LightningError::Unavailable(format!("node {n}: commit dropped")))??;
-        Ok(Msg::new(Resp::Committed { applied, current }))
-    }
-
-    /// Sends the batches of commits waiting for `n` until none wait.
-    async fn send_commits(self: Arc<Self>, n: NodeId) {
-        while let Some(batch) = self.commit_asks.next(n, |a| !a.reply.is_closed()) {
-            let (rows, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|a| (a.commit, a.reply)).unzip();
-            let count = rows.len();
-            match self.call(n, Msg::new(Req::Commits { rows })).await {
-                Ok(Msg { head: Resp::Commits(done), .. }) if done.len() == count => {
-                    for (reply, r) in replies.into_iter().zip(done) {
-                        let _ = reply.send(r.map_err(LightningError::from));
-                    }
-                }
-                other => {
-                    let why = match other {
-                        Err(e) => e.to_string(),
-                        Ok(m) => format!("unexpected answer to Commits: {:?}", m.head),
-                    };
-                    for reply in replies {
-                        let _ = reply.send(Err(LightningError::Unavailable(format!("node {n}: {why}"))));
-                    }
-                }
-            }
-        }
     }
 
     /// Queues (bucket, key) for resync to `nodes` (persisted before it returns).

@@ -6,7 +6,7 @@ use super::config::{ClusterConfig, Consistency};
 use super::hlc::Hlc;
 use super::placement::{Layout, Replication, partition_of};
 use super::resync::Resync;
-use super::rpc::{Msg, NodeStatus, RemoteError, Req, Resp, UploadState};
+use super::rpc::{Msg, NodeStatus, Req, Resp, UploadState};
 use super::transport::{Handler, Transport};
 use crate::block::BlockHash;
 use crate::error::{LightningError, Result};
@@ -110,8 +110,6 @@ pub struct Node {
     pub(crate) read_turn: std::sync::atomic::AtomicUsize,
     /// Reads' version asks waiting for their replica's next batch.
     pub(crate) version_asks: super::batch::Batches<super::batch::VersionAsk>,
-    /// Writes' commits waiting for their replica's next batch.
-    pub(crate) commit_asks: super::batch::Batches<super::batch::CommitAsk>,
 }
 
 impl std::fmt::Debug for Node {
@@ -148,7 +146,6 @@ impl Node {
             budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
             read_turn: std::sync::atomic::AtomicUsize::new(0),
             version_asks: super::batch::Batches::new(1),
-            commit_asks: super::batch::Batches::new(2),
         }))
     }
 
@@ -338,15 +335,6 @@ impl Node {
                 let v = self.store.meta.get_row(&bucket, &key)?.map_or(0, |r| r.version());
                 self.hlc.observe(v);
                 Msg::new(Resp::Version(v))
-            }
-            Req::Commits { rows } => {
-                // Concurrently: the store's writer takes them in one transaction.
-                let done = futures::future::join_all(rows.into_iter().map(|c| async move {
-                    self.hlc.observe(c.row.version());
-                    self.commit(c.session, c.bucket, c.key, c.row).await.map_err(|e| RemoteError::from(&e))
-                }))
-                .await;
-                Msg::new(Resp::Commits(done))
             }
             Req::RowVersions { keys } => {
                 let versions = if keys.len() <= ROW_READS_INLINE {

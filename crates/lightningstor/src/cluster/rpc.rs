@@ -115,24 +115,6 @@ pub enum Req {
     /// a coordinator has under way to one replica, sent as one message
     /// (see [`super::batch`]).
     RowVersions { keys: Vec<(String, serde_bytes::ByteBuf)> },
-    /// Several [`Req::Commit`]s in one message, answered with
-    /// [`Resp::Commits`] in request order: the commits of the writes a
-    /// coordinator has under way to one replica (see [`super::batch`]).
-    Commits { rows: Vec<CommitRow> },
-}
-
-/// One row of a [`Req::Commits`]: what a [`Req::Commit`] carries.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommitRow {
-    /// Upload session whose pins the commit releases (0: none).
-    pub session: u64,
-    /// The bucket.
-    pub bucket: String,
-    /// The key.
-    #[serde(with = "serde_bytes")]
-    pub key: Vec<u8>,
-    /// The row (object or tombstone).
-    pub row: Row,
 }
 
 /// Answers.
@@ -178,9 +160,6 @@ pub enum Resp {
     Lifecycle(Option<crate::lifecycle::Lifecycle>),
     /// Row versions, in the order of a [`Req::RowVersions`].
     RowVersions(Vec<u64>),
-    /// The answer to each row of a [`Req::Commits`], in its order: as
-    /// [`Resp::Committed`] (applied, version held after), or the failure.
-    Commits(Vec<std::result::Result<(bool, u64), RemoteError>>),
 }
 
 /// What a replica knows of a multipart upload.
@@ -365,20 +344,13 @@ mod tests {
     }
 
     #[test]
-    fn batched_commits_and_version_asks_round_trip() {
-        let rows = vec![
-            CommitRow { session: 7, bucket: "b".into(), key: b"k\0\xff".to_vec(), row: Row::Tombstone(42) },
-            CommitRow { session: 0, bucket: "c".into(), key: Vec::new(), row: Row::Tombstone(u64::MAX) },
-        ];
+    fn batched_version_asks_round_trip() {
         let keys = vec![("b".to_owned(), serde_bytes::ByteBuf::from(b"k".to_vec()))];
-        for m in [Msg::new(Req::Commits { rows }), Msg::new(Req::RowVersions { keys })] {
+        for m in [Msg::new(Req::RowVersions { keys })] {
             let mut b = frame(&m);
             assert_eq!(decode::<Req>(&mut b).expect("decode"), Some(m));
         }
-        let answers = [
-            Resp::Commits(vec![Ok((true, 42)), Err(RemoteError::Other("disk full".into()))]),
-            Resp::RowVersions(vec![0, 42, u64::MAX]),
-        ];
+        let answers = [Resp::RowVersions(vec![0, 42, u64::MAX])];
         for head in answers {
             let m = Msg::new(head);
             let mut b = BytesMut::from(&encode(&m).expect("encode")[..]);
