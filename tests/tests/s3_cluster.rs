@@ -265,8 +265,12 @@ async fn a_read_through_a_stale_replica_returns_the_newest_row_and_repairs_it() 
         s.cluster.node(1).resync.clear()?;
         s.cluster.faults.heal();
         assert_eq!(local_row(&s, 3, "bkt", key).map(|r| r.version()), Some(old), "node 3 missed v2 of {key}");
+        let fetched = || s.cluster.node(3).metrics.read_rows_fetched.load(Ordering::Relaxed);
+        let before = fetched();
         let got = get(&s.client_of(3), "bkt", key).await?;
         assert!(got == v2, "a read through stale node 3 returned {} bytes, not v2 of {key}", got.len());
+        // Its own (old) row, then the newest from a replica that reported it.
+        assert_eq!(fetched() - before, 2, "rows node 3 fetched for the read of {key}");
         eventually(20, "node 3 repaired", || local_row(&s, 3, "bkt", key).is_some_and(|r| r.version() > old)).await;
     }
     // A deleted key reads as deleted through the replica that missed the delete.
@@ -279,6 +283,71 @@ async fn a_read_through_a_stale_replica_returns_the_newest_row_and_repairs_it() 
     assert!(matches!(local_row(&s, 3, "bkt", "gone"), Some(Row::Object(_))), "node 3 missed the delete");
     let e = s.client_of(3).get_object().bucket("bkt").key("gone").send().await.expect_err("deleted");
     assert_eq!(code(&e), "NoSuchKey");
+    Ok(())
+}
+
+/// With every replica current, a read fetches the row from one replica
+/// (the coordinator's own copy) and only the version from the others:
+/// through a replica and through a node that holds no copy, one GET at a
+/// time and 16 at once (whose version asks share messages). And the
+/// versions a replica reports are those of the rows it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_fetches_the_row_from_one_replica_and_only_versions_from_the_others() -> R {
+    let s = InCluster::new(4);
+    s.client_of(1).create_bucket().bucket("bkt").send().await?;
+    let mut want = BTreeMap::new();
+    for i in 0..12u64 {
+        let data = pseudo_random(if i == 0 { 3 << 20 } else { 3000 }, 80 + i);
+        put(&s.client_of(1), "bkt", &format!("k{i}"), &data).await?;
+        want.insert(format!("k{i}"), data);
+    }
+    put(&s.client_of(1), "bkt", "gone", b"x").await?;
+    s.client_of(1).delete_object().bucket("bkt").key("gone").send().await?;
+    for k in want.keys().map(String::as_str).chain(["gone"]) {
+        for id in s.cluster.node(1).replicas("bkt", k.as_bytes()) {
+            eventually(10, &format!("node {id} holds the last write of {k}"), || {
+                local_row(&s, id, "bkt", k).is_some_and(|r| k != "gone" || matches!(r, Row::Tombstone(_)))
+            })
+            .await;
+        }
+    }
+    let names: Vec<&str> = want.keys().map(String::as_str).chain(["gone", "never"]).collect();
+    for id in s.cluster.ids() {
+        let rows: Vec<u64> = names.iter().map(|k| local_row(&s, id, "bkt", k).map_or(0, |r| r.version())).collect();
+        let versions = s.cluster.node(id).store.meta.get_versions(names.iter().map(|k| ("bkt", k.as_bytes())))?;
+        assert_eq!(versions, rows, "versions of the rows on node {id}");
+    }
+    let load = |id: NodeId| {
+        let m = &s.cluster.node(id).metrics;
+        (
+            m.read_rows_fetched.load(Ordering::Relaxed),
+            m.read_versions_asked.load(Ordering::Relaxed),
+            m.version_batches.load(Ordering::Relaxed),
+        )
+    };
+    for via in s.cluster.ids() {
+        let c = s.client_of(via);
+        let (rows, asks, _) = load(via);
+        for (k, v) in &want {
+            assert!(get(&c, "bkt", k).await? == *v, "{k} through node {via}");
+        }
+        let (rows_after, asks_after, _) = load(via);
+        let reads = want.len() as u64;
+        assert_eq!(rows_after - rows, reads, "rows fetched in full by {reads} reads through node {via}");
+        assert!(asks_after - asks >= reads, "versions asked by {reads} reads through node {via}");
+        let (rows, asks, batches) = load(via);
+        let mut tasks = Vec::new();
+        for (k, v) in want.clone() {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move { anyhow::Ok(get(&c, "bkt", &k).await? == v) }));
+        }
+        for t in tasks {
+            assert!(t.await??, "a concurrent read through node {via} returned other bytes");
+        }
+        let (rows_after, asks_after, batches_after) = load(via);
+        assert_eq!(rows_after - rows, reads, "rows fetched in full by {reads} concurrent reads through node {via}");
+        assert!(batches_after - batches <= asks_after - asks, "more version messages than asks through node {via}");
+    }
     Ok(())
 }
 

@@ -445,6 +445,27 @@ fn line(name: &str, unit: &str, ls: &Samples, fs: &Samples, higher_is_better: bo
     );
 }
 
+/// The read path's counters of the node at `endpoint` (its plain `GET
+/// /metrics`): rows fetched in full, versions asked, the messages that
+/// carried them, hedged reads.
+fn replication_counters(endpoint: &str) -> String {
+    use std::io::{Read, Write};
+    let Some(addr) = endpoint.strip_prefix("http://") else { return String::new() };
+    let mut text = String::new();
+    let fetched = std::net::TcpStream::connect(addr).and_then(|mut s| {
+        s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
+        s.read_to_string(&mut text)
+    });
+    if let Err(e) = fetched {
+        return format!("(no /metrics: {e})");
+    }
+    const SHOWN: [&str; 4] = ["read_rows_fetched", "read_versions_asked", "version_batches", "hedged_reads"];
+    text.lines()
+        .filter(|l| !l.starts_with('#') && SHOWN.iter().any(|n| l.starts_with(&format!("lightningstor_{n}_total"))))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
@@ -471,6 +492,7 @@ async fn main() -> anyhow::Result<()> {
     let names: Vec<&str> = servers.iter().map(|s| s.name).collect();
     let (first, second) = (names[0].to_owned(), names.get(1).copied().unwrap_or("-").to_owned());
     let mut results = run_both(&servers, &a).await?;
+    let counters = if a.vs_cluster { replication_counters(&servers[0].endpoint) } else { String::new() };
     drop(servers);
     let fs = if a.only_lightningstor { Results::default() } else { results.pop().context("second results")? };
     let ls = results.pop().context("first results")?;
@@ -495,6 +517,9 @@ async fn main() -> anyhow::Result<()> {
             "\n{} concurrent {} MiB uploads: peak RSS {first} {:.0} MiB (node 1), {second} {:.0} MiB; throughput {:.0} vs {:.0} MiB/s",
             a.rss_uploads, a.large_mib, ls.rss_peak_mib, fs.rss_peak_mib, ls.rss_uploads_mibs, fs.rss_uploads_mibs
         );
+    }
+    if !counters.is_empty() {
+        println!("\nnode 1 (the coordinator of every request), over the whole run:\n{counters}");
     }
     if let Some(path) = &a.json {
         let j = if a.vs_cluster {

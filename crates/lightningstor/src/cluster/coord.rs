@@ -11,7 +11,8 @@
 //! Past the quorum, slower replicas get a bounded grace (a hung node never
 //! holds a write or read up for long); one that misses it is queued for
 //! resync. Reads ask R replicas (more when one fails or is slow): one (this
-//! node, when a replica) for its row and the others for its version, and
+//! node, when a replica) for its row and the others for its version (the
+//! version asks of concurrent reads batched per replica), and
 //! answer once R have answered, with the
 //! highest version among them (fetched from a replica that reported it,
 //! should that not be the row read); blocks stream from any
@@ -20,6 +21,7 @@
 //! the winning row pushed (read repair).
 
 use super::NodeId;
+use super::batch::VersionAsk;
 use super::config::Consistency;
 use super::node::{ClusterMetrics, Node};
 use super::placement::{Replication, partition_of};
@@ -549,8 +551,9 @@ impl Node {
     /// fails or has not answered within [`HEDGE`]. Only one replica is asked
     /// for the row itself: this node when it is a replica (a local read),
     /// else the first asked. The others are asked for its version only
-    /// ([`Req::RowVersion`]), so a small object crosses the network once,
-    /// not once per replica. Should a replica report a newer version than
+    /// ([`Req::RowVersions`], one message per replica for the asks of all
+    /// the reads under way: [`super::batch`]), so a small object crosses
+    /// the network once, not once per replica. Should a replica report a newer version than
     /// the row read, that row is fetched from it before answering. (During
     /// a layout change, and in degraded mode, every replica is asked for
     /// its row, as before.)
@@ -603,12 +606,16 @@ impl Node {
         let call = |n: NodeId| {
             let node = self.clone();
             let (bucket, key) = (bucket.to_owned(), key.to_vec());
-            let req = if reader.is_none_or(|r| r == n) {
-                Req::GetRow { bucket, key }
-            } else {
-                Req::RowVersion { bucket, key }
-            };
-            async move { (n, node.call(n, Msg::new(req)).await) }
+            let whole = reader.is_none_or(|r| r == n);
+            async move {
+                let reply = if whole {
+                    ClusterMetrics::inc(&node.metrics.read_rows_fetched);
+                    node.call(n, Msg::new(Req::GetRow { bucket, key })).await
+                } else {
+                    node.ask_version(n, bucket, key).await.map(|v| Msg::new(Resp::Version(v)))
+                };
+                (n, reply)
+            }
         };
         let mut calls: FuturesUnordered<_> = first.iter().map(|&n| call(n)).collect();
         let mut replies: Vec<(NodeId, Heard)> = Vec::new();
@@ -685,6 +692,7 @@ impl Node {
             // failed): read it from one that reported it.
             let newest: Vec<NodeId> = replies.iter().filter(|(_, h)| h.version() == v).map(|(n, _)| *n).collect();
             for n in &newest {
+                ClusterMetrics::inc(&self.metrics.read_rows_fetched);
                 let req = Req::GetRow { bucket: bucket.to_owned(), key: key.to_vec() };
                 if let Ok(Msg { head: Resp::Row(Some(r)), .. }) = self.call(*n, Msg::new(req)).await
                     && r.version() >= v
@@ -740,6 +748,47 @@ impl Node {
             }
         }
         Ok(ReadOutcome { row: best, holders })
+    }
+
+    /// The version of replica `n`'s row for a key (0: none), asked in the
+    /// next batch of version asks to `n` ([`super::batch`]): the sender
+    /// for `n` is started here when none runs.
+    async fn ask_version(self: &Arc<Self>, n: NodeId, bucket: String, key: Vec<u8>) -> Result<u64> {
+        ClusterMetrics::inc(&self.metrics.read_versions_asked);
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.version_asks.push(n, VersionAsk { bucket, key, reply }) {
+            // Its own task: a read that stops waiting (it has its quorum,
+            // or failed) must not stop the batch the other reads wait on.
+            tokio::spawn(self.clone().send_version_asks(n));
+        }
+        answer.await.map_err(|_| LightningError::Unavailable(format!("node {n}: version ask dropped")))?
+    }
+
+    /// Sends the batches of version asks waiting for `n`, one at a time,
+    /// until none wait; asks whose reads have gone are left out.
+    async fn send_version_asks(self: Arc<Self>, n: NodeId) {
+        while let Some(batch) = self.version_asks.next(n, |a| !a.reply.is_closed()) {
+            ClusterMetrics::inc(&self.metrics.version_batches);
+            let (keys, replies): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|a| ((a.bucket, serde_bytes::ByteBuf::from(a.key)), a.reply)).unzip();
+            let count = keys.len();
+            match self.call(n, Msg::new(Req::RowVersions { keys })).await {
+                Ok(Msg { head: Resp::RowVersions(versions), .. }) if versions.len() == count => {
+                    for (reply, v) in replies.into_iter().zip(versions) {
+                        let _ = reply.send(Ok(v));
+                    }
+                }
+                other => {
+                    let why = match other {
+                        Err(e) => e.to_string(),
+                        Ok(m) => format!("unexpected answer to RowVersions: {:?}", m.head),
+                    };
+                    for reply in replies {
+                        let _ = reply.send(Err(LightningError::Unavailable(format!("node {n}: {why}"))));
+                    }
+                }
+            }
+        }
     }
 
     /// Pushes `row` to replica `n`, which answered a read with an older one;

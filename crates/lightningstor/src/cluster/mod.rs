@@ -8,6 +8,7 @@
 //! - [`hlc`]: hybrid logical clock row versions;
 //! - [`rpc`]: node-to-node messages and framing (sans-IO);
 //! - [`transport`]: the [`transport::Transport`] trait, in-process and TCP;
+//! - [`batch`]: the queues that batch a coordinator's version asks per replica;
 //! - [`resync`]: the persistent queue of replicas to catch up;
 //! - [`node`]: a node and the replica side of every request;
 //! - [`coord`]: the coordinator side (quorum writes and reads, read repair);
@@ -24,6 +25,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod batch;
 pub mod buckets;
 pub mod config;
 pub mod coord;
@@ -75,6 +77,17 @@ pub fn render_metrics(node: &Node) -> String {
         ("anti_entropy_rows_read_total", "rows anti-entropy read from the store", &m.anti_entropy_rows_read),
         ("anti_entropy_nodes_compared_total", "hash tree nodes anti-entropy compared", &m.anti_entropy_nodes_compared),
         ("quorum_failures_total", "requests refused for lack of a quorum", &m.quorum_failures),
+        (
+            "read_rows_fetched_total",
+            "rows reads fetched in full from a replica (the local one included)",
+            &m.read_rows_fetched,
+        ),
+        (
+            "read_versions_asked_total",
+            "row versions reads asked of replicas instead of the row",
+            &m.read_versions_asked,
+        ),
+        ("version_batches_total", "messages that carried reads' version asks to a replica", &m.version_batches),
     ];
     let mut t = svc_kit::prom::Text::new();
     for (name, help, c) in counters {

@@ -28,6 +28,11 @@ const SESSION_TTL: Duration = Duration::from_secs(600);
 /// before then leaves them to the garbage collection at its next start.
 const FREED_BLOCK_GRACE: Duration = Duration::from_secs(60);
 
+/// Most keys of a [`Req::RowVersions`] read on the request's task (point
+/// reads of cached pages, microseconds each); a larger batch goes to the
+/// blocking pool, so it does not hold a runtime thread.
+const ROW_READS_INLINE: usize = 32;
+
 /// Replication counters of one node (exported at /metrics).
 #[derive(Debug, Default)]
 pub struct ClusterMetrics {
@@ -59,6 +64,15 @@ pub struct ClusterMetrics {
     /// Reads that asked replicas beyond the read quorum (one asked failed
     /// or was slow to answer).
     pub hedged_reads: AtomicU64,
+    /// Rows reads fetched in full from a replica, the local one included:
+    /// one per read when the row read is the newest, two when a replica
+    /// reported a newer version (see [`Node::read_row`]).
+    pub read_rows_fetched: AtomicU64,
+    /// Row versions reads asked of replicas instead of the row.
+    pub read_versions_asked: AtomicU64,
+    /// Messages that carried version asks ([`super::batch`]): fewer than
+    /// the asks when concurrent reads shared them.
+    pub version_batches: AtomicU64,
 }
 
 impl ClusterMetrics {
@@ -94,6 +108,8 @@ pub struct Node {
     pub(crate) budget: Arc<tokio::sync::Semaphore>,
     /// Turns of the remote replicas a read asks (see [`Node::read_row`]).
     pub(crate) read_turn: std::sync::atomic::AtomicUsize,
+    /// Reads' version asks waiting for their replica's next batch.
+    pub(crate) version_asks: super::batch::Batches<super::batch::VersionAsk>,
 }
 
 impl std::fmt::Debug for Node {
@@ -129,6 +145,7 @@ impl Node {
             locks: super::locks::KeyLocks::default(),
             budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
             read_turn: std::sync::atomic::AtomicUsize::new(0),
+            version_asks: super::batch::Batches::new(1),
         }))
     }
 
@@ -323,6 +340,16 @@ impl Node {
                 let v = self.store.meta.get_row(&bucket, &key)?.map_or(0, |r| r.version());
                 self.hlc.observe(v);
                 Msg::new(Resp::Version(v))
+            }
+            Req::RowVersions { keys } => {
+                let versions = if keys.len() <= ROW_READS_INLINE {
+                    self.store.meta.get_versions(keys.iter().map(|(b, k)| (b.as_str(), k.as_slice())))?
+                } else {
+                    self.blocking(move |s| s.meta.get_versions(keys.iter().map(|(b, k)| (b.as_str(), k.as_slice()))))
+                        .await?
+                };
+                self.hlc.observe(versions.iter().copied().max().unwrap_or(0));
+                Msg::new(Resp::RowVersions(versions))
             }
             Req::CreateBucket { name, created_ms } => {
                 let created = self.store.meta.write(move |t| ops::ensure_bucket(t, &name, created_ms)).await?;

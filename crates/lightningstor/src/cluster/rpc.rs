@@ -122,6 +122,11 @@ pub enum Req {
     SetLifecycle { bucket: String, lifecycle: crate::lifecycle::Lifecycle },
     /// The bucket's lifecycle configuration held here.
     GetLifecycle { bucket: String },
+    /// The versions of the rows of several keys (0: none), answered with
+    /// [`Resp::RowVersions`] in request order: the version asks of the reads
+    /// a coordinator has under way to one replica, sent as one message
+    /// (see [`super::batch`]).
+    RowVersions { keys: Vec<(String, serde_bytes::ByteBuf)> },
 }
 
 /// Answers.
@@ -165,6 +170,8 @@ pub enum Resp {
     Version(u64),
     /// A bucket's lifecycle configuration, if the node holds one.
     Lifecycle(Option<crate::lifecycle::Lifecycle>),
+    /// Row versions, in the order of a [`Req::RowVersions`].
+    RowVersions(Vec<u64>),
 }
 
 /// What a replica knows of a multipart upload.
@@ -353,6 +360,21 @@ mod tests {
         fn garbage_frames_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut b = BytesMut::from(&bytes[..]);
             let _ = decode::<Req>(&mut b);
+        }
+    }
+
+    #[test]
+    fn batched_version_asks_round_trip() {
+        let keys = vec![("b".to_owned(), serde_bytes::ByteBuf::from(b"k".to_vec()))];
+        for m in [Msg::new(Req::RowVersions { keys })] {
+            let mut b = frame(&m);
+            assert_eq!(decode::<Req>(&mut b).expect("decode"), Some(m));
+        }
+        let answers = [Resp::RowVersions(vec![0, 42, u64::MAX])];
+        for head in answers {
+            let m = Msg::new(head);
+            let mut b = BytesMut::from(&encode(&m).expect("encode")[..]);
+            assert_eq!(decode::<Resp>(&mut b).expect("decode"), Some(m));
         }
     }
 

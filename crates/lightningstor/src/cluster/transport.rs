@@ -172,9 +172,16 @@ async fn read_msg<T: for<'de> serde::Deserialize<'de>>(s: &mut TcpStream) -> Res
         Err(e) => return Err(e.into()),
     }
     let (hl, dl) = rpc::frame_lengths(h)?;
-    let mut buf = BytesMut::zeroed(8 + hl + dl);
-    buf[..8].copy_from_slice(&h);
-    s.read_exact(&mut buf[8..]).await?;
+    // Read into the buffer's spare capacity: no zeroing of a block's
+    // megabyte before it is overwritten, and never past this frame.
+    let mut buf = BytesMut::with_capacity(8 + hl + dl);
+    buf.extend_from_slice(&h);
+    let mut rest = AsyncReadExt::take(&mut *s, (hl + dl) as u64);
+    while buf.len() < 8 + hl + dl {
+        if rest.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+    }
     rpc::decode(&mut buf)
 }
 

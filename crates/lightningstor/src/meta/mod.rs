@@ -339,6 +339,25 @@ impl MetaStore {
         })
     }
 
+    /// The version of the row of each (bucket, key) (0: no row), in one read
+    /// transaction. Only the version, the first field of an object row, is
+    /// decoded: a small object's bytes stay where they are.
+    pub fn get_versions<'a>(&self, keys: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Result<Vec<u64>> {
+        let txn = self.db.begin_read()?;
+        let objects = txn.open_table(OBJECTS)?;
+        let tombs = txn.open_table(TOMBSTONES)?;
+        let mut out = Vec::new();
+        for (bucket, key) in keys {
+            let obj = match objects.get((bucket, key))? {
+                Some(v) => postcard::take_from_bytes::<u64>(v.value())?.0,
+                None => 0,
+            };
+            let tomb = tombs.get((bucket, key))?.map_or(0, |v| v.value());
+            out.push(obj.max(tomb));
+        }
+        Ok(out)
+    }
+
     /// Up to `limit` rows of `bucket` with keys `>= from` that start with
     /// `prefix`, objects and tombstones merged in key order.
     pub fn list_raw(&self, bucket: &str, from: &[u8], prefix: &[u8], limit: usize) -> Result<Vec<(Vec<u8>, RawEntry)>> {
