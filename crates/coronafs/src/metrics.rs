@@ -200,7 +200,7 @@ mod tests {
         );
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
-        assert_eq!((types.len(), helps), (16, 16), "{text}");
+        assert_eq!((types.len(), helps), (15, 15), "{text}");
         assert!(text.contains("coronafs_replica_dropped_total 0\n"), "{text}");
         assert!(text.contains("coronafs_replica_resync_bytes_total 0\n"), "{text}");
         assert!(text.contains("coronafs_replica_rejoined_total 0\n"), "{text}");
