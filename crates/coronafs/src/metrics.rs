@@ -44,8 +44,6 @@ pub struct Metrics {
     pub protocol_errors: AtomicU64,
     /// READs sent straight from the page cache with `sendfile`.
     pub sendfile_reads: AtomicU64,
-    /// WRITE payloads spliced from the socket into the file (no user-space copy).
-    pub spliced_writes: AtomicU64,
     /// Mutating requests refused because their connection's epoch was fenced.
     pub fenced_requests: AtomicU64,
     /// Connections upgraded to TLS with STARTTLS (the TLS handshake done).
@@ -127,11 +125,6 @@ impl Metrics {
                 "coronafs_nbd_sendfile_reads_total",
                 "READs sent from the page cache with sendfile, without a copy.",
                 &self.sendfile_reads,
-            ),
-            (
-                "coronafs_nbd_spliced_writes_total",
-                "WRITE payloads spliced from the socket into the volume file, without a copy.",
-                &self.spliced_writes,
             ),
             (
                 "coronafs_nbd_fenced_requests_total",

@@ -308,19 +308,4 @@ impl BlockBackend for FileBackend {
         (offset + len <= self.size && range_cached(&self.file, offset, len))
             .then(|| SpliceSource { file: self.file.clone(), offset })
     }
-
-    fn write_into_file(
-        &self,
-        offset: u64,
-        len: u64,
-        write: &mut dyn FnMut(&File, u64) -> io::Result<()>,
-    ) -> Option<io::Result<()>> {
-        // In range, as any write; it may wait for the file system (block
-        // allocation), as a `pwrite` without RWF_NOWAIT would.
-        (offset.checked_add(len)? <= self.size).then(|| write(&self.file, offset))
-    }
-
-    fn takes_file_writes(&self) -> bool {
-        true
-    }
 }

@@ -95,17 +95,6 @@ impl BlockBackend for AnyBackend {
     fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
         dispatch!(self, b => b.splice_source(offset, len))
     }
-    fn write_into_file(
-        &self,
-        offset: u64,
-        len: u64,
-        write: &mut dyn FnMut(&std::fs::File, u64) -> io::Result<()>,
-    ) -> Option<io::Result<()>> {
-        dispatch!(self, b => b.write_into_file(offset, len, write))
-    }
-    fn takes_file_writes(&self) -> bool {
-        dispatch!(self, b => b.takes_file_writes())
-    }
 }
 
 /// Which engine serves file-backed volumes.

@@ -77,28 +77,6 @@ pub trait BlockBackend: Send + Sync + 'static {
         let _ = (offset, len);
         None
     }
-    /// Calls `write(file, at)` to put `len` bytes of a plain WRITE at
-    /// `offset` straight into the file that holds them (at `at` in it), when
-    /// the whole range is one range of one file that needs no bookkeeping of
-    /// its own (as for [`BlockBackend::try_write_now`]), holding whatever the
-    /// backend must hold meanwhile. The server splices a WRITE's payload
-    /// from its pipe this way, without a copy through user space. `None`
-    /// (the default): not possible, `write` was not called; use
-    /// `try_write_now` or `write_at`. Only ever an optimisation.
-    fn write_into_file(
-        &self,
-        offset: u64,
-        len: u64,
-        write: &mut dyn FnMut(&File, u64) -> io::Result<()>,
-    ) -> Option<io::Result<()>> {
-        let _ = (offset, len, write);
-        None
-    }
-    /// Whether [`BlockBackend::write_into_file`] can ever succeed here (the
-    /// server sets up a pipe for a connection only then).
-    fn takes_file_writes(&self) -> bool {
-        false
-    }
 }
 
 /// A shared backend is one: a replicated volume's primary keeps its local
@@ -142,16 +120,5 @@ impl<B: BlockBackend> BlockBackend for Arc<B> {
     }
     fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
         (**self).splice_source(offset, len)
-    }
-    fn write_into_file(
-        &self,
-        offset: u64,
-        len: u64,
-        write: &mut dyn FnMut(&File, u64) -> io::Result<()>,
-    ) -> Option<io::Result<()>> {
-        (**self).write_into_file(offset, len, write)
-    }
-    fn takes_file_writes(&self) -> bool {
-        (**self).takes_file_writes()
     }
 }

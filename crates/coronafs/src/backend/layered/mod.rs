@@ -437,32 +437,6 @@ impl<B: BlockBackend> BlockBackend for Layered<B> {
         }
     }
 
-    fn write_into_file(
-        &self,
-        offset: u64,
-        len: u64,
-        write: &mut dyn FnMut(&std::fs::File, u64) -> io::Result<()>,
-    ) -> Option<io::Result<()>> {
-        // The same conditions as `try_write_now`, and the head held for the
-        // write, so a snapshot cannot swap it under the bytes.
-        let head = self.head.try_read().ok()?;
-        if len == 0 || self.check(offset, len).is_err() {
-            return None;
-        }
-        if let Some(cow) = &head.cow {
-            let (g0, g1) = map::granules(offset, len);
-            if !cow.map.all_owned(g0, g1) {
-                return None;
-            }
-        }
-        head.data.write_into_file(offset, len, write)
-    }
-
-    fn takes_file_writes(&self) -> bool {
-        // A snapshot swaps the head for one over the same kind of backend.
-        self.head.try_read().is_ok_and(|head| head.data.takes_file_writes())
-    }
-
     fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
         let head = self.head.try_read().ok()?;
         self.check(offset, len).ok()?;
