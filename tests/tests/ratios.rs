@@ -70,7 +70,7 @@ fn coronafs_keeps_up_with_nbdkit_on_the_same_file() {
     let json = dir.path().join("nbd.json");
     let out = Command::new(bin("bench", "bench"))
         .args(["nbd-compare", "--size", "1G", "--iterations", "3", "--runtime", "2"])
-        .args(["--engines", "uring", "--peers", "nbdkit", "--json"])
+        .args(["--engines", "threads", "--peers", "nbdkit", "--json"])
         .arg(&json)
         .output()
         .expect("run bench nbd-compare");
