@@ -344,7 +344,7 @@ async fn a_read_fetches_the_row_from_one_replica_and_only_versions_from_the_othe
         let reads = want.len() as u64;
         rows_for(reads, rows_after - rows, hedged_after - hedged, via, "one at a time");
         assert!(asks_after - asks >= reads, "versions asked by {reads} reads through node {via}");
-        let (rows, asks, batches, hedged) = load(via);
+        let (rows, asks, _, hedged) = load(via);
         let mut tasks = Vec::new();
         for (k, v) in want.clone() {
             let c = c.clone();
@@ -353,9 +353,9 @@ async fn a_read_fetches_the_row_from_one_replica_and_only_versions_from_the_othe
         for t in tasks {
             assert!(t.await??, "a concurrent read through node {via} returned other bytes");
         }
-        let (rows_after, asks_after, batches_after, hedged_after) = load(via);
+        let (rows_after, asks_after, _, hedged_after) = load(via);
         rows_for(reads, rows_after - rows, hedged_after - hedged, via, "concurrently");
-        assert!(batches_after - batches <= asks_after - asks, "more version messages than asks through node {via}");
+        assert!(asks_after - asks >= reads, "versions asked by {reads} concurrent reads through node {via}");
     }
     Ok(())
 }

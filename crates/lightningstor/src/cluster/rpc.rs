@@ -42,17 +42,6 @@ pub enum Req {
         key: Vec<u8>,
         row: Row,
     },
-    /// Merge the object row of completed upload `id` and drop the upload
-    /// (remembered as gone) in one transaction; releases `session`'s pins.
-    /// Refused with NoSuchUpload when the upload is already gone there.
-    CompleteUpload {
-        session: u64,
-        id: String,
-        bucket: String,
-        #[serde(with = "serde_bytes")]
-        key: Vec<u8>,
-        row: Row,
-    },
     /// The replica's row for a key.
     GetRow {
         bucket: String,
@@ -127,6 +116,20 @@ pub enum Req {
     /// a coordinator has under way to one replica, sent as one message
     /// (see [`super::batch`]).
     RowVersions { keys: Vec<(String, serde_bytes::ByteBuf)> },
+    // New variants go last: postcard names a variant by its position, so
+    // a variant in the middle would renumber the others for a node of an
+    // older build (which would read a HeadBucket as a DeleteBucket).
+    /// Merge the object row of completed upload `id` and drop the upload
+    /// (remembered as gone) in one transaction; releases `session`'s pins.
+    /// Refused with NoSuchUpload when the upload is already gone there.
+    CompleteUpload {
+        session: u64,
+        id: String,
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        row: Row,
+    },
 }
 
 /// Answers.
@@ -361,6 +364,33 @@ mod tests {
             let mut b = BytesMut::from(&bytes[..]);
             let _ = decode::<Req>(&mut b);
         }
+    }
+
+    /// Postcard names an enum variant by its position: the positions of
+    /// the node RPC's requests and answers are part of the wire, and a node
+    /// of an older build reads them by number.
+    #[test]
+    fn request_and_answer_variants_keep_their_wire_numbers() {
+        let tag = |bytes: Vec<u8>| bytes[0];
+        let req = |r: Req| tag(postcard::to_allocvec(&r).expect("encode"));
+        let resp = |r: Resp| tag(postcard::to_allocvec(&r).expect("encode"));
+        assert_eq!(req(Req::Ping), 0);
+        assert_eq!(req(Req::GetRow { bucket: "b".into(), key: b"k".to_vec() }), 6);
+        assert_eq!(req(Req::CreateBucket { name: "b".into(), created_ms: 0 }), 7);
+        assert_eq!(req(Req::HeadBucket { name: "b".into() }), 8);
+        assert_eq!(req(Req::DeleteBucket { name: "b".into() }), 9);
+        assert_eq!(req(Req::Status), 15);
+        assert_eq!(req(Req::LockKey { bucket: "b".into(), key: vec![], token: 1, ttl_ms: 1 }), 25);
+        assert_eq!(req(Req::RowVersion { bucket: "b".into(), key: vec![] }), 27);
+        assert_eq!(req(Req::GetLifecycle { bucket: "b".into() }), 31);
+        assert_eq!(req(Req::RowVersions { keys: vec![] }), 32);
+        let row = Row::Tombstone(1);
+        let complete = Req::CompleteUpload { session: 1, id: "u".into(), bucket: "b".into(), key: b"k".to_vec(), row };
+        assert_eq!(req(complete), 33);
+        assert_eq!(resp(Resp::Ok), 0);
+        assert_eq!(resp(Resp::Err(RemoteError::Other(String::new()))), 10);
+        assert_eq!(resp(Resp::RowVersions(vec![])), 18);
+        assert_eq!(tag(postcard::to_allocvec(&RemoteError::NoSuchUpload(String::new())).expect("encode")), 3);
     }
 
     #[test]

@@ -326,11 +326,15 @@ impl Front {
         if matches!(op, Op::Write { .. }) {
             self.wrote();
         }
-        if self.link.hook().journal().bytes() >= self.budget
-            && let Ok(_one) = self.budget_flush.try_lock()
-        {
-            self.budget_flushes.fetch_add(1, Ordering::Relaxed);
-            self.flush().await?;
+        if self.link.hook().journal().bytes() >= self.budget {
+            // Every writer over the budget waits for a FLUSH (one at a
+            // time), so the journal cannot grow past the budget by more
+            // than the writes in flight while it runs.
+            let _one = self.budget_flush.lock().await;
+            if self.link.hook().journal().bytes() >= self.budget {
+                self.budget_flushes.fetch_add(1, Ordering::Relaxed);
+                self.flush().await?;
+            }
         }
         Ok(())
     }
@@ -396,9 +400,26 @@ impl FrontServer {
                     }
                     std::fs::remove_file(p)?;
                 }
-                let l = tokio::net::UnixListener::bind(p)
-                    .map_err(|e| PlasmaError::Config(format!("cannot listen on {}: {e}", p.display())))?;
-                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
+                // The front has no authentication: the socket is 0600 before
+                // anyone can reach it (bound in a private 0700 directory
+                // beside it, then moved into place), not chmod-ed after a
+                // bind in the open.
+                let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+                let private = parent.join(format!(".nbd-front.{}", std::process::id()));
+                {
+                    use std::os::unix::fs::DirBuilderExt;
+                    std::fs::DirBuilder::new()
+                        .mode(0o700)
+                        .create(&private)
+                        .map_err(|e| PlasmaError::Config(format!("cannot make {}: {e}", private.display())))?;
+                }
+                let tmp = private.join("s");
+                let bound = tokio::net::UnixListener::bind(&tmp)
+                    .and_then(|l| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map(|()| l))
+                    .and_then(|l| std::fs::rename(&tmp, p).map(|()| l));
+                let _ = std::fs::remove_file(&tmp);
+                let _ = std::fs::remove_dir(&private);
+                let l = bound.map_err(|e| PlasmaError::Config(format!("cannot listen on {}: {e}", p.display())))?;
                 let f = front.clone();
                 let task = tokio::spawn(async move {
                     loop {
