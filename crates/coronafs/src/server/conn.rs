@@ -157,6 +157,25 @@ async fn negotiate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     neg: &mut Negotiator,
     shared: &Shared,
 ) -> io::Result<Outcome> {
+    Ok(match run_options(rd, wr, neg, &*shared.volumes).await? {
+        Step::Continue => unreachable!("run_options returns on the first other step"),
+        Step::Close => Outcome::Close,
+        Step::StartTls => Outcome::StartTls,
+        Step::Transmit(desc) => Outcome::Transmit(neg.finish(desc)),
+    })
+}
+
+/// Reads options and answers them through `neg` (every answer written and
+/// flushed) until it returns a step other than [`Step::Continue`], which is
+/// given back. An option announcing more than [`MAX_OPTION_LEN`] bytes is
+/// skipped and refused. Shared by the server and by other NBD servers built
+/// on [`Negotiator`] (PlasmaVMC's front).
+pub async fn run_options<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut R,
+    wr: &mut W,
+    neg: &mut Negotiator,
+    catalog: &(dyn handshake::ExportCatalog + Sync),
+) -> io::Result<Step> {
     let mut out = Vec::with_capacity(256);
     let mut data = Vec::new();
     loop {
@@ -176,15 +195,12 @@ async fn negotiate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         }
         data.resize(len as usize, 0);
         rd.read_exact(&mut data).await?;
-        let step = neg.handle(code, &data, &*shared.volumes, &mut out);
+        let step = neg.handle(code, &data, catalog, &mut out);
         wr.write_all(&out).await?;
         // A TLS stream keeps what it could not send yet: push it out.
         wr.flush().await?;
-        match step {
-            Step::Continue => {}
-            Step::Close => return Ok(Outcome::Close),
-            Step::StartTls => return Ok(Outcome::StartTls),
-            Step::Transmit(desc) => return Ok(Outcome::Transmit(neg.finish(desc))),
+        if !matches!(step, Step::Continue) {
+            return Ok(step);
         }
     }
 }

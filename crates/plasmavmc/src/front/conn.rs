@@ -13,7 +13,7 @@ use bytes::Bytes;
 use coronafs::proto::handshake::{self, ExportCatalog, ExportDesc, Negotiator, Step};
 use coronafs::proto::reply::{self, ReplyMode};
 use coronafs::proto::request::{Command, REQUEST_LEN, Request};
-use coronafs::proto::{MAX_OPTION_LEN, NbdErrno, cmd_flags, rep};
+use coronafs::proto::{NbdErrno, cmd_flags};
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -87,35 +87,14 @@ async fn negotiate<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     rd.read_exact(&mut flags).await?;
     let flags = handshake::decode_client_flags(&flags).map_err(io::Error::other)?;
     let mut neg = Negotiator::new(flags).offering(front.offer);
-    let catalog = Catalog(&front.desc);
-    let mut data = Vec::new();
-    loop {
-        let mut hdr = [0u8; handshake::OPTION_HEADER_LEN];
-        rd.read_exact(&mut hdr).await?;
-        let (code, len) = handshake::decode_option_header(&hdr).map_err(io::Error::other)?;
-        out.clear();
-        if len > MAX_OPTION_LEN {
-            let skipped = tokio::io::copy(&mut (&mut *rd).take(len as u64), &mut tokio::io::sink()).await?;
-            if skipped < len as u64 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            handshake::error_reply(code, rep::ERR_TOO_BIG, "option payload too large", &mut out);
-            wr.write_all(&out).await?;
-            continue;
-        }
-        data.resize(len as usize, 0);
-        rd.read_exact(&mut data).await?;
-        let step = neg.handle(code, &data, &catalog, &mut out);
-        wr.write_all(&out).await?;
-        match step {
-            Step::Continue => {}
-            Step::Close => return Ok(None),
-            // The negotiator runs with TLS off: it never asks for it.
-            Step::StartTls => return Err(io::Error::other("STARTTLS acknowledged without TLS")),
-            Step::Transmit(desc) => {
-                let tx_flags = neg.tx_flags(&desc);
-                return Ok(Some((neg.finish(desc).mode, tx_flags)));
-            }
+    match coronafs::server::conn::run_options(rd, wr, &mut neg, &Catalog(&front.desc)).await? {
+        Step::Continue => unreachable!("run_options returns on the first other step"),
+        Step::Close => Ok(None),
+        // The negotiator runs with TLS off: it never asks for it.
+        Step::StartTls => Err(io::Error::other("STARTTLS acknowledged without TLS")),
+        Step::Transmit(desc) => {
+            let tx_flags = neg.tx_flags(&desc);
+            Ok(Some((neg.finish(desc).mode, tx_flags)))
         }
     }
 }
