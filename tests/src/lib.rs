@@ -317,6 +317,11 @@ impl NbdFront {
         l.split_whitespace().find_map(|kv| kv.strip_prefix(&format!("{key}=")))?.parse().ok()
     }
 
+    /// The front's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGTERM, then the stats it printed on the way out (JSON).
     pub fn stop(mut self) -> String {
         // SAFETY: a plain kill(2) of our own child's pid.

@@ -238,3 +238,65 @@ fn the_front_refuses_what_it_does_not_forward_drops_garbage_and_serves_the_next_
     assert_eq!(mode, 0o600, "the socket is for its owner only");
     assert!(String::from_utf8_lossy(&out.stdout).contains("export-size: 16777216"));
 }
+
+/// Resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib >> 10
+}
+
+/// A client that sends 200 READs of 4 MiB (800 MiB of replies) and reads
+/// nothing back: the front stops reading its requests once its 64 MiB
+/// budget waits in replies nobody reads, so its memory stays bounded
+/// (before, every reply was queued: hundreds of MiB); when the client
+/// reads at last, every reply comes, in full and without an error.
+#[test]
+fn a_client_that_does_not_read_its_replies_holds_the_front_to_its_budget() {
+    const N: u64 = 200;
+    const LEN: u64 = 4 * MIB;
+    let c = Corona::start(IoEngine::Threads);
+    c.create("big", 64 * MIB);
+    let front = Front::start(&[c.addr().to_string()], "big", 1);
+    let before = rss_mib(front.pid());
+
+    let mut s = greeted(&front.addr);
+    let mut out = Vec::new();
+    handshake::encode_option(opt::EXPORT_NAME, b"big", &mut out);
+    s.write_all(&out).expect("export name");
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).expect("size and flags");
+    let mut reqs = Vec::new();
+    for i in 0..N {
+        let r = coronafs::proto::request::Request::new(Command::Read, 0, i, (i % 16) * LEN, LEN);
+        reqs.extend_from_slice(&r.encode());
+    }
+    s.write_all(&reqs).expect("send the reads");
+    // Time for the front to read every request it will take and fetch its
+    // data from CoronaFS (800 MiB over loopback takes well under a second).
+    std::thread::sleep(Duration::from_secs(3));
+    let held = rss_mib(front.pid());
+    eprintln!("front RSS: {before} MiB before, {held} MiB with {N} reads of 4 MiB unread");
+    assert!(held < before + 256, "the front queued replies nobody reads: {before} -> {held} MiB");
+
+    let mut seen = vec![false; N as usize];
+    let mut data = vec![0u8; LEN as usize];
+    for _ in 0..N {
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h).expect("reply header");
+        assert_eq!(&h[..4], &0x6744_6698u32.to_be_bytes(), "a simple reply");
+        assert_eq!(&h[4..8], &[0; 4], "no error");
+        let cookie = u64::from_be_bytes(h[8..16].try_into().expect("8 bytes"));
+        assert!(!std::mem::replace(&mut seen[cookie as usize], true), "cookie {cookie} twice");
+        s.read_exact(&mut data).expect("reply data");
+    }
+    assert!(seen.iter().all(|&x| x), "every read answered");
+    drop(s);
+    let stats = stopped(front);
+    assert_eq!(stats["errors"], 0, "{stats}");
+}

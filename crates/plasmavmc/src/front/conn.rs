@@ -19,11 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 /// Time a client has to finish negotiation.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Bytes of request data one client may have in flight.
+/// Bytes of request data one client may have in flight (being served, or
+/// answered with the reply not yet written to it).
 const INFLIGHT_BYTES: u32 = 64 << 20;
 /// Cost charged to requests without data (bounds their count).
 const MIN_COST: u32 = 64 << 10;
@@ -125,10 +126,14 @@ where
 {
     // Extended headers are never offered, so requests are compact.
     debug_assert!(mode != ReplyMode::Extended);
-    let (tx, mut replies) = mpsc::unbounded_channel::<Vec<u8>>();
+    // A reply keeps its request's share of the budget until it is written,
+    // so a client that sends requests and never reads the replies stops
+    // being read once the budget is queued up (memory stays bounded).
+    let (tx, mut replies) = mpsc::unbounded_channel::<(Vec<u8>, OwnedSemaphorePermit)>();
     let writer = tokio::spawn(async move {
-        while let Some(r) = replies.recv().await {
+        while let Some((r, permit)) = replies.recv().await {
             wr.write_all(&r).await?;
+            drop(permit);
         }
         wr.shutdown().await
     });
@@ -167,10 +172,14 @@ where
             Bytes::from(b)
         };
         if let Err(errno) = check {
+            let permit = match budget.clone().acquire_many_owned(MIN_COST).await {
+                Ok(p) => p,
+                Err(_) => break Err(io::Error::other("request budget closed")),
+            };
             front.requests.fetch_add(1, Ordering::Relaxed);
             front.errors.fetch_add(1, Ordering::Relaxed);
             let msg = format!("{} refused by plasmavmc nbd-front", req.command.name());
-            let _ = tx.send(error_reply(req.cookie, mode, errno, &msg));
+            let _ = tx.send((error_reply(req.cookie, mode, errno, &msg), permit));
             continue;
         }
         let cost = (req.length.min(INFLIGHT_BYTES as u64) as u32).max(MIN_COST);
@@ -182,8 +191,7 @@ where
         tokio::spawn(async move {
             let reply = handle(&front, req, payload, mode).await;
             front.requests.fetch_add(1, Ordering::Relaxed);
-            let _ = tx.send(reply);
-            drop(permit);
+            let _ = tx.send((reply, permit));
         });
     };
     drop(tx);
