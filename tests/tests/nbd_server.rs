@@ -433,3 +433,58 @@ fn extended_headers_serve_64_bit_lengths_and_refuse_what_we_do_not_serve() {
     assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "the connection is closed");
     assert!(c.srv().metrics.extended_sessions.load(std::sync::atomic::Ordering::Relaxed) >= 1);
 }
+
+/// Resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib >> 10
+}
+
+/// A client that sends a million READs past the end (each refused) and
+/// reads no reply: the refusals wait within the connection's budget, so
+/// the server stops reading that client instead of queueing a million
+/// replies (before: one reply of about 150 bytes each, queued in memory
+/// without end); when the client reads, every refusal comes, and other
+/// clients are served meanwhile.
+#[test]
+fn refusals_a_client_does_not_read_stay_within_its_budget() {
+    const N: u64 = 1_000_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = stack_tests::CoronaProc::spawn(dir.path(), IoEngine::Threads);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(p.client().create("disk", SIZE)).expect("create");
+    let before = rss_mib(p.child.id());
+    let s = raw_transmission(p.nbd, "disk");
+    let mut writer = s.try_clone().expect("clone");
+    let sender = std::thread::spawn(move || {
+        let mut buf = Vec::with_capacity(28 * 4096);
+        for i in 0..N {
+            buf.extend_from_slice(&Request::new(Command::Read, 0, i, SIZE, 4096).encode());
+            if buf.len() == buf.capacity() || i == N - 1 {
+                writer.write_all(&buf).expect("send requests");
+                buf.clear();
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let held = rss_mib(p.child.id());
+    eprintln!("coronafs RSS: {before} MiB before, {held} MiB with refusals unread");
+    assert!(held < before + 48, "the server queued replies nobody reads: {before} -> {held} MiB");
+    rt.block_on(async {
+        let other = NbdClient::connect(p.nbd, "disk").await.expect("another client");
+        other.write(0, &pattern(4096, 3), true).await.expect("served meanwhile");
+    });
+    let mut r = std::io::BufReader::with_capacity(1 << 20, s);
+    for _ in 0..N {
+        let mut h = [0u8; 16];
+        r.read_exact(&mut h).expect("reply");
+        assert_eq!(u32::from_be_bytes(h[4..8].try_into().expect("4 bytes")), NbdErrno::Inval as u32);
+    }
+    sender.join().expect("sender");
+}

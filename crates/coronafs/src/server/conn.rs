@@ -338,6 +338,11 @@ async fn read_requests<R: AsyncRead + Unpin>(
                         return Err(io::ErrorKind::UnexpectedEof.into());
                     }
                 }
+                // A refusal's reply holds budget too until it is written, so
+                // a client that sends bad requests and reads no replies stops
+                // being read instead of queueing replies without end.
+                let mut refusal = refusal;
+                refusal._permit = Some(budget.clone().acquire_many_owned(MIN_COST).await.map_err(io::Error::other)?);
                 ctx.send(refusal);
                 continue;
             }
