@@ -188,11 +188,17 @@ pub fn failover_hint(refusal: &str) -> Option<(u64, u64)> {
     Some((num("failover-from=")?, num("failover-epoch=")?))
 }
 
+/// How long [`NbdClient::connect_primary`] gives one node to connect and
+/// negotiate before it counts as unreachable and the next is tried.
+pub const NEGOTIATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl NbdClient {
     /// Connects to `export` on whichever of `nodes` (a cluster file's NBD
     /// addresses) serves it: each in turn, following a replica's "the
     /// primary is at" answer first. Gives the client and the address that
-    /// took it; bounded by twice the number of nodes. A primary's refusal
+    /// took it; bounded by twice the number of nodes, and each node by
+    /// [`NEGOTIATION_TIMEOUT`] (one that accepts and never negotiates, a
+    /// frozen process, counts as unreachable). A primary's refusal
     /// that names a failover ([`failover_hint`]) ends the search: it is the
     /// primary, and the caller decides whether to follow.
     pub async fn connect_primary(nodes: &[std::net::SocketAddr], export: &str) -> Result<(Self, std::net::SocketAddr)> {
@@ -204,7 +210,16 @@ impl NbdClient {
         let mut unreachable = None;
         for _ in 0..nodes.len() * 2 {
             let Some(addr) = queue.pop_front() else { break };
-            match NbdClient::connect(addr, export).await {
+            let tried = match tokio::time::timeout(NEGOTIATION_TIMEOUT, NbdClient::connect(addr, export)).await {
+                Ok(r) => r,
+                // Accepted but never answered (a frozen process, a host whose
+                // kernel still completes handshakes): as unreachable, go on.
+                Err(_) => Err(CoronaError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{addr}: no NBD negotiation within {NEGOTIATION_TIMEOUT:?}"),
+                ))),
+            };
+            match tried {
                 Ok(c) => return Ok((c, addr)),
                 Err(e) => {
                     let msg = e.to_string();

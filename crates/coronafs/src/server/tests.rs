@@ -112,3 +112,24 @@ async fn connect_primary_reports_an_unreachable_node_before_another_nodes_unknow
     let (c, at) = NbdClient::connect_primary(&[dead, s.addr], "faulty").await.expect("the live node serves it");
     assert_eq!((at, c.size()), (s.addr, SIZE));
 }
+
+/// A node whose kernel accepts the connection but whose process never
+/// answers (frozen, SIGSTOP) does not hold connect_primary: after
+/// NEGOTIATION_TIMEOUT it counts as unreachable and the next node serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_primary_moves_past_a_node_that_accepts_and_never_negotiates() {
+    let s = FaultServer::start(Vec::new()).await;
+    // Listening, never accepting: the kernel completes the TCP handshake.
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let frozen_addr = frozen.local_addr().expect("addr");
+    let t = std::time::Instant::now();
+    let (c, at) = NbdClient::connect_primary(&[frozen_addr, s.addr], "faulty").await.expect("the live node serves it");
+    assert_eq!((at, c.size()), (s.addr, SIZE));
+    let took = t.elapsed();
+    assert!(took >= crate::client::NEGOTIATION_TIMEOUT, "{took:?}");
+    assert!(took < crate::client::NEGOTIATION_TIMEOUT * 3, "{took:?}");
+    // Alone, it is reported as unreachable (retried by a reconnecting client).
+    let e = NbdClient::connect_primary(&[frozen_addr], "faulty").await.expect_err("nothing answers");
+    assert!(matches!(&e, CoronaError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut), "{e:?}");
+    drop(frozen);
+}
