@@ -175,6 +175,12 @@ pub enum Resp {
     Lifecycle(Option<crate::lifecycle::Lifecycle>),
     /// Row versions, in the order of a [`Req::RowVersions`].
     RowVersions(Vec<u64>),
+    // New variants go last (see [`Req`]).
+    /// The request is one this node's build does not know (a newer node's
+    /// request during a rolling upgrade): its frame was read whole, its
+    /// head did not decode. The caller may fall back to an older request;
+    /// the connection stays usable. The text says which request it was.
+    Unsupported(String),
 }
 
 /// What a replica knows of a multipart upload.
@@ -285,6 +291,7 @@ impl Msg<Resp> {
     pub fn ok(self) -> Result<Msg<Resp>> {
         match self.head {
             Resp::Err(e) => Err(e.into()),
+            Resp::Unsupported(m) => Err(LightningError::UnsupportedRequest(m)),
             _ => Ok(self),
         }
     }
@@ -308,6 +315,18 @@ pub fn frame_lengths(h: [u8; 8]) -> Result<(usize, usize)> {
         return Err(LightningError::Unavailable(format!("oversized frame ({head} + {data} bytes)")));
     }
     Ok((head, data))
+}
+
+/// The answer to a whole frame (`frame`: header, head and data) whose head
+/// is no request of this build: [`Resp::Unsupported`] naming the request's
+/// variant number, which postcard writes first (a varint).
+pub fn unsupported(frame: &[u8]) -> Resp {
+    let head = frame.get(8..).unwrap_or_default();
+    let variant = postcard::take_from_bytes::<u32>(head).map(|(v, _)| v);
+    Resp::Unsupported(match variant {
+        Ok(v) => format!("request variant {v} is not one this node's build knows"),
+        Err(_) => "the request's head is not one this node's build can decode".to_owned(),
+    })
 }
 
 /// Decodes one whole frame from `buf`, if it holds one; consumes it.
@@ -390,6 +409,7 @@ mod tests {
         assert_eq!(resp(Resp::Ok), 0);
         assert_eq!(resp(Resp::Err(RemoteError::Other(String::new()))), 10);
         assert_eq!(resp(Resp::RowVersions(vec![])), 18);
+        assert_eq!(resp(Resp::Unsupported(String::new())), 19);
         assert_eq!(tag(postcard::to_allocvec(&RemoteError::NoSuchUpload(String::new())).expect("encode")), 3);
     }
 
