@@ -37,7 +37,7 @@ use futures::{Stream, StreamExt};
 use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Blocks one upload keeps in flight to its replicas.
 const BLOCKS_IN_FLIGHT: usize = 4;
@@ -608,11 +608,21 @@ impl Node {
             let (bucket, key) = (bucket.to_owned(), key.to_vec());
             let whole = reader.is_none_or(|r| r == n);
             async move {
-                let reply = if whole {
-                    ClusterMetrics::inc(&node.metrics.read_rows_fetched);
-                    node.call(n, Msg::new(Req::GetRow { bucket, key })).await
+                let version = if whole || node.old_builds.is_old(n, Instant::now()) {
+                    None
                 } else {
-                    node.ask_version(n, bucket, key).await.map(|v| Msg::new(Resp::Version(v)))
+                    Some(node.ask_version(n, bucket.clone(), key.clone()).await)
+                };
+                let reply = match version {
+                    Some(Ok(v)) => Ok(Msg::new(Resp::Version(v))),
+                    Some(Err(e)) if !matches!(e, LightningError::UnsupportedRequest(_)) => Err(e),
+                    // The row itself, also from a replica of an older build
+                    // that knows no version asks (a rolling upgrade): every
+                    // build answers GetRow, so the read keeps its quorum.
+                    _ => {
+                        ClusterMetrics::inc(&node.metrics.read_rows_fetched);
+                        node.call(n, Msg::new(Req::GetRow { bucket, key })).await
+                    }
                 };
                 (n, reply)
             }
@@ -776,6 +786,15 @@ impl Node {
                 Ok(Msg { head: Resp::RowVersions(versions), .. }) if versions.len() == count => {
                     for (reply, v) in replies.into_iter().zip(versions) {
                         let _ = reply.send(Ok(v));
+                    }
+                }
+                Err(LightningError::UnsupportedRequest(why)) => {
+                    // An older build: these reads, and those of the next
+                    // while, ask it for rows (see [`super::batch`]).
+                    tracing::info!(node = n, %why, "replica answers version asks as unsupported; reads fetch its rows");
+                    self.old_builds.mark(n, Instant::now());
+                    for reply in replies {
+                        let _ = reply.send(Err(super::batch::unsupported(n, &why)));
                     }
                 }
                 other => {
