@@ -1838,3 +1838,98 @@ async fn reads_keep_their_quorum_when_a_replica_of_an_older_build_refuses_versio
     }
     Ok(())
 }
+
+/// Deleting a bucket and creating it again under the same name: the
+/// replicas' memory of the delete (`buckets_gone`) must neither answer a
+/// false NoSuchBucket for the new bucket nor let the old one come back,
+/// with every node up, with a node down during the delete, and with a node
+/// down during the new create that has to take writes afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bucket_deleted_and_created_again_serves_through_every_node() -> R {
+    let s = InCluster::new(3);
+    let clients: Vec<aws_sdk_s3::Client> = (1..=3).map(|i| s.client_of(i)).collect();
+    let data = |round: u64, i: u64| pseudo_random(2000 + (i as usize) * 7000, 100 + round * 10 + i);
+    // Round 0: every node up. Round 1: node 3 down during the delete.
+    // Round 2: node 3 down during the new create, node 1 down afterwards
+    // (node 1 coordinated the create, so only node 3's own memory decides).
+    for round in 0..3u64 {
+        let what = |m: &str| format!("round {round}: {m}");
+        clients[0].create_bucket().bucket("again").send().await?;
+        for (i, c) in clients.iter().enumerate() {
+            put(c, "again", &format!("k{i}"), &data(round, i as u64)).await?;
+        }
+        for (i, c) in clients.iter().enumerate() {
+            c.delete_object().bucket("again").key(format!("k{i}")).send().await?;
+        }
+        if round == 1 {
+            s.cluster.faults.isolate(3);
+        }
+        clients[1].delete_bucket().bucket("again").send().await?;
+        s.cluster.faults.heal();
+        // Deleted, as acknowledged, through every node.
+        for (i, c) in clients.iter().enumerate() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let listed = c.list_buckets().send().await?;
+                let head = c.head_bucket().bucket("again").send().await;
+                let listed = listed.buckets().iter().any(|b| b.name() == Some("again"));
+                let last = match head {
+                    Err(e) if status(&e) == 404 && !listed => break,
+                    other => format!("head {:?}, listed {listed}", other.map(|_| ()).map_err(|e| status(&e))),
+                };
+                assert!(Instant::now() < deadline, "{}", what(&format!("node {} still has the bucket: {last}", i + 1)));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        if round == 2 {
+            s.cluster.faults.isolate(3);
+        }
+        clients[0].create_bucket().bucket("again").send().await.map_err(|e| anyhow::anyhow!("{}", what(&format!("create again: {}", code(&e)))))?;
+        if round == 2 {
+            // Node 1 stops before its resync queue gives node 3 the bucket.
+            s.cluster.node(1).resync.clear()?;
+        }
+        s.cluster.faults.heal();
+        let writers: Vec<usize> = if round == 2 {
+            s.cluster.faults.isolate(1);
+            vec![1, 2]
+        } else {
+            vec![0, 1, 2]
+        };
+        for &w in &writers {
+            let k = format!("n{w}");
+            put(&clients[w], "again", &k, &data(round, 10 + w as u64))
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", what(&format!("put {k} through node {}: {e}", w + 1))))?;
+        }
+        for &r in &writers {
+            clients[r].head_bucket().bucket("again").send().await?;
+            for &w in &writers {
+                let k = format!("n{w}");
+                let got = get(&clients[r], "again", &k).await?;
+                assert!(got == data(round, 10 + w as u64), "{}", what(&format!("{k} through node {}", r + 1)));
+            }
+            for i in 0..3 {
+                let e = clients[r].get_object().bucket("again").key(format!("k{i}")).send().await.expect_err("deleted");
+                assert_eq!(code(&e), "NoSuchKey", "{}", what("an object of the old bucket"));
+            }
+        }
+        s.cluster.faults.heal();
+        // Every node ends up with the bucket row and no memory of the delete.
+        for n in 1..=3u8 {
+            eventually(20, &what(&format!("node {n} holds the new bucket")), || {
+                s.cluster.node(n).store.meta.get_bucket("again").ok().flatten().is_some()
+            })
+            .await;
+        }
+        for &w in &writers {
+            for (r, c) in clients.iter().enumerate() {
+                let got = get(c, "again", &format!("n{w}")).await?;
+                assert!(got == data(round, 10 + w as u64), "{}", what(&format!("n{w} through node {}", r + 1)));
+            }
+            clients[0].delete_object().bucket("again").key(format!("n{w}")).send().await?;
+        }
+        clients[0].delete_bucket().bucket("again").send().await?;
+    }
+    Ok(())
+}

@@ -418,8 +418,11 @@ impl Node {
             .filter(|n| targets.contains(n))
             .map(|&n| {
                 let node = self.clone();
-                let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
-                async move { (n, node.call(n, Msg::new(req)).await) }
+                let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
+                async move {
+                    let make = || Req::Commit { session, bucket: bucket.clone(), key: key.clone(), row: row.clone() };
+                    (n, node.call_write(n, &bucket, make).await)
+                }
             })
             .collect();
         let mut ok = HashSet::new();
@@ -946,12 +949,14 @@ impl Node {
                 self.call(to, Msg::with_data(Req::PutBlock { session, hash }, data)).await?;
             }
         }
-        let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
-        let req = match upload {
-            None => Req::Commit { session, bucket, key, row },
-            Some(id) => Req::CompleteUpload { session, id: id.to_owned(), bucket, key, row },
+        let make = || {
+            let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
+            match upload {
+                None => Req::Commit { session, bucket, key, row },
+                Some(id) => Req::CompleteUpload { session, id: id.to_owned(), bucket, key, row },
+            }
         };
-        match self.call(to, Msg::new(req)).await?.head {
+        match self.call_write(to, bucket, make).await?.head {
             Resp::Committed { applied, current } => {
                 if applied && upload.is_none() {
                     ClusterMetrics::inc(&self.metrics.repairs);

@@ -369,6 +369,10 @@ impl Node {
                 self.store.meta.write(move |t| ops::merge_auth(t, &rows)).await?;
                 Msg::new(Resp::Ok)
             }
+            Req::CreateBucketSince { name, created_ms } => {
+                let here = self.store.meta.write(move |t| ops::ensure_bucket_since(t, &name, created_ms)).await?;
+                Msg::new(Resp::Flag(here))
+            }
             Req::HeadBucket { name } => {
                 let b = self.blocking(move |s| s.meta.get_bucket(&name)).await?;
                 Msg::new(Resp::Flag(b.is_some()))

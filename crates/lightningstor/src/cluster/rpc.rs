@@ -130,6 +130,14 @@ pub enum Req {
         key: Vec<u8>,
         row: Row,
     },
+    /// Create the bucket row unless it is here, or this node deleted the
+    /// bucket at or after `created_ms` (the creation time of the row the
+    /// coordinator holds). A node that missed the bucket's create after
+    /// deleting it (down, or cut off, then) takes it, so it stops refusing
+    /// the new bucket's writes; a write racing the delete, whose
+    /// coordinator holds the old row, does not bring the bucket back.
+    /// Answered with [`Resp::Flag`]: whether the bucket is here now.
+    CreateBucketSince { name: String, created_ms: i64 },
 }
 
 /// Answers.
@@ -406,6 +414,7 @@ mod tests {
         let row = Row::Tombstone(1);
         let complete = Req::CompleteUpload { session: 1, id: "u".into(), bucket: "b".into(), key: b"k".to_vec(), row };
         assert_eq!(req(complete), 33);
+        assert_eq!(req(Req::CreateBucketSince { name: "b".into(), created_ms: 0 }), 34);
         assert_eq!(resp(Resp::Ok), 0);
         assert_eq!(resp(Resp::Err(RemoteError::Other(String::new()))), 10);
         assert_eq!(resp(Resp::RowVersions(vec![])), 18);
