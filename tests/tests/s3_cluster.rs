@@ -1933,3 +1933,48 @@ async fn a_bucket_deleted_and_created_again_serves_through_every_node() -> R {
     }
     Ok(())
 }
+
+/// An admin request names the node it is signed for (`node=`, the address
+/// the client connected to): recorded on its way to one node of a cluster,
+/// it is refused by the others, inside the five minutes and with a nonce
+/// they never saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_request_replayed_to_another_node_is_refused() -> R {
+    let dir = tempfile::tempdir()?;
+    let cluster = lightningstor::cluster::start_local(3, dir.path(), |c| {
+        c.access_key = Some(AK.into());
+        c.secret_key = Some(SK.into());
+        c.anonymous = false;
+        c.scrub_blocks_per_sec = 0;
+        c.anti_entropy_secs = 0;
+    })
+    .await?;
+    let addrs = cluster.s3_addrs();
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    let target = format!(
+        "/_admin/keys?name=eve&nonce={}&node={}",
+        lightningstor::admin::new_nonce()?,
+        lightningstor::admin::encode(&addrs[0].to_string())
+    );
+    let auth = lightningstor::admin::authorization(AK, SK, secs, "POST", &target);
+    let send = |addr: std::net::SocketAddr| {
+        let (url, auth) = (format!("http://{addr}{target}"), auth.clone());
+        async move {
+            let r = reqwest::Client::new().post(url).header("authorization", auth).send().await?;
+            anyhow::Ok((r.status().as_u16(), r.text().await?))
+        }
+    };
+    let (st, body) = send(addrs[0]).await?;
+    assert_eq!(st, 200, "{body}");
+    for &other in &addrs[1..] {
+        let (st, body) = send(other).await?;
+        assert!(st == 403 && body.contains("another node"), "replayed to {other}: {st} {body}");
+    }
+    // The client names each node it talks to.
+    let admin = lightningstor::admin::Client::new(&addrs[1].to_string(), AK, SK);
+    admin.create_key("mallory").await?;
+    let keys = admin.list_keys().await?;
+    assert_eq!(keys.iter().filter(|k| k.name == "eve").count(), 1, "{keys:?}");
+    cluster.shutdown().await;
+    Ok(())
+}
