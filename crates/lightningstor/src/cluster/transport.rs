@@ -104,9 +104,11 @@ impl Tcp {
         }
     }
 
-    async fn exchange(s: &mut TcpStream, req: &Msg<Req>) -> Result<Msg<Resp>> {
+    /// Sends `req` and reads the answer; `None` when the peer closed the
+    /// connection (between frames) instead of answering.
+    async fn exchange(s: &mut TcpStream, req: &Msg<Req>) -> Result<Option<Msg<Resp>>> {
         write_msg(s, req).await?;
-        read_msg(s).await?.ok_or_else(|| LightningError::Unavailable("connection closed".into()))
+        read_msg(s).await
     }
 }
 
@@ -115,7 +117,7 @@ impl Transport for Tcp {
     async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
         let mut s = match self.pooled(to) {
             Some(mut s) => match tokio::time::timeout(self.timeout, Self::exchange(&mut s, &req)).await {
-                Ok(Ok(r)) => {
+                Ok(Ok(Some(r))) => {
                     self.put_back(to, s);
                     return Ok(r);
                 }
@@ -125,7 +127,7 @@ impl Transport for Tcp {
                 // are idempotent (versioned rows, content-addressed blocks,
                 // token leases), so a peer that did take it before the
                 // connection broke takes it again harmlessly.
-                Ok(Err(_)) => {
+                Ok(Ok(None) | Err(_)) => {
                     if let Ok(mut p) = self.pool.lock() {
                         p.remove(&to);
                     }
@@ -136,10 +138,20 @@ impl Transport for Tcp {
             None => self.connection(to).await?,
         };
         match tokio::time::timeout(self.timeout, Self::exchange(&mut s, &req)).await {
-            Ok(Ok(r)) => {
+            Ok(Ok(Some(r))) => {
                 self.put_back(to, s);
                 Ok(r)
             }
+            // A peer that took the handshake on this new connection, read
+            // the request and closed the connection without an answer:
+            // what a node of a build before `Resp::Unsupported` does with
+            // a request it cannot decode (a newer node's, during a rolling
+            // upgrade). Typed as such, so the caller may fall back to an
+            // older request; a node that died just then fails that too.
+            Ok(Ok(None)) => Err(LightningError::UnsupportedRequest(format!(
+                "node {to} closed the connection on the request without an answer (a node of an older build \
+                 does that with a request it cannot decode)"
+            ))),
             Ok(Err(e)) => Err(unreachable(to, &e.to_string())),
             Err(_) => Err(unreachable(to, "request timed out")),
         }
@@ -325,5 +337,28 @@ mod tests {
         let pong: Msg<Resp> = read_msg(&mut s).await.expect("read").expect("answer");
         assert_eq!(pong.head, Resp::Ok, "the connection still serves");
         server.abort();
+    }
+
+    /// A node of a build before `Resp::Unsupported` reads a request it
+    /// cannot decode and closes the connection: on a new connection that
+    /// is the typed UnsupportedRequest, so callers can fall back.
+    #[tokio::test]
+    async fn a_peer_that_closes_a_new_connection_on_a_request_gives_unsupported_request() {
+        let secret = RpcSecret::random().expect("secret");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let theirs = secret.clone();
+        let peer = tokio::spawn(async move {
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().await.expect("accept");
+                handshake_as_listener(&mut s, &theirs).await.expect("handshake");
+                let _frame = read_frame(&mut s).await.expect("read").expect("a request");
+            }
+        });
+        let t = Tcp::new(HashMap::from([(1, addr)]), Duration::from_secs(5), secret);
+        let keys = vec![("b".to_owned(), serde_bytes::ByteBuf::from(b"k".to_vec()))];
+        let e = t.call(1, Msg::new(Req::RowVersions { keys })).await.expect_err("no answer");
+        assert!(matches!(e, LightningError::UnsupportedRequest(_)), "{e:?}");
+        peer.abort();
     }
 }
