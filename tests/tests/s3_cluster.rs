@@ -1884,7 +1884,12 @@ async fn a_bucket_deleted_and_created_again_serves_through_every_node() -> R {
         if round == 2 {
             s.cluster.faults.isolate(3);
         }
-        clients[0].create_bucket().bucket("again").send().await.map_err(|e| anyhow::anyhow!("{}", what(&format!("create again: {}", code(&e)))))?;
+        clients[0]
+            .create_bucket()
+            .bucket("again")
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", what(&format!("create again: {}", code(&e)))))?;
         if round == 2 {
             // Node 1 stops before its resync queue gives node 3 the bucket.
             s.cluster.node(1).resync.clear()?;

@@ -165,11 +165,8 @@ impl Node {
         // bucket, answer HeadBucket and ListBuckets with it, and so bring
         // it back for every node: the resync queue takes the delete to it
         // ([`Node::resync_bucket`]).
-        let missed: Vec<_> = replies
-            .iter()
-            .filter(|(_, r)| r.is_err())
-            .map(|(n, _)| (*n, name.to_owned(), Vec::new(), true))
-            .collect();
+        let missed: Vec<_> =
+            replies.iter().filter(|(_, r)| r.is_err()).map(|(n, _)| (*n, name.to_owned(), Vec::new(), true)).collect();
         let node = self.clone();
         tokio::task::spawn_blocking(move || node.resync.add(&missed))
             .await
@@ -196,7 +193,11 @@ impl Node {
         match self.call(to, Msg::new(Req::DeleteBucket { name: name.to_owned() })).await {
             Ok(_) => Ok(()),
             Err(LightningError::BucketNotEmpty(_)) => {
-                tracing::warn!(bucket = name, node = to, "a node that missed the bucket's delete holds an object of it and keeps it");
+                tracing::warn!(
+                    bucket = name,
+                    node = to,
+                    "a node that missed the bucket's delete holds an object of it and keeps it"
+                );
                 Ok(())
             }
             Err(e) => Err(e),

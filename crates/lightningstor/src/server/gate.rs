@@ -98,7 +98,11 @@ impl Gate {
 
     /// Answers an admin request that arrived on a connection to `local`
     /// (this server's address the client connected to).
-    pub async fn admin<B>(&self, req: &http::Request<B>, local: Option<std::net::SocketAddr>) -> http::Response<s3s::Body> {
+    pub async fn admin<B>(
+        &self,
+        req: &http::Request<B>,
+        local: Option<std::net::SocketAddr>,
+    ) -> http::Response<s3s::Body> {
         match self.admin_inner(req, local).await {
             Ok(body) => text(http::StatusCode::OK, body),
             Err(e) => {
