@@ -3161,13 +3161,20 @@ async fn keys_made_with_the_cli_get_exactly_their_bucket_permissions_single_node
             Ok::<_, reqwest::Error>((r.status().as_u16(), r.text().await?))
         }
     };
-    let once = format!("/_admin/keys?name=carol&nonce={}", lightningstor::admin::new_nonce()?);
+    let node = lightningstor::admin::encode(&addr);
+    let once = format!("/_admin/keys?name=carol&nonce={}&node={node}", lightningstor::admin::new_nonce()?);
     let (status, body) = send(&once).await?;
     assert_eq!(status, 200, "{body}");
     let (status, body) = send(&once).await?;
     assert!(status == 403 && body.contains("replay"), "{status} {body}");
-    let (status, body) = send("/_admin/keys?name=dave").await?;
+    let (status, body) = send(&format!("/_admin/keys?name=dave&node={node}")).await?;
     assert!(status == 403 && body.contains("nonce"), "{status} {body}");
+    // One that names no node, or another one, is refused too.
+    let (status, body) = send(&format!("/_admin/keys?name=dave&nonce={}", lightningstor::admin::new_nonce()?)).await?;
+    assert!(status == 403 && body.contains("must name the node"), "{status} {body}");
+    let elsewhere = format!("/_admin/keys?name=dave&nonce={}&node=127.0.0.1%3A1", lightningstor::admin::new_nonce()?);
+    let (status, body) = send(&elsewhere).await?;
+    assert!(status == 403 && body.contains("another node"), "{status} {body}");
     let (good, out, err) = run_cli(
         &["key", "list", "--endpoint", &addr],
         &[("LIGHTNINGSTOR_ACCESS_KEY", AK), ("LIGHTNINGSTOR_SECRET_KEY", SK)],

@@ -1797,3 +1797,189 @@ fn an_anonymous_cluster_serves_requests_signed_with_unknown_keys() {
         assert_eq!(code(&e), "SignatureDoesNotMatch");
     });
 }
+
+/// A node of an older build knows no `RowVersions` (the batched version
+/// asks of reads) and answers it as unsupported (testkit's
+/// `Faults::old_build` answers for it as the TCP listener answers a request
+/// it cannot decode). During a rolling upgrade, reads through the other
+/// nodes ask it for its row instead: they keep their quorum with the third
+/// replica down, and return the last acknowledged write, also through a
+/// coordinator whose own copy missed that write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_keep_their_quorum_when_a_replica_of_an_older_build_refuses_version_asks() -> R {
+    let s = InCluster::new(3);
+    s.cluster.faults.old_build(2);
+    let c1 = s.client_of(1);
+    c1.create_bucket().bucket("bkt").send().await?;
+    for (key, size) in [("small", 3000usize), ("large", 3 << 20)] {
+        put(&c1, "bkt", key, &pseudo_random(size, 90)).await?;
+        let old = landed_row(&s, 3, "bkt", key).await.version();
+        // Node 3 misses v2, and node 1 forgets to resync it: nodes 1 and 2 hold it.
+        s.cluster.faults.cut(1, 3);
+        let v2 = pseudo_random(size, 91);
+        put(&c1, "bkt", key, &v2).await?;
+        eventually(10, "node 2 commits v2", || local_row(&s, 2, "bkt", key).is_some_and(|r| r.version() > old)).await;
+        s.cluster.node(1).resync.clear()?;
+        s.cluster.faults.heal();
+        // Node 3 down: a read through node 1 has itself and node 2.
+        s.cluster.faults.isolate(3);
+        for _ in 0..3 {
+            let got = get(&c1, "bkt", key).await?;
+            assert!(got == v2, "{key} through node 1 with node 3 down: {} bytes, not v2", got.len());
+        }
+        s.cluster.faults.heal();
+        // Node 1 down: a read through stale node 3 has itself and node 2,
+        // which alone holds v2 among them.
+        s.cluster.faults.isolate(1);
+        assert_eq!(local_row(&s, 3, "bkt", key).map(|r| r.version()), Some(old), "node 3 missed v2 of {key}");
+        let got = get(&s.client_of(3), "bkt", key).await?;
+        assert!(got == v2, "{key} through stale node 3 with node 1 down: {} bytes, not v2", got.len());
+        s.cluster.faults.heal();
+    }
+    Ok(())
+}
+
+/// Deleting a bucket and creating it again under the same name: the
+/// replicas' memory of the delete (`buckets_gone`) must neither answer a
+/// false NoSuchBucket for the new bucket nor let the old one come back,
+/// with every node up, with a node down during the delete, and with a node
+/// down during the new create that has to take writes afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bucket_deleted_and_created_again_serves_through_every_node() -> R {
+    let s = InCluster::new(3);
+    let clients: Vec<aws_sdk_s3::Client> = (1..=3).map(|i| s.client_of(i)).collect();
+    let data = |round: u64, i: u64| pseudo_random(2000 + (i as usize) * 7000, 100 + round * 10 + i);
+    // Round 0: every node up. Round 1: node 3 down during the delete.
+    // Round 2: node 3 down during the new create, node 1 down afterwards
+    // (node 1 coordinated the create, so only node 3's own memory decides).
+    for round in 0..3u64 {
+        let what = |m: &str| format!("round {round}: {m}");
+        clients[0].create_bucket().bucket("again").send().await?;
+        for (i, c) in clients.iter().enumerate() {
+            put(c, "again", &format!("k{i}"), &data(round, i as u64)).await?;
+        }
+        for (i, c) in clients.iter().enumerate() {
+            c.delete_object().bucket("again").key(format!("k{i}")).send().await?;
+        }
+        if round == 1 {
+            s.cluster.faults.isolate(3);
+        }
+        clients[1].delete_bucket().bucket("again").send().await?;
+        s.cluster.faults.heal();
+        // Deleted, as acknowledged, through every node.
+        for (i, c) in clients.iter().enumerate() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let listed = c.list_buckets().send().await?;
+                let head = c.head_bucket().bucket("again").send().await;
+                let listed = listed.buckets().iter().any(|b| b.name() == Some("again"));
+                let last = match head {
+                    Err(e) if status(&e) == 404 && !listed => break,
+                    other => format!("head {:?}, listed {listed}", other.map(|_| ()).map_err(|e| status(&e))),
+                };
+                assert!(Instant::now() < deadline, "{}", what(&format!("node {} still has the bucket: {last}", i + 1)));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        if round == 2 {
+            s.cluster.faults.isolate(3);
+        }
+        clients[0]
+            .create_bucket()
+            .bucket("again")
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", what(&format!("create again: {}", code(&e)))))?;
+        if round == 2 {
+            // Node 1 stops before its resync queue gives node 3 the bucket.
+            s.cluster.node(1).resync.clear()?;
+        }
+        s.cluster.faults.heal();
+        let writers: Vec<usize> = if round == 2 {
+            s.cluster.faults.isolate(1);
+            vec![1, 2]
+        } else {
+            vec![0, 1, 2]
+        };
+        for &w in &writers {
+            let k = format!("n{w}");
+            put(&clients[w], "again", &k, &data(round, 10 + w as u64))
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", what(&format!("put {k} through node {}: {e}", w + 1))))?;
+        }
+        for &r in &writers {
+            clients[r].head_bucket().bucket("again").send().await?;
+            for &w in &writers {
+                let k = format!("n{w}");
+                let got = get(&clients[r], "again", &k).await?;
+                assert!(got == data(round, 10 + w as u64), "{}", what(&format!("{k} through node {}", r + 1)));
+            }
+            for i in 0..3 {
+                let e = clients[r].get_object().bucket("again").key(format!("k{i}")).send().await.expect_err("deleted");
+                assert_eq!(code(&e), "NoSuchKey", "{}", what("an object of the old bucket"));
+            }
+        }
+        s.cluster.faults.heal();
+        // Every node ends up with the bucket row and no memory of the delete.
+        for n in 1..=3u8 {
+            eventually(20, &what(&format!("node {n} holds the new bucket")), || {
+                s.cluster.node(n).store.meta.get_bucket("again").ok().flatten().is_some()
+            })
+            .await;
+        }
+        for &w in &writers {
+            for (r, c) in clients.iter().enumerate() {
+                let got = get(c, "again", &format!("n{w}")).await?;
+                assert!(got == data(round, 10 + w as u64), "{}", what(&format!("n{w} through node {}", r + 1)));
+            }
+            clients[0].delete_object().bucket("again").key(format!("n{w}")).send().await?;
+        }
+        clients[0].delete_bucket().bucket("again").send().await?;
+    }
+    Ok(())
+}
+
+/// An admin request names the node it is signed for (`node=`, the address
+/// the client connected to): recorded on its way to one node of a cluster,
+/// it is refused by the others, inside the five minutes and with a nonce
+/// they never saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_request_replayed_to_another_node_is_refused() -> R {
+    let dir = tempfile::tempdir()?;
+    let cluster = lightningstor::cluster::start_local(3, dir.path(), |c| {
+        c.access_key = Some(AK.into());
+        c.secret_key = Some(SK.into());
+        c.anonymous = false;
+        c.scrub_blocks_per_sec = 0;
+        c.anti_entropy_secs = 0;
+    })
+    .await?;
+    let addrs = cluster.s3_addrs();
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() as i64;
+    let target = format!(
+        "/_admin/keys?name=eve&nonce={}&node={}",
+        lightningstor::admin::new_nonce()?,
+        lightningstor::admin::encode(&addrs[0].to_string())
+    );
+    let auth = lightningstor::admin::authorization(AK, SK, secs, "POST", &target);
+    let send = |addr: std::net::SocketAddr| {
+        let (url, auth) = (format!("http://{addr}{target}"), auth.clone());
+        async move {
+            let r = reqwest::Client::new().post(url).header("authorization", auth).send().await?;
+            anyhow::Ok((r.status().as_u16(), r.text().await?))
+        }
+    };
+    let (st, body) = send(addrs[0]).await?;
+    assert_eq!(st, 200, "{body}");
+    for &other in &addrs[1..] {
+        let (st, body) = send(other).await?;
+        assert!(st == 403 && body.contains("another node"), "replayed to {other}: {st} {body}");
+    }
+    // The client names each node it talks to.
+    let admin = lightningstor::admin::Client::new(&addrs[1].to_string(), AK, SK);
+    admin.create_key("mallory").await?;
+    let keys = admin.list_keys().await?;
+    assert_eq!(keys.iter().filter(|k| k.name == "eve").count(), 1, "{keys:?}");
+    cluster.shutdown().await;
+    Ok(())
+}

@@ -10,23 +10,38 @@
 //! GET  /_admin/keys                                list keys and grants
 //! DELETE /_admin/keys?key=ID_OR_NAME               delete a key
 //! POST /_admin/grants?bucket=B&key=K&allow=P&deny=P change a grant
-//!      (each with &nonce=N: 16 to 64 hex digits, new for every request)
+//!      (each with &nonce=N: 16 to 64 hex digits, new for every request,
+//!       and &node=IP:PORT: the address the client connected to)
 //! Authorization: LS-ADMIN <access key id>:<unix seconds>:<hex HMAC-SHA256(secret,
 //!                "LS-ADMIN\n" seconds "\n" METHOD "\n" path?query)>
 //! ```
 //!
 //! The server accepts the tag of the admin key only, within five minutes of
-//! its clock; no S3 request carries this scheme, so the two never mix. Every
-//! request carries a random `nonce=` in its (signed) query, and a server
-//! takes each nonce once: it remembers the nonces of the requests it took
-//! until their time leaves the five minutes ([`Replays`]), so a recorded
-//! request sent again to the same server is refused. The memory is per
-//! process: in a cluster, a recorded request could still be sent to another
-//! node within the five minutes, and a restarted node forgets. The requests
-//! have no body. Answers are text: `200` with tab-separated lines, or an
-//! error status with `CODE: message`. Nothing is encrypted (a created key's
-//! secret travels in the answer): reach the admin API over loopback or a
-//! trusted network.
+//! its clock; no S3 request carries this scheme, so the two never mix. A
+//! recorded request cannot be used again:
+//!
+//! - every request carries a random `nonce=` in its (signed) query, and a
+//!   server takes each nonce once: it remembers the nonces of the requests
+//!   it took until their time leaves the five minutes ([`Replays`]);
+//! - that memory is per process, so a request names the node it is for:
+//!   `node=` is the socket address the client's connection went to, and the
+//!   server takes only requests naming the address the connection arrived
+//!   at ([`check_node`]; the server checks it against its own socket, no
+//!   guessing). Sent to another node of a cluster, or to another server
+//!   with the same admin key, it is refused. Through NAT or a port forward
+//!   the two addresses differ and every admin request is refused: run the
+//!   CLI where it reaches the node's own address;
+//! - a request signed before the server process started is refused
+//!   ([`verify`]'s `started_s`), so a restart, which empties the nonce
+//!   memory, does not open a replay. Times are in seconds: a request signed
+//!   in the very second the server started is taken (its nonce memory is
+//!   that process's from then on), and a client whose clock trails the
+//!   server's must wait that much after a start.
+//!
+//! The requests have no body. Answers are text: `200` with tab-separated
+//! lines, or an error status with `CODE: message`. Nothing is encrypted (a
+//! created key's secret travels in the answer): reach the admin API over
+//! loopback or a trusted network.
 
 use crate::error::{LightningError, Result};
 use crate::keys::Perms;
@@ -53,9 +68,17 @@ pub fn authorization(access_key: &str, secret: &str, secs: i64, method: &str, ta
 }
 
 /// Checks an admin request's `Authorization` value against the admin key
-/// at server time `now_s` (constant-time tag comparison); returns the
-/// request's time (unix seconds).
-pub fn verify(header: &str, admin: Option<(&str, &str)>, now_s: i64, method: &str, target: &str) -> Result<i64> {
+/// at server time `now_s` (constant-time tag comparison), for a server
+/// process that started at `started_s`; returns the request's time (unix
+/// seconds).
+pub fn verify(
+    header: &str,
+    admin: Option<(&str, &str)>,
+    now_s: i64,
+    started_s: i64,
+    method: &str,
+    target: &str,
+) -> Result<i64> {
     let denied = |m: &str| Err(LightningError::AccessDenied(m.to_owned()));
     let Some(rest) = header.strip_prefix(SCHEME).and_then(|r| r.strip_prefix(' ')) else {
         return denied("not an admin request");
@@ -75,10 +98,42 @@ pub fn verify(header: &str, admin: Option<(&str, &str)>, now_s: i64, method: &st
         return denied("the admin request's time is more than five minutes from the server's");
     }
     let Ok(t) = hex::decode(t) else { return denied("malformed admin authorization tag") };
-    tag(admin_sk, secs, method, target)
-        .verify_slice(&t)
-        .map(|()| secs)
-        .or_else(|_| denied("admin signature does not match"))
+    if tag(admin_sk, secs, method, target).verify_slice(&t).is_err() {
+        return denied("admin signature does not match");
+    }
+    if secs < started_s {
+        // The nonces this process remembers are those it took since it
+        // started: an older request may have been taken by its predecessor.
+        return denied("the admin request was signed before this server started; sign a new request");
+    }
+    Ok(secs)
+}
+
+/// Checks that an admin request's (signed) query names the node it reached:
+/// `node=` must be `local`, the address its connection arrived at (IPv4 and
+/// IPv4-mapped IPv6 forms of one address are the same). AccessDenied when
+/// it names another node or none.
+pub fn check_node(query: &str, local: Option<std::net::SocketAddr>) -> Result<()> {
+    let denied = |m: String| Err(LightningError::AccessDenied(m));
+    let Some(named) = query_value(query, "node")? else {
+        return denied(
+            "an admin request must name the node it is for (node=IP:PORT, the address the client connected to, \
+             in its signed query); update the client"
+                .into(),
+        );
+    };
+    let Some(local) = local else {
+        return denied("this server cannot tell which address the connection arrived at".into());
+    };
+    let canonical = |a: std::net::SocketAddr| (a.ip().to_canonical(), a.port());
+    match named.parse::<std::net::SocketAddr>() {
+        Ok(a) if canonical(a) == canonical(local) => Ok(()),
+        Ok(_) => denied(format!(
+            "this admin request was signed for another node ({named}); this is {local}: \
+             a request is taken only by the node it names"
+        )),
+        Err(_) => denied(format!("node={named:?} is not an IP address and port")),
+    }
 }
 
 /// The nonces of the admin requests a server took, each kept until its
@@ -231,17 +286,20 @@ impl Client {
 
     async fn call(&self, method: &str, target: &str) -> Result<String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let secs = crate::meta::now_ms() / 1000;
-        let sep = if target.contains('?') { '&' } else { '?' };
-        let target = format!("{target}{sep}nonce={}", new_nonce()?);
-        let target = target.as_str();
-        let auth = authorization(&self.access_key, &self.secret_key, secs, method, target);
-        let req = format!(
-            "{method} {target} HTTP/1.1\r\nHost: {}\r\nAuthorization: {auth}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.addr
-        );
+        let nonce = new_nonce()?;
         let io = async {
             let mut s = tokio::net::TcpStream::connect(&self.addr).await?;
+            // The request names the node it is for: the address this
+            // connection went to (see the module docs).
+            let node = s.peer_addr()?;
+            let sep = if target.contains('?') { '&' } else { '?' };
+            let target = format!("{target}{sep}nonce={nonce}&node={}", encode(&node.to_string()));
+            let secs = crate::meta::now_ms() / 1000;
+            let auth = authorization(&self.access_key, &self.secret_key, secs, method, &target);
+            let req = format!(
+                "{method} {target} HTTP/1.1\r\nHost: {}\r\nAuthorization: {auth}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                self.addr
+            );
             s.write_all(req.as_bytes()).await?;
             let mut buf = Vec::new();
             s.read_to_end(&mut buf).await?;
@@ -331,6 +389,7 @@ mod tests {
     #[test]
     fn only_the_admin_key_s_fresh_tag_for_this_request_is_accepted() {
         let admin = Some(("AK", "secret"));
+        let verify = |h: &str, admin, now_s, method, target| verify(h, admin, now_s, 0, method, target);
         let h = authorization("AK", "secret", 1000, "POST", "/_admin/keys?name=a");
         verify(&h, admin, 1000, "POST", "/_admin/keys?name=a").expect("accepted");
         verify(&h, admin, 1000 + MAX_SKEW_S, "POST", "/_admin/keys?name=a").expect("within the skew");
@@ -361,7 +420,41 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert_ne!(a, new_nonce().expect("nonce"));
         let h = authorization("AK", "s", 1234, "GET", "/");
-        assert_eq!(verify(&h, Some(("AK", "s")), 1300, "GET", "/").expect("accepted"), 1234, "the request's time");
+        assert_eq!(verify(&h, Some(("AK", "s")), 1300, 0, "GET", "/").expect("accepted"), 1234, "the request's time");
+    }
+
+    #[test]
+    fn a_request_signed_before_the_server_started_is_refused() {
+        let admin = Some(("AK", "s"));
+        let h = authorization("AK", "s", 1000, "GET", "/_admin/keys");
+        assert_eq!(verify(&h, admin, 1010, 1000, "GET", "/_admin/keys").expect("signed as it started"), 1000);
+        assert_eq!(verify(&h, admin, 1010, 990, "GET", "/_admin/keys").expect("signed after it started"), 1000);
+        // The same request after a restart at 1001, within the five minutes:
+        // the new process has no memory of its nonce.
+        let e = verify(&h, admin, 1010, 1001, "GET", "/_admin/keys").expect_err("signed before the start");
+        assert!(e.to_string().contains("signed before this server started; sign a new request"), "{e}");
+        // A bad signature is still reported as such.
+        let forged = authorization("AK", "other", 1000, "GET", "/_admin/keys");
+        let e = verify(&forged, admin, 1010, 1001, "GET", "/_admin/keys").expect_err("forged");
+        assert!(e.to_string().contains("signature does not match"), "{e}");
+    }
+
+    #[test]
+    fn a_request_is_taken_only_by_the_node_it_names() {
+        let here: std::net::SocketAddr = "10.0.0.2:9000".parse().expect("addr");
+        let q = |node: &str| format!("name=a&nonce=0123456789abcdef&node={}", encode(node));
+        check_node(&q("10.0.0.2:9000"), Some(here)).expect("this node");
+        let mapped: std::net::SocketAddr = "[::ffff:10.0.0.2]:9000".parse().expect("addr");
+        check_node(&q("10.0.0.2:9000"), Some(mapped)).expect("a dual-stack socket's form of it");
+        for other in ["10.0.0.3:9000", "10.0.0.2:9001", "127.0.0.1:9000"] {
+            let e = check_node(&q(other), Some(here)).expect_err("another node");
+            assert!(e.to_string().contains("another node"), "{e}");
+        }
+        let e = check_node("name=a&nonce=0123456789abcdef", Some(here)).expect_err("none named");
+        assert!(e.to_string().contains("must name the node"), "{e}");
+        let e = check_node(&q("n2"), Some(here)).expect_err("not an address");
+        assert!(e.to_string().contains("not an IP address"), "{e}");
+        assert!(check_node(&q("10.0.0.2:9000"), None).is_err(), "no local address, no admin request");
     }
 
     #[test]

@@ -104,6 +104,11 @@ pub enum LightningError {
     /// could not be reached.
     #[error("service unavailable: {0}")]
     Unavailable(String),
+    /// Another node answered that its build does not know the request (a
+    /// newer node's request during a rolling upgrade): the caller may fall
+    /// back to an older request.
+    #[error("service unavailable: a node does not support the request: {0}")]
+    UnsupportedRequest(String),
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -185,7 +190,7 @@ impl LightningError {
             E::ContentSha256Mismatch => {
                 S3ErrorCode::from_bytes(b"XAmzContentSHA256Mismatch").unwrap_or(S3ErrorCode::BadDigest)
             }
-            E::Unavailable(_) => S3ErrorCode::ServiceUnavailable,
+            E::Unavailable(_) | E::UnsupportedRequest(_) => S3ErrorCode::ServiceUnavailable,
         }
     }
 

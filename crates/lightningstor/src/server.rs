@@ -295,6 +295,8 @@ pub fn serve_with_limits(
                 _ = stopped.changed() => break,
             };
             let _ = sock.set_nodelay(true);
+            // Admin requests name the address they were sent to (admin.rs).
+            let local = sock.local_addr().ok();
             let svc = svc.clone();
             let metrics = metrics.clone();
             let gate = gate.clone();
@@ -308,7 +310,7 @@ pub fn serve_with_limits(
                     }
                     if let Some(g) = &gate {
                         if Gate::is_admin(&req) {
-                            return Ok(g.admin(&req).await);
+                            return Ok(g.admin(&req, local).await);
                         }
                         if let Some(resp) = g.unsign(&mut req) {
                             return Ok(resp);

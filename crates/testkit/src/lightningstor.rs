@@ -89,6 +89,9 @@ pub struct Faults {
     drop_percent: std::sync::atomic::AtomicU64,
     /// Paused nodes: messages to them wait until they resume.
     paused: Mutex<HashSet<NodeId>>,
+    /// Nodes that answer [`Req::RowVersions`] as a node of a build without
+    /// it does: [`Resp::Unsupported`].
+    old_build: Mutex<HashSet<NodeId>>,
 }
 
 impl Faults {
@@ -145,6 +148,19 @@ impl Faults {
         self.paused.lock().map(|p| p.contains(&n)).unwrap_or(false)
     }
 
+    /// Makes node `n` answer as a node of an older build, one that knows no
+    /// [`Req::RowVersions`]: its TCP listener answers a request it cannot
+    /// decode with [`Resp::Unsupported`], and so does this transport.
+    pub fn old_build(&self, n: NodeId) {
+        if let Ok(mut s) = self.old_build.lock() {
+            s.insert(n);
+        }
+    }
+
+    fn unsupported(&self, to: NodeId, req: &Req) -> bool {
+        matches!(req, Req::RowVersions { .. }) && self.old_build.lock().map(|s| s.contains(&to)).unwrap_or(false)
+    }
+
     /// Drops `p` percent of messages.
     pub fn set_drop_percent(&self, p: u64) {
         self.drop_percent.store(p.min(100), std::sync::atomic::Ordering::Relaxed);
@@ -189,7 +205,11 @@ impl<T: Transport> Transport for Faulty<T> {
         while self.faults.is_paused(to) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let r = self.inner.call(to, req).await;
+        let r = if self.faults.unsupported(to, &req.head) {
+            Ok(Msg::new(Resp::Unsupported(format!("node {to} (an older build, test fault) cannot decode the request"))))
+        } else {
+            self.inner.call(to, req).await
+        };
         // A reply can be lost too: the request ran, the caller sees an error.
         if self.faults.blocks(to, self.me) {
             return Err(unreachable(to, "reply lost to a partition (test fault)"));

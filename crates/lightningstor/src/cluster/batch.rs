@@ -16,15 +16,24 @@
 //! every batch leaves after the asks it carries were queued, so a version
 //! it reports is one the replica held after the read began.
 //!
+//! A replica of an older build does not know `RowVersions` and answers it
+//! as unsupported (during a rolling upgrade). Its asks then fail with
+//! [`LightningError::UnsupportedRequest`], and the read asks it for the
+//! whole row instead (`GetRow`, which every build knows), so it keeps its
+//! quorum. [`OldBuilds`] remembers such a replica for [`OLD_BUILD_RECHECK`],
+//! so reads go straight to the row meanwhile and ask versions again after
+//! it (the replica may have been upgraded).
+//!
 //! [`Batches`] allows more than one message in flight per replica; reads
 //! use one. (Writes' commits were batched the same way, with two in
 //! flight, in an experiment: 4 KiB PUTs were no faster, so commits go one
 //! message each.)
 
 use super::NodeId;
-use crate::error::Result;
+use crate::error::{LightningError, Result};
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// One read's ask for the version of a key's row on a replica.
@@ -96,6 +105,43 @@ impl<A> Batches<A> {
     }
 }
 
+/// How long a replica that answered version asks as unsupported is asked
+/// for rows instead, before versions are tried again.
+pub const OLD_BUILD_RECHECK: Duration = Duration::from_secs(60);
+
+/// Replicas that answered [`super::rpc::Req::RowVersions`] as unsupported,
+/// and when.
+#[derive(Debug, Default)]
+pub struct OldBuilds {
+    since: Mutex<HashMap<NodeId, Instant>>,
+}
+
+impl OldBuilds {
+    /// Replica `n` answered version asks as unsupported at `now`.
+    pub fn mark(&self, n: NodeId, now: Instant) {
+        self.since.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(n, now);
+    }
+
+    /// Whether reads should ask replica `n` for rows rather than versions
+    /// at `now`: it answered unsupported less than [`OLD_BUILD_RECHECK`] ago.
+    pub fn is_old(&self, n: NodeId, now: Instant) -> bool {
+        let mut since = self.since.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match since.get(&n) {
+            Some(t) if now.saturating_duration_since(*t) < OLD_BUILD_RECHECK => true,
+            Some(_) => {
+                since.remove(&n);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// The error each ask of a batch that replica `n` answered as unsupported gets.
+pub fn unsupported(n: NodeId, why: &str) -> LightningError {
+    LightningError::UnsupportedRequest(format!("node {n} does not know RowVersions: {why}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +191,17 @@ mod tests {
         assert_eq!(b.next(1, |_| true), None);
         assert_eq!(b.next(1, |_| true), None);
         assert!(b.push(1, 5), "no sender runs");
+    }
+
+    #[test]
+    fn a_replica_of_an_older_build_is_asked_for_rows_until_the_recheck() {
+        let old = OldBuilds::default();
+        let t0 = Instant::now();
+        assert!(!old.is_old(2, t0));
+        old.mark(2, t0);
+        assert!(old.is_old(2, t0 + OLD_BUILD_RECHECK / 2));
+        assert!(!old.is_old(3, t0), "only the replica that answered unsupported");
+        assert!(!old.is_old(2, t0 + OLD_BUILD_RECHECK), "asked for versions again (it may have been upgraded)");
+        assert!(!old.is_old(2, t0), "and forgotten until it answers unsupported again");
     }
 }

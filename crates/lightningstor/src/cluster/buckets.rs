@@ -45,6 +45,39 @@ impl Node {
         Ok(())
     }
 
+    /// Sends `make()`, a write into `bucket`, to node `n`. A node that
+    /// refuses it with NoSuchBucket because it remembers deleting the
+    /// bucket may have missed the bucket's create since (it was down, and
+    /// the create's resync entry has not reached it: the node holding it
+    /// may be down now). It gets the bucket, with the creation time of the
+    /// row this node holds ([`Req::CreateBucketSince`], which it refuses
+    /// when its delete is the later: a write racing the delete brings
+    /// nothing back), and the write once more.
+    pub(super) async fn call_write(
+        self: &Arc<Self>,
+        n: NodeId,
+        bucket: &str,
+        make: impl Fn() -> Req,
+    ) -> Result<Msg<Resp>> {
+        let first = self.call(n, Msg::new(make())).await;
+        if !matches!(first, Err(LightningError::NoSuchBucket(_))) || n == self.id {
+            return first;
+        }
+        let Ok(Some(row)) = self.store.meta.get_bucket(bucket) else { return first };
+        let since = Req::CreateBucketSince { name: bucket.to_owned(), created_ms: row.created_ms };
+        if !matches!(self.call(n, Msg::new(since)).await, Ok(Msg { head: Resp::Flag(true), .. })) {
+            return first;
+        }
+        tracing::info!(bucket, node = n, "a node that missed the bucket's create after deleting it took it");
+        if let Some(lifecycle) = row.lifecycle {
+            let set = Req::SetLifecycle { bucket: bucket.to_owned(), lifecycle };
+            if let Err(e) = self.call(n, Msg::new(set)).await {
+                tracing::warn!(bucket, node = n, error = %e, "the bucket's lifecycle configuration did not reach it");
+            }
+        }
+        self.call(n, Msg::new(make())).await
+    }
+
     /// Sends key and grant rows to every node.
     pub async fn replicate_auth(self: &Arc<Self>, rows: Vec<AuthRow>) -> Result<()> {
         // An empty bucket name in the resync queue stands for the keyring.
@@ -127,7 +160,48 @@ impl Node {
             self.undo_delete_bucket(name, row, &deleted).await?;
             return Err(LightningError::BucketNotEmpty(name.to_owned()));
         }
-        self.majority(ok, total, "delete bucket")
+        self.majority(ok, total, "delete bucket")?;
+        // A node that missed the delete (down, cut off) would keep the
+        // bucket, answer HeadBucket and ListBuckets with it, and so bring
+        // it back for every node: the resync queue takes the delete to it
+        // ([`Node::resync_bucket`]).
+        let missed: Vec<_> =
+            replies.iter().filter(|(_, r)| r.is_err()).map(|(n, _)| (*n, name.to_owned(), Vec::new(), true)).collect();
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
+    }
+
+    /// The resync of bucket `name`'s row to node `to`: the row this node
+    /// holds (with its lifecycle configuration), or the bucket's delete
+    /// when this node deleted it. A node that holds an object row of the
+    /// bucket refuses the delete (BucketNotEmpty: a write it took raced the
+    /// delete) and keeps the bucket; that ends the entry.
+    pub(super) async fn resync_bucket(self: &Arc<Self>, to: NodeId, name: &str) -> Result<()> {
+        if let Some(row) = self.store.meta.get_bucket(name)? {
+            let req = Req::CreateBucket { name: name.to_owned(), created_ms: now_ms() };
+            self.call(to, Msg::new(req)).await?;
+            if let Some(lifecycle) = row.lifecycle {
+                self.call(to, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle })).await?;
+            }
+            return Ok(());
+        }
+        if self.store.meta.bucket_deleted_ms(name)?.is_none() {
+            return Ok(());
+        }
+        match self.call(to, Msg::new(Req::DeleteBucket { name: name.to_owned() })).await {
+            Ok(_) => Ok(()),
+            Err(LightningError::BucketNotEmpty(_)) => {
+                tracing::warn!(
+                    bucket = name,
+                    node = to,
+                    "a node that missed the bucket's delete holds an object of it and keeps it"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates bucket `name` again, with its lifecycle configuration, on

@@ -37,7 +37,7 @@ use futures::{Stream, StreamExt};
 use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Blocks one upload keeps in flight to its replicas.
 const BLOCKS_IN_FLIGHT: usize = 4;
@@ -418,8 +418,11 @@ impl Node {
             .filter(|n| targets.contains(n))
             .map(|&n| {
                 let node = self.clone();
-                let req = Req::Commit { session, bucket: bucket.to_owned(), key: key.to_vec(), row: row.clone() };
-                async move { (n, node.call(n, Msg::new(req)).await) }
+                let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
+                async move {
+                    let make = || Req::Commit { session, bucket: bucket.clone(), key: key.clone(), row: row.clone() };
+                    (n, node.call_write(n, &bucket, make).await)
+                }
             })
             .collect();
         let mut ok = HashSet::new();
@@ -608,11 +611,21 @@ impl Node {
             let (bucket, key) = (bucket.to_owned(), key.to_vec());
             let whole = reader.is_none_or(|r| r == n);
             async move {
-                let reply = if whole {
-                    ClusterMetrics::inc(&node.metrics.read_rows_fetched);
-                    node.call(n, Msg::new(Req::GetRow { bucket, key })).await
+                let version = if whole || node.old_builds.is_old(n, Instant::now()) {
+                    None
                 } else {
-                    node.ask_version(n, bucket, key).await.map(|v| Msg::new(Resp::Version(v)))
+                    Some(node.ask_version(n, bucket.clone(), key.clone()).await)
+                };
+                let reply = match version {
+                    Some(Ok(v)) => Ok(Msg::new(Resp::Version(v))),
+                    Some(Err(e)) if !matches!(e, LightningError::UnsupportedRequest(_)) => Err(e),
+                    // The row itself, also from a replica of an older build
+                    // that knows no version asks (a rolling upgrade): every
+                    // build answers GetRow, so the read keeps its quorum.
+                    _ => {
+                        ClusterMetrics::inc(&node.metrics.read_rows_fetched);
+                        node.call(n, Msg::new(Req::GetRow { bucket, key })).await
+                    }
                 };
                 (n, reply)
             }
@@ -778,6 +791,15 @@ impl Node {
                         let _ = reply.send(Ok(v));
                     }
                 }
+                Err(LightningError::UnsupportedRequest(why)) => {
+                    // An older build: these reads, and those of the next
+                    // while, ask it for rows (see [`super::batch`]).
+                    tracing::info!(node = n, %why, "replica answers version asks as unsupported; reads fetch its rows");
+                    self.old_builds.mark(n, Instant::now());
+                    for reply in replies {
+                        let _ = reply.send(Err(super::batch::unsupported(n, &why)));
+                    }
+                }
                 other => {
                     let why = match other {
                         Err(e) => e.to_string(),
@@ -927,12 +949,14 @@ impl Node {
                 self.call(to, Msg::with_data(Req::PutBlock { session, hash }, data)).await?;
             }
         }
-        let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
-        let req = match upload {
-            None => Req::Commit { session, bucket, key, row },
-            Some(id) => Req::CompleteUpload { session, id: id.to_owned(), bucket, key, row },
+        let make = || {
+            let (bucket, key, row) = (bucket.to_owned(), key.to_vec(), row.clone());
+            match upload {
+                None => Req::Commit { session, bucket, key, row },
+                Some(id) => Req::CompleteUpload { session, id: id.to_owned(), bucket, key, row },
+            }
         };
-        match self.call(to, Msg::new(req)).await?.head {
+        match self.call_write(to, bucket, make).await?.head {
             Resp::Committed { applied, current } => {
                 if applied && upload.is_none() {
                     ClusterMetrics::inc(&self.metrics.repairs);

@@ -48,10 +48,10 @@ impl Node {
         make: impl Fn() -> Req,
     ) -> Result<HashSet<NodeId>> {
         let sets = self.write_sets(bucket, key);
+        let make = &make;
         let calls = targets.iter().map(|&n| {
             let node = self.clone();
-            let req = make();
-            async move { (n, node.call(n, Msg::new(req)).await) }
+            async move { (n, node.call_write(n, bucket, make).await) }
         });
         let mut ok = HashSet::new();
         let mut gone = None;

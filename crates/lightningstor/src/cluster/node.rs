@@ -110,6 +110,9 @@ pub struct Node {
     pub(crate) read_turn: std::sync::atomic::AtomicUsize,
     /// Reads' version asks waiting for their replica's next batch.
     pub(crate) version_asks: super::batch::Batches<super::batch::VersionAsk>,
+    /// Replicas that answered version asks as unsupported (an older
+    /// build): reads ask them for rows for a while.
+    pub(crate) old_builds: super::batch::OldBuilds,
 }
 
 impl std::fmt::Debug for Node {
@@ -146,6 +149,7 @@ impl Node {
             budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
             read_turn: std::sync::atomic::AtomicUsize::new(0),
             version_asks: super::batch::Batches::new(1),
+            old_builds: super::batch::OldBuilds::default(),
         }))
     }
 
@@ -364,6 +368,10 @@ impl Node {
                 }
                 self.store.meta.write(move |t| ops::merge_auth(t, &rows)).await?;
                 Msg::new(Resp::Ok)
+            }
+            Req::CreateBucketSince { name, created_ms } => {
+                let here = self.store.meta.write(move |t| ops::ensure_bucket_since(t, &name, created_ms)).await?;
+                Msg::new(Resp::Flag(here))
             }
             Req::HeadBucket { name } => {
                 let b = self.blocking(move |s| s.meta.get_bucket(&name)).await?;

@@ -65,15 +65,7 @@ impl Node {
             return Ok(());
         }
         if e.due.bucket_row {
-            let Some(row) = self.store.meta.get_bucket(&e.bucket)? else {
-                return Ok(());
-            };
-            let req = Req::CreateBucket { name: e.bucket.clone(), created_ms: crate::meta::now_ms() };
-            self.call(e.node, Msg::new(req)).await?;
-            if let Some(lifecycle) = row.lifecycle {
-                self.call(e.node, Msg::new(Req::SetLifecycle { bucket: e.bucket.clone(), lifecycle })).await?;
-            }
-            return Ok(());
+            return self.resync_bucket(e.node, &e.bucket).await;
         }
         let replicas: Vec<NodeId> = self.write_sets(&e.bucket, &e.key).concat();
         if !replicas.contains(&e.node) {

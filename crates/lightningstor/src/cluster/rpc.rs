@@ -130,6 +130,14 @@ pub enum Req {
         key: Vec<u8>,
         row: Row,
     },
+    /// Create the bucket row unless it is here, or this node deleted the
+    /// bucket at or after `created_ms` (the creation time of the row the
+    /// coordinator holds). A node that missed the bucket's create after
+    /// deleting it (down, or cut off, then) takes it, so it stops refusing
+    /// the new bucket's writes; a write racing the delete, whose
+    /// coordinator holds the old row, does not bring the bucket back.
+    /// Answered with [`Resp::Flag`]: whether the bucket is here now.
+    CreateBucketSince { name: String, created_ms: i64 },
 }
 
 /// Answers.
@@ -175,6 +183,12 @@ pub enum Resp {
     Lifecycle(Option<crate::lifecycle::Lifecycle>),
     /// Row versions, in the order of a [`Req::RowVersions`].
     RowVersions(Vec<u64>),
+    // New variants go last (see [`Req`]).
+    /// The request is one this node's build does not know (a newer node's
+    /// request during a rolling upgrade): its frame was read whole, its
+    /// head did not decode. The caller may fall back to an older request;
+    /// the connection stays usable. The text says which request it was.
+    Unsupported(String),
 }
 
 /// What a replica knows of a multipart upload.
@@ -285,6 +299,7 @@ impl Msg<Resp> {
     pub fn ok(self) -> Result<Msg<Resp>> {
         match self.head {
             Resp::Err(e) => Err(e.into()),
+            Resp::Unsupported(m) => Err(LightningError::UnsupportedRequest(m)),
             _ => Ok(self),
         }
     }
@@ -308,6 +323,18 @@ pub fn frame_lengths(h: [u8; 8]) -> Result<(usize, usize)> {
         return Err(LightningError::Unavailable(format!("oversized frame ({head} + {data} bytes)")));
     }
     Ok((head, data))
+}
+
+/// The answer to a whole frame (`frame`: header, head and data) whose head
+/// is no request of this build: [`Resp::Unsupported`] naming the request's
+/// variant number, which postcard writes first (a varint).
+pub fn unsupported(frame: &[u8]) -> Resp {
+    let head = frame.get(8..).unwrap_or_default();
+    let variant = postcard::take_from_bytes::<u32>(head).map(|(v, _)| v);
+    Resp::Unsupported(match variant {
+        Ok(v) => format!("request variant {v} is not one this node's build knows"),
+        Err(_) => "the request's head is not one this node's build can decode".to_owned(),
+    })
 }
 
 /// Decodes one whole frame from `buf`, if it holds one; consumes it.
@@ -387,9 +414,11 @@ mod tests {
         let row = Row::Tombstone(1);
         let complete = Req::CompleteUpload { session: 1, id: "u".into(), bucket: "b".into(), key: b"k".to_vec(), row };
         assert_eq!(req(complete), 33);
+        assert_eq!(req(Req::CreateBucketSince { name: "b".into(), created_ms: 0 }), 34);
         assert_eq!(resp(Resp::Ok), 0);
         assert_eq!(resp(Resp::Err(RemoteError::Other(String::new()))), 10);
         assert_eq!(resp(Resp::RowVersions(vec![])), 18);
+        assert_eq!(resp(Resp::Unsupported(String::new())), 19);
         assert_eq!(tag(postcard::to_allocvec(&RemoteError::NoSuchUpload(String::new())).expect("encode")), 3);
     }
 

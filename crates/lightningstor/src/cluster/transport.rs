@@ -104,9 +104,11 @@ impl Tcp {
         }
     }
 
-    async fn exchange(s: &mut TcpStream, req: &Msg<Req>) -> Result<Msg<Resp>> {
+    /// Sends `req` and reads the answer; `None` when the peer closed the
+    /// connection (between frames) instead of answering.
+    async fn exchange(s: &mut TcpStream, req: &Msg<Req>) -> Result<Option<Msg<Resp>>> {
         write_msg(s, req).await?;
-        read_msg(s).await?.ok_or_else(|| LightningError::Unavailable("connection closed".into()))
+        read_msg(s).await
     }
 }
 
@@ -115,7 +117,7 @@ impl Transport for Tcp {
     async fn call(&self, to: NodeId, req: Msg<Req>) -> Result<Msg<Resp>> {
         let mut s = match self.pooled(to) {
             Some(mut s) => match tokio::time::timeout(self.timeout, Self::exchange(&mut s, &req)).await {
-                Ok(Ok(r)) => {
+                Ok(Ok(Some(r))) => {
                     self.put_back(to, s);
                     return Ok(r);
                 }
@@ -125,7 +127,7 @@ impl Transport for Tcp {
                 // are idempotent (versioned rows, content-addressed blocks,
                 // token leases), so a peer that did take it before the
                 // connection broke takes it again harmlessly.
-                Ok(Err(_)) => {
+                Ok(Ok(None) | Err(_)) => {
                     if let Ok(mut p) = self.pool.lock() {
                         p.remove(&to);
                     }
@@ -136,10 +138,20 @@ impl Transport for Tcp {
             None => self.connection(to).await?,
         };
         match tokio::time::timeout(self.timeout, Self::exchange(&mut s, &req)).await {
-            Ok(Ok(r)) => {
+            Ok(Ok(Some(r))) => {
                 self.put_back(to, s);
                 Ok(r)
             }
+            // A peer that took the handshake on this new connection, read
+            // the request and closed the connection without an answer:
+            // what a node of a build before `Resp::Unsupported` does with
+            // a request it cannot decode (a newer node's, during a rolling
+            // upgrade). Typed as such, so the caller may fall back to an
+            // older request; a node that died just then fails that too.
+            Ok(Ok(None)) => Err(LightningError::UnsupportedRequest(format!(
+                "node {to} closed the connection on the request without an answer (a node of an older build \
+                 does that with a request it cannot decode)"
+            ))),
             Ok(Err(e)) => Err(unreachable(to, &e.to_string())),
             Err(_) => Err(unreachable(to, "request timed out")),
         }
@@ -165,6 +177,15 @@ async fn write_msg<T: serde::Serialize>(s: &mut TcpStream, m: &Msg<T>) -> Result
 }
 
 async fn read_msg<T: for<'de> serde::Deserialize<'de>>(s: &mut TcpStream) -> Result<Option<Msg<T>>> {
+    match read_frame(s).await? {
+        Some(mut buf) => rpc::decode(&mut buf),
+        None => Ok(None),
+    }
+}
+
+/// One whole frame (header, head and data), not yet decoded; `None` when
+/// the peer closed the connection between frames.
+async fn read_frame(s: &mut TcpStream) -> Result<Option<BytesMut>> {
     let mut h = [0u8; 8];
     match s.read_exact(&mut h).await {
         Ok(_) => {}
@@ -182,7 +203,7 @@ async fn read_msg<T: for<'de> serde::Deserialize<'de>>(s: &mut TcpStream) -> Res
             return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
         }
     }
-    rpc::decode(&mut buf)
+    Ok(Some(buf))
 }
 
 /// Serves node-to-node requests on `listener` until the task is aborted.
@@ -216,15 +237,29 @@ pub fn serve_tcp(listener: TcpListener, handler: Arc<dyn Handler>, secret: RpcSe
                     }
                 }
                 loop {
-                    let req: Msg<Req> = match read_msg(&mut sock).await {
-                        Ok(Some(r)) => r,
+                    let mut frame = match read_frame(&mut sock).await {
+                        Ok(Some(f)) => f,
                         Ok(None) => return,
                         Err(e) => {
                             tracing::debug!(error = %e, "bad rpc frame; closing");
                             return;
                         }
                     };
-                    let resp = h.handle(req).await;
+                    // The header and the head's first bytes (its variant
+                    // number), for the answer to an unknown request.
+                    let start = frame[..frame.len().min(16)].to_vec();
+                    // A whole frame whose head is no request of this build
+                    // (a newer node's, during a rolling upgrade) is
+                    // answered Unsupported: the stream is still in step,
+                    // and the caller can fall back to an older request.
+                    let resp = match rpc::decode::<Req>(&mut frame) {
+                        Ok(Some(req)) => h.handle(req).await,
+                        Ok(None) | Err(_) => {
+                            let resp = rpc::unsupported(&start);
+                            tracing::debug!(%peer, answer = ?resp, "rpc request this build does not know");
+                            Msg::new(resp)
+                        }
+                    };
                     if write_msg(&mut sock, &resp).await.is_err() {
                         return;
                     }
@@ -260,5 +295,70 @@ mod tests {
         let second = t.call(1, Msg::new(Req::Ping)).await;
         assert_eq!(second.expect("the call over the closed pooled connection goes again").head, Resp::Ok);
         tokio::time::timeout(Duration::from_secs(5), peer).await.expect("two connections").expect("peer");
+    }
+
+    /// A request of a newer build (a variant this build does not know),
+    /// as a node sends it during a rolling upgrade, is answered with the
+    /// typed `Unsupported`, and the connection goes on serving.
+    #[tokio::test]
+    async fn a_request_this_build_cannot_decode_is_answered_unsupported_and_the_connection_stays() {
+        struct Answers;
+        #[async_trait::async_trait]
+        impl Handler for Answers {
+            async fn handle(&self, _req: Msg<Req>) -> Msg<Resp> {
+                Msg::new(Resp::Ok)
+            }
+        }
+        let secret = RpcSecret::random().expect("secret");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = serve_tcp(listener, Arc::new(Answers), secret.clone());
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        handshake_as_caller(&mut s, &secret).await.expect("handshake");
+        // Variant 200 (varint C8 01) with a string field, and a data part.
+        let head = [0xC8u8, 0x01, 3, b'a', b'b', b'c'];
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&4u32.to_le_bytes());
+        frame.extend_from_slice(&head);
+        frame.extend_from_slice(b"data");
+        s.write_all(&frame).await.expect("send");
+        let answer: Msg<Resp> = tokio::time::timeout(Duration::from_secs(5), read_msg(&mut s))
+            .await
+            .expect("answered in time")
+            .expect("read")
+            .expect("an answer, not a closed connection");
+        match &answer.head {
+            Resp::Unsupported(m) => assert!(m.contains("200"), "{m}"),
+            other => panic!("answered {other:?}"),
+        }
+        assert!(matches!(answer.ok(), Err(LightningError::UnsupportedRequest(_))));
+        write_msg(&mut s, &Msg::new(Req::Ping)).await.expect("send ping");
+        let pong: Msg<Resp> = read_msg(&mut s).await.expect("read").expect("answer");
+        assert_eq!(pong.head, Resp::Ok, "the connection still serves");
+        server.abort();
+    }
+
+    /// A node of a build before `Resp::Unsupported` reads a request it
+    /// cannot decode and closes the connection: on a new connection that
+    /// is the typed UnsupportedRequest, so callers can fall back.
+    #[tokio::test]
+    async fn a_peer_that_closes_a_new_connection_on_a_request_gives_unsupported_request() {
+        let secret = RpcSecret::random().expect("secret");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let theirs = secret.clone();
+        let peer = tokio::spawn(async move {
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().await.expect("accept");
+                handshake_as_listener(&mut s, &theirs).await.expect("handshake");
+                let _frame = read_frame(&mut s).await.expect("read").expect("a request");
+            }
+        });
+        let t = Tcp::new(HashMap::from([(1, addr)]), Duration::from_secs(5), secret);
+        let keys = vec![("b".to_owned(), serde_bytes::ByteBuf::from(b"k".to_vec()))];
+        let e = t.call(1, Msg::new(Req::RowVersions { keys })).await.expect_err("no answer");
+        assert!(matches!(e, LightningError::UnsupportedRequest(_)), "{e:?}");
+        peer.abort();
     }
 }

@@ -273,6 +273,13 @@ impl MetaStore {
         }
     }
 
+    /// When this cluster node deleted bucket `name` (Unix ms), if it
+    /// remembers deleting it and has not seen it created again.
+    pub fn bucket_deleted_ms(&self, name: &str) -> Result<Option<i64>> {
+        let t = self.table(BUCKETS_GONE)?;
+        Ok(t.get(name)?.map(|v| v.value()))
+    }
+
     /// Every bucket, by name.
     pub fn list_buckets(&self) -> Result<Vec<(String, BucketMeta)>> {
         let t = self.table(BUCKETS)?;

@@ -732,6 +732,22 @@ pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Res
     Ok(true)
 }
 
+/// Creates a bucket row created at `created_ms` unless it is here, or the
+/// bucket was deleted here at or after `created_ms` (see
+/// [`crate::cluster::rpc::Req::CreateBucketSince`]). Returns whether the
+/// bucket is here afterwards.
+pub fn ensure_bucket_since(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
+    if txn.open_table(BUCKETS)?.get(name)?.is_some() {
+        return Ok(true);
+    }
+    let deleted = txn.open_table(BUCKETS_GONE)?.get(name)?.map(|v| v.value());
+    if deleted.is_some_and(|d| d >= created_ms) {
+        return Ok(false);
+    }
+    ensure_bucket(txn, name, created_ms)?;
+    Ok(true)
+}
+
 fn refuse_if_gone(txn: &WriteTransaction, id: &str) -> Result<()> {
     if txn.open_table(UPLOADS_GONE)?.get(id)?.is_some() {
         return Err(LightningError::NoSuchUpload(id.to_owned()));

@@ -23,6 +23,10 @@ pub struct Gate {
     admin: Option<(String, String)>,
     /// Nonces of the admin requests taken (a replay is refused).
     replays: admin::Replays,
+    /// When this gate (the server process) started, in Unix seconds: an
+    /// admin request signed before is refused, since the nonces taken
+    /// before a restart are forgotten.
+    started_s: i64,
     anonymous: bool,
 }
 
@@ -80,7 +84,8 @@ impl Gate {
     /// The gate of a server with `cfg`'s admin key and anonymous flag.
     pub fn new(keyring: Arc<dyn Keyring>, cfg: &Config) -> Self {
         let admin = cfg.keys().map(|(a, s)| (a.to_owned(), s.to_owned()));
-        Gate { keyring, admin, replays: admin::Replays::default(), anonymous: cfg.anonymous }
+        let started_s = crate::meta::now_ms() / 1000;
+        Gate { keyring, admin, replays: admin::Replays::default(), started_s, anonymous: cfg.anonymous }
     }
 
     /// Whether `req` is an admin request (its scheme is `LS-ADMIN`).
@@ -91,9 +96,14 @@ impl Gate {
             .is_some_and(|v| v.starts_with(admin::SCHEME) && v[admin::SCHEME.len()..].starts_with(' '))
     }
 
-    /// Answers an admin request.
-    pub async fn admin<B>(&self, req: &http::Request<B>) -> http::Response<s3s::Body> {
-        match self.admin_inner(req).await {
+    /// Answers an admin request that arrived on a connection to `local`
+    /// (this server's address the client connected to).
+    pub async fn admin<B>(
+        &self,
+        req: &http::Request<B>,
+        local: Option<std::net::SocketAddr>,
+    ) -> http::Response<s3s::Body> {
+        match self.admin_inner(req, local).await {
             Ok(body) => text(http::StatusCode::OK, body),
             Err(e) => {
                 let status = e.s3_code().status_code().unwrap_or(http::StatusCode::BAD_REQUEST);
@@ -102,14 +112,15 @@ impl Gate {
         }
     }
 
-    async fn admin_inner<B>(&self, req: &http::Request<B>) -> Result<String> {
+    async fn admin_inner<B>(&self, req: &http::Request<B>, local: Option<std::net::SocketAddr>) -> Result<String> {
         let method = req.method().as_str();
         let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
         let header = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
         let admin = self.admin.as_ref().map(|(a, s)| (a.as_str(), s.as_str()));
         let now_s = crate::meta::now_ms() / 1000;
-        let secs = admin::verify(header, admin, now_s, method, target)?;
+        let secs = admin::verify(header, admin, now_s, self.started_s, method, target)?;
         let query = req.uri().query().unwrap_or("");
+        admin::check_node(query, local)?;
         self.replays.take(query, secs, now_s)?;
         let arg = |name: &str| -> Result<String> {
             admin::query_value(query, name)?
