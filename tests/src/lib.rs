@@ -369,3 +369,15 @@ pub fn fio_verify(uri: &str, size: &str, extra: &[&str]) -> Command {
     .args(extra);
     c
 }
+
+/// Resident memory of a process, in MiB.
+pub fn rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib >> 10
+}

@@ -447,8 +447,21 @@ fn our_load_generator_agrees_with_fio_on_the_same_export() {
     // unit, a lost queue depth (QD32 against QD1 is 32x behind a 4 ms round
     // trip) or a miscounted direction still fails.
     let nbd = accuracy(
-        &["--profiles", "nbd-4", "--dir-profiles", "", "--runtime", "3s", "--tolerance", "15%"],
-        &["--link-rate", "64MiB", "--link-delay", "2ms"],
+        3,
+        &[
+            "--profiles",
+            "nbd-4",
+            "--dir-profiles",
+            "",
+            "--runtime",
+            "3s",
+            "--tolerance",
+            "15%",
+            "--link-rate",
+            "64MiB",
+            "--link-delay",
+            "2ms",
+        ],
     );
     assert_eq!(rows(&nbd).len(), 4, "four one-direction jobs: {nbd}");
     assert!(nbd.contains("placement: both generators on CPU"), "{nbd}");
@@ -456,24 +469,19 @@ fn our_load_generator_agrees_with_fio_on_the_same_export() {
     // on this machine's disk, which other work shares: 5 iterations and a
     // 25 % bound (runs of 2 s there differ by up to 30 %). It fails an engine
     // that issues requests otherwise than fio's libaio does.
-    let dir = accuracy(
-        &["--profiles", "", "--dir-profiles", "seed-003", "--runtime", "2s", "--tolerance", "25%"],
-        &["--iterations", "5"],
-    );
+    let dir = accuracy(5, &["--profiles", "", "--dir-profiles", "seed-003", "--runtime", "2s", "--tolerance", "25%"]);
     assert_eq!(rows(&dir).len(), 2, "read and write of seed-003: {dir}");
     assert!(dir.contains("our file engine: aio"), "{dir}");
 }
 
-/// `bench accuracy` with `args` on a 128 MiB target (3 iterations unless
-/// `more` says otherwise); returns its table, having checked that it passed
-/// and that every row is within the bound or excused because fio was CPU-bound.
-fn accuracy(args: &[&str], more: &[&str]) -> String {
-    let mut cmd = bench();
-    cmd.args(["accuracy", "--size", "128M"]).args(args);
-    if !more.contains(&"--iterations") {
-        cmd.args(["--iterations", "3"]);
-    }
-    let out = cmd.args(more).output().unwrap();
+/// `bench accuracy` with `args` on a 128 MiB target; returns its table,
+/// having checked that it passed and that every row is within the bound or excused because fio was CPU-bound.
+fn accuracy(iterations: u32, args: &[&str]) -> String {
+    let out = bench()
+        .args(["accuracy", "--size", "128M", "--iterations", &iterations.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("{table}");
     assert!(out.status.success(), "{table}\n{}", String::from_utf8_lossy(&out.stderr));

@@ -239,18 +239,6 @@ fn the_front_refuses_what_it_does_not_forward_drops_garbage_and_serves_the_next_
     assert!(String::from_utf8_lossy(&out.stdout).contains("export-size: 16777216"));
 }
 
-/// Resident memory of a process, in MiB.
-fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kib >> 10
-}
-
 /// A client that sends 200 READs of 4 MiB (800 MiB of replies) and reads
 /// nothing back: the front stops reading its requests once its 64 MiB
 /// budget waits in replies nobody reads, so its memory stays bounded
@@ -263,7 +251,7 @@ fn a_client_that_does_not_read_its_replies_holds_the_front_to_its_budget() {
     let c = Corona::start(IoEngine::Threads);
     c.create("big", 64 * MIB);
     let front = Front::start(&[c.addr().to_string()], "big", 1);
-    let before = rss_mib(front.pid());
+    let before = stack_tests::rss_mib(front.pid());
 
     let mut s = greeted(&front.addr);
     let mut out = Vec::new();
@@ -280,7 +268,7 @@ fn a_client_that_does_not_read_its_replies_holds_the_front_to_its_budget() {
     // Time for the front to read every request it will take and fetch its
     // data from CoronaFS (800 MiB over loopback takes well under a second).
     std::thread::sleep(Duration::from_secs(3));
-    let held = rss_mib(front.pid());
+    let held = stack_tests::rss_mib(front.pid());
     eprintln!("front RSS: {before} MiB before, {held} MiB with {N} reads of 4 MiB unread");
     assert!(held < before + 256, "the front queued replies nobody reads: {before} -> {held} MiB");
 

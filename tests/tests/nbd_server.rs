@@ -434,18 +434,6 @@ fn extended_headers_serve_64_bit_lengths_and_refuse_what_we_do_not_serve() {
     assert!(c.srv().metrics.extended_sessions.load(std::sync::atomic::Ordering::Relaxed) >= 1);
 }
 
-/// Resident memory of a process, in MiB.
-fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kib >> 10
-}
-
 /// A client that sends a million READs past the end (each refused) and
 /// reads no reply: the refusals wait within the connection's budget, so
 /// the server stops reading that client instead of queueing a million
@@ -459,7 +447,7 @@ fn refusals_a_client_does_not_read_stay_within_its_budget() {
     let p = stack_tests::CoronaProc::spawn(dir.path(), IoEngine::Threads);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(p.client().create("disk", SIZE)).expect("create");
-    let before = rss_mib(p.child.id());
+    let before = stack_tests::rss_mib(p.child.id());
     let s = raw_transmission(p.nbd, "disk");
     let mut writer = s.try_clone().expect("clone");
     let sender = std::thread::spawn(move || {
@@ -473,7 +461,7 @@ fn refusals_a_client_does_not_read_stay_within_its_budget() {
         }
     });
     std::thread::sleep(Duration::from_secs(3));
-    let held = rss_mib(p.child.id());
+    let held = stack_tests::rss_mib(p.child.id());
     eprintln!("coronafs RSS: {before} MiB before, {held} MiB with refusals unread");
     assert!(held < before + 48, "the server queued replies nobody reads: {before} -> {held} MiB");
     rt.block_on(async {

@@ -273,11 +273,17 @@ pub fn serve_tcp(listener: TcpListener, handler: Arc<dyn Handler>, secret: RpcSe
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_call_over_an_idle_connection_the_peer_closed_goes_again_on_a_new_one() {
+    /// A cluster secret and a loopback listener for a test peer.
+    async fn peer() -> (RpcSecret, TcpListener, std::net::SocketAddr) {
         let secret = RpcSecret::random().expect("secret");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
+        (secret, listener, addr)
+    }
+
+    #[tokio::test]
+    async fn a_call_over_an_idle_connection_the_peer_closed_goes_again_on_a_new_one() {
+        let (secret, listener, addr) = peer().await;
         let theirs = secret.clone();
         // A peer that answers one request per connection, then closes it
         // (as a restarted node has closed every connection to its old self).
@@ -309,9 +315,7 @@ mod tests {
                 Msg::new(Resp::Ok)
             }
         }
-        let secret = RpcSecret::random().expect("secret");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
+        let (secret, listener, addr) = peer().await;
         let server = serve_tcp(listener, Arc::new(Answers), secret.clone());
         let mut s = TcpStream::connect(addr).await.expect("connect");
         handshake_as_caller(&mut s, &secret).await.expect("handshake");
@@ -344,9 +348,7 @@ mod tests {
     /// is the typed UnsupportedRequest, so callers can fall back.
     #[tokio::test]
     async fn a_peer_that_closes_a_new_connection_on_a_request_gives_unsupported_request() {
-        let secret = RpcSecret::random().expect("secret");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
+        let (secret, listener, addr) = peer().await;
         let theirs = secret.clone();
         let peer = tokio::spawn(async move {
             for _ in 0..2 {
