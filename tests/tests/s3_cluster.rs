@@ -1939,6 +1939,122 @@ async fn a_bucket_deleted_and_created_again_serves_through_every_node() -> R {
     Ok(())
 }
 
+/// A bucket's create or delete that reaches a node late, from the resync
+/// queue of a node that missed what came after it, must not undo it
+/// (5 nodes, so that a majority takes each step without the nodes cut off).
+/// Late delete: node 2 deletes the bucket with node 5 cut off and queues
+/// the delete for it; node 1 creates the bucket again with nodes 2 and 5
+/// cut off and queues the create for both; node 5 gets the create, then
+/// node 2's old delete. Late create: node 1 creates a bucket with node 5
+/// cut off and queues the create for it; node 2 deletes the bucket with
+/// node 1 cut off; node 1's old create then reaches node 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_bucket_create_or_delete_from_the_resync_queue_undoes_nothing() -> R {
+    let s = InCluster::new(5);
+    let f = &s.cluster.faults;
+    let clients: Vec<aws_sdk_s3::Client> = (1..=5).map(|i| s.client_of(i)).collect();
+    let row = |n: u8, b: &str| s.cluster.node(n).store.meta.get_bucket(b).ok().flatten();
+    let created = |n: u8, b: &str| row(n, b).map(|r| r.created_ms);
+
+    // Late delete.
+    clients[0].create_bucket().bucket("late").send().await?;
+    f.isolate(5);
+    clients[1].delete_bucket().bucket("late").send().await?;
+    assert!(!s.cluster.node(2).resync.is_empty(), "node 2 queued the delete for node 5");
+    f.cut(1, 2);
+    clients[0].create_bucket().bucket("late").send().await?;
+    let new = created(1, "late").expect("node 1 holds the new bucket");
+    assert!(row(2, "late").is_none() && row(5, "late").is_some_and(|r| r.created_ms < new), "nodes 2 and 5 missed it");
+    // Node 5 gets node 1's create first, then node 2's delete.
+    f.cut(2, 5);
+    f.rejoin(5);
+    eventually(20, "node 5 takes the new bucket from node 1's queue", || created(5, "late") == Some(new)).await;
+    f.uncut(2, 5);
+    eventually(20, "node 2's queued delete reaches node 5", || s.cluster.node(2).resync.is_empty()).await;
+    assert_eq!(created(5, "late"), Some(new), "node 2's late delete deleted the bucket created since on node 5");
+    f.heal();
+    eventually(20, "node 2 gets the new bucket", || created(2, "late") == Some(new)).await;
+    for (w, c) in clients.iter().enumerate() {
+        put(c, "late", &format!("k{w}"), &pseudo_random(3000, 200 + w as u64))
+            .await
+            .map_err(|e| anyhow::anyhow!("put through node {}: {e}", w + 1))?;
+    }
+    for (r, c) in clients.iter().enumerate() {
+        for w in 0..clients.len() {
+            let got = get(c, "late", &format!("k{w}")).await?;
+            assert!(got == pseudo_random(3000, 200 + w as u64), "k{w} through node {}", r + 1);
+        }
+    }
+
+    // Late create.
+    f.isolate(5);
+    clients[0].create_bucket().bucket("later").send().await?;
+    let made = created(1, "later").expect("node 1 holds the bucket");
+    assert!(!s.cluster.node(1).resync.is_empty(), "node 1 queued the create for node 5");
+    f.cut(1, 5);
+    f.rejoin(5);
+    f.cut(1, 2);
+    f.cut(2, 1);
+    clients[1].delete_bucket().bucket("later").send().await?;
+    assert!(row(5, "later").is_none() && created(1, "later") == Some(made), "node 1 missed the delete");
+    // Node 1, still holding the bucket, sends node 5 its old create.
+    f.uncut(1, 5);
+    eventually(20, "node 1's queued create reaches node 5", || s.cluster.node(1).resync.is_empty()).await;
+    assert!(row(5, "later").is_none(), "node 1's late create brought the deleted bucket back on node 5");
+    f.heal();
+    eventually(20, "node 1 gets the delete", || row(1, "later").is_none()).await;
+    for (i, c) in clients.iter().enumerate() {
+        let head = c.head_bucket().bucket("later").send().await;
+        assert_eq!(head.map(|_| 200).unwrap_or_else(|e| status(&e)), 404, "HeadBucket through node {}", i + 1);
+        let listed = c.list_buckets().send().await?;
+        assert!(!listed.buckets().iter().any(|b| b.name() == Some("later")), "listed through node {}", i + 1);
+    }
+    Ok(())
+}
+
+/// Bucket rows are part of anti-entropy: a node that missed a bucket's
+/// delete, or its create, gets it although the coordinator's resync queue
+/// lost the entry (the coordinator died before it ran; here: cleared).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anti_entropy_repairs_bucket_rows_a_lost_resync_entry_left_behind() -> R {
+    let s = InCluster::with(3, |c| c.anti_entropy_secs = 1);
+    let f = &s.cluster.faults;
+    let c1 = s.client_of(1);
+    let c3 = s.client_of(3);
+    let row = |n: u8, b: &str| s.cluster.node(n).store.meta.get_bucket(b).ok().flatten();
+    let repairs = |n: u8| s.cluster.node(n).metrics.repairs.load(std::sync::atomic::Ordering::Relaxed);
+
+    // A missed delete.
+    c1.create_bucket().bucket("gone").send().await?;
+    f.isolate(3);
+    s.client_of(2).delete_bucket().bucket("gone").send().await?;
+    s.cluster.node(2).resync.clear()?;
+    f.heal();
+    assert!(row(3, "gone").is_some(), "node 3 missed the delete");
+    let before = repairs(1) + repairs(2);
+    eventually(20, "node 3 loses the deleted bucket", || row(3, "gone").is_none()).await;
+    assert!(repairs(1) + repairs(2) > before, "anti-entropy counted its repair");
+    let head = c3.head_bucket().bucket("gone").send().await;
+    assert_eq!(head.map(|_| 200).unwrap_or_else(|e| status(&e)), 404, "HeadBucket through node 3");
+
+    // A missed create.
+    f.isolate(3);
+    c1.create_bucket().bucket("made").send().await?;
+    s.cluster.node(1).resync.clear()?;
+    f.heal();
+    assert!(row(3, "made").is_none(), "node 3 missed the create");
+    eventually(20, "node 3 gets the bucket", || {
+        row(3, "made").map(|r| r.created_ms) == row(1, "made").map(|r| r.created_ms)
+    })
+    .await;
+    // Node 3 takes the bucket's writes as a replica again.
+    f.isolate(1);
+    put(&c3, "made", "k", &pseudo_random(5000, 300)).await?;
+    f.heal();
+    assert!(get(&c1, "made", "k").await? == pseudo_random(5000, 300), "k through node 1");
+    Ok(())
+}
+
 /// An admin request names the node it is signed for (`node=`, the address
 /// the client connected to): recorded on its way to one node of a cluster,
 /// it is refused by the others, inside the five minutes and with a nonce

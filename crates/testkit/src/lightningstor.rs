@@ -89,8 +89,8 @@ pub struct Faults {
     drop_percent: std::sync::atomic::AtomicU64,
     /// Paused nodes: messages to them wait until they resume.
     paused: Mutex<HashSet<NodeId>>,
-    /// Nodes that answer [`Req::RowVersions`] as a node of a build without
-    /// it does: [`Resp::Unsupported`].
+    /// Nodes that answer the requests newer than [`Req::CompleteUpload`]
+    /// as a node of a build without them does: [`Resp::Unsupported`].
     old_build: Mutex<HashSet<NodeId>>,
 }
 
@@ -107,10 +107,24 @@ impl Faults {
         }
     }
 
+    /// Ends [`Faults::isolate`] of node `n` (cuts stay).
+    pub fn rejoin(&self, n: NodeId) {
+        if let Ok(mut s) = self.isolated.lock() {
+            s.remove(&n);
+        }
+    }
+
     /// Drops the one-way link `from -> to`.
     pub fn cut(&self, from: NodeId, to: NodeId) {
         if let Ok(mut s) = self.cut.lock() {
             s.insert((from, to));
+        }
+    }
+
+    /// Restores the one-way link `from -> to` (other cuts stay).
+    pub fn uncut(&self, from: NodeId, to: NodeId) {
+        if let Ok(mut s) = self.cut.lock() {
+            s.remove(&(from, to));
         }
     }
 
@@ -149,7 +163,8 @@ impl Faults {
     }
 
     /// Makes node `n` answer as a node of an older build, one that knows no
-    /// [`Req::RowVersions`]: its TCP listener answers a request it cannot
+    /// [`Req::RowVersions`], [`Req::CreateBucketSince`] or
+    /// [`Req::DeleteBucketBefore`]: its TCP listener answers a request it cannot
     /// decode with [`Resp::Unsupported`], and so does this transport.
     pub fn old_build(&self, n: NodeId) {
         if let Ok(mut s) = self.old_build.lock() {
@@ -158,7 +173,8 @@ impl Faults {
     }
 
     fn unsupported(&self, to: NodeId, req: &Req) -> bool {
-        matches!(req, Req::RowVersions { .. }) && self.old_build.lock().map(|s| s.contains(&to)).unwrap_or(false)
+        matches!(req, Req::RowVersions { .. } | Req::CreateBucketSince { .. } | Req::DeleteBucketBefore { .. })
+            && self.old_build.lock().map(|s| s.contains(&to)).unwrap_or(false)
     }
 
     /// Drops `p` percent of messages.

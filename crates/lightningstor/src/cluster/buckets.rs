@@ -117,7 +117,11 @@ impl Node {
         if self.bucket_exists(name).await? {
             return Err(LightningError::BucketAlreadyExists(name.to_owned()));
         }
-        let req = Req::CreateBucket { name: name.to_owned(), created_ms: now_ms() };
+        // Later than a delete this node remembers, should its clock have
+        // stepped back: replicas order a bucket's create and delete by time.
+        let deleted_here = self.store.meta.bucket_deleted_ms(name)?;
+        let created_ms = deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1));
+        let req = Req::CreateBucket { name: name.to_owned(), created_ms };
         self.to_all_queue_missed(req, name, "create bucket").await
     }
 
@@ -175,23 +179,73 @@ impl Node {
 
     /// The resync of bucket `name`'s row to node `to`: the row this node
     /// holds (with its lifecycle configuration), or the bucket's delete
-    /// when this node deleted it. A node that holds an object row of the
-    /// bucket refuses the delete (BucketNotEmpty: a write it took raced the
-    /// delete) and keeps the bucket; that ends the entry.
+    /// when this node deleted it. Both carry their time, as the entry may
+    /// run long after them: the create is the row's own creation time,
+    /// which a node that deleted the bucket since refuses
+    /// ([`Req::CreateBucketSince`]: the delete stands, and the row here is
+    /// the stale one), and the delete is this node's time of deleting it,
+    /// which a node whose row was created since refuses
+    /// ([`Req::DeleteBucketBefore`]). A node of an older build, which knows
+    /// neither, gets the plain create and delete. A node that holds an
+    /// object row of the bucket refuses the delete (BucketNotEmpty: a
+    /// write it took raced the delete) and keeps the bucket; that ends the
+    /// entry.
     pub(super) async fn resync_bucket(self: &Arc<Self>, to: NodeId, name: &str) -> Result<()> {
         if let Some(row) = self.store.meta.get_bucket(name)? {
-            let req = Req::CreateBucket { name: name.to_owned(), created_ms: now_ms() };
-            self.call(to, Msg::new(req)).await?;
+            let since = Req::CreateBucketSince { name: name.to_owned(), created_ms: row.created_ms };
+            let here = match self.call(to, Msg::new(since)).await {
+                Ok(Msg { head: Resp::Flag(here), .. }) => here,
+                Ok(other) => {
+                    return Err(LightningError::Unavailable(format!(
+                        "unexpected answer to CreateBucketSince: {:?}",
+                        other.head
+                    )));
+                }
+                Err(LightningError::UnsupportedRequest(_)) => {
+                    let create = Req::CreateBucket { name: name.to_owned(), created_ms: row.created_ms };
+                    self.call(to, Msg::new(create)).await?;
+                    true
+                }
+                Err(e) => return Err(e),
+            };
+            if !here {
+                tracing::warn!(
+                    bucket = name,
+                    node = to,
+                    created_ms = row.created_ms,
+                    "a node deleted the bucket after this node's row was created; the create is not resent"
+                );
+                return Ok(());
+            }
             if let Some(lifecycle) = row.lifecycle {
                 self.call(to, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle })).await?;
             }
             return Ok(());
         }
-        if self.store.meta.bucket_deleted_ms(name)?.is_none() {
+        let Some(deleted_ms) = self.store.meta.bucket_deleted_ms(name)? else {
             return Ok(());
-        }
-        match self.call(to, Msg::new(Req::DeleteBucket { name: name.to_owned() })).await {
-            Ok(_) => Ok(()),
+        };
+        let late = Req::DeleteBucketBefore { name: name.to_owned(), deleted_ms };
+        let r = match self.call(to, Msg::new(late)).await {
+            Err(LightningError::UnsupportedRequest(_)) => {
+                self.call(to, Msg::new(Req::DeleteBucket { name: name.to_owned() })).await.map(|_| true)
+            }
+            Ok(Msg { head: Resp::Flag(deleted), .. }) => Ok(deleted),
+            Ok(other) => {
+                Err(LightningError::Unavailable(format!("unexpected answer to DeleteBucketBefore: {:?}", other.head)))
+            }
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                tracing::info!(
+                    bucket = name,
+                    node = to,
+                    "a node created the bucket again after this node deleted it; it keeps it"
+                );
+                Ok(())
+            }
             Err(LightningError::BucketNotEmpty(_)) => {
                 tracing::warn!(
                     bucket = name,
@@ -202,6 +256,68 @@ impl Node {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Anti-entropy of bucket rows: compares this node's bucket rows and
+    /// deleted buckets with each peer's bucket list and sends the peer
+    /// what it lacks, timed as the resync queue's entries are: a row it
+    /// lacks or holds older ([`Req::CreateBucketSince`], refused if it
+    /// deleted the bucket since) and a delete of a bucket whose row it
+    /// holds from before the delete ([`Req::DeleteBucketBefore`]). What the
+    /// peer knows newer, it sends here in its own round. This repairs what
+    /// a resync queue would have, had its node not died (or cleared it)
+    /// before its entries ran. One bucket listing per peer per round (bucket
+    /// rows are few). Returns the rows and deletes sent.
+    pub async fn bucket_rows_round(self: &Arc<Self>) -> Result<usize> {
+        let store = self.store.clone();
+        let (rows, gone) = tokio::task::spawn_blocking(move || {
+            Ok::<_, LightningError>((store.meta.list_buckets()?, store.meta.buckets_gone()?))
+        })
+        .await
+        .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+        let mut sent = 0;
+        for peer in self.all_nodes().into_iter().filter(|n| *n != self.id) {
+            let theirs: BTreeMap<String, i64> = match self.call(peer, Msg::new(Req::ListBuckets)).await {
+                Ok(Msg { head: Resp::Buckets(b), .. }) => b.into_iter().collect(),
+                Ok(_) | Err(_) => continue,
+            };
+            for (name, row) in &rows {
+                if theirs.get(name).is_some_and(|c| *c >= row.created_ms) {
+                    continue;
+                }
+                let since = Req::CreateBucketSince { name: name.clone(), created_ms: row.created_ms };
+                match self.call(peer, Msg::new(since)).await {
+                    Ok(Msg { head: Resp::Flag(true), .. }) => {
+                        sent += 1;
+                        tracing::info!(bucket = %name, node = peer, "anti-entropy: a node lacked the bucket's row");
+                        if let Some(lifecycle) = row.lifecycle.clone() {
+                            let set = Req::SetLifecycle { bucket: name.clone(), lifecycle };
+                            self.call(peer, Msg::new(set)).await?;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(LightningError::UnsupportedRequest(_)) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            for (name, deleted_ms) in &gone {
+                if !theirs.get(name).is_some_and(|c| c <= deleted_ms) {
+                    continue;
+                }
+                let late = Req::DeleteBucketBefore { name: name.clone(), deleted_ms: *deleted_ms };
+                match self.call(peer, Msg::new(late)).await {
+                    Ok(Msg { head: Resp::Flag(true), .. }) => {
+                        sent += 1;
+                        tracing::info!(bucket = %name, node = peer, "anti-entropy: a node missed the bucket's delete");
+                    }
+                    Ok(_) | Err(LightningError::BucketNotEmpty(_)) => {}
+                    Err(LightningError::UnsupportedRequest(_)) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.metrics.repairs.fetch_add(sent as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(sent)
     }
 
     /// Creates bucket `name` again, with its lifecycle configuration, on

@@ -382,6 +382,12 @@ impl Node {
                 self.store.spawn_delete(freed);
                 Msg::new(Resp::Ok)
             }
+            Req::DeleteBucketBefore { name, deleted_ms } => {
+                let freed = self.store.meta.write(move |t| ops::drop_bucket_before(t, &name, deleted_ms)).await?;
+                let deleted = freed.is_some();
+                self.store.spawn_delete(freed.unwrap_or_default());
+                Msg::new(Resp::Flag(deleted))
+            }
             Req::SetLifecycle { bucket, lifecycle } => {
                 self.hlc.observe(lifecycle.version);
                 self.store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lifecycle, true)).await?;

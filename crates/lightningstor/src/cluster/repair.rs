@@ -359,6 +359,9 @@ impl Node {
                     if let Err(e) = node.anti_entropy_round().await {
                         tracing::debug!(error = %e, "anti-entropy round failed");
                     }
+                    if let Err(e) = node.bucket_rows_round().await {
+                        tracing::debug!(error = %e, "bucket rows' anti-entropy round failed");
+                    }
                     let _ = node.collect_tombstones().await;
                     if let Err(e) = node.sweep_uploads().await {
                         tracing::debug!(error = %e, "upload sweep failed");

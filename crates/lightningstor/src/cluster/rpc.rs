@@ -138,6 +138,13 @@ pub enum Req {
     /// coordinator holds the old row, does not bring the bucket back.
     /// Answered with [`Resp::Flag`]: whether the bucket is here now.
     CreateBucketSince { name: String, created_ms: i64 },
+    /// Delete the bucket as [`Req::DeleteBucket`] does, unless the row held
+    /// here was created after `deleted_ms` (the time the coordinator of the
+    /// delete deleted it): a delete that reaches a node late, from the
+    /// resync queue, must not delete the bucket created again since.
+    /// Remembers the bucket as deleted at `deleted_ms` (or later, if it
+    /// already was). Answered with [`Resp::Flag`]: whether it deleted a row.
+    DeleteBucketBefore { name: String, deleted_ms: i64 },
 }
 
 /// Answers.
@@ -415,6 +422,7 @@ mod tests {
         let complete = Req::CompleteUpload { session: 1, id: "u".into(), bucket: "b".into(), key: b"k".to_vec(), row };
         assert_eq!(req(complete), 33);
         assert_eq!(req(Req::CreateBucketSince { name: "b".into(), created_ms: 0 }), 34);
+        assert_eq!(req(Req::DeleteBucketBefore { name: "b".into(), deleted_ms: 0 }), 35);
         assert_eq!(resp(Resp::Ok), 0);
         assert_eq!(resp(Resp::Err(RemoteError::Other(String::new()))), 10);
         assert_eq!(resp(Resp::RowVersions(vec![])), 18);

@@ -280,6 +280,18 @@ impl MetaStore {
         Ok(t.get(name)?.map(|v| v.value()))
     }
 
+    /// Every bucket this cluster node remembers deleting (and has not seen
+    /// created again), with the time of the delete (Unix ms), by name.
+    pub fn buckets_gone(&self) -> Result<Vec<(String, i64)>> {
+        let t = self.table(BUCKETS_GONE)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            out.push((k.value().to_owned(), v.value()));
+        }
+        Ok(out)
+    }
+
     /// Every bucket, by name.
     pub fn list_buckets(&self) -> Result<Vec<(String, BucketMeta)>> {
         let t = self.table(BUCKETS)?;

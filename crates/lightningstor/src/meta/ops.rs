@@ -683,6 +683,29 @@ pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>>
     Ok(freed)
 }
 
+/// A late delete's side on a replica ([`crate::cluster::rpc::Req::DeleteBucketBefore`]):
+/// deletes the bucket as [`drop_bucket`] does unless its row here was
+/// created after `deleted_ms`, and remembers the bucket as deleted at
+/// `deleted_ms` (a later time already remembered stays). `None` when the
+/// row is newer than the delete and stays; else the freed blocks.
+pub fn drop_bucket_before(txn: &WriteTransaction, name: &str, deleted_ms: i64) -> Result<Option<Vec<BlockHash>>> {
+    let created = match txn.open_table(BUCKETS)?.get(name)? {
+        Some(v) => Some(postcard::from_bytes::<BucketMeta>(v.value())?.created_ms),
+        None => None,
+    };
+    if created.is_some_and(|c| c > deleted_ms) {
+        return Ok(None);
+    }
+    let freed = if created.is_some() { drop_bucket(txn, name)? } else { Vec::new() };
+    let mut gone = txn.open_table(BUCKETS_GONE)?;
+    let known = gone.get(name)?.map(|v| v.value());
+    // drop_bucket wrote this node's time; the delete's own time is what a
+    // later create is compared with.
+    let at = if created.is_some() { deleted_ms } else { known.map_or(deleted_ms, |k| k.max(deleted_ms)) };
+    gone.insert(name, at)?;
+    Ok(Some(freed))
+}
+
 /// On a replica, makes sure the bucket row of a replicated write exists:
 /// creates it if this replica missed the bucket's creation. `false` when the
 /// bucket was deleted here (the write raced its delete).
@@ -719,12 +742,19 @@ pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, creat
     Ok(true)
 }
 
-/// Creates a bucket row if it is missing (replicated create: idempotent),
-/// forgetting that it was deleted.
+/// Creates a bucket row created at `created_ms` (replicated create:
+/// idempotent), forgetting that it was deleted. A row here created
+/// earlier is one whose delete this node missed (the bucket was deleted
+/// and created again while it was down or cut off): it is replaced, with
+/// its configuration, by the new bucket's. Returns whether it wrote a row.
 pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
     txn.open_table(BUCKETS_GONE)?.remove(name)?;
     let mut t = txn.open_table(BUCKETS)?;
-    if t.get(name)?.is_some() {
+    let here = match t.get(name)? {
+        Some(v) => Some(postcard::from_bytes::<BucketMeta>(v.value())?.created_ms),
+        None => None,
+    };
+    if here.is_some_and(|h| h >= created_ms) {
         return Ok(false);
     }
     let row = postcard::to_allocvec(&BucketMeta::new(created_ms))?;
@@ -732,16 +762,13 @@ pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Res
     Ok(true)
 }
 
-/// Creates a bucket row created at `created_ms` unless it is here, or the
-/// bucket was deleted here at or after `created_ms` (see
-/// [`crate::cluster::rpc::Req::CreateBucketSince`]). Returns whether the
-/// bucket is here afterwards.
+/// Creates (or renews, as [`ensure_bucket`] does) a bucket row created at
+/// `created_ms` unless the bucket was deleted here at or after
+/// `created_ms` (see [`crate::cluster::rpc::Req::CreateBucketSince`]).
+/// Returns whether the bucket is here afterwards.
 pub fn ensure_bucket_since(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
-    if txn.open_table(BUCKETS)?.get(name)?.is_some() {
-        return Ok(true);
-    }
     let deleted = txn.open_table(BUCKETS_GONE)?.get(name)?.map(|v| v.value());
-    if deleted.is_some_and(|d| d >= created_ms) {
+    if deleted.is_some_and(|d| d >= created_ms) && txn.open_table(BUCKETS)?.get(name)?.is_none() {
         return Ok(false);
     }
     ensure_bucket(txn, name, created_ms)?;
