@@ -2012,11 +2012,12 @@ async fn a_late_bucket_create_or_delete_from_the_resync_queue_undoes_nothing() -
     Ok(())
 }
 
-/// Bucket rows are part of anti-entropy: a node that missed a bucket's
-/// delete, or its create, gets it although the coordinator's resync queue
-/// lost the entry (the coordinator died before it ran; here: cleared).
+/// Bucket rows and the keyring are part of anti-entropy: a node that
+/// missed a bucket's delete, its create, or a new key gets it although the
+/// coordinator's resync queue lost the entry (the coordinator died before
+/// it ran; here: cleared).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn anti_entropy_repairs_bucket_rows_a_lost_resync_entry_left_behind() -> R {
+async fn anti_entropy_repairs_bucket_rows_and_keys_a_lost_resync_entry_left_behind() -> R {
     let s = InCluster::with(3, |c| c.anti_entropy_secs = 1);
     let f = &s.cluster.faults;
     let c1 = s.client_of(1);
@@ -2052,6 +2053,19 @@ async fn anti_entropy_repairs_bucket_rows_a_lost_resync_entry_left_behind() -> R
     put(&c3, "made", "k", &pseudo_random(5000, 300)).await?;
     f.heal();
     assert!(get(&c1, "made", "k").await? == pseudo_random(5000, 300), "k through node 1");
+
+    // A key made while node 3 was away.
+    use lightningstor::keys::Keyring as _;
+    f.isolate(3);
+    let (id, key) = lightningstor::keys::create_key(&*s.cluster.node(1), "late-key").await?;
+    s.cluster.node(1).resync.clear()?;
+    f.heal();
+    assert!(s.cluster.node(3).store.key(&id)?.is_none(), "node 3 missed the key");
+    eventually(20, "node 3 learns the key", || s.cluster.node(3).store.key(&id).ok().flatten().is_some()).await;
+    let conf = sdk_config("http://localhost:9000", &id, &key.secret)
+        .http_client(s3s_aws::Client::from(s.cluster.service(3)))
+        .build();
+    aws_sdk_s3::Client::from_conf(conf).create_bucket().bucket("keyed").send().await?;
     Ok(())
 }
 

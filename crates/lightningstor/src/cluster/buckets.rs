@@ -258,25 +258,34 @@ impl Node {
         }
     }
 
-    /// Anti-entropy of bucket rows: compares this node's bucket rows and
+    /// Anti-entropy of the rows every node holds, bucket rows and the
+    /// keyring. Bucket rows: compares this node's bucket rows and
     /// deleted buckets with each peer's bucket list and sends the peer
     /// what it lacks, timed as the resync queue's entries are: a row it
     /// lacks or holds older ([`Req::CreateBucketSince`], refused if it
     /// deleted the bucket since) and a delete of a bucket whose row it
     /// holds from before the delete ([`Req::DeleteBucketBefore`]). What the
-    /// peer knows newer, it sends here in its own round. This repairs what
-    /// a resync queue would have, had its node not died (or cleared it)
-    /// before its entries ran. One bucket listing per peer per round (bucket
-    /// rows are few). Returns the rows and deletes sent.
-    pub async fn bucket_rows_round(self: &Arc<Self>) -> Result<usize> {
+    /// peer knows newer, it sends here in its own round. The keyring: every
+    /// key and grant row goes to every peer ([`Req::MergeAuth`]; a peer
+    /// keeps the newer version of each). This repairs what a resync queue
+    /// would have, had its node not died (or cleared it) before its entries
+    /// ran. Per peer and round: one bucket listing and one message of the
+    /// keyring (both are small). Returns the bucket rows and deletes sent.
+    pub async fn shared_rows_round(self: &Arc<Self>) -> Result<usize> {
         let store = self.store.clone();
         let (rows, gone) = tokio::task::spawn_blocking(move || {
             Ok::<_, LightningError>((store.meta.list_buckets()?, store.meta.buckets_gone()?))
         })
         .await
         .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+        let auth = self.blocking_auth_rows().await?;
         let mut sent = 0;
         for peer in self.all_nodes().into_iter().filter(|n| *n != self.id) {
+            if !auth.is_empty()
+                && let Err(e) = self.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await
+            {
+                tracing::debug!(node = peer, error = %e, "anti-entropy: the keyring did not reach a node");
+            }
             let theirs: BTreeMap<String, i64> = match self.call(peer, Msg::new(Req::ListBuckets)).await {
                 Ok(Msg { head: Resp::Buckets(b), .. }) => b.into_iter().collect(),
                 Ok(_) | Err(_) => continue,

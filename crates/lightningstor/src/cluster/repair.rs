@@ -254,7 +254,8 @@ impl Node {
         Ok(n)
     }
 
-    /// Drops tombstones older than the configured delay.
+    /// Drops tombstones, and the records of deleted buckets, older than the
+    /// configured delay (`tombstone_secs`).
     pub async fn collect_tombstones(self: &Arc<Self>) -> Result<usize> {
         let keep_ms = self.config().tombstone_secs.saturating_mul(1000);
         let now = u64::try_from(crate::meta::now_ms()).unwrap_or(0);
@@ -265,6 +266,10 @@ impl Node {
         for (b, k, v) in old {
             self.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
         }
+        // Deleted buckets are remembered as long (a node away longer than
+        // that could bring one back, as it could a deleted object).
+        let before_ms = crate::meta::now_ms().saturating_sub(i64::try_from(keep_ms).unwrap_or(i64::MAX));
+        self.store.meta.write(move |t| ops::forget_buckets_gone(t, before_ms)).await?;
         Ok(n)
     }
 
@@ -359,8 +364,8 @@ impl Node {
                     if let Err(e) = node.anti_entropy_round().await {
                         tracing::debug!(error = %e, "anti-entropy round failed");
                     }
-                    if let Err(e) = node.bucket_rows_round().await {
-                        tracing::debug!(error = %e, "bucket rows' anti-entropy round failed");
+                    if let Err(e) = node.shared_rows_round().await {
+                        tracing::debug!(error = %e, "anti-entropy of bucket rows and keys failed");
                     }
                     let _ = node.collect_tombstones().await;
                     if let Err(e) = node.sweep_uploads().await {

@@ -683,6 +683,23 @@ pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>>
     Ok(freed)
 }
 
+/// Forgets the buckets deleted before `before_ms` (their `buckets_gone`
+/// rows), as tombstones are forgotten after the same delay. Returns how
+/// many.
+pub fn forget_buckets_gone(txn: &WriteTransaction, before_ms: i64) -> Result<usize> {
+    let mut gone = txn.open_table(BUCKETS_GONE)?;
+    let old: Vec<String> = gone
+        .iter()?
+        .filter_map(|r| r.ok())
+        .filter(|(_, at)| at.value() < before_ms)
+        .map(|(name, _)| name.value().to_owned())
+        .collect();
+    for name in &old {
+        gone.remove(name.as_str())?;
+    }
+    Ok(old.len())
+}
+
 /// A late delete's side on a replica ([`crate::cluster::rpc::Req::DeleteBucketBefore`]):
 /// deletes the bucket as [`drop_bucket`] does unless its row here was
 /// created after `deleted_ms`, and remembers the bucket as deleted at
@@ -837,4 +854,70 @@ pub fn drop_upload(txn: &WriteTransaction, id: &str, bucket: &str, now_ms: i64) 
 pub fn forget_gone_upload(txn: &WriteTransaction, id: &str) -> Result<()> {
     txn.open_table(UPLOADS_GONE)?.remove(id)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_txn(f: impl FnOnce(&WriteTransaction)) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = redb::Database::create(dir.path().join("m.redb")).expect("db");
+        let w = db.begin_write().expect("write");
+        f(&w);
+        w.commit().expect("commit");
+    }
+
+    fn created(txn: &WriteTransaction, name: &str) -> Option<i64> {
+        let t = txn.open_table(BUCKETS).expect("table");
+        t.get(name).expect("get").map(|v| postcard::from_bytes::<BucketMeta>(v.value()).expect("row").created_ms)
+    }
+
+    fn gone(txn: &WriteTransaction, name: &str) -> Option<i64> {
+        txn.open_table(BUCKETS_GONE).expect("table").get(name).expect("get").map(|v| v.value())
+    }
+
+    /// Late bucket creates and deletes, in either order, leave the newer.
+    #[test]
+    fn a_bucket_row_ends_as_the_newer_of_a_create_and_a_delete() {
+        with_txn(|t| {
+            // A node holding the old row (created at 10) missed its delete (at
+            // 20) and the create again (at 30): the create comes first.
+            ensure_bucket(t, "a", 10).expect("create");
+            assert!(ensure_bucket_since(t, "a", 30).expect("since"), "the newer create is taken");
+            assert_eq!(created(t, "a"), Some(30), "and replaces the stale row");
+            assert_eq!(drop_bucket_before(t, "a", 20).expect("late delete"), None, "the late delete is refused");
+            assert_eq!(created(t, "a"), Some(30));
+            // The other order: the delete first, then the create.
+            ensure_bucket(t, "b", 10).expect("create");
+            assert_eq!(drop_bucket_before(t, "b", 20).expect("delete"), Some(Vec::new()));
+            assert_eq!((created(t, "b"), gone(t, "b")), (None, Some(20)), "deleted at the delete's own time");
+            assert!(ensure_bucket_since(t, "b", 30).expect("since"));
+            assert_eq!((created(t, "b"), gone(t, "b")), (Some(30), None));
+            // A create older than the delete stays refused; an older row
+            // is not renewed by an older create.
+            ensure_bucket(t, "c", 10).expect("create");
+            drop_bucket_before(t, "c", 20).expect("delete");
+            assert!(!ensure_bucket_since(t, "c", 15).expect("since"), "a create from before the delete");
+            assert!(!ensure_bucket_since(t, "c", 20).expect("since"), "a create at the delete's time");
+            assert_eq!(created(t, "c"), None);
+            assert!(!ensure_bucket(t, "a", 25).expect("older create"), "an older create keeps the newer row");
+            assert_eq!(created(t, "a"), Some(30));
+            // A delete of a bucket this node never had is remembered, the
+            // later of two kept.
+            assert_eq!(drop_bucket_before(t, "d", 40).expect("delete"), Some(Vec::new()));
+            drop_bucket_before(t, "d", 35).expect("an older delete");
+            assert_eq!(gone(t, "d"), Some(40));
+        });
+    }
+
+    #[test]
+    fn deleted_buckets_are_forgotten_after_the_delay() {
+        with_txn(|t| {
+            drop_bucket_before(t, "old", 100).expect("delete");
+            drop_bucket_before(t, "new", 300).expect("delete");
+            assert_eq!(forget_buckets_gone(t, 200).expect("forget"), 1);
+            assert_eq!((gone(t, "old"), gone(t, "new")), (None, Some(300)));
+        });
+    }
 }
