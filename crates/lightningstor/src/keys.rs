@@ -130,6 +130,39 @@ pub fn newer(new: u64, old: Option<u64>) -> bool {
     old.is_none_or(|o| new > o)
 }
 
+impl AuthRow {
+    fn id_and_version(&self) -> ((&str, &str), u64) {
+        match self {
+            AuthRow::Key { id, row } => (("", id.as_str()), row.version),
+            AuthRow::Grant { bucket, id, row } => ((bucket.as_str(), id.as_str()), row.version),
+        }
+    }
+}
+
+/// The rows of `rows` that would replace a row of `here` (or are new):
+/// what a merge would write.
+pub fn newer_rows(rows: Vec<AuthRow>, here: &[AuthRow]) -> Vec<AuthRow> {
+    let mut keys = std::collections::HashMap::new();
+    let mut grants = std::collections::HashMap::new();
+    for r in here {
+        let (k, v) = r.id_and_version();
+        match r {
+            AuthRow::Key { .. } => keys.insert(k, v),
+            AuthRow::Grant { .. } => grants.insert(k, v),
+        };
+    }
+    rows.into_iter()
+        .filter(|r| {
+            let (k, v) = r.id_and_version();
+            let old = match r {
+                AuthRow::Key { .. } => keys.get(&k),
+                AuthRow::Grant { .. } => grants.get(&k),
+            };
+            newer(v, old.copied())
+        })
+        .collect()
+}
+
 /// The store of keys and grants: a single node's metadata, or a cluster.
 /// Reads are local; [`Keyring::apply`] writes rows where they must go (in a
 /// cluster: every node, acknowledged by a majority).
@@ -383,6 +416,24 @@ mod tests {
         assert_ne!(s, new_secret().expect("secret"));
         assert!(check_name("backup-job_1.x").is_ok());
         assert!(check_name("").is_err() && check_name("a b").is_err() && check_name(&a).is_err());
+    }
+
+    /// What a merge of the whole keyring (anti-entropy) would write: only
+    /// the rows newer than those held, or new; a key and a grant never
+    /// stand for each other.
+    #[test]
+    fn only_newer_or_new_rows_are_merged() {
+        let key = |id: &str, version| AuthRow::Key { id: id.into(), row: KeyRow { version, key: None } };
+        let grant = |id: &str, version| AuthRow::Grant {
+            bucket: "b".into(),
+            id: id.into(),
+            row: GrantRow { version, perms: Perms::READ },
+        };
+        let here = vec![key("a", 5), grant("a", 5)];
+        let rows = vec![key("a", 5), key("a", 4), key("a", 6), key("c", 1), grant("a", 5), grant("c", 2)];
+        let got = newer_rows(rows, &here);
+        assert_eq!(got, vec![key("a", 6), key("c", 1), grant("c", 2)]);
+        assert!(newer_rows(here.clone(), &here).is_empty(), "a keyring in sync writes nothing");
     }
 
     proptest! {

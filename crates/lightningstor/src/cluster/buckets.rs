@@ -291,7 +291,8 @@ impl Node {
                 Ok(_) | Err(_) => continue,
             };
             for (name, row) in &rows {
-                if theirs.get(name).is_some_and(|c| *c >= row.created_ms) {
+                let unknown = row.created_ms == crate::meta::ops::UNKNOWN_CREATED_MS;
+                if unknown || theirs.get(name).is_some_and(|c| *c >= row.created_ms) {
                     continue;
                 }
                 let since = Req::CreateBucketSince { name: name.clone(), created_ms: row.created_ms };
@@ -301,12 +302,17 @@ impl Node {
                         tracing::info!(bucket = %name, node = peer, "anti-entropy: a node lacked the bucket's row");
                         if let Some(lifecycle) = row.lifecycle.clone() {
                             let set = Req::SetLifecycle { bucket: name.clone(), lifecycle };
-                            self.call(peer, Msg::new(set)).await?;
+                            if let Err(e) = self.call(peer, Msg::new(set)).await {
+                                tracing::debug!(bucket = %name, node = peer, error = %e, "anti-entropy: a lifecycle configuration did not reach a node");
+                            }
                         }
                     }
                     Ok(_) => {}
                     Err(LightningError::UnsupportedRequest(_)) => break,
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(bucket = %name, node = peer, error = %e, "anti-entropy: a bucket row did not reach a node");
+                        break;
+                    }
                 }
             }
             for (name, deleted_ms) in &gone {
@@ -321,7 +327,10 @@ impl Node {
                     }
                     Ok(_) | Err(LightningError::BucketNotEmpty(_)) => {}
                     Err(LightningError::UnsupportedRequest(_)) => break,
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(bucket = %name, node = peer, error = %e, "anti-entropy: a bucket's delete did not reach a node");
+                        break;
+                    }
                 }
             }
         }
@@ -330,17 +339,24 @@ impl Node {
     }
 
     /// Creates bucket `name` again, with its lifecycle configuration, on
-    /// the nodes that deleted it when another node refused the delete;
-    /// those this misses get it from the resync queue.
+    /// every node when a node refused its delete (the nodes in `deleted`
+    /// had deleted it). The create is timed now, after the delete, and goes
+    /// to every node, so that every row is newer than every node's memory
+    /// of the delete: a node this misses gets it from the resync queue and
+    /// takes it, and a late delete ([`Req::DeleteBucketBefore`]) or a
+    /// stale anti-entropy round leaves it.
     async fn undo_delete_bucket(
         self: &Arc<Self>,
         name: &str,
         row: Option<crate::meta::types::BucketMeta>,
         deleted: &[NodeId],
     ) -> Result<()> {
-        let created_ms = row.as_ref().map_or_else(now_ms, |b| b.created_ms);
+        tracing::info!(bucket = name, nodes = ?deleted, "a node refused the bucket's delete; it is created again");
+        let deleted_here = self.store.meta.bucket_deleted_ms(name)?;
+        let created_ms = deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1));
         let lifecycle = row.and_then(|b| b.lifecycle);
-        let calls = deleted.iter().map(|&n| {
+        let all = self.all_nodes();
+        let calls = all.iter().map(|&n| {
             let node = self.clone();
             let create = Req::CreateBucket { name: name.to_owned(), created_ms };
             let set = lifecycle.clone().map(|lifecycle| Req::SetLifecycle { bucket: name.to_owned(), lifecycle });
@@ -353,7 +369,7 @@ impl Node {
             }
         });
         let mut missed = Vec::new();
-        for (n, r) in deleted.iter().zip(futures::future::join_all(calls).await) {
+        for (n, r) in all.iter().zip(futures::future::join_all(calls).await) {
             if let Err(e) = r {
                 tracing::warn!(bucket = name, node = n, error = %e, "a bucket whose delete was refused is queued to come back");
                 missed.push((*n, name.to_owned(), Vec::new(), true));
@@ -405,7 +421,10 @@ impl Node {
             if let Ok(Msg { head: Resp::Buckets(b), .. }) = r {
                 ok += 1;
                 for (n, t) in b {
-                    all.entry(n).or_insert(t);
+                    // The newest creation: a node's older row is stale, and
+                    // one it made itself has no known time.
+                    let e = all.entry(n).or_insert(t);
+                    *e = (*e).max(t);
                 }
             }
         }

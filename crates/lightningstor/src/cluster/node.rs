@@ -366,7 +366,13 @@ impl Node {
                         crate::keys::AuthRow::Grant { row, .. } => row.version,
                     });
                 }
-                self.store.meta.write(move |t| ops::merge_auth(t, &rows)).await?;
+                // Anti-entropy sends the whole keyring every round: only rows
+                // newer than those here take a write transaction.
+                let here = self.blocking(|s| s.meta.auth_rows()).await?;
+                let rows = crate::keys::newer_rows(rows, &here);
+                if !rows.is_empty() {
+                    self.store.meta.write(move |t| ops::merge_auth(t, &rows)).await?;
+                }
                 Msg::new(Resp::Ok)
             }
             Req::CreateBucketSince { name, created_ms } => {

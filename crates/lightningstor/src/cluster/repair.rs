@@ -254,8 +254,10 @@ impl Node {
         Ok(n)
     }
 
-    /// Drops tombstones, and the records of deleted buckets, older than the
-    /// configured delay (`tombstone_secs`).
+    /// Drops tombstones older than the configured delay (`tombstone_secs`).
+    /// Deleted buckets stay remembered (`buckets_gone`, a small row each):
+    /// a node that missed a delete and came back later than that would
+    /// otherwise bring the bucket back through anti-entropy.
     pub async fn collect_tombstones(self: &Arc<Self>) -> Result<usize> {
         let keep_ms = self.config().tombstone_secs.saturating_mul(1000);
         let now = u64::try_from(crate::meta::now_ms()).unwrap_or(0);
@@ -266,10 +268,6 @@ impl Node {
         for (b, k, v) in old {
             self.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
         }
-        // Deleted buckets are remembered as long (a node away longer than
-        // that could bring one back, as it could a deleted object).
-        let before_ms = crate::meta::now_ms().saturating_sub(i64::try_from(keep_ms).unwrap_or(i64::MAX));
-        self.store.meta.write(move |t| ops::forget_buckets_gone(t, before_ms)).await?;
         Ok(n)
     }
 

@@ -683,23 +683,6 @@ pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>>
     Ok(freed)
 }
 
-/// Forgets the buckets deleted before `before_ms` (their `buckets_gone`
-/// rows), as tombstones are forgotten after the same delay. Returns how
-/// many.
-pub fn forget_buckets_gone(txn: &WriteTransaction, before_ms: i64) -> Result<usize> {
-    let mut gone = txn.open_table(BUCKETS_GONE)?;
-    let old: Vec<String> = gone
-        .iter()?
-        .filter_map(|r| r.ok())
-        .filter(|(_, at)| at.value() < before_ms)
-        .map(|(name, _)| name.value().to_owned())
-        .collect();
-    for name in &old {
-        gone.remove(name.as_str())?;
-    }
-    Ok(old.len())
-}
-
 /// A late delete's side on a replica ([`crate::cluster::rpc::Req::DeleteBucketBefore`]):
 /// deletes the bucket as [`drop_bucket`] does unless its row here was
 /// created after `deleted_ms`, and remembers the bucket as deleted at
@@ -734,10 +717,17 @@ fn replica_bucket(txn: &WriteTransaction, name: &str) -> Result<bool> {
     if txn.open_table(BUCKETS_GONE)?.get(name)?.is_some() {
         return Ok(false);
     }
-    let b = postcard::to_allocvec(&BucketMeta::new(super::now_ms()))?;
+    let b = postcard::to_allocvec(&BucketMeta::new(UNKNOWN_CREATED_MS))?;
     buckets.insert(name, b.as_slice())?;
     Ok(true)
 }
+
+/// The creation time of a bucket row a replica made itself, for a write
+/// or a lifecycle configuration whose bucket create it missed: unknown, so
+/// older than any create (which replaces it, keeping its configuration)
+/// and any delete (which deletes it), and never sent to another node as a
+/// create of its own.
+pub const UNKNOWN_CREATED_MS: i64 = 0;
 
 /// Stores `lc` as `bucket`'s lifecycle configuration unless the row holds
 /// a newer one (replicas keep the newest; applying is idempotent). A
@@ -748,7 +738,7 @@ pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, creat
     let mut t = txn.open_table(BUCKETS)?;
     let mut row: BucketMeta = match t.get(bucket)? {
         Some(v) => postcard::from_bytes(v.value())?,
-        None if create_missing && !gone => BucketMeta::new(super::now_ms()),
+        None if create_missing && !gone => BucketMeta::new(UNKNOWN_CREATED_MS),
         None => return Err(LightningError::NoSuchBucket(bucket.to_owned())),
     };
     if row.lifecycle.as_ref().is_some_and(|old| old.version >= lc.version) {
@@ -760,21 +750,28 @@ pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, creat
 }
 
 /// Creates a bucket row created at `created_ms` (replicated create:
-/// idempotent), forgetting that it was deleted. A row here created
-/// earlier is one whose delete this node missed (the bucket was deleted
-/// and created again while it was down or cut off): it is replaced, with
-/// its configuration, by the new bucket's. Returns whether it wrote a row.
+/// idempotent), forgetting that it was deleted. A row here that this
+/// node made itself ([`UNKNOWN_CREATED_MS`]) takes the time and keeps its
+/// configuration. A row here created earlier is one whose delete this node
+/// missed (the bucket was deleted and created again while it was down or
+/// cut off), or the row of a bucket created again after a refused delete
+/// (the caller sends the configuration after it): it is replaced, without
+/// its configuration. Returns whether it wrote a row.
 pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Result<bool> {
     txn.open_table(BUCKETS_GONE)?.remove(name)?;
     let mut t = txn.open_table(BUCKETS)?;
     let here = match t.get(name)? {
-        Some(v) => Some(postcard::from_bytes::<BucketMeta>(v.value())?.created_ms),
+        Some(v) => Some(postcard::from_bytes::<BucketMeta>(v.value())?),
         None => None,
     };
-    if here.is_some_and(|h| h >= created_ms) {
+    if here.as_ref().is_some_and(|h| h.created_ms >= created_ms) {
         return Ok(false);
     }
-    let row = postcard::to_allocvec(&BucketMeta::new(created_ms))?;
+    let row = match here {
+        Some(h) if h.created_ms == UNKNOWN_CREATED_MS => BucketMeta { created_ms, ..h },
+        _ => BucketMeta::new(created_ms),
+    };
+    let row = postcard::to_allocvec(&row)?;
     t.insert(name, row.as_slice())?;
     Ok(true)
 }
@@ -878,6 +875,32 @@ mod tests {
     }
 
     /// Late bucket creates and deletes, in either order, leave the newer.
+    /// A row a replica made for a write or a configuration whose create it
+    /// missed has no known time: the create gives it its time and keeps
+    /// its configuration, a delete deletes it.
+    #[test]
+    fn a_row_a_replica_made_itself_takes_the_create_and_yields_to_the_delete() {
+        with_txn(|t| {
+            let lc = Lifecycle { version: 7, rules: Vec::new() };
+            assert!(set_lifecycle(t, "a", &lc, true).expect("lifecycle"));
+            assert_eq!(created(t, "a"), Some(UNKNOWN_CREATED_MS));
+            assert!(ensure_bucket(t, "a", 30).expect("create"));
+            let row: BucketMeta = {
+                let b = t.open_table(BUCKETS).expect("table");
+                postcard::from_bytes(b.get("a").expect("get").expect("row").value()).expect("decode")
+            };
+            assert_eq!(
+                (row.created_ms, row.lifecycle.map(|l| l.version)),
+                (30, Some(7)),
+                "time taken, configuration kept"
+            );
+            assert!(replica_bucket(t, "b").expect("replica row"));
+            assert_eq!(created(t, "b"), Some(UNKNOWN_CREATED_MS));
+            assert_eq!(drop_bucket_before(t, "b", 20).expect("delete"), Some(Vec::new()));
+            assert_eq!((created(t, "b"), gone(t, "b")), (None, Some(20)));
+        });
+    }
+
     #[test]
     fn a_bucket_row_ends_as_the_newer_of_a_create_and_a_delete() {
         with_txn(|t| {
@@ -908,16 +931,6 @@ mod tests {
             assert_eq!(drop_bucket_before(t, "d", 40).expect("delete"), Some(Vec::new()));
             drop_bucket_before(t, "d", 35).expect("an older delete");
             assert_eq!(gone(t, "d"), Some(40));
-        });
-    }
-
-    #[test]
-    fn deleted_buckets_are_forgotten_after_the_delay() {
-        with_txn(|t| {
-            drop_bucket_before(t, "old", 100).expect("delete");
-            drop_bucket_before(t, "new", 300).expect("delete");
-            assert_eq!(forget_buckets_gone(t, 200).expect("forget"), 1);
-            assert_eq!((gone(t, "old"), gone(t, "new")), (None, Some(300)));
         });
     }
 }
