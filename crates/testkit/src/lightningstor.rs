@@ -163,8 +163,9 @@ impl Faults {
     }
 
     /// Makes node `n` answer as a node of an older build, one that knows no
-    /// [`Req::RowVersions`], [`Req::CreateBucketSince`] or
-    /// [`Req::DeleteBucketBefore`]: its TCP listener answers a request it cannot
+    /// [`Req::RowVersions`] or the bucket requests newer than it
+    /// ([`Req::CreateBucketSince`], [`Req::DeleteBucketBefore`],
+    /// [`Req::RecreateBucket`]): its TCP listener answers a request it cannot
     /// decode with [`Resp::Unsupported`], and so does this transport.
     pub fn old_build(&self, n: NodeId) {
         if let Ok(mut s) = self.old_build.lock() {
@@ -173,8 +174,13 @@ impl Faults {
     }
 
     fn unsupported(&self, to: NodeId, req: &Req) -> bool {
-        matches!(req, Req::RowVersions { .. } | Req::CreateBucketSince { .. } | Req::DeleteBucketBefore { .. })
-            && self.old_build.lock().map(|s| s.contains(&to)).unwrap_or(false)
+        matches!(
+            req,
+            Req::RowVersions { .. }
+                | Req::CreateBucketSince { .. }
+                | Req::DeleteBucketBefore { .. }
+                | Req::RecreateBucket { .. }
+        ) && self.old_build.lock().map(|s| s.contains(&to)).unwrap_or(false)
     }
 
     /// Drops `p` percent of messages.

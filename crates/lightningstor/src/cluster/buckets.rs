@@ -64,6 +64,9 @@ impl Node {
             return first;
         }
         let Ok(Some(row)) = self.store.meta.get_bucket(bucket) else { return first };
+        if row.created_ms == crate::meta::ops::UNKNOWN_CREATED_MS {
+            return first; // a row made here for a write: its time says nothing
+        }
         let since = Req::CreateBucketSince { name: bucket.to_owned(), created_ms: row.created_ms };
         if !matches!(self.call(n, Msg::new(since)).await, Ok(Msg { head: Resp::Flag(true), .. })) {
             return first;
@@ -311,7 +314,6 @@ impl Node {
                     Err(LightningError::UnsupportedRequest(_)) => break,
                     Err(e) => {
                         tracing::debug!(bucket = %name, node = peer, error = %e, "anti-entropy: a bucket row did not reach a node");
-                        break;
                     }
                 }
             }
@@ -329,7 +331,6 @@ impl Node {
                     Err(LightningError::UnsupportedRequest(_)) => break,
                     Err(e) => {
                         tracing::debug!(bucket = %name, node = peer, error = %e, "anti-entropy: a bucket's delete did not reach a node");
-                        break;
                     }
                 }
             }
@@ -338,13 +339,15 @@ impl Node {
         Ok(sent)
     }
 
-    /// Creates bucket `name` again, with its lifecycle configuration, on
-    /// every node when a node refused its delete (the nodes in `deleted`
-    /// had deleted it). The create is timed now, after the delete, and goes
-    /// to every node, so that every row is newer than every node's memory
-    /// of the delete: a node this misses gets it from the resync queue and
-    /// takes it, and a late delete ([`Req::DeleteBucketBefore`]) or a
-    /// stale anti-entropy round leaves it.
+    /// Creates bucket `name` again on every node when a node refused its
+    /// delete (the nodes in `deleted` had deleted it), timed now, after the
+    /// delete, so that every node's row is newer than any node's memory of
+    /// the delete: a node this misses takes it from the resync queue, and a
+    /// late delete ([`Req::DeleteBucketBefore`]) or a stale anti-entropy
+    /// round leaves it. [`Req::RecreateBucket`] keeps a node's own
+    /// configuration and sends the newest lifecycle configuration any node
+    /// answered (the nodes that deleted the bucket lost theirs). A node of
+    /// an older build gets the plain create and the configuration.
     async fn undo_delete_bucket(
         self: &Arc<Self>,
         name: &str,
@@ -354,18 +357,30 @@ impl Node {
         tracing::info!(bucket = name, nodes = ?deleted, "a node refused the bucket's delete; it is created again");
         let deleted_here = self.store.meta.bucket_deleted_ms(name)?;
         let created_ms = deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1));
-        let lifecycle = row.and_then(|b| b.lifecycle);
+        let mut lifecycle = row.and_then(|b| b.lifecycle);
+        for (_, r) in self.to_all(Req::GetLifecycle { bucket: name.to_owned() }).await {
+            if let Ok(Msg { head: Resp::Lifecycle(Some(l)), .. }) = r
+                && lifecycle.as_ref().is_none_or(|have| have.version < l.version)
+            {
+                lifecycle = Some(l);
+            }
+        }
         let all = self.all_nodes();
         let calls = all.iter().map(|&n| {
             let node = self.clone();
-            let create = Req::CreateBucket { name: name.to_owned(), created_ms };
-            let set = lifecycle.clone().map(|lifecycle| Req::SetLifecycle { bucket: name.to_owned(), lifecycle });
+            let lifecycle = lifecycle.clone();
+            let again = Req::RecreateBucket { name: name.to_owned(), created_ms, lifecycle: lifecycle.clone() };
             async move {
-                node.call(n, Msg::new(create)).await?;
-                if let Some(set) = set {
-                    node.call(n, Msg::new(set)).await?;
+                match node.call(n, Msg::new(again)).await {
+                    Err(LightningError::UnsupportedRequest(_)) => {
+                        node.call(n, Msg::new(Req::CreateBucket { name: name.to_owned(), created_ms })).await?;
+                        if let Some(lifecycle) = lifecycle {
+                            node.call(n, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle })).await?;
+                        }
+                        Ok(())
+                    }
+                    r => r.map(drop),
                 }
-                Ok::<_, LightningError>(())
             }
         });
         let mut missed = Vec::new();

@@ -394,6 +394,13 @@ impl Node {
                 self.store.spawn_delete(freed.unwrap_or_default());
                 Msg::new(Resp::Flag(deleted))
             }
+            Req::RecreateBucket { name, created_ms, lifecycle } => {
+                if let Some(l) = &lifecycle {
+                    self.hlc.observe(l.version);
+                }
+                self.store.meta.write(move |t| ops::recreate_bucket(t, &name, created_ms, lifecycle.as_ref())).await?;
+                Msg::new(Resp::Ok)
+            }
             Req::SetLifecycle { bucket, lifecycle } => {
                 self.hlc.observe(lifecycle.version);
                 self.store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lifecycle, true)).await?;

@@ -145,6 +145,13 @@ pub enum Req {
     /// Remembers the bucket as deleted at `deleted_ms` (or later, if it
     /// already was). Answered with [`Resp::Flag`]: whether it deleted a row.
     DeleteBucketBefore { name: String, deleted_ms: i64 },
+    /// Create the bucket again after a refused delete: a node that deleted
+    /// it forgets the delete and takes a row created at `created_ms` with
+    /// `lifecycle`; a node that holds the row keeps it with its
+    /// configuration (a newer `lifecycle` replaces its own) and takes the
+    /// later creation time. One transaction, so no configuration is lost
+    /// between a create and a lifecycle put. Answered with [`Resp::Ok`].
+    RecreateBucket { name: String, created_ms: i64, lifecycle: Option<crate::lifecycle::Lifecycle> },
 }
 
 /// Answers.
@@ -423,6 +430,7 @@ mod tests {
         assert_eq!(req(complete), 33);
         assert_eq!(req(Req::CreateBucketSince { name: "b".into(), created_ms: 0 }), 34);
         assert_eq!(req(Req::DeleteBucketBefore { name: "b".into(), deleted_ms: 0 }), 35);
+        assert_eq!(req(Req::RecreateBucket { name: "b".into(), created_ms: 0, lifecycle: None }), 36);
         assert_eq!(resp(Resp::Ok), 0);
         assert_eq!(resp(Resp::Err(RemoteError::Other(String::new()))), 10);
         assert_eq!(resp(Resp::RowVersions(vec![])), 18);

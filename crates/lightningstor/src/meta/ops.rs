@@ -776,6 +776,32 @@ pub fn ensure_bucket(txn: &WriteTransaction, name: &str, created_ms: i64) -> Res
     Ok(true)
 }
 
+/// A replica's side of [`crate::cluster::rpc::Req::RecreateBucket`]: the
+/// bucket is here afterwards, not remembered as deleted, created at the
+/// later of its row's time and `created_ms`, with its own configuration
+/// and `lifecycle` if that is newer.
+pub fn recreate_bucket(
+    txn: &WriteTransaction,
+    name: &str,
+    created_ms: i64,
+    lifecycle: Option<&Lifecycle>,
+) -> Result<()> {
+    txn.open_table(BUCKETS_GONE)?.remove(name)?;
+    let mut t = txn.open_table(BUCKETS)?;
+    let mut row = match t.get(name)? {
+        Some(v) => postcard::from_bytes::<BucketMeta>(v.value())?,
+        None => BucketMeta::new(created_ms),
+    };
+    row.created_ms = row.created_ms.max(created_ms);
+    if let Some(lc) = lifecycle
+        && row.lifecycle.as_ref().is_none_or(|old| old.version < lc.version)
+    {
+        row.lifecycle = Some(lc.clone());
+    }
+    t.insert(name, postcard::to_allocvec(&row)?.as_slice())?;
+    Ok(())
+}
+
 /// Creates (or renews, as [`ensure_bucket`] does) a bucket row created at
 /// `created_ms` unless the bucket was deleted here at or after
 /// `created_ms` (see [`crate::cluster::rpc::Req::CreateBucketSince`]).
@@ -898,6 +924,35 @@ mod tests {
             assert_eq!(created(t, "b"), Some(UNKNOWN_CREATED_MS));
             assert_eq!(drop_bucket_before(t, "b", 20).expect("delete"), Some(Vec::new()));
             assert_eq!((created(t, "b"), gone(t, "b")), (None, Some(20)));
+        });
+    }
+
+    /// After a refused delete the bucket comes back everywhere, timed
+    /// after the delete, and no node loses a configuration newer than the
+    /// one the coordinator sends.
+    #[test]
+    fn a_bucket_created_again_after_a_refused_delete_keeps_the_newest_configuration() {
+        with_txn(|t| {
+            let old = Lifecycle { version: 5, rules: Vec::new() };
+            let new = Lifecycle { version: 9, rules: Vec::new() };
+            let lifecycle = |t: &WriteTransaction, name: &str| {
+                let b = t.open_table(BUCKETS).expect("table");
+                let row: BucketMeta =
+                    postcard::from_bytes(b.get(name).expect("get").expect("row").value()).expect("decode");
+                row.lifecycle.map(|l| l.version)
+            };
+            // A node that refused the delete holds a newer configuration.
+            ensure_bucket(t, "kept", 10).expect("create");
+            set_lifecycle(t, "kept", &new, false).expect("lifecycle");
+            recreate_bucket(t, "kept", 30, Some(&old)).expect("recreate");
+            assert_eq!((created(t, "kept"), lifecycle(t, "kept")), (Some(30), Some(9)));
+            // A node that deleted it takes it back with the configuration sent.
+            ensure_bucket(t, "back", 10).expect("create");
+            drop_bucket_before(t, "back", 20).expect("delete");
+            recreate_bucket(t, "back", 30, Some(&old)).expect("recreate");
+            assert_eq!((created(t, "back"), gone(t, "back"), lifecycle(t, "back")), (Some(30), None, Some(5)));
+            // A late delete from before it leaves it.
+            assert_eq!(drop_bucket_before(t, "back", 20).expect("late delete"), None);
         });
     }
 
