@@ -259,6 +259,14 @@ fn refused_images_end_in_error_with_a_clear_reason() {
         patch(&good, &p, at, bytes);
         refused(&st, named(label), &p, needle);
     }
+    // A refusal found in the header while the client still sends: the
+    // client reads the answer, not a reset connection.
+    let large = dir.join("absurd-size-large.qcow2");
+    patch(&good, &large, 24, &(1u64 << 62).to_be_bytes());
+    let mut bytes = std::fs::read(&large).expect("read");
+    bytes.resize(bytes.len() + (24 << 20), 0);
+    std::fs::write(&large, bytes).expect("write");
+    refused(&st, named("absurd-size-large"), &large, "larger than the allowed");
     let trunc = dir.join("truncated.qcow2");
     std::fs::write(&trunc, &std::fs::read(&good).expect("read")[..90]).expect("write");
     refused(&st, named("truncated"), &trunc, "truncated");

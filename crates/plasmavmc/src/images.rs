@@ -140,15 +140,42 @@ where
     // the upload still sees the broken body, aborts and records the error.
     let (app, id) = (app.clone(), id.to_owned());
     let task = tokio::spawn(async move {
-        match ingest(&app, &img, body, len).await {
+        let mut body = body;
+        match ingest(&app, &img, &mut body, len).await {
             Ok(img) => Ok(img),
             Err(e) => {
                 fail(&app, &id, &e);
+                drain(&mut body).await;
                 Err(e)
             }
         }
     });
     task.await?
+}
+
+/// Bytes of a refused upload read and dropped before the answer, at most.
+const DRAIN_MAX: u64 = 64 << 20;
+
+/// Reads what is left of a refused upload's body (up to [`DRAIN_MAX`]
+/// bytes and 10 s) before the refusal is answered. A server that answers
+/// while the client is still sending and then closes with unread bytes in
+/// its socket makes the kernel reset the connection, and the client sees
+/// the reset instead of the answer (a refusal found in the image's header,
+/// seen in a test run as "error sending request").
+async fn drain<S, E>(body: &mut S)
+where
+    S: Stream<Item = std::result::Result<Bytes, E>> + Send + Unpin,
+{
+    let read = async {
+        let mut n = 0u64;
+        while n < DRAIN_MAX {
+            match body.next().await {
+                Some(Ok(chunk)) => n += chunk.len() as u64,
+                Some(Err(_)) | None => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read).await;
 }
 
 async fn import_url(app: &Arc<App>, id: &str, raw: &str) -> Result<()> {
