@@ -1939,6 +1939,19 @@ async fn a_bucket_deleted_and_created_again_serves_through_every_node() -> R {
     Ok(())
 }
 
+/// Node `n`'s own bucket row of `b`.
+fn bucket_row(s: &InCluster, n: NodeId, b: &str) -> Option<lightningstor::meta::types::BucketMeta> {
+    s.cluster.node(n).store.meta.get_bucket(b).ok().flatten()
+}
+
+/// HeadBucket's HTTP status through `c`.
+async fn head_status(c: &aws_sdk_s3::Client, b: &str) -> u16 {
+    match c.head_bucket().bucket(b).send().await {
+        Ok(_) => 200,
+        Err(e) => status(&e),
+    }
+}
+
 /// A bucket's create or delete that reaches a node late, from the resync
 /// queue of a node that missed what came after it, must not undo it
 /// (5 nodes, so that a majority takes each step without the nodes cut off).
@@ -1953,7 +1966,7 @@ async fn a_late_bucket_create_or_delete_from_the_resync_queue_undoes_nothing() -
     let s = InCluster::new(5);
     let f = &s.cluster.faults;
     let clients: Vec<aws_sdk_s3::Client> = (1..=5).map(|i| s.client_of(i)).collect();
-    let row = |n: u8, b: &str| s.cluster.node(n).store.meta.get_bucket(b).ok().flatten();
+    let row = |n: u8, b: &str| bucket_row(&s, n, b);
     let created = |n: u8, b: &str| row(n, b).map(|r| r.created_ms);
 
     // Late delete.
@@ -2004,8 +2017,7 @@ async fn a_late_bucket_create_or_delete_from_the_resync_queue_undoes_nothing() -
     f.heal();
     eventually(20, "node 1 gets the delete", || row(1, "later").is_none()).await;
     for (i, c) in clients.iter().enumerate() {
-        let head = c.head_bucket().bucket("later").send().await;
-        assert_eq!(head.map(|_| 200).unwrap_or_else(|e| status(&e)), 404, "HeadBucket through node {}", i + 1);
+        assert_eq!(head_status(c, "later").await, 404, "HeadBucket through node {}", i + 1);
         let listed = c.list_buckets().send().await?;
         assert!(!listed.buckets().iter().any(|b| b.name() == Some("later")), "listed through node {}", i + 1);
     }
@@ -2022,7 +2034,7 @@ async fn anti_entropy_repairs_bucket_rows_and_keys_a_lost_resync_entry_left_behi
     let f = &s.cluster.faults;
     let c1 = s.client_of(1);
     let c3 = s.client_of(3);
-    let row = |n: u8, b: &str| s.cluster.node(n).store.meta.get_bucket(b).ok().flatten();
+    let row = |n: u8, b: &str| bucket_row(&s, n, b);
     let repairs = |n: u8| s.cluster.node(n).metrics.repairs.load(std::sync::atomic::Ordering::Relaxed);
 
     // A missed delete.
@@ -2035,8 +2047,7 @@ async fn anti_entropy_repairs_bucket_rows_and_keys_a_lost_resync_entry_left_behi
     let before = repairs(1) + repairs(2);
     eventually(20, "node 3 loses the deleted bucket", || row(3, "gone").is_none()).await;
     assert!(repairs(1) + repairs(2) > before, "anti-entropy counted its repair");
-    let head = c3.head_bucket().bucket("gone").send().await;
-    assert_eq!(head.map(|_| 200).unwrap_or_else(|e| status(&e)), 404, "HeadBucket through node 3");
+    assert_eq!(head_status(&c3, "gone").await, 404, "HeadBucket through node 3");
 
     // A missed create.
     f.isolate(3);
@@ -2079,7 +2090,7 @@ async fn a_bucket_row_a_replica_made_for_a_tombstone_does_not_bring_the_deleted_
     let s = InCluster::with(3, |c| c.anti_entropy_secs = 1);
     let f = &s.cluster.faults;
     let c1 = s.client_of(1);
-    let row = |n: u8| s.cluster.node(n).store.meta.get_bucket("tomb").ok().flatten();
+    let row = |n: u8| bucket_row(&s, n, "tomb");
     f.isolate(3);
     c1.create_bucket().bucket("tomb").send().await?;
     put(&c1, "tomb", "k", &pseudo_random(2000, 400)).await?;
@@ -2096,8 +2107,7 @@ async fn a_bucket_row_a_replica_made_for_a_tombstone_does_not_bring_the_deleted_
         assert!(row(n).is_none(), "node {n} holds the deleted bucket: {:?}", row(n));
     }
     for (i, c) in (1..=3u8).map(|n| s.client_of(n)).enumerate() {
-        let head = c.head_bucket().bucket("tomb").send().await;
-        assert_eq!(head.map(|_| 200).unwrap_or_else(|e| status(&e)), 404, "HeadBucket through node {}", i + 1);
+        assert_eq!(head_status(&c, "tomb").await, 404, "HeadBucket through node {}", i + 1);
     }
     Ok(())
 }

@@ -115,15 +115,20 @@ impl Node {
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
     }
 
+    /// The creation time of a create coordinated here now: later than a
+    /// delete of the bucket this node remembers, should its clock have
+    /// stepped back (replicas order a bucket's create and delete by time).
+    fn creation_time(&self, name: &str) -> Result<i64> {
+        let deleted_here = self.store.meta.bucket_deleted_ms(name)?;
+        Ok(deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1)))
+    }
+
     /// Creates a bucket on every node.
     pub async fn create_bucket(self: &Arc<Self>, name: &str) -> Result<()> {
         if self.bucket_exists(name).await? {
             return Err(LightningError::BucketAlreadyExists(name.to_owned()));
         }
-        // Later than a delete this node remembers, should its clock have
-        // stepped back: replicas order a bucket's create and delete by time.
-        let deleted_here = self.store.meta.bucket_deleted_ms(name)?;
-        let created_ms = deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1));
+        let created_ms = self.creation_time(name)?;
         let req = Req::CreateBucket { name: name.to_owned(), created_ms };
         self.to_all_queue_missed(req, name, "create bucket").await
     }
@@ -355,8 +360,7 @@ impl Node {
         deleted: &[NodeId],
     ) -> Result<()> {
         tracing::info!(bucket = name, nodes = ?deleted, "a node refused the bucket's delete; it is created again");
-        let deleted_here = self.store.meta.bucket_deleted_ms(name)?;
-        let created_ms = deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1));
+        let created_ms = self.creation_time(name)?;
         let mut lifecycle = row.and_then(|b| b.lifecycle);
         for (_, r) in self.to_all(Req::GetLifecycle { bucket: name.to_owned() }).await {
             if let Ok(Msg { head: Resp::Lifecycle(Some(l)), .. }) = r
