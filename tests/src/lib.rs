@@ -114,6 +114,13 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port()
 }
 
+/// `N` distinct free loopback ports, all held bound until the last is picked
+/// (one [`free_port`] after another may return the same port twice).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("bound").port())
+}
+
 /// Waits until something accepts TCP connections at `addr`.
 pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
     let start = Instant::now();

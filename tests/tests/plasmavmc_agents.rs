@@ -118,7 +118,7 @@ impl Lab {
                 .env("RUST_LOG", "warn"),
         );
         wait_for_port(ls_addr, Duration::from_secs(30));
-        let (a_addr, b_addr) = (addr(), addr());
+        let [a_addr, b_addr] = stack_tests::free_ports::<2>().map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
         let a = spawn_agent("a", a_addr, corona.nbd);
         // Agent B reads its settings from a TOML file.
         let b_cfg = dir.path().join("agent-b.toml");

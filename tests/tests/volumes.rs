@@ -724,8 +724,8 @@ fn without_the_api_token_every_call_but_health_and_metrics_is_401_and_changes_no
 fn a_server_off_loopback_without_a_token_refuses_to_start_unless_told_it_is_unsafe() {
     let dir = tempfile::tempdir().expect("tmp");
     let serve = |extra: &[&str]| {
-        let nbd = format!("127.0.0.1:{}", stack_tests::free_port());
-        let api = format!("0.0.0.0:{}", stack_tests::free_port());
+        let [nbd, api] = stack_tests::free_ports::<2>();
+        let (nbd, api) = (format!("127.0.0.1:{nbd}"), format!("0.0.0.0:{api}"));
         let mut child = Command::new(stack_tests::bin("coronafs", "coronafs"))
             .args(["serve", "--data-dir"])
             .arg(dir.path())

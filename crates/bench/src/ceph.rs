@@ -151,8 +151,12 @@ fn run(cmd: &mut Command, timeout: Duration) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Three distinct free loopback ports: all held bound until the last is
+/// picked (one at a time, the kernel may give the same port twice).
+fn free_ports() -> anyhow::Result<[u16; 3]> {
+    let bind = || std::net::TcpListener::bind("127.0.0.1:0");
+    let held = [bind()?, bind()?, bind()?];
+    Ok([held[0].local_addr()?.port(), held[1].local_addr()?.port(), held[2].local_addr()?.port()])
 }
 
 fn random_hex(bytes: usize) -> anyhow::Result<String> {
@@ -275,7 +279,7 @@ fn build(o: &UpOptions, dir: &Path, stop: &AtomicBool, progress: &dyn Fn(&str)) 
     for sub in ["run", "log", "mon/a", "mgr/x", "rgw", "blocks"] {
         std::fs::create_dir_all(dir.join(sub))?;
     }
-    let (mon_v2, mon_v1, rgw_port) = (free_port()?, free_port()?, free_port()?);
+    let [mon_v2, mon_v1, rgw_port] = free_ports()?;
     let fsid = uuid()?;
     let conf = dir.join("ceph.conf");
     std::fs::write(&conf, conf_text(dir, &fsid, mon_v2, mon_v1, rgw_port))?;
