@@ -213,9 +213,7 @@ pub struct CoronaProc {
 
 impl CoronaProc {
     pub fn spawn(data_dir: &std::path::Path, engine: IoEngine) -> Self {
-        let nbd_port = free_port();
-        // Two released ports can be the same one: the server refuses that.
-        let api_port = std::iter::repeat_with(free_port).find(|p| *p != nbd_port).expect("a second port");
+        let [nbd_port, api_port] = free_ports::<2>();
         let nbd: SocketAddr = format!("127.0.0.1:{nbd_port}").parse().expect("addr");
         let api: SocketAddr = format!("127.0.0.1:{api_port}").parse().expect("addr");
         Self::spawn_at(data_dir, engine, nbd, api)
