@@ -111,7 +111,7 @@ fn is_cargo_set(k: &str) -> bool {
 
 /// A free loopback port (bound then released; fine for tests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port()
+    free_ports::<1>()[0]
 }
 
 /// `N` distinct free loopback ports, all held bound until the last is picked

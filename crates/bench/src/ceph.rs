@@ -151,14 +151,6 @@ fn run(cmd: &mut Command, timeout: Duration) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Three distinct free loopback ports: all held bound until the last is
-/// picked (one at a time, the kernel may give the same port twice).
-fn free_ports() -> anyhow::Result<[u16; 3]> {
-    let bind = || std::net::TcpListener::bind("127.0.0.1:0");
-    let held = [bind()?, bind()?, bind()?];
-    Ok([held[0].local_addr()?.port(), held[1].local_addr()?.port(), held[2].local_addr()?.port()])
-}
-
 fn random_hex(bytes: usize) -> anyhow::Result<String> {
     let mut b = vec![0u8; bytes];
     std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))?;
@@ -279,7 +271,8 @@ fn build(o: &UpOptions, dir: &Path, stop: &AtomicBool, progress: &dyn Fn(&str)) 
     for sub in ["run", "log", "mon/a", "mgr/x", "rgw", "blocks"] {
         std::fs::create_dir_all(dir.join(sub))?;
     }
-    let [mon_v2, mon_v1, rgw_port] = free_ports()?;
+    let ports = crate::ports::free_loopback_addrs(3)?;
+    let [mon_v2, mon_v1, rgw_port] = [ports[0].port(), ports[1].port(), ports[2].port()];
     let fsid = uuid()?;
     let conf = dir.join("ceph.conf");
     std::fs::write(&conf, conf_text(dir, &fsid, mon_v2, mon_v1, rgw_port))?;

@@ -38,6 +38,7 @@ pub mod loadgen;
 pub mod nbd_compare;
 pub mod netprobe;
 pub mod peers;
+pub mod ports;
 pub mod progress;
 pub mod qcow2;
 pub mod runner;

@@ -7,7 +7,7 @@
 
 use anyhow::{Context, bail};
 use coronafs::backend::IoEngine;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -80,10 +80,6 @@ pub struct PeerProc {
     ceph: Option<crate::ceph::Ceph>,
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// The last bytes a peer process wrote to stderr, drained by a thread so a
 /// chatty server never blocks on a full pipe; shown when the peer fails to
 /// start.
@@ -147,7 +143,7 @@ fn spawn_listening(label: &str, mut make: impl FnMut(u16) -> Command) -> anyhow:
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let port = free_port()?;
+        let port = crate::ports::free_loopback_addrs(1)?[0].port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let mut child = make(port)
             .stdin(Stdio::null())

@@ -296,17 +296,6 @@ struct Embedded {
     services_agent: crate::agent::server::RunningAgent,
 }
 
-/// `n` distinct loopback addresses nothing listens on right now. All are
-/// held bound until every one is picked, then released together: picked one
-/// at a time, the kernel may hand the port it just got back twice (seen in a
-/// CI run: "node n1 reuses an address").
-fn free_addrs(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
-    let held = (0..n)
-        .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    Ok(held.iter().map(|l| l.local_addr()).collect::<std::io::Result<Vec<_>>>()?)
-}
-
 /// How the bench can make a CoronaFS volume with several copies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReplicatedCorona {
@@ -391,7 +380,7 @@ async fn start_s3_cluster(
         cfg.access_key = Some(EMBEDDED_KEYS.0.into());
         cfg.secret_key = Some(EMBEDDED_KEYS.1.into());
         cfg.anonymous = false;
-        let addrs = free_addrs(2 * cfg.nodes.len())?;
+        let addrs = crate::ports::free_loopback_addrs(2 * cfg.nodes.len())?;
         for (n, pair) in cfg.nodes.iter_mut().zip(addrs.chunks(2)) {
             (n.s3, n.rpc) = (pair[0], pair[1]);
         }
