@@ -212,15 +212,35 @@ pub struct CoronaProc {
 }
 
 impl CoronaProc {
+    /// A server on two free ports. The ports are released before the server
+    /// binds them, so another process may take one in between: a server
+    /// that exits before listening is started again on new ports (3 tries).
     pub fn spawn(data_dir: &std::path::Path, engine: IoEngine) -> Self {
-        let [nbd_port, api_port] = free_ports::<2>();
-        let nbd: SocketAddr = format!("127.0.0.1:{nbd_port}").parse().expect("addr");
-        let api: SocketAddr = format!("127.0.0.1:{api_port}").parse().expect("addr");
-        Self::spawn_at(data_dir, engine, nbd, api)
+        let mut last = String::new();
+        for _ in 0..3 {
+            let [nbd_port, api_port] = free_ports::<2>();
+            let nbd: SocketAddr = format!("127.0.0.1:{nbd_port}").parse().expect("addr");
+            let api: SocketAddr = format!("127.0.0.1:{api_port}").parse().expect("addr");
+            match Self::try_spawn_at(data_dir, engine, nbd, api) {
+                Ok(p) => return p,
+                Err(e) => last = e,
+            }
+        }
+        panic!("coronafs did not start in 3 tries: {last}");
     }
 
     /// A server on given addresses (to restart one where it was).
     pub fn spawn_at(data_dir: &std::path::Path, engine: IoEngine, nbd: SocketAddr, api: SocketAddr) -> Self {
+        Self::try_spawn_at(data_dir, engine, nbd, api).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts a server and waits for both its ports; `Err` if it exited first.
+    fn try_spawn_at(
+        data_dir: &std::path::Path,
+        engine: IoEngine,
+        nbd: SocketAddr,
+        api: SocketAddr,
+    ) -> Result<Self, String> {
         let token_file = tempfile::NamedTempFile::new().expect("token file");
         std::fs::write(token_file.path(), format!("{CORONA_TOKEN}\n")).expect("write token file");
         let child = Command::new(bin("coronafs", "coronafs"))
@@ -234,9 +254,23 @@ impl CoronaProc {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn coronafs");
-        wait_for_port(nbd, Duration::from_secs(20));
-        wait_for_port(api, Duration::from_secs(20));
-        CoronaProc { child, nbd, api, token_file }
+        // Dropped (killed) on an early return.
+        let mut p = CoronaProc { child, nbd, api, token_file };
+        let start = Instant::now();
+        for addr in [nbd, api] {
+            while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                if let Ok(Some(status)) = p.child.try_wait() {
+                    return Err(format!("coronafs on {nbd} / {api} exited before listening: {status}"));
+                }
+                assert!(start.elapsed() < Duration::from_secs(20), "coronafs not listening on {addr} after 20 s");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // Both answered; the server is ours if it is still running.
+        match p.child.try_wait() {
+            Ok(Some(status)) => Err(format!("coronafs on {nbd} / {api} exited: {status}")),
+            _ => Ok(p),
+        }
     }
 
     /// The API's token.
