@@ -163,6 +163,69 @@ async fn a_lifecycle_configuration_reaches_a_node_that_missed_it_and_so_does_its
     Ok(())
 }
 
+/// With the resync queue lost (its node's disk died, or it was cleared), a
+/// lifecycle configuration and later its delete still reach the node that
+/// missed them: the anti-entropy round of the rows every node holds sends
+/// every configuration to every peer, and a peer takes only a newer one
+/// for the same incarnation of the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_that_missed_both() -> R {
+    use aws_sdk_s3::types::{
+        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
+    };
+    use lightningstor::cluster::rpc::{Msg, Req, Resp};
+    let s = InCluster::new(3);
+    let c = s.client_of(1);
+    c.create_bucket().bucket("bkt").send().await?;
+    let row = |id: NodeId| s.cluster.node(id).store.meta.get_bucket("bkt").expect("read").expect("bucket row");
+    let rules = |id: NodeId| row(id).rules().to_vec();
+    let clear_queues = || -> R {
+        for id in s.cluster.ids() {
+            s.cluster.node(id).resync.clear()?;
+        }
+        Ok(())
+    };
+    let rule = LifecycleRule::builder()
+        .id("tmp")
+        .status(ExpirationStatus::Enabled)
+        .filter(LifecycleRuleFilter::builder().prefix("tmp/").build())
+        .expiration(LifecycleExpiration::builder().days(3).build())
+        .build()?;
+    let config = BucketLifecycleConfiguration::builder().rules(rule).build()?;
+
+    s.cluster.faults.isolate(3);
+    c.put_bucket_lifecycle_configuration().bucket("bkt").lifecycle_configuration(config).send().await?;
+    clear_queues()?;
+    s.cluster.faults.heal();
+    assert!(rules(3).is_empty(), "node 3 got the configuration without anti-entropy");
+    let n1 = s.cluster.node(1);
+    assert!(n1.shared_rows_round().await? >= 1, "node 1's round sent node 3 the configuration");
+    assert_eq!(rules(3), rules(1));
+    assert_eq!(rules(3).len(), 1);
+    assert_eq!(n1.shared_rows_round().await?, 0, "a second round sends nothing");
+
+    // A configuration for another incarnation of the bucket (created at
+    // another time) is not taken, however new.
+    let mut other = row(1).lifecycle.expect("node 1's configuration");
+    other.version += 1_000_000;
+    other.rules.clear();
+    let stale = Req::MergeLifecycles { rows: vec![("bkt".into(), row(3).created_ms - 1, other)] };
+    let answer = n1.call(3, Msg::new(stale)).await?;
+    assert_eq!(answer.head, Resp::Count(0));
+    assert_eq!(rules(3).len(), 1, "a configuration of another incarnation replaced node 3's");
+
+    s.cluster.faults.isolate(3);
+    c.delete_bucket_lifecycle().bucket("bkt").send().await?;
+    clear_queues()?;
+    s.cluster.faults.heal();
+    assert_eq!(rules(3).len(), 1, "node 3 heard of the delete without anti-entropy");
+    assert!(s.cluster.node(2).shared_rows_round().await? >= 1, "node 2's round sent node 3 the delete");
+    assert!(rules(3).is_empty());
+    let e = s.client_of(3).get_bucket_lifecycle_configuration().bucket("bkt").send().await.expect_err("deleted");
+    assert_eq!(code(&e), "NoSuchLifecycleConfiguration");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_later_write_wins_even_through_a_coordinator_whose_clock_trails() -> R {
     use lightningstor::cluster::hlc;

@@ -165,7 +165,7 @@ impl Faults {
     /// Makes node `n` answer as a node of an older build, one that knows no
     /// [`Req::RowVersions`] or the bucket requests newer than it
     /// ([`Req::CreateBucketSince`], [`Req::DeleteBucketBefore`],
-    /// [`Req::RecreateBucket`]): its TCP listener answers a request it cannot
+    /// [`Req::RecreateBucket`], [`Req::MergeLifecycles`]): its TCP listener answers a request it cannot
     /// decode with [`Resp::Unsupported`], and so does this transport.
     pub fn old_build(&self, n: NodeId) {
         if let Ok(mut s) = self.old_build.lock() {
@@ -180,6 +180,7 @@ impl Faults {
                 | Req::CreateBucketSince { .. }
                 | Req::DeleteBucketBefore { .. }
                 | Req::RecreateBucket { .. }
+                | Req::MergeLifecycles { .. }
         ) && self.old_build.lock().map(|s| s.contains(&to)).unwrap_or(false)
     }
 

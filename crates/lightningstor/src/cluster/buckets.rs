@@ -275,10 +275,15 @@ impl Node {
     /// holds from before the delete ([`Req::DeleteBucketBefore`]). What the
     /// peer knows newer, it sends here in its own round. The keyring: every
     /// key and grant row goes to every peer ([`Req::MergeAuth`]; a peer
-    /// keeps the newer version of each). This repairs what a resync queue
-    /// would have, had its node not died (or cleared it) before its entries
-    /// ran. Per peer and round: one bucket listing and one message of the
-    /// keyring (both are small). Returns the bucket rows and deletes sent.
+    /// keeps the newer version of each). Lifecycle configurations: every
+    /// configuration of a bucket row of known creation time goes to every
+    /// peer ([`Req::MergeLifecycles`]; a peer takes a newer one for the same
+    /// incarnation of the bucket, an empty one being a delete). This
+    /// repairs what a resync queue would have, had its node not died (or
+    /// cleared it) before its entries ran. Per peer and round: one bucket
+    /// listing, one message of the keyring and one of the lifecycle
+    /// configurations (all small). Returns the bucket rows, deletes and
+    /// configurations peers took.
     pub async fn shared_rows_round(self: &Arc<Self>) -> Result<usize> {
         let store = self.store.clone();
         let (rows, gone) = tokio::task::spawn_blocking(move || {
@@ -287,12 +292,29 @@ impl Node {
         .await
         .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
         let auth = self.blocking_auth_rows().await?;
+        let lifecycles: Vec<(String, i64, Lifecycle)> = rows
+            .iter()
+            .filter(|(_, b)| b.created_ms != crate::meta::ops::UNKNOWN_CREATED_MS)
+            .filter_map(|(name, b)| Some((name.clone(), b.created_ms, b.lifecycle.clone()?)))
+            .collect();
         let mut sent = 0;
         for peer in self.all_nodes().into_iter().filter(|n| *n != self.id) {
             if !auth.is_empty()
                 && let Err(e) = self.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await
             {
                 tracing::debug!(node = peer, error = %e, "anti-entropy: the keyring did not reach a node");
+            }
+            if !lifecycles.is_empty() {
+                match self.call(peer, Msg::new(Req::MergeLifecycles { rows: lifecycles.clone() })).await {
+                    Ok(Msg { head: Resp::Count(took), .. }) if took > 0 => {
+                        sent += took as usize;
+                        tracing::info!(node = peer, took, "anti-entropy: a node lacked lifecycle configurations");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(node = peer, error = %e, "anti-entropy: lifecycle configurations did not reach a node");
+                    }
+                }
             }
             let theirs: BTreeMap<String, i64> = match self.call(peer, Msg::new(Req::ListBuckets)).await {
                 Ok(Msg { head: Resp::Buckets(b), .. }) => b.into_iter().collect(),

@@ -406,6 +406,38 @@ impl Node {
                 self.store.meta.write(move |t| ops::set_lifecycle(t, &bucket, &lifecycle, true)).await?;
                 Msg::new(Resp::Ok)
             }
+            Req::MergeLifecycles { rows } => {
+                for (_, _, l) in &rows {
+                    self.hlc.observe(l.version);
+                }
+                // Sent every round: only configurations newer than the ones
+                // here take a write transaction.
+                let here = self.blocking(|s| s.meta.list_buckets()).await?;
+                let here: std::collections::HashMap<_, _> = here.into_iter().collect();
+                let rows: Vec<_> = rows
+                    .into_iter()
+                    .filter(|(name, created_ms, l)| {
+                        here.get(name).is_some_and(|b| {
+                            b.created_ms == *created_ms && b.lifecycle.as_ref().is_none_or(|h| h.version < l.version)
+                        })
+                    })
+                    .collect();
+                let mut took = 0u64;
+                if !rows.is_empty() {
+                    took = self
+                        .store
+                        .meta
+                        .write(move |t| {
+                            let mut n = 0;
+                            for (name, created_ms, l) in &rows {
+                                n += u64::from(ops::merge_lifecycle(t, name, *created_ms, l)?);
+                            }
+                            Ok(n)
+                        })
+                        .await?;
+                }
+                Msg::new(Resp::Count(took))
+            }
             Req::GetLifecycle { bucket } => {
                 let b = self.blocking(move |s| s.meta.get_bucket(&bucket)).await?;
                 Msg::new(Resp::Lifecycle(b.and_then(|b| b.lifecycle)))

@@ -152,6 +152,14 @@ pub enum Req {
     /// later creation time. One transaction, so no configuration is lost
     /// between a create and a lifecycle put. Answered with [`Resp::Ok`].
     RecreateBucket { name: String, created_ms: i64, lifecycle: Option<crate::lifecycle::Lifecycle> },
+    /// Anti-entropy of lifecycle configurations: (bucket, creation time of
+    /// the sender's row, configuration). A node takes a configuration
+    /// newer than its own for a bucket whose row it holds with the same
+    /// creation time (a configuration of an older or newer incarnation of
+    /// the bucket is not its own), as [`Req::SetLifecycle`] would; an
+    /// empty configuration is a delete. Answered with [`Resp::Count`]: how
+    /// many it took.
+    MergeLifecycles { rows: Vec<(String, i64, crate::lifecycle::Lifecycle)> },
 }
 
 /// Answers.
@@ -431,6 +439,7 @@ mod tests {
         assert_eq!(req(Req::CreateBucketSince { name: "b".into(), created_ms: 0 }), 34);
         assert_eq!(req(Req::DeleteBucketBefore { name: "b".into(), deleted_ms: 0 }), 35);
         assert_eq!(req(Req::RecreateBucket { name: "b".into(), created_ms: 0, lifecycle: None }), 36);
+        assert_eq!(req(Req::MergeLifecycles { rows: vec![] }), 37);
         assert_eq!(resp(Resp::Ok), 0);
         assert_eq!(resp(Resp::Err(RemoteError::Other(String::new()))), 10);
         assert_eq!(resp(Resp::RowVersions(vec![])), 18);

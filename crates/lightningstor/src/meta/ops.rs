@@ -749,6 +749,23 @@ pub fn set_lifecycle(txn: &WriteTransaction, bucket: &str, lc: &Lifecycle, creat
     Ok(true)
 }
 
+/// Takes lifecycle configuration `lc` of bucket `bucket` from a peer's
+/// anti-entropy round when the bucket row here has the peer's creation
+/// time (the same incarnation of the bucket) and an older configuration or
+/// none. A missing row, or one created at another time, is left alone:
+/// bucket rows have their own repair, which carries the configuration
+/// with a create. Returns whether it wrote.
+pub fn merge_lifecycle(txn: &WriteTransaction, bucket: &str, created_ms: i64, lc: &Lifecycle) -> Result<bool> {
+    let same = match txn.open_table(BUCKETS)?.get(bucket)? {
+        Some(v) => postcard::from_bytes::<BucketMeta>(v.value())?.created_ms == created_ms,
+        None => false,
+    };
+    if !same {
+        return Ok(false);
+    }
+    set_lifecycle(txn, bucket, lc, false)
+}
+
 /// Creates a bucket row created at `created_ms` (replicated create:
 /// idempotent), forgetting that it was deleted. A row here that this
 /// node made itself ([`UNKNOWN_CREATED_MS`]) takes the time and keeps its
