@@ -11,7 +11,8 @@
 
 use super::NodeId;
 use super::config::Consistency;
-use super::node::{ClusterMetrics, Node};
+use super::metrics::ClusterMetrics;
+use super::node::Node;
 use super::rpc::{Msg, Req, Resp};
 use crate::error::{LightningError, Result};
 use crate::keys::{AuthRow, KeyMeta, Keyring, Perms};

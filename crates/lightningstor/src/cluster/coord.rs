@@ -23,7 +23,8 @@
 use super::NodeId;
 use super::batch::VersionAsk;
 use super::config::Consistency;
-use super::node::{ClusterMetrics, Node};
+use super::metrics::ClusterMetrics;
+use super::node::Node;
 use super::placement::{Replication, partition_of};
 use super::rpc::{Msg, Req, Resp};
 use crate::block::BlockHash;

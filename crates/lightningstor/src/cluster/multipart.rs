@@ -26,7 +26,8 @@
 
 use super::NodeId;
 use super::coord::union;
-use super::node::{ClusterMetrics, Node};
+use super::metrics::ClusterMetrics;
+use super::node::Node;
 use super::rpc::{Msg, Req, Resp, UploadState};
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;

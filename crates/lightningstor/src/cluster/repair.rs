@@ -1,9 +1,10 @@
 //! Background repair: the resync queue worker, scrub, anti-entropy, and
 //! tombstone collection. Each runs as its own task per node, bounded in
-//! rate, and counts what it does in [`super::node::ClusterMetrics`].
+//! rate, and counts what it does in [`super::metrics::ClusterMetrics`].
 
 use super::NodeId;
-use super::node::{ClusterMetrics, Node};
+use super::metrics::ClusterMetrics;
+use super::node::Node;
 use super::placement::Replication;
 use super::resync::Entry;
 use super::rpc::{Msg, Req, Resp};
@@ -318,7 +319,7 @@ impl Node {
                     Ok(0) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                     Ok(_) => {}
                 }
-                node.expire_sessions();
+                node.replica.expire_sessions();
             }
         }));
         let rate = self.config().scrub_blocks_per_sec;
