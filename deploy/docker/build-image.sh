@@ -76,10 +76,12 @@ printf 'root:x:0:0:root:/root:/bin/sleep\n' >"$root/etc/passwd"
 printf 'root:x:0:\n' >"$root/etc/group"
 printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
 
+commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 tar -C "$root" -c . | docker import \
   --change 'ENV PATH=/usr/local/bin:/bin' \
+  --change "ENV BENCH_COMMIT=$commit" \
   --change 'ENV RUST_LOG=info' \
   --change 'WORKDIR /tmp' \
-  --message "photoncloud lab image from $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  --message "photoncloud lab image from $commit" \
   - "$tag" >/dev/null
 echo "built image $tag ($(du -sh "$root" | cut -f1) of files)"

@@ -497,6 +497,21 @@ fn rows(table: &str) -> Vec<&str> {
     table.lines().filter(|l| l.starts_with("| nbd ") || l.starts_with("| dir ")).collect()
 }
 
+/// The commit the bench reports when run from this checkout: `BENCH_COMMIT`
+/// if the environment sets it, else the checkout's HEAD.
+fn checkout_commit() -> String {
+    if let Some(c) = std::env::var("BENCH_COMMIT").ok().filter(|c| !c.trim().is_empty()) {
+        return c.trim().to_owned();
+    }
+    let o = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git runs");
+    assert!(o.status.success(), "git rev-parse HEAD in {}", env!("CARGO_MANIFEST_DIR"));
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
 /// The conditions of a results.json: ISO-8601 times, the commit, the hosts
 /// of the coordinator and of every agent, their file systems.
 fn check_conditions(v: &Value) {
@@ -504,7 +519,7 @@ fn check_conditions(v: &Value) {
     let t = c["started_at"].as_str().unwrap_or("");
     assert!(t.len() == 20 && t.ends_with('Z') && &t[10..11] == "T", "started_at {t:?}");
     assert!(v["generated_at"].as_str().unwrap_or("").ends_with('Z'), "{}", v["generated_at"]);
-    assert!(c["commit"].as_str().is_some_and(|x| !x.is_empty()), "{c}");
+    assert_eq!(c["commit"].as_str(), Some(checkout_commit().as_str()), "the bench reports the commit it runs from");
     assert!(c["coordinator"]["kernel"].as_str().unwrap_or("").starts_with("Linux"), "{c}");
     assert!(c["coordinator"]["cpus"].as_u64().unwrap_or(0) >= 1);
     for a in c["agents"].as_array().unwrap() {

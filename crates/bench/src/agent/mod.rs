@@ -44,8 +44,36 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// Longest any one request may run on an agent.
 pub const MAX_WORK: Duration = Duration::from_secs(600);
 
-/// The commit this binary was built from.
-pub const COMMIT: &str = env!("BENCH_COMMIT");
+/// Environment variable naming the commit the bench was built from, for
+/// binaries run outside their checkout (the lab image sets it).
+pub const COMMIT_ENV: &str = "BENCH_COMMIT";
+
+/// The commit this bench reports in its conditions and agent info:
+/// `BENCH_COMMIT` if set, else the HEAD of the checkout it was built in
+/// (`git rev-parse`, looked up once per process), else `unknown`.
+///
+/// Looked up when the bench runs, not stamped in at build time: a stamp
+/// made the bench library, and every test binary that links it, rebuild
+/// on each commit even when no source changed. A binary whose checkout
+/// moved to another commit without a rebuild reports the new HEAD
+/// (`cargo run` rebuilds first whenever the sources differ).
+pub fn commit() -> &'static str {
+    static COMMIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    COMMIT.get_or_init(|| {
+        if let Some(c) = std::env::var(COMMIT_ENV).ok().filter(|c| !c.trim().is_empty()) {
+            return c.trim().to_owned();
+        }
+        std::process::Command::new("git")
+            .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short=12", "HEAD"])
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| "unknown".into())
+    })
+}
 
 /// What an agent says about itself and its host.
 #[derive(Debug, Clone, Serialize, Deserialize)]

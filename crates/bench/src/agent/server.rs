@@ -143,7 +143,7 @@ async fn info(State(s): S) -> Result<Json<AgentInfo>, ApiError> {
     let info = tokio::task::spawn_blocking(move || AgentInfo {
         name: String::new(),
         version: env!("CARGO_PKG_VERSION").into(),
-        commit: super::COMMIT.into(),
+        commit: super::commit().into(),
         host: hostinfo::host(),
         scratch: hostinfo::fs_of(&scratch),
         o_direct: hostinfo::o_direct_works(&scratch),

@@ -132,7 +132,7 @@ pub async fn read(cluster: &Cluster, started_at: String, scratch: &std::path::Pa
     };
     Conditions {
         started_at,
-        commit: crate::agent::COMMIT.into(),
+        commit: crate::agent::commit().into(),
         coordinator: hostinfo::host(),
         coordinator_scratch: hostinfo::fs_of(scratch),
         agents_origin: cluster.agents_origin.clone(),
