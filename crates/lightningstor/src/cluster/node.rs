@@ -3,7 +3,7 @@
 //! here; the coordinator ([`super::coord`] and the modules above it) and
 //! the repair worker ([`super::repair`]) are `impl Node` blocks of their
 //! own files. This file routes node-to-node requests: the layout, key
-//! leases, anti-entropy trees and status here, the rest to the replica.
+//! leases and status here, the rest to the replica.
 
 use super::NodeId;
 use super::config::{ClusterConfig, Consistency};
@@ -210,17 +210,12 @@ impl Node {
         }
     }
 
-    /// The requests of the node's own roles (anti-entropy trees, status,
-    /// key leases, layout); the replica serves the rest. `trusted`: the
+    /// The requests of the node's own roles (status, key leases, layout); the replica serves the rest. `trusted`: the
     /// request comes from this node itself, whose block bytes were hashed
     /// by the coordinator a moment ago (no re-hash).
     async fn serve(&self, req: Msg<Req>, trusted: bool) -> Result<Msg<Resp>> {
         let Msg { head, data } = req;
         Ok(match head {
-            Req::Digests { partitions } => Msg::new(Resp::Digests(self.digests(&partitions).await?)),
-            Req::PartitionRows { partition } => Msg::new(Resp::Versions(self.partition_rows(partition).await?)),
-            Req::TreeNodes { nodes } => Msg::new(Resp::Digests(self.tree_nodes(nodes).await?)),
-            Req::LeafRows { leaves } => Msg::new(Resp::Versions(self.leaf_rows(leaves).await?)),
             Req::Status => Msg::new(Resp::Status(self.status().await?)),
             Req::LockKey { bucket, key, token, ttl_ms } => {
                 Msg::new(Resp::Flag(self.locks.try_lock(bucket, key, token, ttl_ms)))

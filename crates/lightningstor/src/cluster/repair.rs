@@ -130,49 +130,6 @@ impl Node {
         [&m.requests, &m.blocks_written, &m.blocks_read].iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
-    /// Digests of the (bucket, key, version) rows this node holds in each
-    /// of `partitions` (the request of builds before the hash trees; read
-    /// from the trees' index, one partition at a time).
-    pub async fn digests(&self, partitions: &[u32]) -> Result<Vec<[u8; 32]>> {
-        let mut out = Vec::with_capacity(partitions.len());
-        for p in partitions {
-            let mut h = blake3::Hasher::new();
-            for (b, k, v, t) in self.partition_rows(*p).await? {
-                h.update(&(b.len() as u64).to_le_bytes());
-                h.update(b.as_bytes());
-                h.update(&(k.len() as u64).to_le_bytes());
-                h.update(&k);
-                h.update(&v.to_le_bytes());
-                h.update(&[u8::from(t)]);
-            }
-            out.push(*h.finalize().as_bytes());
-        }
-        Ok(out)
-    }
-
-    /// The rows of one partition held here.
-    pub async fn partition_rows(&self, partition: u32) -> Result<Vec<VersionRow>> {
-        let store = self.store.clone();
-        let rows =
-            tokio::task::spawn_blocking(move || store.meta.partition_rows(partition)).await.map_err(join_err)??;
-        self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
-        Ok(rows)
-    }
-
-    /// The hashes of these tree nodes here.
-    pub async fn tree_nodes(&self, nodes: Vec<(u32, u16)>) -> Result<Vec<[u8; 32]>> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.meta.tree_nodes(&nodes)).await.map_err(join_err)?
-    }
-
-    /// The rows of these tree leaves here (counted as rows read).
-    pub async fn leaf_rows(&self, leaves: Vec<(u32, u8)>) -> Result<Vec<VersionRow>> {
-        let store = self.store.clone();
-        let rows = tokio::task::spawn_blocking(move || store.meta.leaf_rows(&leaves)).await.map_err(join_err)??;
-        self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
-        Ok(rows)
-    }
-
     /// One anti-entropy pass: for every peer, compare the hash trees of the
     /// partitions both hold, root first, descending only into nodes whose
     /// hashes differ; for the leaves that differ, compare row versions and
@@ -211,7 +168,7 @@ impl Node {
                     Ok(Msg { head: Resp::Digests(d), .. }) if d.len() == chunk.len() => d,
                     _ => return Ok(None),
                 };
-                let ours = self.tree_nodes(chunk.to_vec()).await?;
+                let ours = self.replica.tree_nodes(chunk.to_vec()).await?;
                 self.metrics.anti_entropy_nodes_compared.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 let step = merkle::descend(chunk, &ours, &theirs);
                 self.metrics.divergent_partitions.fetch_add(step.partitions as u64, Ordering::Relaxed);
@@ -230,7 +187,7 @@ impl Node {
             Resp::Versions(v) => v,
             _ => return Ok(0),
         };
-        let ours = self.leaf_rows(leaves.to_vec()).await?;
+        let ours = self.replica.leaf_rows(leaves.to_vec()).await?;
         let key = |r: &VersionRow| (r.0.clone(), r.1.clone());
         let mine: HashMap<_, u64> = ours.iter().map(|r| (key(r), r.2)).collect();
         let other: HashMap<_, u64> = theirs.iter().map(|r| (key(r), r.2)).collect();

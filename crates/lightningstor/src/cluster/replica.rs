@@ -1,8 +1,9 @@
 //! The replica role of a node: applies what coordinators and repair send
 //! (blocks, rows, parts, bucket rows, lifecycle and keyring merges) to the
-//! local store and answers point reads of it. It knows no layout, quorum or
-//! peer: [`super::node::Node`] routes the requests of those roles (layout,
-//! key leases, anti-entropy trees, status) and hands it the rest.
+//! local store and answers reads of it (rows, blocks, uploads, and the hash
+//! trees anti-entropy compares). It knows no layout, quorum or peer:
+//! [`super::node::Node`] routes the requests of those roles (layout, key
+//! leases, status) and hands it the rest.
 
 use super::hlc::Hlc;
 use super::metrics::ClusterMetrics;
@@ -10,10 +11,11 @@ use super::rpc::{Msg, Req, Resp, UploadState};
 use crate::block::BlockHash;
 use crate::error::{LightningError, Result};
 use crate::meta::ops;
-use crate::meta::types::{PartMeta, Row, UploadMeta};
+use crate::meta::types::{PartMeta, Row, UploadMeta, VersionRow};
 use crate::store::{Pins, Store};
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,6 +71,45 @@ impl Replica {
         tokio::task::spawn_blocking(move || f(&store))
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
+    }
+
+    /// Digests of the (bucket, key, version) rows this node holds in each
+    /// of `partitions` (the request of builds before the hash trees; read
+    /// from the trees' index, one partition at a time).
+    pub async fn digests(&self, partitions: &[u32]) -> Result<Vec<[u8; 32]>> {
+        let mut out = Vec::with_capacity(partitions.len());
+        for p in partitions {
+            let mut h = blake3::Hasher::new();
+            for (b, k, v, t) in self.partition_rows(*p).await? {
+                h.update(&(b.len() as u64).to_le_bytes());
+                h.update(b.as_bytes());
+                h.update(&(k.len() as u64).to_le_bytes());
+                h.update(&k);
+                h.update(&v.to_le_bytes());
+                h.update(&[u8::from(t)]);
+            }
+            out.push(*h.finalize().as_bytes());
+        }
+        Ok(out)
+    }
+
+    /// The rows of one partition held here (counted as rows read).
+    pub async fn partition_rows(&self, partition: u32) -> Result<Vec<VersionRow>> {
+        let rows = self.blocking(move |s| s.meta.partition_rows(partition)).await?;
+        self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok(rows)
+    }
+
+    /// The hashes of these tree nodes here.
+    pub async fn tree_nodes(&self, nodes: Vec<(u32, u16)>) -> Result<Vec<[u8; 32]>> {
+        self.blocking(move |s| s.meta.tree_nodes(&nodes)).await
+    }
+
+    /// The rows of these tree leaves here (counted as rows read).
+    pub async fn leaf_rows(&self, leaves: Vec<(u32, u8)>) -> Result<Vec<VersionRow>> {
+        let rows = self.blocking(move |s| s.meta.leaf_rows(&leaves)).await?;
+        self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        Ok(rows)
     }
 
     /// `trusted`: the request comes from this node itself, whose block
@@ -242,6 +283,10 @@ impl Replica {
                     .await?;
                 Msg::new(Resp::Raw(rows))
             }
+            Req::Digests { partitions } => Msg::new(Resp::Digests(self.digests(&partitions).await?)),
+            Req::PartitionRows { partition } => Msg::new(Resp::Versions(self.partition_rows(partition).await?)),
+            Req::TreeNodes { nodes } => Msg::new(Resp::Digests(self.tree_nodes(nodes).await?)),
+            Req::LeafRows { leaves } => Msg::new(Resp::Versions(self.leaf_rows(leaves).await?)),
             Req::CreateUpload { id, upload } => {
                 self.store.meta.write(move |t| ops::replica_create_upload(t, &id, &upload)).await?;
                 Msg::new(Resp::Ok)
@@ -281,11 +326,7 @@ impl Replica {
                     .await?;
                 Msg::new(Resp::Uploads { live, gone })
             }
-            Req::Digests { .. }
-            | Req::PartitionRows { .. }
-            | Req::TreeNodes { .. }
-            | Req::LeafRows { .. }
-            | Req::Status
+            Req::Status
             | Req::LockKey { .. }
             | Req::UnlockKey { .. }
             | Req::GetConfig
@@ -401,5 +442,49 @@ impl Replica {
         }
         self.store.spawn_delete(r?);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn replica(dir: &std::path::Path) -> (Replica, Arc<Hlc>) {
+        let store =
+            Store::open(Config { tree_partitions: Some(8), anonymous: true, ..Config::new(dir) }).expect("store");
+        let hlc = Arc::new(Hlc::new(1));
+        (Replica::new(store, hlc.clone(), Arc::default()), hlc)
+    }
+
+    async fn ask(r: &Replica, req: Req) -> Result<Resp> {
+        Ok(r.serve(Msg::new(req), false).await?.head)
+    }
+
+    /// A replica alone, without a layout, a transport or peers: it keeps
+    /// the newer of two rows, moves its clock past what it saw, answers
+    /// its tree reads, and refuses the requests of the node's other roles.
+    #[tokio::test]
+    async fn a_replica_alone_keeps_the_newer_row_and_refuses_the_node_roles_requests() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (r, hlc) = replica(dir.path());
+        let v = hlc.now() + 1_000_000;
+        let created = ask(&r, Req::CreateBucket { name: "b".into(), created_ms: 5 }).await.expect("create");
+        assert_eq!(created, Resp::Flag(true));
+        let commit =
+            |version| Req::Commit { session: 1, bucket: "b".into(), key: b"k".to_vec(), row: Row::Tombstone(version) };
+        let newer = ask(&r, commit(v)).await.expect("commit");
+        assert_eq!(newer, Resp::Committed { applied: true, current: v });
+        let older = ask(&r, commit(v - 1)).await.expect("commit");
+        assert_eq!(older, Resp::Committed { applied: false, current: v });
+        assert!(hlc.now() > v, "the clock did not move past a version it saw");
+        let row = ask(&r, Req::GetRow { bucket: "b".into(), key: b"k".to_vec() }).await.expect("row");
+        assert_eq!(row, Resp::Row(Some(Row::Tombstone(v))));
+        let rows = r.partition_rows(crate::cluster::placement::partition_of(8, "b", b"k")).await.expect("rows");
+        assert_eq!(rows, vec![("b".to_owned(), b"k".to_vec(), v, true)]);
+        for req in [Req::Status, Req::GetConfig, Req::FinishLayout, Req::Rebalance] {
+            let e = ask(&r, req).await.expect_err("a node request");
+            assert!(matches!(e, LightningError::InvalidRequest(_)), "{e}");
+        }
     }
 }
