@@ -234,10 +234,10 @@ pub fn compare(old: &Value, new: &Value, bound_pct: f64) -> Comparison {
     }
     c.only_new = news.iter().filter(|(p, _)| !olds.iter().any(|(o, _)| o == p)).map(|x| x.0.clone()).collect();
     for k in SETTINGS {
-        if let (Some(a), Some(b)) = (setting(&old[k]), setting(&new[k])) {
-            if a != b {
-                c.differences.push((k.to_owned(), a, b));
-            }
+        if let (Some(a), Some(b)) = (setting(&old[k]), setting(&new[k]))
+            && a != b
+        {
+            c.differences.push((k.to_owned(), a, b));
         }
     }
     c

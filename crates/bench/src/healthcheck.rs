@@ -42,8 +42,7 @@ impl FromStr for Target {
             }
             Ok(rest.to_owned())
         };
-        if s.starts_with("http://") {
-            let rest = &s["http://".len()..];
+        if let Some(rest) = s.strip_prefix("http://") {
             let authority = rest.split('/').next().unwrap_or_default();
             host_port(authority)?;
             return Ok(Target::Http(s.to_owned()));

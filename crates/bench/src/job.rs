@@ -116,7 +116,7 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
         "m" | "min" => n * 60.0,
         _ => bail!("{s:?}: unknown unit {unit:?} (use ms, s or m)"),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e7 {
+    if !secs.is_finite() || !(0.0..=1e7).contains(&secs) {
         bail!("{s:?} is out of range");
     }
     Ok(Duration::from_secs_f64(secs))
@@ -261,7 +261,7 @@ impl JobSpec {
             return Err(ctx(format!("bs {bs} must be between 1 byte and 32 MiB")));
         }
         let direct = self.direct.unwrap_or(true);
-        if direct && bs % 512 != 0 {
+        if direct && !bs.is_multiple_of(512) {
             return Err(ctx(format!("bs {bs} must be a multiple of 512 with direct = true")));
         }
         let iodepth = self.iodepth.unwrap_or(1);

@@ -227,10 +227,10 @@ impl Plan {
         {
             return None;
         }
-        if let Some(limit) = self.ops_limit {
-            if self.issued.fetch_add(1, Ordering::Relaxed) >= limit {
-                return None;
-            }
+        if let Some(limit) = self.ops_limit
+            && self.issued.fetch_add(1, Ordering::Relaxed) >= limit
+        {
+            return None;
         }
         let op = match self.read_pct {
             100 => Op::Read,
@@ -253,7 +253,7 @@ impl Plan {
 
     /// Whether a flush is due after this write.
     fn flush_due(&self) -> bool {
-        self.fsync > 0 && (self.writes.fetch_add(1, Ordering::Relaxed) + 1) % u64::from(self.fsync) == 0
+        self.fsync > 0 && (self.writes.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(u64::from(self.fsync))
     }
 }
 
@@ -857,10 +857,10 @@ async fn run_s3(
                 for i in 0..keys {
                     let (c, b, k, body) = (client.clone(), bucket.clone(), key(i * job.bs), body.clone());
                     puts.spawn(async move { c.put_object().bucket(b).key(k).body(body.into()).send().await });
-                    if puts.len() >= 16 {
-                        if let Some(r) = puts.join_next().await {
-                            r?.context("prefilling S3 objects")?;
-                        }
+                    if puts.len() >= 16
+                        && let Some(r) = puts.join_next().await
+                    {
+                        r?.context("prefilling S3 objects")?;
                     }
                 }
                 while let Some(r) = puts.join_next().await {

@@ -257,10 +257,10 @@ impl NbdClient {
                 Ok(())
             })
             .await?;
-            if let Err((ty, msg)) = r {
-                if ty == rep::ERR_UNKNOWN {
-                    return Err(CoronaError::NotFound(format!("{export} ({msg})")));
-                }
+            if let Err((ty, msg)) = r
+                && ty == rep::ERR_UNKNOWN
+            {
+                return Err(CoronaError::NotFound(format!("{export} ({msg})")));
             }
         }
         let go = ClientOption::Go { name: export.into(), requests: vec![info::BLOCK_SIZE] };

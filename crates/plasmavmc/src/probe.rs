@@ -209,7 +209,10 @@ fn parse_qcow2(head: &[u8], limits: Limits) -> Result<Qcow2Header, ProbeError> {
         let autoclear = be64(head, 88);
         let refcount_order = be32(head, 96);
         header_length = be32(head, 100) as u64;
-        if header_length < 104 || header_length > cluster_size || header_length % 8 != 0 && header_length != 104 {
+        if header_length < 104
+            || header_length > cluster_size
+            || !header_length.is_multiple_of(8) && header_length != 104
+        {
             return Err(ProbeError::BadHeader(format!("header length {header_length} is invalid")));
         }
         if incompat & INCOMPAT_CORRUPT != 0 {
@@ -337,7 +340,7 @@ pub fn check_l1_entries(entries: &[u8], first: u64, cluster_size: u64, file_len:
         if off == 0 {
             continue;
         }
-        if off % cluster_size != 0 {
+        if !off.is_multiple_of(cluster_size) {
             return Err(ProbeError::BadHeader(format!(
                 "L1 entry {} points to unaligned offset {off}",
                 first + i as u64

@@ -153,7 +153,7 @@ pub async fn pattern(links: &Links, r: PatternRequest) -> anyhow::Result<Pattern
         let c = NbdClient::connect(a.to_string(), &r.export)
             .await
             .with_context(|| format!("connecting to nbd://{}/{}", r.addr, r.export))?;
-        if r.offset % MIB != 0 || r.size % MIB != 0 || r.size == 0 {
+        if !r.offset.is_multiple_of(MIB) || !r.size.is_multiple_of(MIB) || r.size == 0 {
             bail!("offset and size must be whole MiB, size > 0");
         }
         if r.offset + r.size > c.size() {

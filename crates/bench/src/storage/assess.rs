@@ -6,11 +6,12 @@
 use super::{Ratio, Report};
 
 fn ratio(out: &mut Vec<Ratio>, key: &str, num: Option<f64>, den: Option<f64>, text: impl Fn(f64) -> String) {
-    if let (Some(n), Some(d)) = (num, den) {
-        if d > 0.0 && n.is_finite() {
-            let pct = 100.0 * n / d;
-            out.push(Ratio { key: key.into(), pct, text: text(pct) });
-        }
+    if let (Some(n), Some(d)) = (num, den)
+        && d > 0.0
+        && n.is_finite()
+    {
+        let pct = 100.0 * n / d;
+        out.push(Ratio { key: key.into(), pct, text: text(pct) });
     }
 }
 

@@ -84,13 +84,8 @@ fn replicated_table(s: &mut String, r: &Report) {
     };
     let _ = writeln!(
         s,
-        "The same jobs from the same worker, in every iteration right after the single-copy row, on a volume made with `--replicas {}` (write quorum {}): {}. Measured by {}. **Conditions:** {}. So this row measures the CPU and protocol cost of the replication path, not replication across a network. The ratio is the median over iterations of each iteration's figure with {} copies over its single-copy figure.\n",
-        x.copies,
-        x.write_quorum,
-        "the NBD client talks to the primary, which forwards every write to the other copies and acknowledges a FLUSH once the write quorum has it",
-        x.block.measured_by,
-        x.placement,
-        x.copies
+        "The same jobs from the same worker, in every iteration right after the single-copy row, on a volume made with `--replicas {}` (write quorum {}): the NBD client talks to the primary, which forwards every write to the other copies and acknowledges a FLUSH once the write quorum has it. Measured by {}. **Conditions:** {}. So this row measures the CPU and protocol cost of the replication path, not replication across a network. The ratio is the median over iterations of each iteration's figure with {} copies over its single-copy figure.\n",
+        x.copies, x.write_quorum, x.block.measured_by, x.placement, x.copies
     );
     let _ = writeln!(
         s,
@@ -545,10 +540,10 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
     if let Section::Measured(d) = &r.s3_degraded {
         let _ = writeln!(s, "### Degraded cluster\n");
         degraded(&mut s, d);
-    } else if let Section::NotAvailable { reason } = &r.s3_degraded {
-        if reason != "no --fault given" {
-            let _ = writeln!(s, "### Degraded cluster\n\n_Not available: {reason}._\n");
-        }
+    } else if let Section::NotAvailable { reason } = &r.s3_degraded
+        && reason != "no --fault given"
+    {
+        let _ = writeln!(s, "### Degraded cluster\n\n_Not available: {reason}._\n");
     }
 
     let _ = writeln!(s, "## VM Image Path\n\nMeasured from the coordinator.\n");
@@ -567,10 +562,10 @@ pub fn render(r: &Report, charts: &[(String, String)]) -> String {
 
     if let Some(c) = r.ceph.get() {
         ceph_section(&mut s, c);
-    } else if let Section::NotAvailable { reason } = &r.ceph {
-        if !reason.starts_with("not asked for") {
-            let _ = writeln!(s, "## Ceph beside the stack\n\n_Not available: {reason}._\n");
-        }
+    } else if let Section::NotAvailable { reason } = &r.ceph
+        && !reason.starts_with("not asked for")
+    {
+        let _ = writeln!(s, "## Ceph beside the stack\n\n_Not available: {reason}._\n");
     }
 
     let _ = writeln!(s, "## Assessment\n");

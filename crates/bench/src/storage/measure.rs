@@ -101,10 +101,10 @@ pub async fn prefill(c: &CoronaEndpoint, export: &str, size: u64) -> anyhow::Res
         let (cl, ch) = (client.clone(), chunk.clone());
         tasks.spawn(async move { cl.write(off, &ch[..n], false).await });
         off += n as u64;
-        if tasks.len() >= 16 {
-            if let Some(r) = tasks.join_next().await {
-                r??;
-            }
+        if tasks.len() >= 16
+            && let Some(r) = tasks.join_next().await
+        {
+            r??;
         }
     }
     while let Some(r) = tasks.join_next().await {

@@ -288,7 +288,7 @@ pub fn decode_error_payload(p: &[u8]) -> Result<(u32, String), ProtoError> {
 
 /// Decodes a `BLOCK_STATUS` payload into (context id, extents).
 pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<Extent>), ProtoError> {
-    if p.len() < 12 || (p.len() - 4) % 8 != 0 {
+    if p.len() < 12 || !(p.len() - 4).is_multiple_of(8) {
         return Err(ProtoError::BadLength("block status payload is not 4 + 8n bytes"));
     }
     let extents = p[4..].chunks_exact(8).map(|c| Extent { length: be_u32(c, 0), flags: be_u32(c, 4) }).collect();

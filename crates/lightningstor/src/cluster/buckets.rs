@@ -346,7 +346,7 @@ impl Node {
                 }
             }
             for (name, deleted_ms) in &gone {
-                if !theirs.get(name).is_some_and(|c| c <= deleted_ms) {
+                if theirs.get(name).is_none_or(|c| c > deleted_ms) {
                     continue;
                 }
                 let late = Req::DeleteBucketBefore { name: name.clone(), deleted_ms: *deleted_ms };

@@ -177,7 +177,7 @@ pub async fn run(
     let mut result = Ok(());
     while result.is_ok() && !stop.load(Ordering::Relaxed) {
         result = w.write().await;
-        if result.is_ok() && w.seq % FLUSH_EVERY == 0 {
+        if result.is_ok() && w.seq.is_multiple_of(FLUSH_EVERY) {
             result = w.flush().await;
         }
     }
