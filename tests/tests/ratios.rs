@@ -3,7 +3,9 @@
 //! (the order alternates), and asserts that the ratio of medians stays above
 //! a floor set well below what this machine measures, so machine noise does
 //! not fail them but a gross regression does. Every test prints what it
-//! measured, so a CI log shows the trend.
+//! measured, so a CI log shows the trend: to the process's stderr
+//! ([`show`]), which the test harness does not capture, so the figures
+//! appear in a passing run too.
 //!
 //! The tests of this binary take one lock each: nothing else of this binary
 //! runs while one measures. cargo runs test binaries one after another, so
@@ -32,6 +34,14 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
     MEASURING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Prints one line of figures past the test harness's capture (it captures
+/// `println!` and `eprintln!`, not writes to the stderr handle), so a
+/// passing run's log carries them too.
+fn show(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// The median of `v` (the upper one for an even count).
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
@@ -49,7 +59,7 @@ fn spread(v: &[f64]) -> String {
 /// one failure does not hide the other figures.
 fn check_floor(test: &str, floor: f64, ratios: &[(String, f64)]) {
     for (what, r) in ratios {
-        println!("ratio {test}: {what} = {r:.2}x (floor {floor:.2}x)");
+        show(&format!("ratio {test}: {what} = {r:.2}x (floor {floor:.2}x)"));
     }
     let low: Vec<String> = ratios.iter().filter(|(_, r)| !(*r >= floor)).map(|(w, r)| format!("{w} {r:.2}x")).collect();
     assert!(low.is_empty(), "{test}: below the {floor:.2}x floor: {}", low.join(", "));
@@ -99,7 +109,7 @@ fn coronafs_keeps_up_with_nbdkit_on_the_same_file() {
         };
         let (ours, theirs) = (figure("coronafs"), figure("nbdkit"));
         assert!(ours > 0.0 && theirs > 0.0, "{name}: a zero figure ({ours} vs {theirs})");
-        println!("{name}: coronafs {ours:.1} nbdkit {theirs:.1} {key} (medians of 3)");
+        show(&format!("{name}: coronafs {ours:.1} nbdkit {theirs:.1} {key} (medians of 3)"));
         ratios.push((name.to_owned(), ours / theirs));
     }
     // The four jobs, and 4k QD1 pinned (fio on one CPU, the server on
@@ -249,14 +259,14 @@ fn lightningstor_keeps_up_with_s3s_fs_in_process() {
             }
         }
         for s in &sides {
-            println!(
+            show(&format!(
                 "{:<14} PUT 4 KiB {} ops/s  GET 4 KiB {} ops/s  PUT 64 MiB {} MiB/s  GET 64 MiB {} MiB/s",
                 s.name,
                 spread(&s.put_small),
                 spread(&s.get_small),
                 spread(&s.put_large),
                 spread(&s.get_large)
-            );
+            ));
         }
         let [ls, fs] = &sides;
         let ratio = |f: fn(&S3Side) -> &Vec<f64>| median(f(ls)) / median(f(fs));
@@ -301,6 +311,9 @@ fn warm_create_volume_p50_stays_under_100ms_at_4gib_virtual() {
         assert_eq!((v.status, v.cache_hit), (plasmavmc::model::Status::Available, true), "{v:?}");
     }
     let p50 = median(&times);
-    println!("warm CreateVolume 4 GiB virtual: p50 {} ms over 21; the cold one took {cold_s:.2} s", spread(&times));
+    show(&format!(
+        "warm CreateVolume 4 GiB virtual: p50 {} ms over 21; the cold one took {cold_s:.2} s",
+        spread(&times)
+    ));
     assert!(p50 < 100.0, "warm CreateVolume p50 {p50:.1} ms at 4 GiB virtual, over the 100 ms ceiling");
 }
