@@ -196,7 +196,7 @@ impl Node {
         r?.ok()
     }
 
-    /// The replica side of every request.
+    /// Answers a request from another node (the transport's handler).
     pub async fn handle_local(&self, req: Msg<Req>) -> Msg<Resp> {
         if let Req::Rebalance = req.head {
             return match self.rebalance().await {
@@ -210,9 +210,10 @@ impl Node {
         }
     }
 
-    /// The requests of the node's own roles (status, key leases, layout); the replica serves the rest. `trusted`: the
-    /// request comes from this node itself, whose block bytes were hashed
-    /// by the coordinator a moment ago (no re-hash).
+    /// Serves the requests of the node's own roles (status, key leases,
+    /// layout) and hands the rest to the replica. `trusted`: the request
+    /// comes from this node itself, whose block bytes were hashed by the
+    /// coordinator a moment ago (no re-hash).
     async fn serve(&self, req: Msg<Req>, trusted: bool) -> Result<Msg<Resp>> {
         let Msg { head, data } = req;
         Ok(match head {

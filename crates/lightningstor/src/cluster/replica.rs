@@ -112,8 +112,10 @@ impl Replica {
         Ok(rows)
     }
 
-    /// `trusted`: the request comes from this node itself, whose block
-    /// bytes were hashed by the coordinator a moment ago (no re-hash).
+    /// Serves one replica request; the requests of the node's other roles
+    /// are refused with InvalidRequest. `trusted`: the request comes from
+    /// this node itself, whose block bytes were hashed by the coordinator a
+    /// moment ago (no re-hash).
     pub async fn serve(&self, req: Msg<Req>, trusted: bool) -> Result<Msg<Resp>> {
         let Msg { head, data } = req;
         Ok(match head {
