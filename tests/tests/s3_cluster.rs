@@ -120,15 +120,27 @@ async fn a_partitioned_node_misses_writes_then_catches_up_after_healing() -> R {
     Ok(())
 }
 
+/// A lifecycle configuration of one rule: objects under `tmp/` expire after
+/// `days`.
+fn tmp_expiry(days: i32) -> anyhow::Result<aws_sdk_s3::types::BucketLifecycleConfiguration> {
+    use aws_sdk_s3::types::{
+        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
+    };
+    let rule = LifecycleRule::builder()
+        .id("tmp")
+        .status(ExpirationStatus::Enabled)
+        .filter(LifecycleRuleFilter::builder().prefix("tmp/").build())
+        .expiration(LifecycleExpiration::builder().days(days).build())
+        .build()?;
+    Ok(BucketLifecycleConfiguration::builder().rules(rule).build()?)
+}
+
 /// A bucket's lifecycle configuration goes where bucket rows go: put while a
 /// node is cut off, it needs only the majority, and the node gets it from
 /// the resync queue after healing; a delete that another node misses
 /// reaches it the same way (the newer, empty configuration wins).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lifecycle_configuration_reaches_a_node_that_missed_it_and_so_does_its_delete() -> R {
-    use aws_sdk_s3::types::{
-        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
-    };
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -137,13 +149,7 @@ async fn a_lifecycle_configuration_reaches_a_node_that_missed_it_and_so_does_its
         row.map(|b| b.rules().to_vec()).unwrap_or_default()
     };
     s.cluster.faults.isolate(3);
-    let rule = LifecycleRule::builder()
-        .id("tmp")
-        .status(ExpirationStatus::Enabled)
-        .filter(LifecycleRuleFilter::builder().prefix("tmp/").build())
-        .expiration(LifecycleExpiration::builder().days(7).build())
-        .build()?;
-    let config = BucketLifecycleConfiguration::builder().rules(rule).build()?;
+    let config = tmp_expiry(7)?;
     c.put_bucket_lifecycle_configuration().bucket("bkt").lifecycle_configuration(config).send().await?;
     assert_eq!(rules(2).len(), 1);
     assert!(rules(3).is_empty(), "the isolated node got the configuration");
@@ -170,9 +176,6 @@ async fn a_lifecycle_configuration_reaches_a_node_that_missed_it_and_so_does_its
 /// for the same incarnation of the bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_that_missed_both() -> R {
-    use aws_sdk_s3::types::{
-        BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
-    };
     use lightningstor::cluster::rpc::{Msg, Req, Resp};
     let s = InCluster::new(3);
     let c = s.client_of(1);
@@ -185,13 +188,7 @@ async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_
         }
         Ok(())
     };
-    let rule = LifecycleRule::builder()
-        .id("tmp")
-        .status(ExpirationStatus::Enabled)
-        .filter(LifecycleRuleFilter::builder().prefix("tmp/").build())
-        .expiration(LifecycleExpiration::builder().days(3).build())
-        .build()?;
-    let config = BucketLifecycleConfiguration::builder().rules(rule).build()?;
+    let config = tmp_expiry(3)?;
 
     s.cluster.faults.isolate(3);
     c.put_bucket_lifecycle_configuration().bucket("bkt").lifecycle_configuration(config).send().await?;
