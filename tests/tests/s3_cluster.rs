@@ -452,7 +452,7 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
     bytes[7] ^= 0x01;
     std::fs::write(&f2, &bytes)?;
     let node2 = s.cluster.node(2);
-    node2.scrub_some(None, 10_000).await?;
+    node2.repair().scrub_some(None, 10_000).await?;
     let fixed = std::fs::read(&f2)?;
     assert_eq!(lightningstor::block::BlockHash::of(&fixed), blocks[2].hash, "scrub rewrote the block");
     assert!(node2.metrics.bad_copies_found.load(std::sync::atomic::Ordering::Relaxed) >= 1);
@@ -582,13 +582,13 @@ async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
     s.cluster.faults.heal();
     assert!(local_row(&s, 3, "bkt", "k25").is_none());
     let n3 = s.cluster.node(3);
-    let fixed = n3.anti_entropy_round().await?;
+    let fixed = n3.repair().anti_entropy_round().await?;
     assert_eq!(fixed, 10, "exactly the missed rows were pulled");
     for i in 0..30u64 {
         let k = format!("k{i}");
         assert_eq!(local_row(&s, 3, "bkt", &k), local_row(&s, 1, "bkt", &k));
     }
-    assert_eq!(n3.anti_entropy_round().await?, 0, "a second round finds nothing");
+    assert_eq!(n3.repair().anti_entropy_round().await?, 0, "a second round finds nothing");
     Ok(())
 }
 
@@ -623,7 +623,7 @@ async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_w
     }
     let n3 = s.cluster.node(3);
     let before = anti_entropy_rows_read(&s);
-    assert_eq!(n3.anti_entropy_round().await?, 0);
+    assert_eq!(n3.repair().anti_entropy_round().await?, 0);
     let in_sync = anti_entropy_rows_read(&s) - before;
     eprintln!("{OBJECTS} objects in sync: a round read {in_sync} rows");
     assert_eq!(in_sync, 0, "a round over replicas in sync reads no row");
@@ -650,7 +650,7 @@ async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_w
     leaves.dedup();
     let leaf_rows = s.cluster.node(1).store.meta.leaf_rows(&leaves)?.len() as u64;
     let before = anti_entropy_rows_read(&s);
-    assert_eq!(n3.anti_entropy_round().await?, 5, "exactly the missed rows were pulled");
+    assert_eq!(n3.repair().anti_entropy_round().await?, 5, "exactly the missed rows were pulled");
     let diverged = anti_entropy_rows_read(&s) - before;
     eprintln!(
         "{OBJECTS} objects, 5 diverged in {} leaves holding {leaf_rows} rows: a round read {diverged} rows",
@@ -664,7 +664,7 @@ async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_w
     }
     assert!(matches!(local_row(&s, 3, "bkt", &changed[4]), Some(Row::Tombstone(_))));
     let before = anti_entropy_rows_read(&s);
-    assert_eq!(n3.anti_entropy_round().await?, 0, "a second round finds nothing");
+    assert_eq!(n3.repair().anti_entropy_round().await?, 0, "a second round finds nothing");
     assert_eq!(anti_entropy_rows_read(&s), before, "and reads no row");
     Ok(())
 }
@@ -697,7 +697,7 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
         want.insert(format!("k{i}"), data);
     }
     for id in s.cluster.ids() {
-        s.cluster.node(id).rebalance_round().await?;
+        s.cluster.node(id).repair().rebalance_round().await?;
     }
     for id in s.cluster.ids() {
         s.cluster.node(id).finish_layout_change();
@@ -719,7 +719,7 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
         assert_eq!(&get(&c, "bkt", k).await?, v, "{k} while node 2 leaves");
     }
     for id in [1, 3, 4, 5, 2] {
-        s.cluster.node(id).rebalance_round().await?;
+        s.cluster.node(id).repair().rebalance_round().await?;
     }
     for id in s.cluster.ids() {
         s.cluster.node(id).finish_layout_change();
@@ -849,7 +849,7 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
     // After healing and repair every replica agrees and every key reads back
     // its acknowledged value (or one whose write was in doubt).
     for id in s.cluster.ids() {
-        s.cluster.node(id).anti_entropy_round().await?;
+        s.cluster.node(id).repair().anti_entropy_round().await?;
     }
     for (key, m) in &model {
         for c in &clients {

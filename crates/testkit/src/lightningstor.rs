@@ -303,7 +303,7 @@ impl TestCluster {
             Arc::downgrade(&h)
         };
         self.hub.register(id, weak);
-        let tasks = node.spawn_background();
+        let tasks = node.repair().spawn();
         if let Ok(mut n) = self.nodes.lock() {
             n.insert(id, (node.clone(), tasks));
         }

@@ -145,7 +145,7 @@ pub async fn start(config: ClusterConfig, name: &str) -> Result<RunningNode> {
     let transport = Arc::new(transport::Tcp::new(peers, RPC_TIMEOUT, secret.clone()));
     let node = Node::new(config, name, store.clone(), transport)?;
     let mut tasks = vec![transport::serve_tcp(rpc_listener, node.clone(), secret)];
-    tasks.extend(node.spawn_background());
+    tasks.extend(node.repair().spawn());
     let svc = crate::server::service_for(s3::ClusterS3::new(node.clone()), &store.config, node.clone());
     let gate = Arc::new(crate::server::Gate::new(node.clone(), &store.config));
     let n = node.clone();

@@ -1,9 +1,10 @@
 //! A cluster node: its local engine, its view of the layout, and its
 //! roles. The replica ([`super::replica`]) serves what other nodes store
-//! here; the coordinator ([`super::coord`] and the modules above it) and
-//! the repair worker ([`super::repair`]) are `impl Node` blocks of their
-//! own files. This file routes node-to-node requests: the layout, key
-//! leases and status here, the rest to the replica.
+//! here; the coordinator ([`super::coord`] and the modules above it) is
+//! `impl Node` blocks of its own files; the repair worker
+//! ([`super::repair::Repair`]) is a type of its own that works through
+//! the node's public methods. This file routes node-to-node requests: the
+//! layout, key leases and status here, the rest to the replica.
 
 use super::NodeId;
 use super::config::{ClusterConfig, Consistency};
@@ -243,7 +244,7 @@ impl Node {
 
     async fn rebalance(&self) -> Result<usize> {
         let me = self.me.upgrade().ok_or_else(|| LightningError::Unavailable("node is shutting down".into()))?;
-        me.rebalance_round().await
+        me.repair().rebalance_round().await
     }
 
     /// Node health and conditions for `cluster status`.

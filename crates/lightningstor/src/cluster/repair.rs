@@ -1,6 +1,9 @@
-//! Background repair: the resync queue worker, scrub, anti-entropy, and
-//! tombstone collection. Each runs as its own task per node, bounded in
-//! rate, and counts what it does in [`super::metrics::ClusterMetrics`].
+//! The repair worker: the resync queue, scrub, anti-entropy, tombstone
+//! collection and rebalancing. [`Repair`] works through a node's public
+//! roles only (the coordinator's reads and pushes, the replica's tree
+//! reads, the node's layout and calls); each of its loops runs as its own
+//! task per node ([`Repair::spawn`]), bounded in rate, and counts what it
+//! does in [`super::metrics::ClusterMetrics`].
 
 use super::NodeId;
 use super::metrics::ClusterMetrics;
@@ -26,16 +29,38 @@ fn join_err(e: tokio::task::JoinError) -> LightningError {
     LightningError::Io(std::io::Error::other(e))
 }
 
+/// A node's repair worker. Cheap to make: it holds only the node (the
+/// resync queue, trees and counters it works on are the node's; a scrub
+/// pass's position lives in the scrub loop). [`Node::repair`] makes one
+/// for single rounds (tests, the rebalance of `cluster layout apply`);
+/// [`Repair::spawn`] runs the loops of a serving node.
+#[derive(Debug, Clone)]
+pub struct Repair {
+    node: Arc<Node>,
+}
+
 impl Node {
+    /// A repair worker for this node.
+    pub fn repair(self: &Arc<Self>) -> Repair {
+        Repair::new(self.clone())
+    }
+}
+
+impl Repair {
+    /// The repair worker of `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Repair { node }
+    }
+
     /// Works through due resync entries once; returns how many were tried.
-    pub async fn resync_round(self: &Arc<Self>) -> Result<usize> {
-        let node = self.clone();
+    pub async fn resync_round(&self) -> Result<usize> {
+        let node = self.node.clone();
         let due = tokio::task::spawn_blocking(move || node.resync.due(64)).await.map_err(join_err)??;
         let n = due.len();
         let jobs = due.into_iter().map(|e| {
-            let node = self.clone();
+            let node = self.node.clone();
             async move {
-                let r = node.resync_one(&e).await;
+                let r = Repair::resync_one(&node, &e).await;
                 let node2 = node.clone();
                 let ok = r.is_ok();
                 if let Err(err) = r {
@@ -58,30 +83,30 @@ impl Node {
         Ok(n)
     }
 
-    async fn resync_one(self: &Arc<Self>, e: &Entry) -> Result<()> {
+    async fn resync_one(node: &Arc<Node>, e: &Entry) -> Result<()> {
         if e.due.bucket_row && e.bucket.is_empty() {
             // The keyring (see buckets.rs): push every row, the replica keeps the newer ones.
-            let rows = self.blocking_auth_rows().await?;
-            self.call(e.node, Msg::new(Req::MergeAuth { rows })).await?;
+            let rows = node.blocking_auth_rows().await?;
+            node.call(e.node, Msg::new(Req::MergeAuth { rows })).await?;
             return Ok(());
         }
         if e.due.bucket_row {
-            return self.resync_bucket(e.node, &e.bucket).await;
+            return node.resync_bucket(e.node, &e.bucket).await;
         }
-        let replicas: Vec<NodeId> = self.write_sets(&e.bucket, &e.key).concat();
+        let replicas: Vec<NodeId> = node.write_sets(&e.bucket, &e.key).concat();
         if !replicas.contains(&e.node) {
             return Ok(()); // no longer a replica after a layout change
         }
-        let found = self.read_row(&e.bucket, &e.key).await?;
+        let found = node.read_row(&e.bucket, &e.key).await?;
         match found.row {
-            Some(row) => self.push_row(e.node, &e.bucket, &e.key, &row).await.map(drop),
+            Some(row) => node.push_row(e.node, &e.bucket, &e.key, &row).await.map(drop),
             None => Ok(()),
         }
     }
 
     /// Re-hashes up to `max` local blocks starting after `after`; corrupt
     /// ones are replaced from another node. Returns the last block checked.
-    pub async fn scrub_some(self: &Arc<Self>, after: Option<BlockHash>, max: usize) -> Result<Option<BlockHash>> {
+    pub async fn scrub_some(&self, after: Option<BlockHash>, max: usize) -> Result<Option<BlockHash>> {
         let list = self.block_list().await?;
         let start = after.map_or(0, |a| list.partition_point(|h| *h <= a));
         let batch: Vec<BlockHash> = list.into_iter().skip(start).take(max).collect();
@@ -92,7 +117,7 @@ impl Node {
 
     /// Every local block, sorted.
     async fn block_list(&self) -> Result<Vec<BlockHash>> {
-        let store = self.store.clone();
+        let store = self.node.store.clone();
         let mut list = tokio::task::spawn_blocking(move || store.blocks.list()).await.map_err(join_err)??;
         list.sort();
         Ok(list)
@@ -101,20 +126,20 @@ impl Node {
     /// Re-hashes `batch`; a corrupt block is replaced from another node. A
     /// block deleted since it was listed, even while scrub read it, is
     /// skipped without an alarm ([`scrub_one`]).
-    async fn scrub_blocks(self: &Arc<Self>, batch: Vec<BlockHash>) -> Result<()> {
+    async fn scrub_blocks(&self, batch: Vec<BlockHash>) -> Result<()> {
         for hash in batch {
-            let store = self.store.clone();
+            let store = self.node.store.clone();
             let r =
                 tokio::task::spawn_blocking(move || scrub_one(store.blocks.as_ref(), &hash)).await.map_err(join_err)?;
-            self.metrics.scrubbed_blocks.fetch_add(1, Ordering::Relaxed);
+            self.node.metrics.scrubbed_blocks.fetch_add(1, Ordering::Relaxed);
             if let Ok(Scrubbed::Corrupt) = r {
-                ClusterMetrics::inc(&self.metrics.bad_copies_found);
-                self.store.metrics.inc(&self.store.metrics.corrupt_blocks);
+                ClusterMetrics::inc(&self.node.metrics.bad_copies_found);
+                self.node.store.metrics.inc(&self.node.store.metrics.corrupt_blocks);
                 tracing::warn!(block = %hash, "scrub found a corrupt block; fetching a good copy");
-                let others: Vec<NodeId> = self.all_nodes().into_iter().filter(|n| *n != self.id).collect();
-                match self.fetch_block(hash, &others).await {
+                let others: Vec<NodeId> = self.node.all_nodes().into_iter().filter(|n| *n != self.node.id).collect();
+                match self.node.fetch_block(hash, &others).await {
                     Ok(data) => {
-                        self.call(self.id, Msg::with_data(Req::RepairBlock { hash }, data)).await?;
+                        self.node.call(self.node.id, Msg::with_data(Req::RepairBlock { hash }, data)).await?;
                     }
                     Err(e) => tracing::error!(block = %hash, error = %e, "no good copy of a corrupt block"),
                 }
@@ -126,7 +151,7 @@ impl Node {
     /// A counter that moves whenever this node serves foreground traffic
     /// (S3 requests, blocks written or read for a client or a peer).
     fn foreground_ops(&self) -> u64 {
-        let m = &self.store.metrics;
+        let m = &self.node.store.metrics;
         [&m.requests, &m.blocks_written, &m.blocks_read].iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
@@ -135,13 +160,13 @@ impl Node {
     /// hashes differ; for the leaves that differ, compare row versions and
     /// push or pull the newer rows. In sync, a pass reads one root per
     /// shared partition and no row. Returns rows repaired.
-    pub async fn anti_entropy_round(self: &Arc<Self>) -> Result<usize> {
-        let layout = self.layout();
-        let mine = layout.partitions_of(self.id);
+    pub async fn anti_entropy_round(&self) -> Result<usize> {
+        let layout = self.node.layout();
+        let mine = layout.partitions_of(self.node.id);
         let mut by_peer: HashMap<NodeId, Vec<u32>> = HashMap::new();
         for p in &mine {
             for n in layout.nodes_for(*p) {
-                if *n != self.id {
+                if *n != self.node.id {
                     by_peer.entry(*n).or_default().push(*p);
                 }
             }
@@ -164,14 +189,14 @@ impl Node {
         while !ask.is_empty() {
             let mut next = Vec::new();
             for chunk in ask.chunks(NODES_PER_CALL) {
-                let theirs = match self.call(peer, Msg::new(Req::TreeNodes { nodes: chunk.to_vec() })).await {
+                let theirs = match self.node.call(peer, Msg::new(Req::TreeNodes { nodes: chunk.to_vec() })).await {
                     Ok(Msg { head: Resp::Digests(d), .. }) if d.len() == chunk.len() => d,
                     _ => return Ok(None),
                 };
-                let ours = self.replica.tree_nodes(chunk.to_vec()).await?;
-                self.metrics.anti_entropy_nodes_compared.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                let ours = self.node.replica.tree_nodes(chunk.to_vec()).await?;
+                self.node.metrics.anti_entropy_nodes_compared.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 let step = merkle::descend(chunk, &ours, &theirs);
-                self.metrics.divergent_partitions.fetch_add(step.partitions as u64, Ordering::Relaxed);
+                self.node.metrics.divergent_partitions.fetch_add(step.partitions as u64, Ordering::Relaxed);
                 next.extend(step.ask);
                 leaves.extend(step.leaves);
             }
@@ -182,29 +207,29 @@ impl Node {
 
     /// Makes the rows of `leaves` equal here and on `peer`: newer rows of
     /// ours are pushed, newer rows of theirs pulled.
-    async fn reconcile(self: &Arc<Self>, peer: NodeId, leaves: &[(u32, u8)]) -> Result<usize> {
-        let theirs = match self.call(peer, Msg::new(Req::LeafRows { leaves: leaves.to_vec() })).await?.head {
+    async fn reconcile(&self, peer: NodeId, leaves: &[(u32, u8)]) -> Result<usize> {
+        let theirs = match self.node.call(peer, Msg::new(Req::LeafRows { leaves: leaves.to_vec() })).await?.head {
             Resp::Versions(v) => v,
             _ => return Ok(0),
         };
-        let ours = self.replica.leaf_rows(leaves.to_vec()).await?;
+        let ours = self.node.replica.leaf_rows(leaves.to_vec()).await?;
         let key = |r: &VersionRow| (r.0.clone(), r.1.clone());
         let mine: HashMap<_, u64> = ours.iter().map(|r| (key(r), r.2)).collect();
         let other: HashMap<_, u64> = theirs.iter().map(|r| (key(r), r.2)).collect();
         let mut n = 0;
         for ((b, k), v) in &mine {
             if other.get(&(b.clone(), k.clone())).is_none_or(|o| o < v)
-                && let Some(row) = self.store.meta.get_row(b, k)?
+                && let Some(row) = self.node.store.meta.get_row(b, k)?
             {
-                self.push_row(peer, b, k, &row).await?;
+                self.node.push_row(peer, b, k, &row).await?;
                 n += 1;
             }
         }
         for ((b, k), v) in &other {
             if mine.get(&(b.clone(), k.clone())).is_none_or(|m| m < v) {
                 let req = Req::GetRow { bucket: b.clone(), key: k.clone() };
-                if let Resp::Row(Some(row)) = self.call(peer, Msg::new(req)).await?.head {
-                    self.push_row(self.id, b, k, &row).await?;
+                if let Resp::Row(Some(row)) = self.node.call(peer, Msg::new(req)).await?.head {
+                    self.node.push_row(self.node.id, b, k, &row).await?;
                     n += 1;
                 }
             }
@@ -216,49 +241,50 @@ impl Node {
     /// Deleted buckets stay remembered (`buckets_gone`, a small row each):
     /// a node that missed a delete and came back later than that would
     /// otherwise bring the bucket back through anti-entropy.
-    pub async fn collect_tombstones(self: &Arc<Self>) -> Result<usize> {
-        let keep_ms = self.config().tombstone_secs.saturating_mul(1000);
+    pub async fn collect_tombstones(&self) -> Result<usize> {
+        let keep_ms = self.node.config().tombstone_secs.saturating_mul(1000);
         let now = u64::try_from(crate::meta::now_ms()).unwrap_or(0);
         let before = now.saturating_sub(keep_ms) << 20;
-        let store = self.store.clone();
+        let store = self.node.store.clone();
         let old = tokio::task::spawn_blocking(move || store.meta.old_tombstones(before)).await.map_err(join_err)??;
         let n = old.len();
         for (b, k, v) in old {
-            self.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
+            self.node.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
         }
         Ok(n)
     }
 
     /// Pushes every row this node holds to the replicas the current layout
     /// assigns it to (after a layout change). Returns rows pushed.
-    pub async fn rebalance_round(self: &Arc<Self>) -> Result<usize> {
+    pub async fn rebalance_round(&self) -> Result<usize> {
         // A node added by this change has none of the keyring (keys are
         // rows of every node, not of a partition): give every other node all
         // of ours; each keeps the newer version of a row, so this is safe to
         // repeat and is not counted as rows moved.
-        let auth = self.blocking_auth_rows().await?;
+        let auth = self.node.blocking_auth_rows().await?;
         if !auth.is_empty() {
-            let others: Vec<NodeId> = self.config().nodes.iter().map(|n| n.id).filter(|id| *id != self.id).collect();
+            let others: Vec<NodeId> =
+                self.node.config().nodes.iter().map(|n| n.id).filter(|id| *id != self.node.id).collect();
             for peer in others {
-                self.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await?;
+                self.node.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await?;
             }
         }
-        let store = self.store.clone();
+        let store = self.node.store.clone();
         let rows = tokio::task::spawn_blocking(move || store.meta.all_versions()).await.map_err(join_err)??;
         let mut n = 0;
         for (b, k, _, _) in rows {
-            let Some(row) = self.store.meta.get_row(&b, &k)? else { continue };
-            for target in self.replicas(&b, &k) {
-                if target == self.id {
+            let Some(row) = self.node.store.meta.get_row(&b, &k)? else { continue };
+            for target in self.node.replicas(&b, &k) {
+                if target == self.node.id {
                     continue;
                 }
                 let req = Req::RowVersion { bucket: b.clone(), key: k.clone() };
-                let theirs = match self.call(target, Msg::new(req)).await?.head {
+                let theirs = match self.node.call(target, Msg::new(req)).await?.head {
                     Resp::Version(v) => v,
                     _ => 0,
                 };
                 if theirs < row.version() {
-                    self.push_row(target, &b, &k, &row).await?;
+                    self.node.push_row(target, &b, &k, &row).await?;
                     n += 1;
                 }
             }
@@ -266,22 +292,24 @@ impl Node {
         Ok(n)
     }
 
-    /// Starts the background tasks; they stop when the returned handles are aborted.
-    pub fn spawn_background(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+    /// Starts the worker's loops (and the node's share of the lifecycle
+    /// task); they stop when the returned handles are aborted.
+    pub fn spawn(self) -> Vec<tokio::task::JoinHandle<()>> {
         let mut tasks = Vec::new();
-        let node = self.clone();
+        let config = self.node.config();
+        let w = self.clone();
         tasks.push(tokio::spawn(async move {
             loop {
-                match node.resync_round().await {
+                match w.resync_round().await {
                     Ok(0) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                     Ok(_) => {}
                 }
-                node.replica.expire_sessions();
+                w.node.replica.expire_sessions();
             }
         }));
-        let rate = self.config().scrub_blocks_per_sec;
+        let rate = config.scrub_blocks_per_sec;
         if rate > 0 {
-            let node = self.clone();
+            let w = self.clone();
             tasks.push(tokio::spawn(async move {
                 // One listing per pass over the store, `rate` blocks a
                 // second; while clients or peers keep the node busy, a
@@ -289,42 +317,42 @@ impl Node {
                 // stops under steady load nor competes with it.
                 let rate = rate as usize;
                 let mut pass: std::collections::VecDeque<BlockHash> = Default::default();
-                let mut seen = node.foreground_ops();
+                let mut seen = w.foreground_ops();
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    let busy = node.foreground_ops() != seen;
+                    let busy = w.foreground_ops() != seen;
                     let share = if busy { (rate / 10).max(1) } else { rate };
                     if pass.is_empty() {
-                        match node.block_list().await {
+                        match w.block_list().await {
                             Ok(list) => pass = list.into(),
                             Err(e) => tracing::debug!(error = %e, "scrub could not list blocks"),
                         }
                     }
                     let batch: Vec<BlockHash> = pass.drain(..share.min(pass.len())).collect();
-                    if let Err(e) = node.scrub_blocks(batch).await {
+                    if let Err(e) = w.scrub_blocks(batch).await {
                         tracing::debug!(error = %e, "scrub round failed");
                     }
                     // Counted after the batch, so a repair write of scrub's
                     // own does not look like a client.
-                    seen = node.foreground_ops();
+                    seen = w.foreground_ops();
                 }
             }));
         }
-        tasks.push(super::lifecycle::spawn(self));
-        let ae = self.config().anti_entropy_secs;
+        tasks.push(super::lifecycle::spawn(&self.node));
+        let ae = config.anti_entropy_secs;
         if ae > 0 {
-            let node = self.clone();
+            let w = self;
             tasks.push(tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(Duration::from_secs(ae)).await;
-                    if let Err(e) = node.anti_entropy_round().await {
+                    if let Err(e) = w.anti_entropy_round().await {
                         tracing::debug!(error = %e, "anti-entropy round failed");
                     }
-                    if let Err(e) = node.shared_rows_round().await {
+                    if let Err(e) = w.node.shared_rows_round().await {
                         tracing::debug!(error = %e, "anti-entropy of bucket rows and keys failed");
                     }
-                    let _ = node.collect_tombstones().await;
-                    if let Err(e) = node.sweep_uploads().await {
+                    let _ = w.collect_tombstones().await;
+                    if let Err(e) = w.node.sweep_uploads().await {
                         tracing::debug!(error = %e, "upload sweep failed");
                     }
                 }
