@@ -222,7 +222,7 @@ mod lifecycle {
     #[tokio::test]
     async fn lifecycle_needs_the_owner_permission_three_node_cluster() -> R {
         let s = InCluster::new(3);
-        let kr: Arc<dyn Keyring> = s.cluster.node(1);
+        let kr: Arc<dyn Keyring> = s.cluster.coordinator(1);
         let bob = |id: &str, secret: &str| {
             let conf =
                 sdk_config("http://localhost:9000", id, secret).http_client(s3s_aws::Client::from(s.service())).build();

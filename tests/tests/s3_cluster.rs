@@ -195,7 +195,7 @@ async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_
     clear_queues()?;
     s.cluster.faults.heal();
     assert!(rules(3).is_empty(), "node 3 got the configuration without anti-entropy");
-    let n1 = s.cluster.node(1);
+    let n1 = s.cluster.coordinator(1);
     assert!(n1.shared_rows_round().await? >= 1, "node 1's round sent node 3 the configuration");
     assert_eq!(rules(3), rules(1));
     assert_eq!(rules(3).len(), 1);
@@ -207,7 +207,7 @@ async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_
     other.version += 1_000_000;
     other.rules.clear();
     let stale = Req::MergeLifecycles { rows: vec![("bkt".into(), row(3).created_ms - 1, other)] };
-    let answer = n1.call(3, Msg::new(stale)).await?;
+    let answer = n1.node.call(3, Msg::new(stale)).await?;
     assert_eq!(answer.head, Resp::Count(0));
     assert_eq!(rules(3).len(), 1, "a configuration of another incarnation replaced node 3's");
 
@@ -216,7 +216,7 @@ async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_
     clear_queues()?;
     s.cluster.faults.heal();
     assert_eq!(rules(3).len(), 1, "node 3 heard of the delete without anti-entropy");
-    assert!(s.cluster.node(2).shared_rows_round().await? >= 1, "node 2's round sent node 3 the delete");
+    assert!(s.cluster.coordinator(2).shared_rows_round().await? >= 1, "node 2's round sent node 3 the delete");
     assert!(rules(3).is_empty());
     let e = s.client_of(3).get_bucket_lifecycle_configuration().bucket("bkt").send().await.expect_err("deleted");
     assert_eq!(code(&e), "NoSuchLifecycleConfiguration");
@@ -451,11 +451,11 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
     let mut bytes = std::fs::read(&f2)?;
     bytes[7] ^= 0x01;
     std::fs::write(&f2, &bytes)?;
-    let node2 = s.cluster.node(2);
+    let node2 = s.cluster.coordinator(2);
     node2.repair().scrub_some(None, 10_000).await?;
     let fixed = std::fs::read(&f2)?;
     assert_eq!(lightningstor::block::BlockHash::of(&fixed), blocks[2].hash, "scrub rewrote the block");
-    assert!(node2.metrics.bad_copies_found.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert!(node2.node.metrics.bad_copies_found.load(std::sync::atomic::Ordering::Relaxed) >= 1);
     assert_eq!(get(&s.client_of(2), "bkt", "big").await?, data);
     Ok(())
 }
@@ -581,7 +581,7 @@ async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
     }
     s.cluster.faults.heal();
     assert!(local_row(&s, 3, "bkt", "k25").is_none());
-    let n3 = s.cluster.node(3);
+    let n3 = s.cluster.coordinator(3);
     let fixed = n3.repair().anti_entropy_round().await?;
     assert_eq!(fixed, 10, "exactly the missed rows were pulled");
     for i in 0..30u64 {
@@ -621,7 +621,7 @@ async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_w
             landed_row(&s, id, "bkt", &format!("k{i}")).await;
         }
     }
-    let n3 = s.cluster.node(3);
+    let n3 = s.cluster.coordinator(3);
     let before = anti_entropy_rows_read(&s);
     assert_eq!(n3.repair().anti_entropy_round().await?, 0);
     let in_sync = anti_entropy_rows_read(&s) - before;
@@ -697,7 +697,7 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
         want.insert(format!("k{i}"), data);
     }
     for id in s.cluster.ids() {
-        s.cluster.node(id).repair().rebalance_round().await?;
+        s.cluster.coordinator(id).repair().rebalance_round().await?;
     }
     for id in s.cluster.ids() {
         s.cluster.node(id).finish_layout_change();
@@ -719,7 +719,7 @@ async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() ->
         assert_eq!(&get(&c, "bkt", k).await?, v, "{k} while node 2 leaves");
     }
     for id in [1, 3, 4, 5, 2] {
-        s.cluster.node(id).repair().rebalance_round().await?;
+        s.cluster.coordinator(id).repair().rebalance_round().await?;
     }
     for id in s.cluster.ids() {
         s.cluster.node(id).finish_layout_change();
@@ -849,7 +849,7 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
     // After healing and repair every replica agrees and every key reads back
     // its acknowledged value (or one whose write was in doubt).
     for id in s.cluster.ids() {
-        s.cluster.node(id).repair().anti_entropy_round().await?;
+        s.cluster.coordinator(id).repair().anti_entropy_round().await?;
     }
     for (key, m) in &model {
         for c in &clients {
@@ -1178,7 +1178,7 @@ async fn multipart_uploads_survive_nodes_down_and_read_back_from_every_node() ->
     // Node 3 missed the drop of the completed upload; it can never revive it.
     assert!(s.cluster.node(3).store.meta.get_upload(&id)?.is_some());
     assert!(c.list_multipart_uploads().bucket("bkt").send().await?.uploads().is_empty());
-    assert_eq!(s.cluster.node(3).sweep_uploads().await?, 1, "the sweep drops it on node 3");
+    assert_eq!(s.cluster.coordinator(3).sweep_uploads().await?, 1, "the sweep drops it on node 3");
     let e = upload_part(&s.client_of(3), "bkt", "big", &id, 4, b"late").await.expect_err("completed upload");
     assert!(e.to_string().contains("NoSuchUpload"), "{e}");
     for n in 1..=3 {
@@ -1583,7 +1583,7 @@ async fn concurrent_conditional_puts_through_different_nodes_let_exactly_one_win
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_lease_is_renewed_while_its_holder_works_and_abandoned_when_it_cannot_be() -> R {
     let s = InCluster::with(3, |c| c.key_lease_ms = 300);
-    let (n1, n2) = (s.cluster.node(1), s.cluster.node(2));
+    let (n1, n2) = (s.cluster.coordinator(1), s.cluster.coordinator(2));
     let held = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
     let first = {
         let (n1, held) = (n1.clone(), held.clone());
@@ -1651,7 +1651,7 @@ async fn a_write_racing_delete_bucket_fails_with_no_such_bucket_and_leaves_nothi
     use lightningstor::engine::Engine;
     use lightningstor::meta::ops::WriteConditions;
     let s = InCluster::new(3);
-    let (n1, n2) = (s.cluster.node(1), s.cluster.node(2));
+    let (n1, n2) = (s.cluster.coordinator(1), s.cluster.coordinator(2));
     Engine::create_bucket(&n1, "race").await?;
     let body = || futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(pseudo_random(300_000, 5)))]);
     let staged = Engine::stage(&n1, "race", "k", body(), None, false).await?;
@@ -1676,7 +1676,7 @@ async fn a_write_racing_delete_bucket_fails_with_no_such_bucket_and_leaves_nothi
     // reaches it; the delete fails, and leaves the bucket on every node.
     Engine::create_bucket(&n1, "race2").await?;
     let staged = Engine::stage(&n1, "race2", "k", body(), None, true).await?;
-    let row = Row::Object(ObjectMeta { version: n1.hlc.now(), ..object_row(&staged) });
+    let row = Row::Object(ObjectMeta { version: n1.node.hlc.now(), ..object_row(&staged) });
     let node3 = s.cluster.node(3);
     let req = lightningstor::cluster::rpc::Req::Commit { session: 0, bucket: "race2".into(), key: b"k".to_vec(), row };
     node3.call(3, lightningstor::cluster::rpc::Msg::new(req)).await?;
@@ -2128,7 +2128,7 @@ async fn anti_entropy_repairs_bucket_rows_and_keys_a_lost_resync_entry_left_behi
     // A key made while node 3 was away.
     use lightningstor::keys::Keyring as _;
     f.isolate(3);
-    let (id, key) = lightningstor::keys::create_key(&*s.cluster.node(1), "late-key").await?;
+    let (id, key) = lightningstor::keys::create_key(&*s.cluster.coordinator(1), "late-key").await?;
     s.cluster.node(1).resync.clear()?;
     assert!(s.cluster.node(3).store.key(&id)?.is_none(), "node 3 missed the key");
     f.heal();

@@ -10,6 +10,7 @@
 
 use lightningstor::cluster::NodeId;
 use lightningstor::cluster::config::ClusterConfig;
+use lightningstor::cluster::coord::Coordinator;
 use lightningstor::cluster::node::Node;
 use lightningstor::cluster::rpc::{Msg, Req, Resp};
 use lightningstor::cluster::s3::ClusterS3;
@@ -252,8 +253,8 @@ fn rand_byte() -> u8 {
     (h.finish() & 0xff) as u8
 }
 
-/// A started node and its background tasks.
-type RunningNode = (Arc<Node>, Vec<tokio::task::JoinHandle<()>>);
+/// A started node, its coordinator and its background tasks.
+type RunningNode = (Arc<Node>, Arc<Coordinator>, Vec<tokio::task::JoinHandle<()>>);
 
 /// Nodes of one cluster in this process.
 pub struct TestCluster {
@@ -303,17 +304,26 @@ impl TestCluster {
             Arc::downgrade(&h)
         };
         self.hub.register(id, weak);
-        let tasks = node.repair().spawn();
+        let coord = Coordinator::new(node.clone());
+        let tasks = coord.repair().spawn();
         if let Ok(mut n) = self.nodes.lock() {
-            n.insert(id, (node.clone(), tasks));
+            n.insert(id, (node.clone(), coord, tasks));
         }
         Ok(node)
     }
 
     /// Node `id`.
     pub fn node(&self, id: NodeId) -> Arc<Node> {
-        match self.nodes.lock().ok().and_then(|n| n.get(&id).map(|(n, _)| n.clone())) {
+        match self.nodes.lock().ok().and_then(|n| n.get(&id).map(|(n, _, _)| n.clone())) {
             Some(n) => n,
+            None => panic!("no node {id} in the test cluster"),
+        }
+    }
+
+    /// The coordinator of node `id` (what its S3 service runs on).
+    pub fn coordinator(&self, id: NodeId) -> Arc<Coordinator> {
+        match self.nodes.lock().ok().and_then(|n| n.get(&id).map(|(_, c, _)| c.clone())) {
+            Some(c) => c,
             None => panic!("no node {id} in the test cluster"),
         }
     }
@@ -327,16 +337,16 @@ impl TestCluster {
 
     /// The S3 service of node `id` (plug it into aws-sdk-s3 with s3s-aws).
     pub fn service(&self, id: NodeId) -> s3s::service::S3Service {
-        let node = self.node(id);
-        let cfg = node.store.config.clone();
-        lightningstor::server::service_for(ClusterS3::new(node.clone()), &cfg, node)
+        let coord = self.coordinator(id);
+        let cfg = coord.node.store.config.clone();
+        lightningstor::server::service_for(ClusterS3::new(coord.clone()), &cfg, coord)
     }
 
     /// Stops node `id`'s background tasks and takes it off the network
     /// (its data stays; other nodes see it as down).
     pub fn stop_node(&self, id: NodeId) -> Option<Arc<Node>> {
         self.hub.unregister(id);
-        let (node, tasks) = self.nodes.lock().ok()?.remove(&id)?;
+        let (node, _, tasks) = self.nodes.lock().ok()?.remove(&id)?;
         for t in tasks {
             t.abort();
         }
@@ -354,7 +364,7 @@ impl TestCluster {
 impl Drop for TestCluster {
     fn drop(&mut self) {
         if let Ok(mut n) = self.nodes.lock() {
-            for (_, (_, tasks)) in n.drain() {
+            for (_, (_, _, tasks)) in n.drain() {
                 for t in tasks {
                     t.abort();
                 }

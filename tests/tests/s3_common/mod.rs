@@ -271,9 +271,9 @@ impl InCluster {
 
     /// The S3 service whose requests rotate over every node.
     pub fn service(&self) -> s3s::service::S3Service {
-        let nodes = self.cluster.ids().into_iter().map(|i| self.cluster.node(i)).collect();
-        let s3 = lightningstor::cluster::s3::ClusterS3::rotating(nodes);
-        lightningstor::server::service_for(s3, &self.cluster.node(1).store.config, self.cluster.node(1))
+        let coords = self.cluster.ids().into_iter().map(|i| self.cluster.coordinator(i)).collect();
+        let s3 = lightningstor::cluster::s3::ClusterS3::rotating(coords);
+        lightningstor::server::service_for(s3, &self.cluster.node(1).store.config, self.cluster.coordinator(1))
     }
 
     /// A client whose requests rotate over every node.

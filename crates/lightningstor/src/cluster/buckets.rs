@@ -11,8 +11,8 @@
 
 use super::NodeId;
 use super::config::Consistency;
+use super::coord::Coordinator;
 use super::metrics::ClusterMetrics;
-use super::node::Node;
 use super::rpc::{Msg, Req, Resp};
 use crate::error::{LightningError, Result};
 use crate::keys::{AuthRow, KeyMeta, Keyring, Perms};
@@ -21,26 +21,26 @@ use crate::meta::now_ms;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-impl Node {
+impl Coordinator {
     fn need_nodes(&self, total: usize) -> usize {
-        match self.consistency() {
+        match self.node.consistency() {
             Consistency::Consistent => total / 2 + 1,
             Consistency::Degraded => 1,
         }
     }
 
     async fn to_all(self: &Arc<Self>, req: Req) -> Vec<(NodeId, Result<Msg<Resp>>)> {
-        let calls = self.all_nodes().into_iter().map(|n| {
+        let calls = self.node.all_nodes().into_iter().map(|n| {
             let node = self.clone();
             let req = req.clone();
-            async move { (n, node.call(n, Msg::new(req)).await) }
+            async move { (n, node.node.call(n, Msg::new(req)).await) }
         });
         futures::future::join_all(calls).await
     }
 
     fn majority(&self, ok: usize, total: usize, what: &str) -> Result<()> {
         if ok < self.need_nodes(total) {
-            ClusterMetrics::inc(&self.metrics.quorum_failures);
+            ClusterMetrics::inc(&self.node.metrics.quorum_failures);
             return Err(LightningError::Unavailable(format!("{what}: only {ok} of {total} nodes answered")));
         }
         Ok(())
@@ -60,26 +60,26 @@ impl Node {
         bucket: &str,
         make: impl Fn() -> Req,
     ) -> Result<Msg<Resp>> {
-        let first = self.call(n, Msg::new(make())).await;
-        if !matches!(first, Err(LightningError::NoSuchBucket(_))) || n == self.id {
+        let first = self.node.call(n, Msg::new(make())).await;
+        if !matches!(first, Err(LightningError::NoSuchBucket(_))) || n == self.node.id {
             return first;
         }
-        let Ok(Some(row)) = self.store.meta.get_bucket(bucket) else { return first };
+        let Ok(Some(row)) = self.node.store.meta.get_bucket(bucket) else { return first };
         if row.created_ms == crate::meta::ops::UNKNOWN_CREATED_MS {
             return first; // a row made here for a write: its time says nothing
         }
         let since = Req::CreateBucketSince { name: bucket.to_owned(), created_ms: row.created_ms };
-        if !matches!(self.call(n, Msg::new(since)).await, Ok(Msg { head: Resp::Flag(true), .. })) {
+        if !matches!(self.node.call(n, Msg::new(since)).await, Ok(Msg { head: Resp::Flag(true), .. })) {
             return first;
         }
         tracing::info!(bucket, node = n, "a node that missed the bucket's create after deleting it took it");
         if let Some(lifecycle) = row.lifecycle {
             let set = Req::SetLifecycle { bucket: bucket.to_owned(), lifecycle };
-            if let Err(e) = self.call(n, Msg::new(set)).await {
+            if let Err(e) = self.node.call(n, Msg::new(set)).await {
                 tracing::warn!(bucket, node = n, error = %e, "the bucket's lifecycle configuration did not reach it");
             }
         }
-        self.call(n, Msg::new(make())).await
+        self.node.call(n, Msg::new(make())).await
     }
 
     /// Sends key and grant rows to every node.
@@ -102,7 +102,7 @@ impl Node {
             .collect();
         self.majority(ok, total, what)?;
         let node = self.clone();
-        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+        tokio::task::spawn_blocking(move || node.node.resync.add(&missed))
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
         Ok(())
@@ -110,7 +110,7 @@ impl Node {
 
     /// Every key and grant row held here (blocking read off the runtime).
     pub(super) async fn blocking_auth_rows(&self) -> Result<Vec<AuthRow>> {
-        let store = self.store.clone();
+        let store = self.node.store.clone();
         tokio::task::spawn_blocking(move || store.meta.auth_rows())
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
@@ -120,7 +120,7 @@ impl Node {
     /// delete of the bucket this node remembers, should its clock have
     /// stepped back (replicas order a bucket's create and delete by time).
     fn creation_time(&self, name: &str) -> Result<i64> {
-        let deleted_here = self.store.meta.bucket_deleted_ms(name)?;
+        let deleted_here = self.node.store.meta.bucket_deleted_ms(name)?;
         Ok(deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1)))
     }
 
@@ -136,7 +136,7 @@ impl Node {
 
     /// Whether a bucket exists here or on any reachable node.
     pub async fn bucket_exists(self: &Arc<Self>, name: &str) -> Result<bool> {
-        if self.store.meta.get_bucket(name)?.is_some() {
+        if self.node.store.meta.get_bucket(name)?.is_some() {
             return Ok(true);
         }
         let replies = self.to_all(Req::HeadBucket { name: name.to_owned() }).await;
@@ -164,7 +164,7 @@ impl Node {
             return Err(LightningError::BucketNotEmpty(name.to_owned()));
         }
         // What the nodes that delete it get back should another refuse.
-        let row = self.store.meta.get_bucket(name)?;
+        let row = self.node.store.meta.get_bucket(name)?;
         let replies = self.to_all(Req::DeleteBucket { name: name.to_owned() }).await;
         let total = replies.len();
         let ok = replies.iter().filter(|(_, r)| r.is_ok()).count();
@@ -177,11 +177,11 @@ impl Node {
         // A node that missed the delete (down, cut off) would keep the
         // bucket, answer HeadBucket and ListBuckets with it, and so bring
         // it back for every node: the resync queue takes the delete to it
-        // ([`Node::resync_bucket`]).
+        // ([`Coordinator::resync_bucket`]).
         let missed: Vec<_> =
             replies.iter().filter(|(_, r)| r.is_err()).map(|(n, _)| (*n, name.to_owned(), Vec::new(), true)).collect();
         let node = self.clone();
-        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+        tokio::task::spawn_blocking(move || node.node.resync.add(&missed))
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
     }
@@ -200,9 +200,9 @@ impl Node {
     /// write it took raced the delete) and keeps the bucket; that ends the
     /// entry.
     pub(super) async fn resync_bucket(self: &Arc<Self>, to: NodeId, name: &str) -> Result<()> {
-        if let Some(row) = self.store.meta.get_bucket(name)? {
+        if let Some(row) = self.node.store.meta.get_bucket(name)? {
             let since = Req::CreateBucketSince { name: name.to_owned(), created_ms: row.created_ms };
-            let here = match self.call(to, Msg::new(since)).await {
+            let here = match self.node.call(to, Msg::new(since)).await {
                 Ok(Msg { head: Resp::Flag(here), .. }) => here,
                 Ok(other) => {
                     return Err(LightningError::Unavailable(format!(
@@ -212,7 +212,7 @@ impl Node {
                 }
                 Err(LightningError::UnsupportedRequest(_)) => {
                     let create = Req::CreateBucket { name: name.to_owned(), created_ms: row.created_ms };
-                    self.call(to, Msg::new(create)).await?;
+                    self.node.call(to, Msg::new(create)).await?;
                     true
                 }
                 Err(e) => return Err(e),
@@ -227,17 +227,17 @@ impl Node {
                 return Ok(());
             }
             if let Some(lifecycle) = row.lifecycle {
-                self.call(to, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle })).await?;
+                self.node.call(to, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle })).await?;
             }
             return Ok(());
         }
-        let Some(deleted_ms) = self.store.meta.bucket_deleted_ms(name)? else {
+        let Some(deleted_ms) = self.node.store.meta.bucket_deleted_ms(name)? else {
             return Ok(());
         };
         let late = Req::DeleteBucketBefore { name: name.to_owned(), deleted_ms };
-        let r = match self.call(to, Msg::new(late)).await {
+        let r = match self.node.call(to, Msg::new(late)).await {
             Err(LightningError::UnsupportedRequest(_)) => {
-                self.call(to, Msg::new(Req::DeleteBucket { name: name.to_owned() })).await.map(|_| true)
+                self.node.call(to, Msg::new(Req::DeleteBucket { name: name.to_owned() })).await.map(|_| true)
             }
             Ok(Msg { head: Resp::Flag(deleted), .. }) => Ok(deleted),
             Ok(other) => {
@@ -286,7 +286,7 @@ impl Node {
     /// configurations (all small). Returns the bucket rows, deletes and
     /// configurations peers took.
     pub async fn shared_rows_round(self: &Arc<Self>) -> Result<usize> {
-        let store = self.store.clone();
+        let store = self.node.store.clone();
         let (rows, gone) = tokio::task::spawn_blocking(move || {
             Ok::<_, LightningError>((store.meta.list_buckets()?, store.meta.buckets_gone()?))
         })
@@ -299,14 +299,14 @@ impl Node {
             .filter_map(|(name, b)| Some((name.clone(), b.created_ms, b.lifecycle.clone()?)))
             .collect();
         let mut sent = 0;
-        for peer in self.all_nodes().into_iter().filter(|n| *n != self.id) {
+        for peer in self.node.all_nodes().into_iter().filter(|n| *n != self.node.id) {
             if !auth.is_empty()
-                && let Err(e) = self.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await
+                && let Err(e) = self.node.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await
             {
                 tracing::debug!(node = peer, error = %e, "anti-entropy: the keyring did not reach a node");
             }
             if !lifecycles.is_empty() {
-                match self.call(peer, Msg::new(Req::MergeLifecycles { rows: lifecycles.clone() })).await {
+                match self.node.call(peer, Msg::new(Req::MergeLifecycles { rows: lifecycles.clone() })).await {
                     Ok(Msg { head: Resp::Count(took), .. }) if took > 0 => {
                         sent += took as usize;
                         tracing::info!(node = peer, took, "anti-entropy: a node lacked lifecycle configurations");
@@ -317,7 +317,7 @@ impl Node {
                     }
                 }
             }
-            let theirs: BTreeMap<String, i64> = match self.call(peer, Msg::new(Req::ListBuckets)).await {
+            let theirs: BTreeMap<String, i64> = match self.node.call(peer, Msg::new(Req::ListBuckets)).await {
                 Ok(Msg { head: Resp::Buckets(b), .. }) => b.into_iter().collect(),
                 Ok(_) | Err(_) => continue,
             };
@@ -327,13 +327,13 @@ impl Node {
                     continue;
                 }
                 let since = Req::CreateBucketSince { name: name.clone(), created_ms: row.created_ms };
-                match self.call(peer, Msg::new(since)).await {
+                match self.node.call(peer, Msg::new(since)).await {
                     Ok(Msg { head: Resp::Flag(true), .. }) => {
                         sent += 1;
                         tracing::info!(bucket = %name, node = peer, "anti-entropy: a node lacked the bucket's row");
                         if let Some(lifecycle) = row.lifecycle.clone() {
                             let set = Req::SetLifecycle { bucket: name.clone(), lifecycle };
-                            if let Err(e) = self.call(peer, Msg::new(set)).await {
+                            if let Err(e) = self.node.call(peer, Msg::new(set)).await {
                                 tracing::debug!(bucket = %name, node = peer, error = %e, "anti-entropy: a lifecycle configuration did not reach a node");
                             }
                         }
@@ -350,7 +350,7 @@ impl Node {
                     continue;
                 }
                 let late = Req::DeleteBucketBefore { name: name.clone(), deleted_ms: *deleted_ms };
-                match self.call(peer, Msg::new(late)).await {
+                match self.node.call(peer, Msg::new(late)).await {
                     Ok(Msg { head: Resp::Flag(true), .. }) => {
                         sent += 1;
                         tracing::info!(bucket = %name, node = peer, "anti-entropy: a node missed the bucket's delete");
@@ -363,7 +363,7 @@ impl Node {
                 }
             }
         }
-        self.metrics.repairs.fetch_add(sent as u64, std::sync::atomic::Ordering::Relaxed);
+        self.node.metrics.repairs.fetch_add(sent as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(sent)
     }
 
@@ -392,17 +392,19 @@ impl Node {
                 lifecycle = Some(l);
             }
         }
-        let all = self.all_nodes();
+        let all = self.node.all_nodes();
         let calls = all.iter().map(|&n| {
             let node = self.clone();
             let lifecycle = lifecycle.clone();
             let again = Req::RecreateBucket { name: name.to_owned(), created_ms, lifecycle: lifecycle.clone() };
             async move {
-                match node.call(n, Msg::new(again)).await {
+                match node.node.call(n, Msg::new(again)).await {
                     Err(LightningError::UnsupportedRequest(_)) => {
-                        node.call(n, Msg::new(Req::CreateBucket { name: name.to_owned(), created_ms })).await?;
+                        node.node.call(n, Msg::new(Req::CreateBucket { name: name.to_owned(), created_ms })).await?;
                         if let Some(lifecycle) = lifecycle {
-                            node.call(n, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle })).await?;
+                            node.node
+                                .call(n, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle }))
+                                .await?;
                         }
                         Ok(())
                     }
@@ -418,7 +420,7 @@ impl Node {
             }
         }
         let node = self.clone();
-        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+        tokio::task::spawn_blocking(move || node.node.resync.add(&missed))
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
     }
@@ -477,30 +479,30 @@ impl Node {
 
 /// A cluster node's keyring: reads from its own rows, changes replicated.
 #[async_trait::async_trait]
-impl Keyring for Node {
+impl Keyring for Coordinator {
     fn key(&self, id: &str) -> Result<Option<KeyMeta>> {
-        self.store.key(id)
+        self.node.store.key(id)
     }
 
     fn keys(&self) -> Result<Vec<(String, KeyMeta)>> {
-        self.store.keys()
+        self.node.store.keys()
     }
 
     fn perms(&self, bucket: &str, id: &str) -> Result<Perms> {
-        self.store.perms(bucket, id)
+        self.node.store.perms(bucket, id)
     }
 
     fn grants(&self) -> Result<Vec<(String, String, Perms)>> {
-        self.store.grants()
+        self.node.store.grants()
     }
 
     fn next_version(&self) -> u64 {
-        self.hlc.now()
+        self.node.hlc.now()
     }
 
     async fn bucket_exists(&self, bucket: &str) -> Result<bool> {
         match self.me.upgrade() {
-            Some(me) => Node::bucket_exists(&me, bucket).await,
+            Some(me) => Coordinator::bucket_exists(&me, bucket).await,
             None => Err(LightningError::Unavailable("the node is shutting down".into())),
         }
     }

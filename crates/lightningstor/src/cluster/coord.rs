@@ -25,7 +25,7 @@ use super::batch::VersionAsk;
 use super::config::Consistency;
 use super::metrics::ClusterMetrics;
 use super::node::Node;
-use super::placement::{Replication, partition_of};
+use super::placement::Replication;
 use super::rpc::{Msg, Req, Resp};
 use crate::block::BlockHash;
 use crate::checksum::{BodyHasher, Checksum, ChecksumAlgo};
@@ -140,6 +140,53 @@ pub(crate) fn union(sets: &[Vec<NodeId>]) -> Vec<NodeId> {
     out
 }
 
+/// The coordinator role of a node: it turns S3 requests into replica
+/// requests through the node ([`Node::call`], its layout and clock) and
+/// keeps what only coordinating needs: the memory budget of the uploads it
+/// runs, the turns of the replicas its reads ask, and the batches of its
+/// version asks. The S3 front end's engine ([`super::engine`]) and the
+/// repair worker ([`super::repair`]) work over it.
+pub struct Coordinator {
+    /// The node this coordinator runs on.
+    pub node: Arc<Node>,
+    /// This coordinator, for work that needs an owning handle.
+    pub(super) me: std::sync::Weak<Coordinator>,
+    /// Blocks in memory over all uploads this node coordinates.
+    pub(crate) budget: Arc<tokio::sync::Semaphore>,
+    /// Turns of the remote replicas a read asks (see [`Coordinator::read_row`]).
+    pub(crate) read_turn: std::sync::atomic::AtomicUsize,
+    /// Reads' version asks waiting for their replica's next batch.
+    pub(crate) version_asks: super::batch::Batches<VersionAsk>,
+    /// Replicas that answered version asks as unsupported (an older
+    /// build): reads ask them for rows for a while.
+    pub(crate) old_builds: super::batch::OldBuilds,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator").field("node", &self.node.id).finish_non_exhaustive()
+    }
+}
+
+impl Coordinator {
+    /// The coordinator of `node`.
+    pub fn new(node: Arc<Node>) -> Arc<Self> {
+        Arc::new_cyclic(|me| Coordinator {
+            node,
+            me: me.clone(),
+            budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
+            read_turn: std::sync::atomic::AtomicUsize::new(0),
+            version_asks: super::batch::Batches::new(1),
+            old_builds: super::batch::OldBuilds::default(),
+        })
+    }
+
+    /// A repair worker that works through this coordinator.
+    pub fn repair(self: &Arc<Self>) -> super::repair::Repair {
+        super::repair::Repair::new(self.clone())
+    }
+}
+
 pub(crate) fn session_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -147,38 +194,23 @@ pub(crate) fn session_id() -> u64 {
     h.finish()
 }
 
-impl Node {
-    /// The replica sets a write to this key must reach a quorum in: the
-    /// current one, and during a layout change the previous one too.
-    pub fn write_sets(&self, bucket: &str, key: &[u8]) -> Vec<Vec<NodeId>> {
-        let l = self.layout();
-        let p = partition_of(l.partitions(), bucket, key);
-        let mut sets = vec![l.nodes_for(p).to_vec()];
-        if let Some(old) = self.previous_layout() {
-            let o = old.nodes_for(p).to_vec();
-            if o != sets[0] {
-                sets.push(o);
-            }
-        }
-        sets
-    }
-
+impl Coordinator {
     pub(crate) fn need_w(&self, set: usize) -> usize {
-        match self.consistency() {
-            Consistency::Consistent => self.layout().write_quorum().min(set).max(1),
+        match self.node.consistency() {
+            Consistency::Consistent => self.node.layout().write_quorum().min(set).max(1),
             Consistency::Degraded => 1,
         }
     }
 
     pub(crate) fn need_r(&self, set: usize) -> usize {
-        match self.consistency() {
-            Consistency::Consistent => self.layout().read_quorum().min(set).max(1),
+        match self.node.consistency() {
+            Consistency::Consistent => self.node.layout().read_quorum().min(set).max(1),
             Consistency::Degraded => 1,
         }
     }
 
     pub(crate) fn quorum_failed(&self, what: &str) -> LightningError {
-        ClusterMetrics::inc(&self.metrics.quorum_failures);
+        ClusterMetrics::inc(&self.node.metrics.quorum_failures);
         LightningError::Unavailable(what.to_owned())
     }
 
@@ -202,7 +234,7 @@ impl Node {
         S: Stream<Item = std::result::Result<Bytes, E>> + Send,
         E: std::fmt::Display,
     {
-        let sets = self.write_sets(bucket, key);
+        let sets = self.node.write_sets(bucket, key);
         let fan = Arc::new(Fanout {
             session: session_id(),
             targets: union(&sets),
@@ -210,8 +242,8 @@ impl Node {
             failed: Mutex::default(),
             stragglers: Mutex::default(),
         });
-        let bs = self.store.config.block_size;
-        let inline_max = self.store.config.inline_threshold;
+        let bs = self.node.store.config.block_size;
+        let inline_max = self.node.store.config.inline_threshold;
         let mut hasher = BodyHasher::new(algo);
         let mut writes = FuturesOrdered::new();
         let mut refs: Vec<BlockRef> = Vec::new();
@@ -260,7 +292,7 @@ impl Node {
         let failed = fan.failed.lock().map(|f| f.clone()).unwrap_or_default();
         let complete = fan.targets.iter().copied().filter(|n| !failed.contains(n)).collect();
         let (md5, checksum) = hasher.finalize();
-        self.store.metrics.add(&self.store.metrics.bytes_in, received);
+        self.node.store.metrics.add(&self.node.store.metrics.bytes_in, received);
         Ok(Staged { size: received, md5, checksum, data, session: fan.session, complete })
     }
 
@@ -311,7 +343,7 @@ impl Node {
                 .map(|&n| {
                     let node = node.clone();
                     let data = data.clone();
-                    async move { (n, node.call(n, Msg::with_data(Req::PutBlock { session, hash }, data)).await) }
+                    async move { (n, node.node.call(n, Msg::with_data(Req::PutBlock { session, hash }, data)).await) }
                 })
                 .collect();
             let mut ok = HashSet::new();
@@ -324,7 +356,7 @@ impl Node {
                     None => break,
                 }
             }
-            node.store.metrics.inc(&node.store.metrics.blocks_written);
+            node.node.store.metrics.inc(&node.node.store.metrics.blocks_written);
             if !pending.is_empty() {
                 // The other replicas finish in the background, still holding
                 // this block's share of the memory budget, for a bounded time.
@@ -392,17 +424,17 @@ impl Node {
     }
 
     /// `row` at a fresh version above `newest`, if a replica answered that
-    /// it holds a newer one (see [`Node::commit_row`]).
+    /// it holds a newer one (see [`Coordinator::commit_row`]).
     pub(crate) fn above(&self, newest: u64, row: &Row) -> Option<Row> {
         if newest <= row.version() {
             return None;
         }
-        ClusterMetrics::inc(&self.metrics.recommits);
-        self.hlc.observe(newest);
-        Some(row.clone().with_version(self.hlc.now()))
+        ClusterMetrics::inc(&self.node.metrics.recommits);
+        self.node.hlc.observe(newest);
+        Some(row.clone().with_version(self.node.hlc.now()))
     }
 
-    /// One round of [`Node::commit_row`]; returns the newest version the
+    /// One round of [`Coordinator::commit_row`]; returns the newest version the
     /// acknowledging replicas hold for the key.
     async fn commit_attempt(
         self: &Arc<Self>,
@@ -412,7 +444,7 @@ impl Node {
         session: u64,
         complete: &[NodeId],
     ) -> Result<u64> {
-        let sets = self.write_sets(bucket, key);
+        let sets = self.node.write_sets(bucket, key);
         let targets = union(&sets);
         let mut pending: FuturesUnordered<_> = complete
             .iter()
@@ -515,12 +547,12 @@ impl Node {
         if ok.is_empty() || matches!(row, Row::Tombstone(_)) {
             return;
         }
-        self.hlc.observe(row.version());
-        let tomb = Row::Tombstone(self.hlc.now());
+        self.node.hlc.observe(row.version());
+        let tomb = Row::Tombstone(self.node.hlc.now());
         let calls = ok.iter().map(|&n| {
             let node = self.clone();
             let req = Req::Commit { session: 0, bucket: bucket.to_owned(), key: key.to_vec(), row: tomb.clone() };
-            async move { (n, node.call(n, Msg::new(req)).await) }
+            async move { (n, node.node.call(n, Msg::new(req)).await) }
         });
         for (n, r) in futures::future::join_all(calls).await {
             if let Err(e) = r {
@@ -531,11 +563,11 @@ impl Node {
 
     /// Queues (bucket, key) for resync to `nodes` (persisted before it returns).
     async fn queue_missed(self: &Arc<Self>, bucket: &str, key: &[u8], nodes: &[NodeId]) -> Result<()> {
-        ClusterMetrics::inc(&self.metrics.degraded_writes);
+        ClusterMetrics::inc(&self.node.metrics.degraded_writes);
         let missed: Vec<(NodeId, String, Vec<u8>, bool)> =
             nodes.iter().map(|&n| (n, bucket.to_owned(), key.to_vec(), false)).collect();
         let node = self.clone();
-        tokio::task::spawn_blocking(move || node.resync.add(&missed))
+        tokio::task::spawn_blocking(move || node.node.resync.add(&missed))
             .await
             .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
     }
@@ -543,7 +575,7 @@ impl Node {
     /// Writes a row whose blocks are already on the replicas (tombstones,
     /// copies within the same replica set) or inline.
     pub async fn write_row(self: &Arc<Self>, bucket: &str, key: &[u8], row: Row) -> Result<()> {
-        let targets = union(&self.write_sets(bucket, key));
+        let targets = union(&self.node.write_sets(bucket, key));
         self.commit_row(bucket, key, row, 0, &targets).await
     }
 
@@ -572,19 +604,19 @@ impl Node {
     /// the grace for the others, so it returns the newest row any reachable
     /// replica has.
     pub async fn read_row(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<ReadOutcome> {
-        let sets = self.write_sets(bucket, key);
+        let sets = self.node.write_sets(bucket, key);
         // During a layout change the old set holds every acknowledged row.
         let quorum_set = sets.last().cloned().unwrap_or_default();
         let ask = union(&sets);
         let need = self.need_r(quorum_set.len());
-        let wait_for_all = matches!(self.consistency(), Consistency::Degraded);
+        let wait_for_all = matches!(self.node.consistency(), Consistency::Degraded);
         // Whom to ask first. A consistent read in one replica set asks R
         // replicas: this node when it is one, and remote ones in turns (so
         // the load, and the read repair, go round them); the rest are
         // spares, asked only when one of those fails or is slow (HEDGE).
         // During a layout change and in degraded mode every replica is asked.
         let (first, mut spares): (Vec<NodeId>, Vec<NodeId>) = if sets.len() == 1 && !wait_for_all {
-            let mut others: Vec<NodeId> = ask.iter().copied().filter(|n| *n != self.id).collect();
+            let mut others: Vec<NodeId> = ask.iter().copied().filter(|n| *n != self.node.id).collect();
             // In id order, not the key's placement order: the turns then
             // go round the nodes, whatever the keys read.
             others.sort_unstable();
@@ -593,8 +625,8 @@ impl Node {
                 others.rotate_left(turn);
             }
             let mut first = Vec::new();
-            if ask.contains(&self.id) {
-                first.push(self.id);
+            if ask.contains(&self.node.id) {
+                first.push(self.node.id);
             }
             let more = need.saturating_sub(first.len()).min(others.len());
             first.extend(others.drain(..more));
@@ -624,8 +656,8 @@ impl Node {
                     // that knows no version asks (a rolling upgrade): every
                     // build answers GetRow, so the read keeps its quorum.
                     _ => {
-                        ClusterMetrics::inc(&node.metrics.read_rows_fetched);
-                        node.call(n, Msg::new(Req::GetRow { bucket, key })).await
+                        ClusterMetrics::inc(&node.node.metrics.read_rows_fetched);
+                        node.node.call(n, Msg::new(Req::GetRow { bucket, key })).await
                     }
                 };
                 (n, reply)
@@ -640,7 +672,7 @@ impl Node {
         // read wait for every remote one. (A remote reader is not waited
         // for: should the quorum come without its row, the row is fetched
         // from a replica that reported the newest version.)
-        let mut local_pending = ask.contains(&self.id);
+        let mut local_pending = ask.contains(&self.node.id);
         // Every answer until the quorum; for a degraded read, past it, those
         // that come within a short grace, so a hung replica does not hold
         // the read up.
@@ -666,12 +698,12 @@ impl Node {
                 r = calls.next(), if !calls.is_empty() => r,
                 () = &mut grace => None,
                 () = &mut hedge, if !spares.is_empty() => {
-                    ClusterMetrics::inc(&self.metrics.hedged_reads);
+                    ClusterMetrics::inc(&self.node.metrics.hedged_reads);
                     calls.extend(spares.drain(..).map(call));
                     continue;
                 }
             };
-            if next.as_ref().is_some_and(|(n, _)| *n == self.id) {
+            if next.as_ref().is_some_and(|(n, _)| *n == self.node.id) {
                 local_pending = false;
             }
             let heard = match next {
@@ -683,7 +715,7 @@ impl Node {
                 Some(h) => replies.push(h),
                 // A replica asked failed: ask the spares now.
                 None if !spares.is_empty() => {
-                    ClusterMetrics::inc(&self.metrics.hedged_reads);
+                    ClusterMetrics::inc(&self.node.metrics.hedged_reads);
                     calls.extend(spares.drain(..).map(call));
                 }
                 None => {}
@@ -706,9 +738,9 @@ impl Node {
             // failed): read it from one that reported it.
             let newest: Vec<NodeId> = replies.iter().filter(|(_, h)| h.version() == v).map(|(n, _)| *n).collect();
             for n in &newest {
-                ClusterMetrics::inc(&self.metrics.read_rows_fetched);
+                ClusterMetrics::inc(&self.node.metrics.read_rows_fetched);
                 let req = Req::GetRow { bucket: bucket.to_owned(), key: key.to_vec() };
-                if let Ok(Msg { head: Resp::Row(Some(r)), .. }) = self.call(*n, Msg::new(req)).await
+                if let Ok(Msg { head: Resp::Row(Some(r)), .. }) = self.node.call(*n, Msg::new(req)).await
                     && r.version() >= v
                 {
                     // (Newer still, if a write landed in between: it holds
@@ -730,7 +762,7 @@ impl Node {
         }
         let v = best.as_ref().map_or(0, Row::version);
         // A write that follows this read gets a version above what it saw.
-        self.hlc.observe(v);
+        self.node.hlc.observe(v);
         let mut holders: Vec<NodeId> = replies.iter().filter(|(_, h)| h.version() == v).map(|(n, _)| *n).collect();
         // Then the key's other replicas, for blocks every holder lacks or
         // holds corrupt: one that had not yet answered (or not yet
@@ -768,7 +800,7 @@ impl Node {
     /// next batch of version asks to `n` ([`super::batch`]): the sender
     /// for `n` is started here when none runs.
     async fn ask_version(self: &Arc<Self>, n: NodeId, bucket: String, key: Vec<u8>) -> Result<u64> {
-        ClusterMetrics::inc(&self.metrics.read_versions_asked);
+        ClusterMetrics::inc(&self.node.metrics.read_versions_asked);
         let (reply, answer) = tokio::sync::oneshot::channel();
         if self.version_asks.push(n, VersionAsk { bucket, key, reply }) {
             // Its own task: a read that stops waiting (it has its quorum,
@@ -782,11 +814,11 @@ impl Node {
     /// until none wait; asks whose reads have gone are left out.
     async fn send_version_asks(self: Arc<Self>, n: NodeId) {
         while let Some(batch) = self.version_asks.next(n, |a| !a.reply.is_closed()) {
-            ClusterMetrics::inc(&self.metrics.version_batches);
+            ClusterMetrics::inc(&self.node.metrics.version_batches);
             let (keys, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|a| ((a.bucket, serde_bytes::ByteBuf::from(a.key)), a.reply)).unzip();
             let count = keys.len();
-            match self.call(n, Msg::new(Req::RowVersions { keys })).await {
+            match self.node.call(n, Msg::new(Req::RowVersions { keys })).await {
                 Ok(Msg { head: Resp::RowVersions(versions), .. }) if versions.len() == count => {
                     for (reply, v) in replies.into_iter().zip(versions) {
                         let _ = reply.send(Ok(v));
@@ -817,12 +849,12 @@ impl Node {
     /// Pushes `row` to replica `n`, which answered a read with an older one;
     /// queued for resync when that fails.
     fn read_repair(self: &Arc<Self>, n: NodeId, bucket: &str, key: &[u8], row: &Row) {
-        ClusterMetrics::inc(&self.metrics.read_repairs);
+        ClusterMetrics::inc(&self.node.metrics.read_repairs);
         let (node, b, k, row) = (self.clone(), bucket.to_owned(), key.to_vec(), row.clone());
         tokio::spawn(async move {
             if let Err(e) = node.push_row(n, &b, &k, &row).await {
                 tracing::debug!(node = n, error = %e, "read repair failed; queued");
-                let _ = node.resync.add(&[(n, b, k, false)]);
+                let _ = node.node.resync.add(&[(n, b, k, false)]);
             }
         });
     }
@@ -831,16 +863,16 @@ impl Node {
     /// (verified here), and repairs the bad copies it met on the way.
     pub async fn fetch_block(self: &Arc<Self>, hash: BlockHash, holders: &[NodeId]) -> Result<Bytes> {
         let mut order: Vec<NodeId> = holders.to_vec();
-        order.sort_by_key(|n| *n != self.id);
+        order.sort_by_key(|n| *n != self.node.id);
         let mut bad = Vec::new();
         let mut last = LightningError::MissingBlock { hash: hash.to_hex() };
         for n in order {
-            match self.call(n, Msg::new(Req::GetBlock { hash })).await {
+            match self.node.call(n, Msg::new(Req::GetBlock { hash })).await {
                 Ok(m) => {
                     let data = m.data;
                     let ok = {
                         let d = data.clone();
-                        if n == self.id {
+                        if n == self.node.id {
                             true
                         } else {
                             tokio::task::spawn_blocking(move || crate::block::verify(&hash, &d).is_ok())
@@ -853,12 +885,12 @@ impl Node {
                         continue;
                     }
                     for b in bad {
-                        ClusterMetrics::inc(&self.metrics.bad_copies_found);
+                        ClusterMetrics::inc(&self.node.metrics.bad_copies_found);
                         let node = self.clone();
                         let d = data.clone();
                         tokio::spawn(async move {
-                            if node.call(b, Msg::with_data(Req::RepairBlock { hash }, d)).await.is_ok() {
-                                ClusterMetrics::inc(&node.metrics.repairs);
+                            if node.node.call(b, Msg::with_data(Req::RepairBlock { hash }, d)).await.is_ok() {
+                                ClusterMetrics::inc(&node.node.metrics.repairs);
                             }
                         });
                     }
@@ -882,7 +914,7 @@ impl Node {
         holders: Vec<NodeId>,
     ) -> BoxStream<'static, Result<Bytes>> {
         let len = range.end.saturating_sub(range.start);
-        self.store.metrics.add(&self.store.metrics.bytes_out, len);
+        self.node.store.metrics.add(&self.node.store.metrics.bytes_out, len);
         match &meta.data {
             ObjectData::Inline(d) => {
                 let s = usize::try_from(range.start).unwrap_or(usize::MAX).min(d.len());
@@ -924,7 +956,7 @@ impl Node {
         self.push_row_of(to, bucket, key, row, None).await
     }
 
-    /// [`Node::push_row`]; with `upload`, the row is that completed
+    /// [`Coordinator::push_row`]; with `upload`, the row is that completed
     /// upload's and the replica drops the upload with the commit
     /// ([`Req::CompleteUpload`]).
     pub(crate) async fn push_row_of(
@@ -940,14 +972,15 @@ impl Node {
             && !m.data.blocks().is_empty()
         {
             let hashes: Vec<BlockHash> = m.data.blocks().iter().map(|b| b.hash).collect();
-            let missing = match self.call(to, Msg::new(Req::MissingBlocks { hashes })).await?.head {
+            let missing = match self.node.call(to, Msg::new(Req::MissingBlocks { hashes })).await?.head {
                 Resp::Missing(m) => m,
                 _ => return Err(LightningError::Unavailable("unexpected answer to MissingBlocks".into())),
             };
-            let sources: Vec<NodeId> = union(&self.write_sets(bucket, key)).into_iter().filter(|n| *n != to).collect();
+            let sources: Vec<NodeId> =
+                union(&self.node.write_sets(bucket, key)).into_iter().filter(|n| *n != to).collect();
             for hash in missing {
                 let data = self.fetch_block(hash, &sources).await?;
-                self.call(to, Msg::with_data(Req::PutBlock { session, hash }, data)).await?;
+                self.node.call(to, Msg::with_data(Req::PutBlock { session, hash }, data)).await?;
             }
         }
         let make = || {
@@ -960,7 +993,7 @@ impl Node {
         match self.call_write(to, bucket, make).await?.head {
             Resp::Committed { applied, current } => {
                 if applied && upload.is_none() {
-                    ClusterMetrics::inc(&self.metrics.repairs);
+                    ClusterMetrics::inc(&self.node.metrics.repairs);
                 }
                 Ok(current)
             }

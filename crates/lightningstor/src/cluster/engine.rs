@@ -9,8 +9,8 @@
 //! and the row gets a version above the one the check saw.
 
 use super::NodeId;
+use super::coord::Coordinator;
 use super::coord::union;
-use super::node::Node;
 use super::rpc::{Msg, Req, Resp};
 use crate::checksum::ChecksumAlgo;
 use crate::conditions::DeleteConditions;
@@ -51,7 +51,7 @@ fn unversioned(version: Option<VersionRef>) -> Result<()> {
     }
 }
 
-impl Node {
+impl Coordinator {
     /// If-Match / If-None-Match of a write, checked against a quorum read;
     /// callers hold the key's lease ([`super::locks`]) from this check to the commit.
     async fn check_write_conditions(self: &Arc<Self>, bucket: &str, key: &str, cond: &WriteConditions) -> Result<()> {
@@ -65,7 +65,7 @@ impl Node {
 
     /// Writes the tombstone of `key`; a conditional delete checks `cond` against
     /// a quorum read under the key's lease, as a conditional PUT does
-    /// (refused in degraded mode unless `even_degraded`, see [`Node::with_key_lease`]).
+    /// (refused in degraded mode unless `even_degraded`, see [`Coordinator::with_key_lease`]).
     pub(super) async fn delete_row(
         self: &Arc<Self>,
         bucket: &str,
@@ -74,7 +74,7 @@ impl Node {
         even_degraded: bool,
     ) -> Result<()> {
         if cond.is_empty() {
-            return self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.hlc.now())).await;
+            return self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.node.hlc.now())).await;
         }
         let checked_delete = async {
             let cur = self.read_row(bucket, key.as_bytes()).await?;
@@ -84,7 +84,7 @@ impl Node {
             };
             cond.check(current, key)?;
             // A version above the row the check saw (the read advanced the clock).
-            self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.hlc.now())).await
+            self.write_row(bucket, key.as_bytes(), Row::Tombstone(self.node.hlc.now())).await
         };
         if even_degraded {
             self.with_key_lease_even_degraded(bucket, key.as_bytes(), checked_delete).await
@@ -94,16 +94,16 @@ impl Node {
     }
 }
 
-impl Engine for Arc<Node> {
+impl Engine for Arc<Coordinator> {
     type Hold = Session;
     type Source = Vec<NodeId>;
 
     fn config(&self) -> &Config {
-        &self.store.config
+        &self.node.store.config
     }
 
     fn metrics(&self) -> &Metrics {
-        &self.store.metrics
+        &self.node.store.metrics
     }
 
     fn keyring(&self) -> &dyn Keyring {
@@ -111,19 +111,19 @@ impl Engine for Arc<Node> {
     }
 
     async fn create_bucket(&self, name: &str) -> Result<()> {
-        Node::create_bucket(self, name).await
+        Coordinator::create_bucket(self, name).await
     }
 
     async fn require_bucket(&self, name: &str) -> Result<()> {
-        Node::require_bucket(self, name).await
+        Coordinator::require_bucket(self, name).await
     }
 
     async fn delete_bucket(&self, name: &str) -> Result<()> {
-        Node::delete_bucket(self, name).await
+        Coordinator::delete_bucket(self, name).await
     }
 
     async fn list_buckets(&self) -> Result<Vec<(String, i64)>> {
-        Node::list_buckets(self).await
+        Coordinator::list_buckets(self).await
     }
 
     async fn lifecycle(&self, bucket: &str) -> Result<Vec<Rule>> {
@@ -132,7 +132,7 @@ impl Engine for Arc<Node> {
 
     async fn set_lifecycle(&self, bucket: &str, rules: Vec<Rule>) -> Result<()> {
         // No rules: an empty configuration with a new version replaces the rules everywhere.
-        self.put_lifecycle(bucket, Lifecycle { version: self.hlc.now(), rules }).await
+        self.put_lifecycle(bucket, Lifecycle { version: self.node.hlc.now(), rules }).await
     }
 
     async fn get(&self, bucket: &str, key: &str) -> Result<Option<(ObjectMeta, Vec<NodeId>)>> {
@@ -159,7 +159,7 @@ impl Engine for Arc<Node> {
         S: Stream<Item = std::result::Result<Bytes, E>> + Send,
         E: std::fmt::Display + Send,
     {
-        let s = Node::stage(self, bucket, key.as_bytes(), body, algo, inline).await?;
+        let s = Coordinator::stage(self, bucket, key.as_bytes(), body, algo, inline).await?;
         let hold = Session { id: s.session, complete: s.complete };
         Ok(Staged { size: s.size, md5: s.md5, checksum: s.checksum, data: s.data, hold })
     }
@@ -176,7 +176,7 @@ impl Engine for Arc<Node> {
         // already exist); inline stays inline.
         let inline = matches!(src.data, ObjectData::Inline(_));
         let body = self.read_body(src, 0..src.size, from);
-        let s = Node::stage(self, bucket, key.as_bytes(), body, None, inline).await?;
+        let s = Coordinator::stage(self, bucket, key.as_bytes(), body, None, inline).await?;
         Ok((s.data, Session { id: s.session, complete: s.complete }))
     }
 
@@ -189,14 +189,14 @@ impl Engine for Arc<Node> {
         cond: &WriteConditions,
     ) -> Result<ObjectMeta> {
         if cond.if_match.is_none() && cond.if_none_match.is_none() {
-            let row = ObjectMeta { version: self.hlc.now(), ..row };
+            let row = ObjectMeta { version: self.node.hlc.now(), ..row };
             self.commit_row(bucket, key.as_bytes(), Row::Object(row.clone()), hold.id, &hold.complete).await?;
             return Ok(row);
         }
         self.with_key_lease(bucket, key.as_bytes(), async {
             self.check_write_conditions(bucket, key, cond).await?;
             // A version above the row the check saw (the read advanced the clock).
-            let row = ObjectMeta { version: self.hlc.now(), ..row };
+            let row = ObjectMeta { version: self.node.hlc.now(), ..row };
             self.commit_row(bucket, key.as_bytes(), Row::Object(row.clone()), hold.id, &hold.complete).await?;
             Ok(row)
         })
@@ -211,7 +211,7 @@ impl Engine for Arc<Node> {
         cond: &DeleteConditions,
     ) -> Result<Removed> {
         unversioned(version)?;
-        Node::require_bucket(self, bucket).await?;
+        Coordinator::require_bucket(self, bucket).await?;
         self.delete_row(bucket, key, cond, false).await.map(|()| Removed::default())
     }
 
@@ -232,13 +232,13 @@ impl Engine for Arc<Node> {
     }
 
     async fn list(&self, bucket: &str, q: ListQuery) -> Result<ListPage<ObjectSummary>> {
-        Node::require_bucket(self, bucket).await?;
-        Node::list(self, bucket, q).await
+        Coordinator::require_bucket(self, bucket).await?;
+        Coordinator::list(self, bucket, q).await
     }
 
     async fn create_upload(&self, id: &str, upload: UploadMeta) -> Result<()> {
-        Node::require_bucket(self, &upload.bucket).await?;
-        let targets = union(&self.write_sets(&upload.bucket, upload.key.as_bytes()));
+        Coordinator::require_bucket(self, &upload.bucket).await?;
+        let targets = union(&self.node.write_sets(&upload.bucket, upload.key.as_bytes()));
         self.quorum_call(&upload.bucket, upload.key.as_bytes(), &targets, || Req::CreateUpload {
             id: id.to_owned(),
             upload: upload.clone(),
@@ -254,7 +254,7 @@ impl Engine for Arc<Node> {
     async fn put_part(&self, id: &str, upload: &UploadMeta, number: u32, part: PartMeta, hold: Session) -> Result<()> {
         let (bucket, key) = (upload.bucket.as_str(), upload.key.as_bytes());
         let targets: Vec<NodeId> =
-            union(&self.write_sets(bucket, key)).into_iter().filter(|n| hold.complete.contains(n)).collect();
+            union(&self.node.write_sets(bucket, key)).into_iter().filter(|n| hold.complete.contains(n)).collect();
         self.quorum_call(bucket, key, &targets, || Req::PutPart {
             session: hold.id,
             id: id.to_owned(),
@@ -302,7 +302,7 @@ impl Engine for Arc<Node> {
         let (upload, stored) = self.upload_state(bucket, key, id, true).await?;
         accept(&upload)?;
         let assemble_and_commit = async {
-            let meta = ops::assemble_upload(&upload, &wanted, &stored, self.hlc.now(), now_ms())?;
+            let meta = ops::assemble_upload(&upload, &wanted, &stored, self.node.hlc.now(), now_ms())?;
             ops::check_claimed_checksums(&upload, &meta, &claimed)?;
             // The replicas drop the upload in the transaction that commits the object.
             self.commit_completed(bucket, key.as_bytes(), &Row::Object(meta.clone()), id).await?;
@@ -322,7 +322,7 @@ impl Engine for Arc<Node> {
     async fn abort_upload(&self, bucket: &str, key: &str, id: &str) -> Result<()> {
         // NoSuchUpload unless a quorum read finds it in progress.
         self.upload_state(bucket, key, id, false).await?;
-        let targets = union(&self.write_sets(bucket, key.as_bytes()));
+        let targets = union(&self.node.write_sets(bucket, key.as_bytes()));
         self.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropUpload {
             id: id.to_owned(),
             bucket: bucket.to_owned(),
@@ -338,11 +338,11 @@ impl Engine for Arc<Node> {
         key_marker: Option<&str>,
         id_marker: Option<&str>,
     ) -> Result<Vec<(String, String, UploadMeta)>> {
-        Node::require_bucket(self, bucket).await?;
-        let calls = self.all_nodes().into_iter().map(|n| {
+        Coordinator::require_bucket(self, bucket).await?;
+        let calls = self.node.all_nodes().into_iter().map(|n| {
             let node = self.clone();
             let req = Req::ListUploads { bucket: bucket.to_owned(), prefix: prefix.to_owned() };
-            async move { (n, node.call(n, Msg::new(req)).await) }
+            async move { (n, node.node.call(n, Msg::new(req)).await) }
         });
         let mut answered = HashSet::new();
         let mut live: BTreeMap<(String, String), UploadMeta> = BTreeMap::new();

@@ -12,7 +12,7 @@
 //! done. Those paths replicate with the usual quorums and resync.
 
 use super::NodeId;
-use super::node::Node;
+use super::coord::Coordinator;
 use super::rpc::{Msg, Req};
 use crate::error::{LightningError, Result};
 use crate::lifecycle::{self, Candidate, Page, PendingUpload, Rule, Target};
@@ -26,7 +26,7 @@ use std::time::Duration;
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct Share {
-    node: Arc<Node>,
+    coord: Arc<Coordinator>,
     live: Mutex<HashSet<NodeId>>,
 }
 
@@ -39,7 +39,7 @@ pub fn handler(sets: &[Vec<NodeId>], live: &HashSet<NodeId>) -> Option<NodeId> {
 impl Share {
     /// Whether this node handles `key` of `bucket`.
     fn mine(&self, live: &HashSet<NodeId>, bucket: &str, key: &[u8]) -> bool {
-        handler(&self.node.write_sets(bucket, key), live) == Some(self.node.id)
+        handler(&self.coord.node.write_sets(bucket, key), live) == Some(self.coord.node.id)
     }
 
     fn live(&self) -> HashSet<NodeId> {
@@ -50,8 +50,8 @@ impl Share {
 #[async_trait::async_trait]
 impl Target for Share {
     async fn prepare(&self) -> Result<()> {
-        let calls = self.node.all_nodes().into_iter().map(|n| {
-            let node = self.node.clone();
+        let calls = self.coord.node.all_nodes().into_iter().map(|n| {
+            let node = self.coord.node.clone();
             async move {
                 let r = tokio::time::timeout(PING_TIMEOUT, node.call(n, Msg::new(Req::Ping))).await;
                 (n, matches!(r, Ok(Ok(_))))
@@ -59,7 +59,7 @@ impl Target for Share {
         });
         let mut live: HashSet<NodeId> =
             futures::future::join_all(calls).await.into_iter().filter(|(_, up)| *up).map(|(n, _)| n).collect();
-        live.insert(self.node.id);
+        live.insert(self.coord.node.id);
         if let Ok(mut l) = self.live.lock() {
             *l = live;
         }
@@ -67,12 +67,12 @@ impl Target for Share {
     }
 
     async fn configured_buckets(&self) -> Result<Vec<(String, Vec<Rule>)>> {
-        let all = self.node.store.meta.list_buckets()?;
+        let all = self.coord.node.store.meta.list_buckets()?;
         Ok(all.into_iter().filter(|(_, m)| !m.rules().is_empty()).map(|(n, m)| (n, m.rules().to_vec())).collect())
     }
 
     async fn objects(&self, bucket: &str, after: &str, limit: usize) -> Result<Page> {
-        let store = self.node.store.clone();
+        let store = self.coord.node.store.clone();
         let (b, from) = (bucket.to_owned(), after_key(after));
         let rows = tokio::task::spawn_blocking(move || store.meta.list_raw(&b, &from, b"", limit))
             .await
@@ -86,11 +86,11 @@ impl Target for Share {
         // deletes in degraded mode: this one must go on there (under a
         // lease exclusive among the nodes that reach each other).
         let cond = crate::s3::lifecycle::unchanged(c);
-        crate::s3::lifecycle::expired(self.node.delete_row(bucket, &c.key, &cond, true).await)
+        crate::s3::lifecycle::expired(self.coord.delete_row(bucket, &c.key, &cond, true).await)
     }
 
     async fn uploads(&self, bucket: &str, limit: usize) -> Result<Vec<PendingUpload>> {
-        let ups = self.node.store.meta.list_uploads(bucket, "", None, None, limit)?;
+        let ups = self.coord.node.store.meta.list_uploads(bucket, "", None, None, limit)?;
         let live = self.live();
         Ok(ups
             .into_iter()
@@ -100,23 +100,24 @@ impl Target for Share {
     }
 
     async fn abort(&self, bucket: &str, u: &PendingUpload) -> Result<bool> {
-        crate::s3::lifecycle::abort(&self.node, bucket, u).await
+        crate::s3::lifecycle::abort(&self.coord, bucket, u).await
     }
 
     fn metrics(&self) -> &Metrics {
-        &self.node.store.metrics
+        &self.coord.node.store.metrics
     }
 }
 
-/// Starts `node`'s lifecycle task; it ends when the node is dropped (or the
-/// handle is aborted with the node's other background tasks).
-pub fn spawn(node: &Arc<Node>) -> tokio::task::JoinHandle<()> {
-    let weak: Weak<Node> = Arc::downgrade(node);
-    let cfg = &node.store.config;
+/// Starts the lifecycle task of `coord`'s node; it ends when the
+/// coordinator is dropped (or the handle is aborted with the node's other
+/// background tasks).
+pub fn spawn(coord: &Arc<Coordinator>) -> tokio::task::JoinHandle<()> {
+    let weak: Weak<Coordinator> = Arc::downgrade(coord);
+    let cfg = &coord.node.store.config;
     let interval = Duration::from_secs(cfg.lifecycle_interval_secs);
     let day_ms = i64::try_from(cfg.lifecycle_day_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
     tokio::spawn(lifecycle::run(
-        move || weak.upgrade().map(|node| Arc::new(Share { node, live: Mutex::new(HashSet::new()) })),
+        move || weak.upgrade().map(|coord| Arc::new(Share { coord, live: Mutex::new(HashSet::new()) })),
         interval,
         day_ms,
     ))

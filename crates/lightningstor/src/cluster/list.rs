@@ -4,7 +4,7 @@
 //! [`crate::listing`] runs on top unchanged.
 
 use super::NodeId;
-use super::node::Node;
+use super::coord::Coordinator;
 use super::placement::Replication;
 use super::rpc::{Msg, Req, Resp};
 use crate::error::{LightningError, Result};
@@ -17,7 +17,7 @@ use std::sync::Arc;
 const ROUND: u32 = 1000;
 
 struct ClusterCursor {
-    node: Arc<Node>,
+    coord: Arc<Coordinator>,
     rt: tokio::runtime::Handle,
     bucket: String,
     prefix: Vec<u8>,
@@ -27,7 +27,7 @@ struct ClusterCursor {
 
 impl ClusterCursor {
     fn fetch(&mut self, from: Vec<u8>) -> Result<()> {
-        let node = self.node.clone();
+        let node = self.coord.node.clone();
         let (bucket, prefix) = (self.bucket.clone(), self.prefix.clone());
         let replies = self.rt.block_on(async move {
             let calls = node.all_nodes().into_iter().map(|n| {
@@ -59,7 +59,7 @@ impl ClusterCursor {
                 }
             }
         }
-        self.node.check_coverage(&answered, "listing")?;
+        self.coord.check_coverage(&answered, "listing")?;
         for (k, e) in merged {
             if bound.as_ref().is_some_and(|b| &k > b) {
                 break;
@@ -97,15 +97,15 @@ impl Cursor for ClusterCursor {
     }
 }
 
-impl Node {
+impl Coordinator {
     /// Every partition must have a read quorum among the nodes that
     /// answered a request sent to every node (listings).
     pub fn check_coverage(&self, answered: &HashSet<NodeId>, what: &str) -> Result<()> {
-        let l = self.layout();
+        let l = self.node.layout();
         for p in 0..l.partitions() {
             let set = l.nodes_for(p);
             let got = set.iter().filter(|n| answered.contains(n)).count();
-            let need = match self.consistency() {
+            let need = match self.node.consistency() {
                 super::config::Consistency::Consistent => l.read_quorum().min(set.len()),
                 super::config::Consistency::Degraded => 1,
             };
@@ -122,7 +122,7 @@ impl Node {
     /// One listing page of a bucket across the cluster.
     pub async fn list(self: &Arc<Self>, bucket: &str, q: ListQuery) -> Result<ListPage<ObjectSummary>> {
         let mut cur = ClusterCursor {
-            node: self.clone(),
+            coord: self.clone(),
             rt: tokio::runtime::Handle::current(),
             bucket: bucket.to_owned(),
             prefix: q.prefix.clone(),

@@ -17,8 +17,8 @@
 //! 503 may be.)
 
 use super::NodeId;
+use super::coord::Coordinator;
 use super::coord::{session_id, union};
-use super::node::Node;
 use super::rpc::{Msg, Req, Resp};
 use crate::error::{LightningError, Result};
 use std::collections::HashMap;
@@ -64,7 +64,7 @@ impl KeyLocks {
     }
 }
 
-impl Node {
+impl Coordinator {
     /// Runs `f` holding the lease on (bucket, key) on a write quorum of
     /// every write set, renewing it while `f` runs; `f` is abandoned (503)
     /// when a renewal cannot keep that quorum. Contention is retried with
@@ -73,7 +73,7 @@ impl Node {
     where
         F: Future<Output = Result<T>>,
     {
-        if matches!(self.consistency(), super::config::Consistency::Degraded) {
+        if matches!(self.node.consistency(), super::config::Consistency::Degraded) {
             // A degraded node takes a lease on the replicas it reaches, even
             // one of them: two sides of a partition could both hold it.
             return Err(LightningError::NotImplemented(
@@ -85,7 +85,7 @@ impl Node {
         self.with_key_lease_even_degraded(bucket, key, f).await
     }
 
-    /// [`Node::with_key_lease`] also in degraded mode, where the lease is
+    /// [`Coordinator::with_key_lease`] also in degraded mode, where the lease is
     /// exclusive only among nodes that reach each other: for the lifecycle
     /// task's deletes of the object it listed, which must go on there.
     pub async fn with_key_lease_even_degraded<T, F>(self: &Arc<Self>, bucket: &str, key: &[u8], f: F) -> Result<T>
@@ -93,7 +93,7 @@ impl Node {
         F: Future<Output = Result<T>>,
     {
         let token = session_id();
-        let sets = self.write_sets(bucket, key);
+        let sets = self.node.write_sets(bucket, key);
         let targets = union(&sets);
         let lease = self.lease();
         let start = Instant::now();
@@ -122,7 +122,7 @@ impl Node {
 
     /// How long a lease lasts unless renewed (`key_lease_ms`).
     fn lease(&self) -> Duration {
-        Duration::from_millis(self.config().key_lease_ms)
+        Duration::from_millis(self.node.config().key_lease_ms)
     }
 
     fn has_write_quorum(&self, sets: &[Vec<NodeId>], granted: &[NodeId]) -> bool {
@@ -144,7 +144,7 @@ impl Node {
             let node = self.clone();
             let req = Req::LockKey { bucket: bucket.to_owned(), key: key.to_vec(), token, ttl_ms };
             async move {
-                let call = node.call(n, Msg::new(req));
+                let call = node.node.call(n, Msg::new(req));
                 let r = match timeout {
                     Some(t) => tokio::time::timeout(t, call).await.ok(),
                     None => Some(call.await),
@@ -181,7 +181,7 @@ impl Node {
         let calls = granted.iter().map(|&n| {
             let node = self.clone();
             let req = Req::UnlockKey { bucket: bucket.to_owned(), key: key.to_vec(), token };
-            async move { node.call(n, Msg::new(req)).await }
+            async move { node.node.call(n, Msg::new(req)).await }
         });
         futures::future::join_all(calls).await;
     }

@@ -37,7 +37,7 @@ pub struct ClusterMetrics {
     pub hedged_reads: AtomicU64,
     /// Rows reads fetched in full from a replica, the local one included:
     /// one per read when the row read is the newest, two when a replica
-    /// reported a newer version (see [`super::Node::read_row`]).
+    /// reported a newer version (see [`super::coord::Coordinator::read_row`]).
     pub read_rows_fetched: AtomicU64,
     /// Row versions reads asked of replicas instead of the row.
     pub read_versions_asked: AtomicU64,

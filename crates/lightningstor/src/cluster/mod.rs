@@ -12,13 +12,13 @@
 //! - [`resync`]: the persistent queue of replicas to catch up;
 //! - [`metrics`]: the replication counters every role counts into;
 //! - [`replica`]: the replica role, applying what others send to the local store;
-//! - [`node`]: a node: its layout, its roles, and the routing of requests to them;
-//! - [`coord`]: the coordinator side (quorum writes and reads, read repair);
+//! - [`node`]: a node: its layout, its calls, and the routing of requests to its roles;
+//! - [`coord`]: the [`coord::Coordinator`] over a node (quorum writes and reads, read repair);
 //! - [`buckets`], [`list`]: bucket rows and listings across the cluster;
 //! - [`multipart`]: replicated multipart uploads;
 //! - [`lifecycle`]: each node's share of the lifecycle task;
 //! - [`locks`]: key leases that make conditional writes atomic;
-//! - [`repair`]: resync worker, scrub, anti-entropy, tombstones, rebalance;
+//! - [`repair`]: the repair worker (resync, scrub, anti-entropy, tombstones, rebalance);
 //! - [`s3`]: `impl S3` for a cluster node;
 //! - [`admin`]: status and layout change for the CLI.
 //!
@@ -107,6 +107,8 @@ pub fn render_metrics(node: &Node) -> String {
 pub struct RunningNode {
     /// The node.
     pub node: Arc<Node>,
+    /// Its coordinator (the S3 server's engine).
+    pub coord: Arc<coord::Coordinator>,
     /// The S3 server.
     pub s3: Running,
     /// The RPC server and background tasks.
@@ -145,13 +147,14 @@ pub async fn start(config: ClusterConfig, name: &str) -> Result<RunningNode> {
     let transport = Arc::new(transport::Tcp::new(peers, RPC_TIMEOUT, secret.clone()));
     let node = Node::new(config, name, store.clone(), transport)?;
     let mut tasks = vec![transport::serve_tcp(rpc_listener, node.clone(), secret)];
-    tasks.extend(node.repair().spawn());
-    let svc = crate::server::service_for(s3::ClusterS3::new(node.clone()), &store.config, node.clone());
-    let gate = Arc::new(crate::server::Gate::new(node.clone(), &store.config));
+    let coord = coord::Coordinator::new(node.clone());
+    tasks.extend(coord.repair().spawn());
+    let svc = crate::server::service_for(s3::ClusterS3::new(coord.clone()), &store.config, coord.clone());
+    let gate = Arc::new(crate::server::Gate::new(coord.clone(), &store.config));
     let n = node.clone();
     let metrics: MetricsFn = Arc::new(move || render_metrics(&n));
     let s3 = crate::server::serve_with(s3_listener, svc, metrics, Some(gate))?;
-    Ok(RunningNode { node, s3, tasks })
+    Ok(RunningNode { node, coord, s3, tasks })
 }
 
 /// A cluster whose nodes all run in this process, each serving S3 and RPC

@@ -25,9 +25,9 @@
 //! periodic sweep finds those no read visits).
 
 use super::NodeId;
+use super::coord::Coordinator;
 use super::coord::union;
 use super::metrics::ClusterMetrics;
-use super::node::Node;
 use super::rpc::{Msg, Req, Resp, UploadState};
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
@@ -36,7 +36,7 @@ use crate::meta::types::{PartMeta, Row, UploadMeta};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-impl Node {
+impl Coordinator {
     /// Sends `make(n)` to every node of `targets` and returns those that
     /// accepted it; fails when a write set of (bucket, key) lacks its write
     /// quorum. A replica's NoSuchUpload (or NoSuchBucket: the bucket was
@@ -48,7 +48,7 @@ impl Node {
         targets: &[NodeId],
         make: impl Fn() -> Req,
     ) -> Result<HashSet<NodeId>> {
-        let sets = self.write_sets(bucket, key);
+        let sets = self.node.write_sets(bucket, key);
         let make = &make;
         let calls = targets.iter().map(|&n| {
             let node = self.clone();
@@ -92,13 +92,13 @@ impl Node {
         id: &str,
         parts: bool,
     ) -> Result<(UploadMeta, Vec<(u32, PartMeta)>)> {
-        let sets = self.write_sets(bucket, key.as_bytes());
+        let sets = self.node.write_sets(bucket, key.as_bytes());
         let quorum_set = sets.last().cloned().unwrap_or_default();
         let ask = union(&sets);
         let calls = ask.iter().map(|&n| {
             let node = self.clone();
             let req = Req::GetUpload { id: id.to_owned(), parts };
-            async move { (n, node.call(n, Msg::new(req)).await) }
+            async move { (n, node.node.call(n, Msg::new(req)).await) }
         });
         let mut replies: Vec<(NodeId, UploadState)> = Vec::new();
         for (n, r) in futures::future::join_all(calls).await {
@@ -122,8 +122,8 @@ impl Node {
                     let (node, n) = (self.clone(), *n);
                     let req = Req::DropUpload { id: id.to_owned(), bucket: bucket.to_owned() };
                     tokio::spawn(async move {
-                        if node.call(n, Msg::new(req)).await.is_ok() {
-                            ClusterMetrics::inc(&node.metrics.repairs);
+                        if node.node.call(n, Msg::new(req)).await.is_ok() {
+                            ClusterMetrics::inc(&node.node.metrics.repairs);
                         }
                     });
                 }
@@ -152,7 +152,7 @@ impl Node {
     /// once every write set has W, with the replicas that missed it queued
     /// for resync first. NoSuchUpload when too few replicas took it because
     /// another complete or an abort of the upload got there first. Like
-    /// [`Node::commit_row`], once more at a newer version (a plain commit:
+    /// [`Coordinator::commit_row`], once more at a newer version (a plain commit:
     /// the upload is gone) if a replica of the quorum holds a newer row.
     pub async fn commit_completed(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row, id: &str) -> Result<()> {
         let newest = self.fill_attempt(bucket, key, row, Some(id)).await?;
@@ -162,10 +162,10 @@ impl Node {
         Ok(())
     }
 
-    /// One round of [`Node::commit_completed`]; returns the newest version
+    /// One round of [`Coordinator::commit_completed`]; returns the newest version
     /// the acknowledging replicas hold.
     async fn fill_attempt(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row, upload: Option<&str>) -> Result<u64> {
-        let sets = self.write_sets(bucket, key);
+        let sets = self.node.write_sets(bucket, key);
         let targets = union(&sets);
         let calls = targets.iter().map(|&n| {
             let node = self.clone();
@@ -203,9 +203,9 @@ impl Node {
         let missed: Vec<(NodeId, String, Vec<u8>, bool)> =
             targets.iter().filter(|n| !ok.contains(n)).map(|&n| (n, bucket.to_owned(), key.to_vec(), false)).collect();
         if !missed.is_empty() {
-            ClusterMetrics::inc(&self.metrics.degraded_writes);
+            ClusterMetrics::inc(&self.node.metrics.degraded_writes);
             let node = self.clone();
-            tokio::task::spawn_blocking(move || node.resync.add(&missed))
+            tokio::task::spawn_blocking(move || node.node.resync.add(&missed))
                 .await
                 .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
         }
@@ -216,8 +216,8 @@ impl Node {
     /// drop this node missed), and forgets gone markers older than the
     /// tombstone delay. Returns the uploads dropped.
     pub async fn sweep_uploads(self: &Arc<Self>) -> Result<usize> {
-        let store = self.store.clone();
-        let keep_ms = i64::try_from(self.config().tombstone_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let store = self.node.store.clone();
+        let keep_ms = i64::try_from(self.node.config().tombstone_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
         let before = now_ms().saturating_sub(keep_ms);
         let (live, old) = tokio::task::spawn_blocking(move || {
             let live = store.meta.all_uploads()?;
@@ -227,19 +227,21 @@ impl Node {
         .await
         .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
         for id in old {
-            self.store.meta.write(move |t| ops::forget_gone_upload(t, &id)).await?;
+            self.node.store.meta.write(move |t| ops::forget_gone_upload(t, &id)).await?;
         }
         let mut dropped = 0;
         for (id, u) in live {
-            let peers: Vec<NodeId> =
-                union(&self.write_sets(&u.bucket, u.key.as_bytes())).into_iter().filter(|n| *n != self.id).collect();
+            let peers: Vec<NodeId> = union(&self.node.write_sets(&u.bucket, u.key.as_bytes()))
+                .into_iter()
+                .filter(|n| *n != self.node.id)
+                .collect();
             for n in peers {
                 let req = Req::GetUpload { id: id.clone(), parts: false };
-                if let Ok(Msg { head: Resp::Upload(UploadState::Gone), .. }) = self.call(n, Msg::new(req)).await {
+                if let Ok(Msg { head: Resp::Upload(UploadState::Gone), .. }) = self.node.call(n, Msg::new(req)).await {
                     let (id, b, now) = (id.clone(), u.bucket.clone(), now_ms());
-                    let freed = self.store.meta.write(move |t| ops::drop_upload(t, &id, &b, now)).await?;
-                    self.store.spawn_delete(freed);
-                    ClusterMetrics::inc(&self.metrics.repairs);
+                    let freed = self.node.store.meta.write(move |t| ops::drop_upload(t, &id, &b, now)).await?;
+                    self.node.store.spawn_delete(freed);
+                    ClusterMetrics::inc(&self.node.metrics.repairs);
                     dropped += 1;
                     break;
                 }

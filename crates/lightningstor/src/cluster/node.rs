@@ -1,10 +1,11 @@
-//! A cluster node: its local engine, its view of the layout, and its
-//! roles. The replica ([`super::replica`]) serves what other nodes store
-//! here; the coordinator ([`super::coord`] and the modules above it) is
-//! `impl Node` blocks of its own files; the repair worker
-//! ([`super::repair::Repair`]) is a type of its own that works through
-//! the node's public methods. This file routes node-to-node requests: the
-//! layout, key leases and status here, the rest to the replica.
+//! A cluster node: its local engine, its view of the layout, its calls to
+//! other nodes, and the routing of their requests. The replica
+//! ([`super::replica`]) serves what other nodes store here and is a field
+//! of the node; the coordinator ([`super::coord::Coordinator`]) and the
+//! repair worker ([`super::repair::Repair`]) are types of their own over
+//! the node's public methods, made by whoever serves S3 and runs the
+//! background tasks ([`super::start`]). This file answers the layout,
+//! key-lease and status requests and hands the rest to the replica.
 
 use super::NodeId;
 use super::config::{ClusterConfig, Consistency};
@@ -45,15 +46,6 @@ pub struct Node {
     pub(crate) locks: super::locks::KeyLocks,
     /// This node, for requests that need an owning handle (rebalance).
     pub(super) me: std::sync::Weak<Node>,
-    /// Blocks in memory over all uploads this node coordinates.
-    pub(crate) budget: Arc<tokio::sync::Semaphore>,
-    /// Turns of the remote replicas a read asks (see [`Node::read_row`]).
-    pub(crate) read_turn: std::sync::atomic::AtomicUsize,
-    /// Reads' version asks waiting for their replica's next batch.
-    pub(crate) version_asks: super::batch::Batches<super::batch::VersionAsk>,
-    /// Replicas that answered version asks as unsupported (an older
-    /// build): reads ask them for rows for a while.
-    pub(crate) old_builds: super::batch::OldBuilds,
 }
 
 impl std::fmt::Debug for Node {
@@ -90,10 +82,6 @@ impl Node {
             layout: RwLock::new(layout),
             previous: RwLock::new(None),
             locks: super::locks::KeyLocks::default(),
-            budget: Arc::new(tokio::sync::Semaphore::new(crate::store::BLOCK_BUDGET)),
-            read_turn: std::sync::atomic::AtomicUsize::new(0),
-            version_asks: super::batch::Batches::new(1),
-            old_builds: super::batch::OldBuilds::default(),
         }))
     }
 
@@ -182,6 +170,21 @@ impl Node {
         l.nodes_for(partition_of(l.partitions(), bucket, key)).to_vec()
     }
 
+    /// The replica sets a write to this key must reach a quorum in: the
+    /// current one, and during a layout change the previous one too.
+    pub fn write_sets(&self, bucket: &str, key: &[u8]) -> Vec<Vec<NodeId>> {
+        let l = self.layout();
+        let p = partition_of(l.partitions(), bucket, key);
+        let mut sets = vec![l.nodes_for(p).to_vec()];
+        if let Some(old) = self.previous_layout() {
+            let o = old.nodes_for(p).to_vec();
+            if o != sets[0] {
+                sets.push(o);
+            }
+        }
+        sets
+    }
+
     /// Every node id in the current layout.
     pub fn all_nodes(&self) -> Vec<NodeId> {
         self.config().nodes.iter().map(|n| n.id).collect()
@@ -244,7 +247,9 @@ impl Node {
 
     async fn rebalance(&self) -> Result<usize> {
         let me = self.me.upgrade().ok_or_else(|| LightningError::Unavailable("node is shutting down".into()))?;
-        me.repair().rebalance_round().await
+        // A coordinator of its own: rebalancing pushes rows, it needs
+        // none of the serving coordinator's budget or read batches.
+        super::coord::Coordinator::new(me).repair().rebalance_round().await
     }
 
     /// Node health and conditions for `cluster status`.

@@ -1,13 +1,13 @@
 //! The repair worker: the resync queue, scrub, anti-entropy, tombstone
-//! collection and rebalancing. [`Repair`] works through a node's public
-//! roles only (the coordinator's reads and pushes, the replica's tree
-//! reads, the node's layout and calls); each of its loops runs as its own
+//! collection and rebalancing. [`Repair`] works through the public
+//! methods of a node's roles only (the coordinator's reads and pushes, the
+//! replica's tree reads, the node's layout and calls); each of its loops runs as its own
 //! task per node ([`Repair::spawn`]), bounded in rate, and counts what it
 //! does in [`super::metrics::ClusterMetrics`].
 
 use super::NodeId;
+use super::coord::Coordinator;
 use super::metrics::ClusterMetrics;
-use super::node::Node;
 use super::placement::Replication;
 use super::resync::Entry;
 use super::rpc::{Msg, Req, Resp};
@@ -29,77 +29,65 @@ fn join_err(e: tokio::task::JoinError) -> LightningError {
     LightningError::Io(std::io::Error::other(e))
 }
 
-/// A node's repair worker. Cheap to make: it holds only the node (the
-/// resync queue, trees and counters it works on are the node's; a scrub
-/// pass's position lives in the scrub loop). [`Node::repair`] makes one
-/// for single rounds (tests, the rebalance of `cluster layout apply`);
-/// [`Repair::spawn`] runs the loops of a serving node.
+/// A node's repair worker. Cheap to make: it holds only the node's
+/// coordinator (the resync queue, trees and counters it works on are the
+/// node's; a scrub pass's position lives in the scrub loop).
+/// [`Coordinator::repair`] makes one for single rounds (tests, the
+/// rebalance of `cluster layout apply`); [`Repair::spawn`] runs the loops
+/// of a serving node.
 #[derive(Debug, Clone)]
 pub struct Repair {
-    node: Arc<Node>,
-}
-
-impl Node {
-    /// A repair worker for this node.
-    pub fn repair(self: &Arc<Self>) -> Repair {
-        Repair::new(self.clone())
-    }
+    coord: Arc<Coordinator>,
 }
 
 impl Repair {
-    /// The repair worker of `node`.
-    pub fn new(node: Arc<Node>) -> Self {
-        Repair { node }
+    /// The repair worker of the node `coord` coordinates for.
+    pub fn new(coord: Arc<Coordinator>) -> Self {
+        Repair { coord }
     }
 
     /// Works through due resync entries once; returns how many were tried.
     pub async fn resync_round(&self) -> Result<usize> {
-        let node = self.node.clone();
+        let node = self.coord.node.clone();
         let due = tokio::task::spawn_blocking(move || node.resync.due(64)).await.map_err(join_err)??;
         let n = due.len();
         let jobs = due.into_iter().map(|e| {
-            let node = self.node.clone();
+            let coord = self.coord.clone();
             async move {
-                let r = Repair::resync_one(&node, &e).await;
-                let node2 = node.clone();
+                let r = Repair::resync_one(&coord, &e).await;
+                let node = coord.node.clone();
                 let ok = r.is_ok();
                 if let Err(err) = r {
                     tracing::debug!(node = e.node, error = %err, "resync attempt failed");
                 }
-                let _ = tokio::task::spawn_blocking(
-                    move || {
-                        if ok { node2.resync.done(&e) } else { node2.resync.retry(&e) }
-                    },
-                )
-                .await;
-                if ok {
-                    ClusterMetrics::inc(&node.metrics.resync_done);
-                } else {
-                    ClusterMetrics::inc(&node.metrics.resync_failed);
-                }
+                let _ =
+                    tokio::task::spawn_blocking(move || if ok { node.resync.done(&e) } else { node.resync.retry(&e) })
+                        .await;
+                let m = &coord.node.metrics;
+                ClusterMetrics::inc(if ok { &m.resync_done } else { &m.resync_failed });
             }
         });
         futures::stream::iter(jobs).buffer_unordered(8).collect::<Vec<()>>().await;
         Ok(n)
     }
 
-    async fn resync_one(node: &Arc<Node>, e: &Entry) -> Result<()> {
+    async fn resync_one(coord: &Arc<Coordinator>, e: &Entry) -> Result<()> {
         if e.due.bucket_row && e.bucket.is_empty() {
             // The keyring (see buckets.rs): push every row, the replica keeps the newer ones.
-            let rows = node.blocking_auth_rows().await?;
-            node.call(e.node, Msg::new(Req::MergeAuth { rows })).await?;
+            let rows = coord.blocking_auth_rows().await?;
+            coord.node.call(e.node, Msg::new(Req::MergeAuth { rows })).await?;
             return Ok(());
         }
         if e.due.bucket_row {
-            return node.resync_bucket(e.node, &e.bucket).await;
+            return coord.resync_bucket(e.node, &e.bucket).await;
         }
-        let replicas: Vec<NodeId> = node.write_sets(&e.bucket, &e.key).concat();
+        let replicas: Vec<NodeId> = coord.node.write_sets(&e.bucket, &e.key).concat();
         if !replicas.contains(&e.node) {
             return Ok(()); // no longer a replica after a layout change
         }
-        let found = node.read_row(&e.bucket, &e.key).await?;
+        let found = coord.read_row(&e.bucket, &e.key).await?;
         match found.row {
-            Some(row) => node.push_row(e.node, &e.bucket, &e.key, &row).await.map(drop),
+            Some(row) => coord.push_row(e.node, &e.bucket, &e.key, &row).await.map(drop),
             None => Ok(()),
         }
     }
@@ -117,7 +105,7 @@ impl Repair {
 
     /// Every local block, sorted.
     async fn block_list(&self) -> Result<Vec<BlockHash>> {
-        let store = self.node.store.clone();
+        let store = self.coord.node.store.clone();
         let mut list = tokio::task::spawn_blocking(move || store.blocks.list()).await.map_err(join_err)??;
         list.sort();
         Ok(list)
@@ -128,18 +116,22 @@ impl Repair {
     /// skipped without an alarm ([`scrub_one`]).
     async fn scrub_blocks(&self, batch: Vec<BlockHash>) -> Result<()> {
         for hash in batch {
-            let store = self.node.store.clone();
+            let store = self.coord.node.store.clone();
             let r =
                 tokio::task::spawn_blocking(move || scrub_one(store.blocks.as_ref(), &hash)).await.map_err(join_err)?;
-            self.node.metrics.scrubbed_blocks.fetch_add(1, Ordering::Relaxed);
+            self.coord.node.metrics.scrubbed_blocks.fetch_add(1, Ordering::Relaxed);
             if let Ok(Scrubbed::Corrupt) = r {
-                ClusterMetrics::inc(&self.node.metrics.bad_copies_found);
-                self.node.store.metrics.inc(&self.node.store.metrics.corrupt_blocks);
+                ClusterMetrics::inc(&self.coord.node.metrics.bad_copies_found);
+                self.coord.node.store.metrics.inc(&self.coord.node.store.metrics.corrupt_blocks);
                 tracing::warn!(block = %hash, "scrub found a corrupt block; fetching a good copy");
-                let others: Vec<NodeId> = self.node.all_nodes().into_iter().filter(|n| *n != self.node.id).collect();
-                match self.node.fetch_block(hash, &others).await {
+                let others: Vec<NodeId> =
+                    self.coord.node.all_nodes().into_iter().filter(|n| *n != self.coord.node.id).collect();
+                match self.coord.fetch_block(hash, &others).await {
                     Ok(data) => {
-                        self.node.call(self.node.id, Msg::with_data(Req::RepairBlock { hash }, data)).await?;
+                        self.coord
+                            .node
+                            .call(self.coord.node.id, Msg::with_data(Req::RepairBlock { hash }, data))
+                            .await?;
                     }
                     Err(e) => tracing::error!(block = %hash, error = %e, "no good copy of a corrupt block"),
                 }
@@ -151,7 +143,7 @@ impl Repair {
     /// A counter that moves whenever this node serves foreground traffic
     /// (S3 requests, blocks written or read for a client or a peer).
     fn foreground_ops(&self) -> u64 {
-        let m = &self.node.store.metrics;
+        let m = &self.coord.node.store.metrics;
         [&m.requests, &m.blocks_written, &m.blocks_read].iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
@@ -161,12 +153,12 @@ impl Repair {
     /// push or pull the newer rows. In sync, a pass reads one root per
     /// shared partition and no row. Returns rows repaired.
     pub async fn anti_entropy_round(&self) -> Result<usize> {
-        let layout = self.node.layout();
-        let mine = layout.partitions_of(self.node.id);
+        let layout = self.coord.node.layout();
+        let mine = layout.partitions_of(self.coord.node.id);
         let mut by_peer: HashMap<NodeId, Vec<u32>> = HashMap::new();
         for p in &mine {
             for n in layout.nodes_for(*p) {
-                if *n != self.node.id {
+                if *n != self.coord.node.id {
                     by_peer.entry(*n).or_default().push(*p);
                 }
             }
@@ -189,14 +181,15 @@ impl Repair {
         while !ask.is_empty() {
             let mut next = Vec::new();
             for chunk in ask.chunks(NODES_PER_CALL) {
-                let theirs = match self.node.call(peer, Msg::new(Req::TreeNodes { nodes: chunk.to_vec() })).await {
+                let theirs = match self.coord.node.call(peer, Msg::new(Req::TreeNodes { nodes: chunk.to_vec() })).await
+                {
                     Ok(Msg { head: Resp::Digests(d), .. }) if d.len() == chunk.len() => d,
                     _ => return Ok(None),
                 };
-                let ours = self.node.replica.tree_nodes(chunk.to_vec()).await?;
-                self.node.metrics.anti_entropy_nodes_compared.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                let ours = self.coord.node.replica.tree_nodes(chunk.to_vec()).await?;
+                self.coord.node.metrics.anti_entropy_nodes_compared.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 let step = merkle::descend(chunk, &ours, &theirs);
-                self.node.metrics.divergent_partitions.fetch_add(step.partitions as u64, Ordering::Relaxed);
+                self.coord.node.metrics.divergent_partitions.fetch_add(step.partitions as u64, Ordering::Relaxed);
                 next.extend(step.ask);
                 leaves.extend(step.leaves);
             }
@@ -208,28 +201,28 @@ impl Repair {
     /// Makes the rows of `leaves` equal here and on `peer`: newer rows of
     /// ours are pushed, newer rows of theirs pulled.
     async fn reconcile(&self, peer: NodeId, leaves: &[(u32, u8)]) -> Result<usize> {
-        let theirs = match self.node.call(peer, Msg::new(Req::LeafRows { leaves: leaves.to_vec() })).await?.head {
+        let theirs = match self.coord.node.call(peer, Msg::new(Req::LeafRows { leaves: leaves.to_vec() })).await?.head {
             Resp::Versions(v) => v,
             _ => return Ok(0),
         };
-        let ours = self.node.replica.leaf_rows(leaves.to_vec()).await?;
+        let ours = self.coord.node.replica.leaf_rows(leaves.to_vec()).await?;
         let key = |r: &VersionRow| (r.0.clone(), r.1.clone());
         let mine: HashMap<_, u64> = ours.iter().map(|r| (key(r), r.2)).collect();
         let other: HashMap<_, u64> = theirs.iter().map(|r| (key(r), r.2)).collect();
         let mut n = 0;
         for ((b, k), v) in &mine {
             if other.get(&(b.clone(), k.clone())).is_none_or(|o| o < v)
-                && let Some(row) = self.node.store.meta.get_row(b, k)?
+                && let Some(row) = self.coord.node.store.meta.get_row(b, k)?
             {
-                self.node.push_row(peer, b, k, &row).await?;
+                self.coord.push_row(peer, b, k, &row).await?;
                 n += 1;
             }
         }
         for ((b, k), v) in &other {
             if mine.get(&(b.clone(), k.clone())).is_none_or(|m| m < v) {
                 let req = Req::GetRow { bucket: b.clone(), key: k.clone() };
-                if let Resp::Row(Some(row)) = self.node.call(peer, Msg::new(req)).await?.head {
-                    self.node.push_row(self.node.id, b, k, &row).await?;
+                if let Resp::Row(Some(row)) = self.coord.node.call(peer, Msg::new(req)).await?.head {
+                    self.coord.push_row(self.coord.node.id, b, k, &row).await?;
                     n += 1;
                 }
             }
@@ -242,14 +235,14 @@ impl Repair {
     /// a node that missed a delete and came back later than that would
     /// otherwise bring the bucket back through anti-entropy.
     pub async fn collect_tombstones(&self) -> Result<usize> {
-        let keep_ms = self.node.config().tombstone_secs.saturating_mul(1000);
+        let keep_ms = self.coord.node.config().tombstone_secs.saturating_mul(1000);
         let now = u64::try_from(crate::meta::now_ms()).unwrap_or(0);
         let before = now.saturating_sub(keep_ms) << 20;
-        let store = self.node.store.clone();
+        let store = self.coord.node.store.clone();
         let old = tokio::task::spawn_blocking(move || store.meta.old_tombstones(before)).await.map_err(join_err)??;
         let n = old.len();
         for (b, k, v) in old {
-            self.node.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
+            self.coord.node.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
         }
         Ok(n)
     }
@@ -261,30 +254,30 @@ impl Repair {
         // rows of every node, not of a partition): give every other node all
         // of ours; each keeps the newer version of a row, so this is safe to
         // repeat and is not counted as rows moved.
-        let auth = self.node.blocking_auth_rows().await?;
+        let auth = self.coord.blocking_auth_rows().await?;
         if !auth.is_empty() {
             let others: Vec<NodeId> =
-                self.node.config().nodes.iter().map(|n| n.id).filter(|id| *id != self.node.id).collect();
+                self.coord.node.config().nodes.iter().map(|n| n.id).filter(|id| *id != self.coord.node.id).collect();
             for peer in others {
-                self.node.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await?;
+                self.coord.node.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await?;
             }
         }
-        let store = self.node.store.clone();
+        let store = self.coord.node.store.clone();
         let rows = tokio::task::spawn_blocking(move || store.meta.all_versions()).await.map_err(join_err)??;
         let mut n = 0;
         for (b, k, _, _) in rows {
-            let Some(row) = self.node.store.meta.get_row(&b, &k)? else { continue };
-            for target in self.node.replicas(&b, &k) {
-                if target == self.node.id {
+            let Some(row) = self.coord.node.store.meta.get_row(&b, &k)? else { continue };
+            for target in self.coord.node.replicas(&b, &k) {
+                if target == self.coord.node.id {
                     continue;
                 }
                 let req = Req::RowVersion { bucket: b.clone(), key: k.clone() };
-                let theirs = match self.node.call(target, Msg::new(req)).await?.head {
+                let theirs = match self.coord.node.call(target, Msg::new(req)).await?.head {
                     Resp::Version(v) => v,
                     _ => 0,
                 };
                 if theirs < row.version() {
-                    self.node.push_row(target, &b, &k, &row).await?;
+                    self.coord.push_row(target, &b, &k, &row).await?;
                     n += 1;
                 }
             }
@@ -296,7 +289,7 @@ impl Repair {
     /// task); they stop when the returned handles are aborted.
     pub fn spawn(self) -> Vec<tokio::task::JoinHandle<()>> {
         let mut tasks = Vec::new();
-        let config = self.node.config();
+        let config = self.coord.node.config();
         let w = self.clone();
         tasks.push(tokio::spawn(async move {
             loop {
@@ -304,7 +297,7 @@ impl Repair {
                     Ok(0) | Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
                     Ok(_) => {}
                 }
-                w.node.replica.expire_sessions();
+                w.coord.node.replica.expire_sessions();
             }
         }));
         let rate = config.scrub_blocks_per_sec;
@@ -338,7 +331,7 @@ impl Repair {
                 }
             }));
         }
-        tasks.push(super::lifecycle::spawn(&self.node));
+        tasks.push(super::lifecycle::spawn(&self.coord));
         let ae = config.anti_entropy_secs;
         if ae > 0 {
             let w = self;
@@ -348,11 +341,11 @@ impl Repair {
                     if let Err(e) = w.anti_entropy_round().await {
                         tracing::debug!(error = %e, "anti-entropy round failed");
                     }
-                    if let Err(e) = w.node.shared_rows_round().await {
+                    if let Err(e) = w.coord.shared_rows_round().await {
                         tracing::debug!(error = %e, "anti-entropy of bucket rows and keys failed");
                     }
                     let _ = w.collect_tombstones().await;
-                    if let Err(e) = w.node.sweep_uploads().await {
+                    if let Err(e) = w.coord.sweep_uploads().await {
                         tracing::debug!(error = %e, "upload sweep failed");
                     }
                 }

@@ -3,7 +3,7 @@
 //! how it keeps them.
 //!
 //! Two engines implement it: the local store (`Arc<Store>`, [`local`]) and
-//! the cluster coordinator (`Arc<Node>`, in `cluster::engine`), which
+//! the cluster coordinator (`Arc<Coordinator>`, in `cluster::engine`), which
 //! turns each call into quorum requests to the key's replicas. A single
 //! node is served by the same front end as a cluster. The front end parses
 //! the request, refuses options it does not implement, verifies bodies and

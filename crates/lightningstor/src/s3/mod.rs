@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The S3 service over an [`Engine`]: `LightningS3<Arc<Store>>` serves a
-/// single node, `LightningS3<Arc<Node>>` (`cluster::s3::ClusterS3`) a
+/// single node, `LightningS3<Arc<Coordinator>>` (`cluster::s3::ClusterS3`) a
 /// cluster node.
 #[derive(Debug, Clone)]
 pub struct LightningS3<E> {
