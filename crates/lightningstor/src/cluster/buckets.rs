@@ -64,7 +64,7 @@ impl Coordinator {
         if !matches!(first, Err(LightningError::NoSuchBucket(_))) || n == self.node.id {
             return first;
         }
-        let Ok(Some(row)) = self.node.store.meta.get_bucket(bucket) else { return first };
+        let Ok(Some(row)) = self.node.replica.bucket(bucket) else { return first };
         if row.created_ms == crate::meta::ops::UNKNOWN_CREATED_MS {
             return first; // a row made here for a write: its time says nothing
         }
@@ -110,17 +110,14 @@ impl Coordinator {
 
     /// Every key and grant row held here (blocking read off the runtime).
     pub(super) async fn blocking_auth_rows(&self) -> Result<Vec<AuthRow>> {
-        let store = self.node.store.clone();
-        tokio::task::spawn_blocking(move || store.meta.auth_rows())
-            .await
-            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
+        self.node.replica.auth_rows().await
     }
 
     /// The creation time of a create coordinated here now: later than a
     /// delete of the bucket this node remembers, should its clock have
     /// stepped back (replicas order a bucket's create and delete by time).
     fn creation_time(&self, name: &str) -> Result<i64> {
-        let deleted_here = self.node.store.meta.bucket_deleted_ms(name)?;
+        let deleted_here = self.node.replica.bucket_deleted_ms(name)?;
         Ok(deleted_here.map_or_else(now_ms, |d| now_ms().max(d + 1)))
     }
 
@@ -136,7 +133,7 @@ impl Coordinator {
 
     /// Whether a bucket exists here or on any reachable node.
     pub async fn bucket_exists(self: &Arc<Self>, name: &str) -> Result<bool> {
-        if self.node.store.meta.get_bucket(name)?.is_some() {
+        if self.node.replica.bucket(name)?.is_some() {
             return Ok(true);
         }
         let replies = self.to_all(Req::HeadBucket { name: name.to_owned() }).await;
@@ -164,7 +161,7 @@ impl Coordinator {
             return Err(LightningError::BucketNotEmpty(name.to_owned()));
         }
         // What the nodes that delete it get back should another refuse.
-        let row = self.node.store.meta.get_bucket(name)?;
+        let row = self.node.replica.bucket(name)?;
         let replies = self.to_all(Req::DeleteBucket { name: name.to_owned() }).await;
         let total = replies.len();
         let ok = replies.iter().filter(|(_, r)| r.is_ok()).count();
@@ -200,7 +197,7 @@ impl Coordinator {
     /// write it took raced the delete) and keeps the bucket; that ends the
     /// entry.
     pub(super) async fn resync_bucket(self: &Arc<Self>, to: NodeId, name: &str) -> Result<()> {
-        if let Some(row) = self.node.store.meta.get_bucket(name)? {
+        if let Some(row) = self.node.replica.bucket(name)? {
             let since = Req::CreateBucketSince { name: name.to_owned(), created_ms: row.created_ms };
             let here = match self.node.call(to, Msg::new(since)).await {
                 Ok(Msg { head: Resp::Flag(here), .. }) => here,
@@ -231,7 +228,7 @@ impl Coordinator {
             }
             return Ok(());
         }
-        let Some(deleted_ms) = self.node.store.meta.bucket_deleted_ms(name)? else {
+        let Some(deleted_ms) = self.node.replica.bucket_deleted_ms(name)? else {
             return Ok(());
         };
         let late = Req::DeleteBucketBefore { name: name.to_owned(), deleted_ms };
@@ -286,12 +283,7 @@ impl Coordinator {
     /// configurations (all small). Returns the bucket rows, deletes and
     /// configurations peers took.
     pub async fn shared_rows_round(self: &Arc<Self>) -> Result<usize> {
-        let store = self.node.store.clone();
-        let (rows, gone) = tokio::task::spawn_blocking(move || {
-            Ok::<_, LightningError>((store.meta.list_buckets()?, store.meta.buckets_gone()?))
-        })
-        .await
-        .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+        let (rows, gone) = self.node.replica.buckets_and_deletes().await?;
         let auth = self.blocking_auth_rows().await?;
         let lifecycles: Vec<(String, i64, Lifecycle)> = rows
             .iter()

@@ -14,7 +14,7 @@
 use super::NodeId;
 use super::coord::Coordinator;
 use super::rpc::{Msg, Req};
-use crate::error::{LightningError, Result};
+use crate::error::Result;
 use crate::lifecycle::{self, Candidate, Page, PendingUpload, Rule, Target};
 use crate::metrics::Metrics;
 use crate::s3::lifecycle::{after_key, page_of};
@@ -67,16 +67,12 @@ impl Target for Share {
     }
 
     async fn configured_buckets(&self) -> Result<Vec<(String, Vec<Rule>)>> {
-        let all = self.coord.node.store.meta.list_buckets()?;
+        let all = self.coord.node.replica.buckets().await?;
         Ok(all.into_iter().filter(|(_, m)| !m.rules().is_empty()).map(|(n, m)| (n, m.rules().to_vec())).collect())
     }
 
     async fn objects(&self, bucket: &str, after: &str, limit: usize) -> Result<Page> {
-        let store = self.coord.node.store.clone();
-        let (b, from) = (bucket.to_owned(), after_key(after));
-        let rows = tokio::task::spawn_blocking(move || store.meta.list_raw(&b, &from, b"", limit))
-            .await
-            .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+        let rows = self.coord.node.replica.raw_rows(bucket, after_key(after), limit).await?;
         let live = self.live();
         Ok(page_of(rows, limit, |k| self.mine(&live, bucket, k)))
     }
@@ -90,7 +86,7 @@ impl Target for Share {
     }
 
     async fn uploads(&self, bucket: &str, limit: usize) -> Result<Vec<PendingUpload>> {
-        let ups = self.coord.node.store.meta.list_uploads(bucket, "", None, None, limit)?;
+        let ups = self.coord.node.replica.bucket_uploads(bucket, limit)?;
         let live = self.live();
         Ok(ups
             .into_iter()

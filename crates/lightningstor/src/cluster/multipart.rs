@@ -31,7 +31,6 @@ use super::metrics::ClusterMetrics;
 use super::rpc::{Msg, Req, Resp, UploadState};
 use crate::error::{LightningError, Result};
 use crate::meta::now_ms;
-use crate::meta::ops;
 use crate::meta::types::{PartMeta, Row, UploadMeta};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -216,18 +215,11 @@ impl Coordinator {
     /// drop this node missed), and forgets gone markers older than the
     /// tombstone delay. Returns the uploads dropped.
     pub async fn sweep_uploads(self: &Arc<Self>) -> Result<usize> {
-        let store = self.node.store.clone();
         let keep_ms = i64::try_from(self.node.config().tombstone_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
         let before = now_ms().saturating_sub(keep_ms);
-        let (live, old) = tokio::task::spawn_blocking(move || {
-            let live = store.meta.all_uploads()?;
-            let (_, old) = store.meta.gone_uploads("", before)?;
-            Ok::<_, LightningError>((live, old))
-        })
-        .await
-        .map_err(|e| LightningError::Io(std::io::Error::other(e)))??;
+        let (live, old) = self.node.replica.uploads_and_old_gone(before).await?;
         for id in old {
-            self.node.store.meta.write(move |t| ops::forget_gone_upload(t, &id)).await?;
+            self.node.replica.forget_gone_upload(id).await?;
         }
         let mut dropped = 0;
         for (id, u) in live {
@@ -238,9 +230,7 @@ impl Coordinator {
             for n in peers {
                 let req = Req::GetUpload { id: id.clone(), parts: false };
                 if let Ok(Msg { head: Resp::Upload(UploadState::Gone), .. }) = self.node.call(n, Msg::new(req)).await {
-                    let (id, b, now) = (id.clone(), u.bucket.clone(), now_ms());
-                    let freed = self.node.store.meta.write(move |t| ops::drop_upload(t, &id, &b, now)).await?;
-                    self.node.store.spawn_delete(freed);
+                    self.node.replica.drop_upload(id.clone(), u.bucket.clone()).await?;
                     ClusterMetrics::inc(&self.node.metrics.repairs);
                     dropped += 1;
                     break;

@@ -11,10 +11,10 @@ use super::metrics::ClusterMetrics;
 use super::placement::Replication;
 use super::resync::Entry;
 use super::rpc::{Msg, Req, Resp};
-use crate::block::{BlockHash, Scrubbed, scrub_one};
+use crate::block::{BlockHash, Scrubbed};
 use crate::error::{LightningError, Result};
+use crate::meta::merkle;
 use crate::meta::types::VersionRow;
-use crate::meta::{merkle, ops};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -95,7 +95,7 @@ impl Repair {
     /// Re-hashes up to `max` local blocks starting after `after`; corrupt
     /// ones are replaced from another node. Returns the last block checked.
     pub async fn scrub_some(&self, after: Option<BlockHash>, max: usize) -> Result<Option<BlockHash>> {
-        let list = self.block_list().await?;
+        let list = self.coord.node.replica.block_list().await?;
         let start = after.map_or(0, |a| list.partition_point(|h| *h <= a));
         let batch: Vec<BlockHash> = list.into_iter().skip(start).take(max).collect();
         let last = batch.last().copied();
@@ -103,26 +103,15 @@ impl Repair {
         Ok(last)
     }
 
-    /// Every local block, sorted.
-    async fn block_list(&self) -> Result<Vec<BlockHash>> {
-        let store = self.coord.node.store.clone();
-        let mut list = tokio::task::spawn_blocking(move || store.blocks.list()).await.map_err(join_err)??;
-        list.sort();
-        Ok(list)
-    }
-
     /// Re-hashes `batch`; a corrupt block is replaced from another node. A
     /// block deleted since it was listed, even while scrub read it, is
     /// skipped without an alarm ([`scrub_one`]).
     async fn scrub_blocks(&self, batch: Vec<BlockHash>) -> Result<()> {
         for hash in batch {
-            let store = self.coord.node.store.clone();
-            let r =
-                tokio::task::spawn_blocking(move || scrub_one(store.blocks.as_ref(), &hash)).await.map_err(join_err)?;
+            let r = self.coord.node.replica.scrub(hash).await;
             self.coord.node.metrics.scrubbed_blocks.fetch_add(1, Ordering::Relaxed);
             if let Ok(Scrubbed::Corrupt) = r {
                 ClusterMetrics::inc(&self.coord.node.metrics.bad_copies_found);
-                self.coord.node.store.metrics.inc(&self.coord.node.store.metrics.corrupt_blocks);
                 tracing::warn!(block = %hash, "scrub found a corrupt block; fetching a good copy");
                 let others: Vec<NodeId> =
                     self.coord.node.all_nodes().into_iter().filter(|n| *n != self.coord.node.id).collect();
@@ -212,7 +201,7 @@ impl Repair {
         let mut n = 0;
         for ((b, k), v) in &mine {
             if other.get(&(b.clone(), k.clone())).is_none_or(|o| o < v)
-                && let Some(row) = self.coord.node.store.meta.get_row(b, k)?
+                && let Some(row) = self.coord.node.replica.row(b, k)?
             {
                 self.coord.push_row(peer, b, k, &row).await?;
                 n += 1;
@@ -238,11 +227,10 @@ impl Repair {
         let keep_ms = self.coord.node.config().tombstone_secs.saturating_mul(1000);
         let now = u64::try_from(crate::meta::now_ms()).unwrap_or(0);
         let before = now.saturating_sub(keep_ms) << 20;
-        let store = self.coord.node.store.clone();
-        let old = tokio::task::spawn_blocking(move || store.meta.old_tombstones(before)).await.map_err(join_err)??;
+        let old = self.coord.node.replica.old_tombstones(before).await?;
         let n = old.len();
         for (b, k, v) in old {
-            self.coord.node.store.meta.write(move |t| ops::drop_tombstone(t, &b, &k, v)).await?;
+            self.coord.node.replica.drop_tombstone(b, k, v).await?;
         }
         Ok(n)
     }
@@ -262,11 +250,10 @@ impl Repair {
                 self.coord.node.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await?;
             }
         }
-        let store = self.coord.node.store.clone();
-        let rows = tokio::task::spawn_blocking(move || store.meta.all_versions()).await.map_err(join_err)??;
+        let rows = self.coord.node.replica.all_rows().await?;
         let mut n = 0;
         for (b, k, _, _) in rows {
-            let Some(row) = self.coord.node.store.meta.get_row(&b, &k)? else { continue };
+            let Some(row) = self.coord.node.replica.row(&b, &k)? else { continue };
             for target in self.coord.node.replicas(&b, &k) {
                 if target == self.coord.node.id {
                     continue;
@@ -316,7 +303,7 @@ impl Repair {
                     let busy = w.foreground_ops() != seen;
                     let share = if busy { (rate / 10).max(1) } else { rate };
                     if pass.is_empty() {
-                        match w.block_list().await {
+                        match w.coord.node.replica.block_list().await {
                             Ok(list) => pass = list.into(),
                             Err(e) => tracing::debug!(error = %e, "scrub could not list blocks"),
                         }

@@ -8,10 +8,11 @@
 use super::hlc::Hlc;
 use super::metrics::ClusterMetrics;
 use super::rpc::{Msg, Req, Resp, UploadState};
-use crate::block::BlockHash;
+use crate::block::{BlockHash, Scrubbed, scrub_one};
 use crate::error::{LightningError, Result};
+use crate::keys::AuthRow;
 use crate::meta::ops;
-use crate::meta::types::{PartMeta, Row, UploadMeta, VersionRow};
+use crate::meta::types::{BucketMeta, PartMeta, RawEntry, Row, UploadMeta, VersionRow};
 use crate::store::{Pins, Store};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -110,6 +111,104 @@ impl Replica {
         let rows = self.blocking(move |s| s.meta.leaf_rows(&leaves)).await?;
         self.metrics.anti_entropy_rows_read.fetch_add(rows.len() as u64, Ordering::Relaxed);
         Ok(rows)
+    }
+
+    // What the node's other roles (coordinator, repair worker, lifecycle
+    // share) read and tidy in the local store: they go through these
+    // methods, not the store's tables.
+
+    /// This node's row of bucket `name`, if it holds one (a point read).
+    pub fn bucket(&self, name: &str) -> Result<Option<BucketMeta>> {
+        self.store.meta.get_bucket(name)
+    }
+
+    /// When this node deleted bucket `name`, if it remembers the delete.
+    pub fn bucket_deleted_ms(&self, name: &str) -> Result<Option<i64>> {
+        self.store.meta.bucket_deleted_ms(name)
+    }
+
+    /// The bucket rows held here.
+    pub async fn buckets(&self) -> Result<Vec<(String, BucketMeta)>> {
+        self.blocking(|s| s.meta.list_buckets()).await
+    }
+
+    /// The bucket rows held here and the buckets deleted here (with the
+    /// time of the delete), read together.
+    pub async fn buckets_and_deletes(&self) -> Result<(Vec<(String, BucketMeta)>, Vec<(String, i64)>)> {
+        self.blocking(|s| Ok((s.meta.list_buckets()?, s.meta.buckets_gone()?))).await
+    }
+
+    /// Every key and grant row held here.
+    pub async fn auth_rows(&self) -> Result<Vec<AuthRow>> {
+        self.blocking(|s| s.meta.auth_rows()).await
+    }
+
+    /// This node's row of a key, if any (a point read).
+    pub fn row(&self, bucket: &str, key: &[u8]) -> Result<Option<Row>> {
+        self.store.meta.get_row(bucket, key)
+    }
+
+    /// Up to `limit` rows of `bucket` after `from`, tombstones included.
+    pub async fn raw_rows(&self, bucket: &str, from: Vec<u8>, limit: usize) -> Result<Vec<(Vec<u8>, RawEntry)>> {
+        let bucket = bucket.to_owned();
+        self.blocking(move |s| s.meta.list_raw(&bucket, &from, b"", limit)).await
+    }
+
+    /// (bucket, key, version, tombstone) of every row held here.
+    pub async fn all_rows(&self) -> Result<Vec<VersionRow>> {
+        self.blocking(|s| s.meta.all_versions()).await
+    }
+
+    /// The tombstones older than row version `before`.
+    pub async fn old_tombstones(&self, before: u64) -> Result<Vec<(String, Vec<u8>, u64)>> {
+        self.blocking(move |s| s.meta.old_tombstones(before)).await
+    }
+
+    /// Drops one tombstone, if it is still version `version` of its key.
+    pub async fn drop_tombstone(&self, bucket: String, key: Vec<u8>, version: u64) -> Result<()> {
+        self.store.meta.write(move |t| ops::drop_tombstone(t, &bucket, &key, version)).await
+    }
+
+    /// Up to `limit` uploads of `bucket` in progress here: (key, id, upload).
+    pub fn bucket_uploads(&self, bucket: &str, limit: usize) -> Result<Vec<(String, String, UploadMeta)>> {
+        self.store.meta.list_uploads(bucket, "", None, None, limit)
+    }
+
+    /// The uploads in progress here (id, upload), and the ids of uploads
+    /// that ended here before `before_ms` (gone markers due for collection).
+    pub async fn uploads_and_old_gone(&self, before_ms: i64) -> Result<(Vec<(String, UploadMeta)>, Vec<String>)> {
+        self.blocking(move |s| Ok((s.meta.all_uploads()?, s.meta.gone_uploads("", before_ms)?.1))).await
+    }
+
+    /// Forgets the gone marker of upload `id`.
+    pub async fn forget_gone_upload(&self, id: String) -> Result<()> {
+        self.store.meta.write(move |t| ops::forget_gone_upload(t, &id)).await
+    }
+
+    /// Drops upload `id` of `bucket` here (marking it gone) and frees its
+    /// parts' blocks.
+    pub async fn drop_upload(&self, id: String, bucket: String) -> Result<()> {
+        let now = crate::meta::now_ms();
+        let freed = self.store.meta.write(move |t| ops::drop_upload(t, &id, &bucket, now)).await?;
+        self.store.spawn_delete(freed);
+        Ok(())
+    }
+
+    /// Every block held here, sorted.
+    pub async fn block_list(&self) -> Result<Vec<BlockHash>> {
+        let mut list = self.blocking(|s| s.blocks.list()).await?;
+        list.sort();
+        Ok(list)
+    }
+
+    /// Re-hashes block `hash` here ([`scrub_one`]); a corrupt one is
+    /// counted in the store's metrics.
+    pub async fn scrub(&self, hash: BlockHash) -> Result<Scrubbed> {
+        let r = self.blocking(move |s| scrub_one(s.blocks.as_ref(), &hash)).await?;
+        if r == Scrubbed::Corrupt {
+            self.store.metrics.inc(&self.store.metrics.corrupt_blocks);
+        }
+        Ok(r)
     }
 
     /// Serves one replica request; the requests of the node's other roles
