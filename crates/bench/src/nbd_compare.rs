@@ -67,6 +67,29 @@ pub struct PeerFigures {
 pub struct WorkloadResult {
     pub workload: Workload,
     pub peers: Vec<PeerFigures>,
+    /// Each CoronaFS engine against each other server, iteration by
+    /// iteration.
+    pub paired: Vec<PairedRatio>,
+}
+
+/// One CoronaFS engine's IOPS over a peer's, taken per iteration (the two
+/// ran one after the other within it) and summarised over the iterations.
+/// A machine whose speed drifts between iterations moves both figures of
+/// an iteration alike, so the median of these ratios holds still where
+/// the ratio of the two medians, which may pair a slow iteration of one
+/// with a fast one of the other, does not.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairedRatio {
+    pub ours: String,
+    pub peer: String,
+    pub ratio: Summary,
+}
+
+/// The per-iteration ratios `ours[i] / theirs[i]` (iterations where the
+/// peer measured nothing are left out), summarised.
+pub fn paired_ratios(ours: &[f64], theirs: &[f64]) -> Summary {
+    let r: Vec<f64> = ours.iter().zip(theirs).filter(|(_, t)| **t > 0.0).map(|(o, t)| o / t).collect();
+    Summary::of(&r)
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -177,6 +200,7 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
         .zip(raw)
         .map(|(&(w, _), per_peer)| WorkloadResult {
             workload: w.clone(),
+            paired: paired(&opts.peers, &per_peer),
             peers: opts
                 .peers
                 .iter()
@@ -205,6 +229,19 @@ pub fn run(opts: &Options, workdir: &Path) -> anyhow::Result<Report> {
         workloads,
         memory,
     })
+}
+
+/// Every CoronaFS engine's per-iteration IOPS ratio to every other server.
+fn paired(peers: &[Peer], runs: &[Vec<(FioResult, f64)>]) -> Vec<PairedRatio> {
+    let labelled: Vec<(String, Vec<f64>)> =
+        peers.iter().zip(runs).map(|(p, rs)| (p.label(), rs.iter().map(|(r, _)| r.iops).collect())).collect();
+    let mut out = Vec::new();
+    for (ours, o) in labelled.iter().filter(|(l, _)| l.starts_with("coronafs")) {
+        for (peer, t) in labelled.iter().filter(|(l, _)| !l.starts_with("coronafs")) {
+            out.push(PairedRatio { ours: ours.clone(), peer: peer.clone(), ratio: paired_ratios(o, t) });
+        }
+    }
+    out
 }
 
 /// fio on a peer: the rbd engine for `rbd://` peers, else the nbd engine.
@@ -260,14 +297,21 @@ pub fn markdown(r: &Report) -> String {
             ));
         }
     }
-    s.push_str("\n### Ratios (IOPS medians; efficiency = peer server CPU per op / coronafs server CPU per op)\n\n| Workload | Ratio | IOPS ratio | Efficiency |\n|---|---|---:|---:|\n");
+    s.push_str("\n### Ratios (IOPS ratio of the medians; paired: median [min..max] of the per-iteration IOPS ratios, each iteration's two runs back to back; efficiency = peer server CPU per op / coronafs server CPU per op)\n\n| Workload | Ratio | IOPS ratio | Paired | Efficiency |\n|---|---|---:|---:|---:|\n");
     for w in &r.workloads {
         for c in w.peers.iter().filter(|p| p.peer.starts_with("coronafs")) {
             for o in w.peers.iter().filter(|p| !p.peer.starts_with("coronafs")) {
                 let ratio = if o.iops.median > 0.0 { c.iops.median / o.iops.median } else { 0.0 };
                 let cpu = c.server_cpu_us_per_op.median;
                 let eff = if cpu > 0.0 { o.server_cpu_us_per_op.median / cpu } else { 0.0 };
-                s.push_str(&format!("| {} | {} / {} | {:.2} | {:.2} |\n", w.workload.name, c.peer, o.peer, ratio, eff));
+                let paired = w.paired.iter().find(|p| p.ours == c.peer && p.peer == o.peer).map_or_else(
+                    || "-".to_owned(),
+                    |p| format!("{:.2} [{:.2}..{:.2}]", p.ratio.median, p.ratio.min, p.ratio.max),
+                );
+                s.push_str(&format!(
+                    "| {} | {} / {} | {:.2} | {} | {:.2} |\n",
+                    w.workload.name, c.peer, o.peer, ratio, paired, eff
+                ));
             }
         }
     }
@@ -276,4 +320,26 @@ pub fn markdown(r: &Report) -> String {
         s.push_str(&format!("| {} | {:.1} | {:.0} |\n", m.peer, m.peak_rss_bytes as f64 / 1048576.0, m.iops));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paired_ratios;
+
+    #[test]
+    fn paired_ratios_follow_each_iteration_not_the_two_medians() {
+        // A pinned 4k QD1 row of 2026-11-29 on a VM whose speed fell in
+        // the second and third iterations: the medians (2007 / 4167) make
+        // 0.48x, while the iterations' own ratios are 1.01, 0.82 and 0.48.
+        let ours = [6085.0, 1659.0, 2007.0];
+        let theirs = [6051.0, 2015.0, 4167.0];
+        let s = paired_ratios(&ours, &theirs);
+        assert_eq!(s.n, 3);
+        assert!((s.median - 1659.0 / 2015.0).abs() < 1e-9, "{s:?}");
+        assert!((s.min - 2007.0 / 4167.0).abs() < 1e-9, "{s:?}");
+        assert!((s.max - 6085.0 / 6051.0).abs() < 1e-9, "{s:?}");
+        // An iteration where the peer measured nothing is left out.
+        let s = paired_ratios(&[10.0, 20.0], &[0.0, 10.0]);
+        assert_eq!((s.n, s.median), (1, 2.0));
+    }
 }
