@@ -131,7 +131,7 @@ impl Gate {
                 continue;
             };
             let text = std::fs::read_to_string(&p).unwrap_or_default();
-            match text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).last() {
+            match text.lines().map(str::trim).rfind(|l| !l.is_empty() && !l.starts_with('#')) {
                 Some(v) => match v.parse() {
                     Ok(v) => {
                         out.insert(name.to_owned(), v);

@@ -814,7 +814,7 @@ pub async fn run(
             Section::Measured(local_buf.summary(
                 opts.volume_size,
                 opts.block_runtime,
-                block_by(&"the same file, buffered (page cache)".to_string()),
+                block_by("the same file, buffered (page cache)"),
             ))
         } else {
             Section::na(why_block("local disk"))

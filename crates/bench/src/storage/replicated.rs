@@ -39,8 +39,11 @@ pub struct Replicated {
     pub ratios: Vec<CopyRatio>,
 }
 
+/// Reads one figure of a [`BlockRun`].
+pub type Figure = fn(&BlockRun) -> f64;
+
 /// The five figures of a [`BlockRun`], by their key in [`Block`].
-pub const FIGURES: [(&str, fn(&BlockRun) -> f64); 5] = [
+pub const FIGURES: [(&str, Figure); 5] = [
     ("seq_write_mib_s", |r| r.seq_write_mib_s),
     ("seq_read_mib_s", |r| r.seq_read_mib_s),
     ("rand_read_4k_iops", |r| r.rand_read_4k_iops),

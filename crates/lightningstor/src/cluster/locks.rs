@@ -29,10 +29,13 @@ use std::time::{Duration, Instant};
 /// How long a coordinator keeps trying to get a contended lease.
 const WAIT: Duration = Duration::from_secs(10);
 
-/// The leases granted by one node.
+/// A lease: the token of its holder and when it ends.
+type Lease = (u64, Instant);
+
+/// The leases granted by one node, by (bucket, key).
 #[derive(Debug, Default)]
 pub struct KeyLocks {
-    held: Mutex<HashMap<(String, Vec<u8>), (u64, Instant)>>,
+    held: Mutex<HashMap<(String, Vec<u8>), Lease>>,
 }
 
 impl KeyLocks {
