@@ -85,13 +85,6 @@ pub struct PairedRatio {
     pub ratio: Summary,
 }
 
-/// The per-iteration ratios `ours[i] / theirs[i]` (iterations where the
-/// peer measured nothing are left out), summarised.
-pub fn paired_ratios(ours: &[f64], theirs: &[f64]) -> Summary {
-    let r: Vec<f64> = ours.iter().zip(theirs).filter(|(_, t)| **t > 0.0).map(|(o, t)| o / t).collect();
-    Summary::of(&r)
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryResult {
     pub peer: String,
@@ -238,7 +231,7 @@ fn paired(peers: &[Peer], runs: &[Vec<(FioResult, f64)>]) -> Vec<PairedRatio> {
     let mut out = Vec::new();
     for (ours, o) in labelled.iter().filter(|(l, _)| l.starts_with("coronafs")) {
         for (peer, t) in labelled.iter().filter(|(l, _)| !l.starts_with("coronafs")) {
-            out.push(PairedRatio { ours: ours.clone(), peer: peer.clone(), ratio: paired_ratios(o, t) });
+            out.push(PairedRatio { ours: ours.clone(), peer: peer.clone(), ratio: Summary::paired_ratios(o, t) });
         }
     }
     out
@@ -320,26 +313,4 @@ pub fn markdown(r: &Report) -> String {
         s.push_str(&format!("| {} | {:.1} | {:.0} |\n", m.peer, m.peak_rss_bytes as f64 / 1048576.0, m.iops));
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::paired_ratios;
-
-    #[test]
-    fn paired_ratios_follow_each_iteration_not_the_two_medians() {
-        // A pinned 4k QD1 row of 2026-11-29 on a VM whose speed fell in
-        // the second and third iterations: the medians (2007 / 4167) make
-        // 0.48x, while the iterations' own ratios are 1.01, 0.82 and 0.48.
-        let ours = [6085.0, 1659.0, 2007.0];
-        let theirs = [6051.0, 2015.0, 4167.0];
-        let s = paired_ratios(&ours, &theirs);
-        assert_eq!(s.n, 3);
-        assert!((s.median - 1659.0 / 2015.0).abs() < 1e-9, "{s:?}");
-        assert!((s.min - 2007.0 / 4167.0).abs() < 1e-9, "{s:?}");
-        assert!((s.max - 6085.0 / 6051.0).abs() < 1e-9, "{s:?}");
-        // An iteration where the peer measured nothing is left out.
-        let s = paired_ratios(&[10.0, 20.0], &[0.0, 10.0]);
-        assert_eq!((s.n, s.median), (1, 2.0));
-    }
 }

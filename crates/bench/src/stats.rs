@@ -53,6 +53,14 @@ impl Summary {
         Summary { median, min: v[0], max: v[n - 1], mean, stddev: var.sqrt(), n }
     }
 
+    /// The per-iteration ratios `ours[i] / theirs[i]` of two series whose
+    /// i-th runs ran back to back, summarised (iterations where the peer
+    /// measured nothing are left out).
+    pub fn paired_ratios(ours: &[f64], theirs: &[f64]) -> Summary {
+        let r: Vec<f64> = ours.iter().zip(theirs).filter(|(_, t)| **t > 0.0).map(|(o, t)| o / t).collect();
+        Summary::of(&r)
+    }
+
     /// Spread as a percentage of the median ((max - min) / median).
     pub fn spread_pct(&self) -> f64 {
         if self.median == 0.0 { 0.0 } else { 100.0 * (self.max - self.min) / self.median }
@@ -82,5 +90,22 @@ mod tests {
         assert_eq!(three["stddev"], 1.0);
         let back: Summary = serde_json::from_value(three).unwrap();
         assert_eq!(back, Summary::of(&[1.0, 2.0, 3.0]));
+    }
+
+    #[test]
+    fn paired_ratios_follow_each_iteration_not_the_two_medians() {
+        // A pinned 4k QD1 row of 2026-11-29 on a VM whose speed fell in
+        // the second and third iterations: the medians (2007 / 4167) make
+        // 0.48x, while the iterations' own ratios are 1.01, 0.82 and 0.48.
+        let ours = [6085.0, 1659.0, 2007.0];
+        let theirs = [6051.0, 2015.0, 4167.0];
+        let s = Summary::paired_ratios(&ours, &theirs);
+        assert_eq!(s.n, 3);
+        assert!((s.median - 1659.0 / 2015.0).abs() < 1e-9, "{s:?}");
+        assert!((s.min - 2007.0 / 4167.0).abs() < 1e-9, "{s:?}");
+        assert!((s.max - 6085.0 / 6051.0).abs() < 1e-9, "{s:?}");
+        // An iteration where the peer measured nothing is left out.
+        let s = Summary::paired_ratios(&[10.0, 20.0], &[0.0, 10.0]);
+        assert_eq!((s.n, s.median), (1, 2.0));
     }
 }

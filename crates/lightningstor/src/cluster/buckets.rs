@@ -108,11 +108,6 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Every key and grant row held here (blocking read off the runtime).
-    pub(super) async fn blocking_auth_rows(&self) -> Result<Vec<AuthRow>> {
-        self.node.replica.auth_rows().await
-    }
-
     /// The creation time of a create coordinated here now: later than a
     /// delete of the bucket this node remembers, should its clock have
     /// stepped back (replicas order a bucket's create and delete by time).
@@ -284,7 +279,7 @@ impl Coordinator {
     /// configurations peers took.
     pub async fn shared_rows_round(self: &Arc<Self>) -> Result<usize> {
         let (rows, gone) = self.node.replica.buckets_and_deletes().await?;
-        let auth = self.blocking_auth_rows().await?;
+        let auth = self.node.replica.auth_rows().await?;
         let lifecycles: Vec<(String, i64, Lifecycle)> = rows
             .iter()
             .filter(|(_, b)| b.created_ms != crate::meta::ops::UNKNOWN_CREATED_MS)

@@ -74,7 +74,7 @@ impl Repair {
     async fn resync_one(coord: &Arc<Coordinator>, e: &Entry) -> Result<()> {
         if e.due.bucket_row && e.bucket.is_empty() {
             // The keyring (see buckets.rs): push every row, the replica keeps the newer ones.
-            let rows = coord.blocking_auth_rows().await?;
+            let rows = coord.node.replica.auth_rows().await?;
             coord.node.call(e.node, Msg::new(Req::MergeAuth { rows })).await?;
             return Ok(());
         }
@@ -105,7 +105,7 @@ impl Repair {
 
     /// Re-hashes `batch`; a corrupt block is replaced from another node. A
     /// block deleted since it was listed, even while scrub read it, is
-    /// skipped without an alarm ([`scrub_one`]).
+    /// skipped without an alarm ([`crate::block::scrub_one`]).
     async fn scrub_blocks(&self, batch: Vec<BlockHash>) -> Result<()> {
         for hash in batch {
             let r = self.coord.node.replica.scrub(hash).await;
@@ -242,7 +242,7 @@ impl Repair {
         // rows of every node, not of a partition): give every other node all
         // of ours; each keeps the newer version of a row, so this is safe to
         // repeat and is not counted as rows moved.
-        let auth = self.coord.blocking_auth_rows().await?;
+        let auth = self.coord.node.replica.auth_rows().await?;
         if !auth.is_empty() {
             let others: Vec<NodeId> =
                 self.coord.node.config().nodes.iter().map(|n| n.id).filter(|id| *id != self.coord.node.id).collect();
