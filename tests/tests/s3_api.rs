@@ -3490,9 +3490,10 @@ async fn lifecycle_needs_the_owner_permission(
     Ok(())
 }
 
-/// Bucket versioning: a single node keeps versions (in process, and across
-/// a restart of the binary); a cluster refuses to turn versioning on. Both
-/// modes answer a bucket that never had versioning without version ids.
+/// Bucket versioning, on a single node (in process, and across a restart of
+/// the binary) and on a 3-node cluster (whose replicas keep the versions:
+/// `cluster::versions`); both answer a bucket that never had versioning
+/// without version ids.
 mod versioning {
     use super::*;
 
@@ -3527,29 +3528,15 @@ mod versioning {
     }
 
     #[tokio::test]
-    async fn a_cluster_refuses_versioning_and_version_ids_three_node_cluster() -> R {
+    async fn versions_are_kept_read_listed_and_deleted_three_node_cluster() -> R {
         let s = InCluster::new(3);
-        let c = s.client();
-        c.create_bucket().bucket("bkt").send().await?;
-        put(&c, "bkt", "k", b"v").await;
-        let e = c
-            .put_bucket_versioning()
-            .bucket("bkt")
-            .versioning_configuration(super::enabled())
-            .send()
-            .await
-            .expect_err("versioning on a cluster");
-        assert_eq!((code(&e).as_str(), status(&e)), ("NotImplemented", 501));
-        let got = c.get_bucket_versioning().bucket("bkt").send().await?;
-        assert_eq!(got.status(), None, "never enabled");
-        let e = c.list_object_versions().bucket("bkt").send().await.expect_err("list versions");
-        assert_eq!(code(&e), "NotImplemented");
-        let e = c.get_object().bucket("bkt").key("k").version_id("0000000000000001").send().await.expect_err("id");
-        assert_eq!(code(&e), "NotImplemented");
-        let e = c.delete_object().bucket("bkt").key("k").version_id("0000000000000001").send().await.expect_err("id");
-        assert_eq!(code(&e), "NotImplemented");
-        assert_eq!(body_of(c.get_object().bucket("bkt").key("k").version_id("null").send().await?).await, b"v");
-        Ok(())
+        super::versions_are_kept_read_listed_and_deleted(s.client()).await
+    }
+
+    #[tokio::test]
+    async fn suspended_versioning_writes_and_replaces_the_null_version_three_node_cluster() -> R {
+        let s = InCluster::new(3);
+        super::suspended_versioning_writes_and_replaces_the_null_version(s.client()).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2216,3 +2216,92 @@ async fn an_admin_request_replayed_to_another_node_is_refused() -> R {
     cluster.shutdown().await;
     Ok(())
 }
+
+/// The version ids node `n` holds for a key (newest first), and those it
+/// deleted for good.
+fn held_versions(s: &InCluster, n: NodeId, b: &str, k: &str) -> (Vec<u64>, Vec<u64>) {
+    let (versions, gone) = s.cluster.node(n).store.meta.key_versions(b, k.as_bytes()).expect("versions");
+    (versions.iter().map(|v| v.version()).collect(), gone)
+}
+
+/// Bucket versioning across replicas that miss things: a node cut off
+/// while versioning is turned on gets the state from the resync queue;
+/// versions written while a replica is cut off are read and listed through
+/// any read quorum (R + W > N); a version deleted for good while a replica
+/// that holds it is cut off stays deleted when that replica is part of the
+/// quorum again; deleting the latest version for good makes the one below
+/// it current on every replica, with its own id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn versions_survive_replicas_that_miss_writes_and_deletes_of_versions() -> R {
+    use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
+    let s = InCluster::new(3);
+    let f = &s.cluster.faults;
+    let c1 = s.client_of(1);
+    c1.create_bucket().bucket("bkt").send().await?;
+    put(&c1, "bkt", "pre", b"before versioning").await?;
+    f.isolate(3);
+    let enabled = VersioningConfiguration::builder().status(BucketVersioningStatus::Enabled).build();
+    c1.put_bucket_versioning().bucket("bkt").versioning_configuration(enabled).send().await?;
+    assert_eq!(bucket_row(&s, 3, "bkt").and_then(|r| r.versioning), None, "node 3 was cut off");
+    f.heal();
+    eventually(30, "node 3 gets the versioning state from the resync queue", || {
+        bucket_row(&s, 3, "bkt").and_then(|r| r.versioning) == Some(lightningstor::meta::types::Versioning::Enabled)
+    })
+    .await;
+    // Every replica made the object from before its key's null version.
+    for n in 1..=3 {
+        let (held, _) = held_versions(&s, n, "bkt", "pre");
+        assert_eq!(held.len(), 1, "node {n}: {held:?}");
+    }
+
+    let put_v = |c: aws_sdk_s3::Client, body: &'static [u8]| async move {
+        let out = c.put_object().bucket("bkt").key("k").body(ByteStream::from_static(body)).send().await?;
+        anyhow::Ok(out.version_id().expect("version id").to_owned())
+    };
+    let v1 = put_v(c1.clone(), b"one").await?;
+    let v2 = put_v(c1.clone(), b"two").await?;
+    eventually(10, "every replica holds both versions", || {
+        (1..=3).all(|n| held_versions(&s, n, "bkt", "k").0.len() == 2)
+    })
+    .await;
+    // Node 3 is cut off while v1 is deleted for good and v3 is written.
+    f.isolate(3);
+    c1.delete_object().bucket("bkt").key("k").version_id(&v1).send().await?;
+    let v3 = put_v(c1.clone(), b"three").await?;
+    assert_eq!(held_versions(&s, 3, "bkt", "k").0.len(), 2, "node 3 still holds v1 and v2 only");
+    f.heal();
+    // A quorum of nodes 2 and 3 (node 1 cut off): node 3 still holds v1,
+    // node 2 remembers its delete; node 2 holds v3, which node 3 missed.
+    f.isolate(1);
+    let c2 = s.client_of(2);
+    let ids = |out: &aws_sdk_s3::operation::list_object_versions::ListObjectVersionsOutput| -> Vec<String> {
+        out.versions()
+            .iter()
+            .filter(|v| v.key() == Some("k"))
+            .filter_map(|v| v.version_id().map(str::to_owned))
+            .collect()
+    };
+    let listed = c2.list_object_versions().bucket("bkt").send().await?;
+    assert_eq!(ids(&listed), [v3.clone(), v2.clone()], "v1 stays deleted, v3 is found");
+    let e = c2.get_object().bucket("bkt").key("k").version_id(&v1).send().await.expect_err("v1 was deleted");
+    assert_eq!(code(&e), "NoSuchVersion");
+    let got = c2.get_object().bucket("bkt").key("k").version_id(&v3).send().await?;
+    assert_eq!(got.body.collect().await?.into_bytes().as_ref(), b"three");
+    // Deleting the latest (v3) for good makes v2 current, with v2's id.
+    c2.delete_object().bucket("bkt").key("k").version_id(&v3).send().await?;
+    let got = c2.get_object().bucket("bkt").key("k").send().await?;
+    assert_eq!(got.version_id(), Some(v2.as_str()));
+    assert_eq!(got.body.collect().await?.into_bytes().as_ref(), b"two");
+    f.heal();
+    eventually(30, "node 1 gets the current row back to v2", || {
+        matches!(local_row(&s, 1, "bkt", "k"), Some(Row::Object(m)) if m.version_id().as_deref() == Some(v2.as_str()))
+    })
+    .await;
+    for n in 1..=3 {
+        let got = s.client_of(n).get_object().bucket("bkt").key("k").send().await?;
+        assert_eq!(got.version_id(), Some(v2.as_str()), "through node {n}");
+        let listed = s.client_of(n).list_object_versions().bucket("bkt").prefix("k").send().await?;
+        assert_eq!(ids(&listed), [v2.clone()], "through node {n}");
+    }
+    Ok(())
+}

@@ -50,7 +50,7 @@ impl VersionRef {
 }
 
 /// What a version listing shows of a version.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VersionSummary {
     /// Row version.
     pub version: u64,

@@ -91,7 +91,7 @@ impl Coordinator {
     /// Sends `req` to every node and needs a majority; the nodes that
     /// missed it are queued for resync of `bucket` (of the keyring when
     /// empty) before the answer.
-    async fn to_all_queue_missed(self: &Arc<Self>, req: Req, bucket: &str, what: &str) -> Result<()> {
+    pub(super) async fn to_all_queue_missed(self: &Arc<Self>, req: Req, bucket: &str, what: &str) -> Result<()> {
         let replies = self.to_all(req).await;
         let total = replies.len();
         let ok = replies.iter().filter(|(_, r)| r.is_ok()).count();
@@ -151,9 +151,16 @@ impl Coordinator {
     pub async fn delete_bucket(self: &Arc<Self>, name: &str) -> Result<()> {
         self.require_bucket(name).await?;
         let q = crate::listing::ListQuery { max_keys: 1, ..Default::default() };
-        let page = self.list(name, q).await?;
+        let page = self.list(name, q.clone()).await?;
         if !page.entries.is_empty() {
             return Err(LightningError::BucketNotEmpty(name.to_owned()));
+        }
+        // Nor may a versioned bucket hold versions or delete markers.
+        if self.bucket_versioning(name)?.is_some() {
+            let q = crate::versioning::VersionQuery { list: q, ..Default::default() };
+            if !self.list_bucket_versions(name, q).await?.items.is_empty() {
+                return Err(LightningError::BucketNotEmpty(name.to_owned()));
+            }
         }
         // What the nodes that delete it get back should another refuse.
         let row = self.node.replica.bucket(name)?;
@@ -220,6 +227,10 @@ impl Coordinator {
             }
             if let Some(lifecycle) = row.lifecycle {
                 self.node.call(to, Msg::new(Req::SetLifecycle { bucket: name.to_owned(), lifecycle })).await?;
+            }
+            if let (Some(state), Some(at)) = (row.versioning, row.versioning_at) {
+                let set = Req::SetVersioning { bucket: name.to_owned(), state, at };
+                self.node.call(to, Msg::new(set)).await?;
             }
             return Ok(());
         }

@@ -30,7 +30,7 @@ use super::rpc::{Msg, Req, Resp};
 use crate::block::BlockHash;
 use crate::checksum::{BodyHasher, Checksum, ChecksumAlgo};
 use crate::error::{LightningError, Result};
-use crate::meta::types::{BlockRef, ObjectData, ObjectMeta, Row};
+use crate::meta::types::{BlockRef, ObjectData, ObjectMeta, Row, Versioned};
 use bytes::Bytes;
 use futures::future::FusedFuture as _;
 use futures::stream::{self, BoxStream, FuturesOrdered, FuturesUnordered};
@@ -427,6 +427,14 @@ impl Coordinator {
     /// it holds a newer one (see [`Coordinator::commit_row`]).
     pub(crate) fn above(&self, newest: u64, row: &Row) -> Option<Row> {
         if newest <= row.version() {
+            return None;
+        }
+        // A version of a versioned bucket's key keeps its id: the replicas
+        // keep it as a version whichever row is newest. (Its coordinator
+        // read the key first, so only a write overlapping it is newer.)
+        if let Row::Object(m) = row
+            && matches!(m.versioned, Some(Versioned::Id | Versioned::Null))
+        {
             return None;
         }
         ClusterMetrics::inc(&self.node.metrics.recommits);

@@ -22,9 +22,11 @@ use crate::lifecycle::{Lifecycle, Rule};
 use crate::listing::{ListPage, ListQuery};
 use crate::meta::now_ms;
 use crate::meta::ops::{self, Claimed, CompletedPart, Removed, WriteConditions};
-use crate::meta::types::{ObjectData, ObjectMeta, ObjectSummary, PartMeta, Row, UploadMeta};
+use crate::meta::types::{
+    ObjectData, ObjectMeta, ObjectSummary, PartMeta, Row, UploadMeta, Version, Versioned, Versioning,
+};
 use crate::metrics::Metrics;
-use crate::versioning::VersionRef;
+use crate::versioning::{VersionPage, VersionQuery, VersionRef, version_id};
 use bytes::Bytes;
 use futures::Stream;
 use futures::stream::BoxStream;
@@ -42,13 +44,15 @@ pub struct Session {
     pub complete: Vec<NodeId>,
 }
 
-/// A cluster keeps no versions (it refuses PutBucketVersioning): only the
-/// `null` version, the current object, may be named.
-fn unversioned(version: Option<VersionRef>) -> Result<()> {
-    match version {
-        Some(VersionRef::Id(_)) => Err(LightningError::NotImplemented("object versions on a cluster".into())),
-        _ => Ok(()),
-    }
+/// `row` as a version of a key of a bucket in versioning `state` (untouched
+/// in a bucket that never had versioning).
+fn tagged(row: ObjectMeta, state: Option<Versioning>) -> ObjectMeta {
+    let versioned = match state {
+        None => None,
+        Some(Versioning::Enabled) => Some(Versioned::Id),
+        Some(Versioning::Suspended) => Some(Versioned::Null),
+    };
+    ObjectMeta { versioned, ..row }
 }
 
 impl Coordinator {
@@ -90,6 +94,35 @@ impl Coordinator {
             self.with_key_lease_even_degraded(bucket, key.as_bytes(), checked_delete).await
         } else {
             self.with_key_lease(bucket, key.as_bytes(), checked_delete).await
+        }
+    }
+}
+
+impl Coordinator {
+    /// A DELETE of (bucket, key), of version `version` when one is named,
+    /// if `cond` holds: outside versioned buckets the key's tombstone (only
+    /// the `null` version exists there); in a versioned one a delete marker
+    /// or the removal of that version ([`super::versions`]).
+    pub(super) async fn delete_any(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        version: Option<VersionRef>,
+        cond: &DeleteConditions,
+        even_degraded: bool,
+    ) -> Result<Removed> {
+        match (self.bucket_versioning(bucket)?, version) {
+            (None, None) => self.delete_row(bucket, key, cond, even_degraded).await.map(|()| Removed::default()),
+            (None, Some(VersionRef::Null)) => {
+                self.delete_row(bucket, key, cond, even_degraded).await?;
+                Ok(Removed { version_id: Some("null".into()), delete_marker: false })
+            }
+            (None, Some(VersionRef::Id(id))) => {
+                cond.check(None, key)?;
+                Ok(Removed { version_id: Some(version_id(id, false)), delete_marker: false })
+            }
+            (Some(state), None) => self.put_delete_marker(bucket, key, state, cond, even_degraded).await,
+            (Some(_), Some(v)) => self.delete_version(bucket, key, v, cond).await,
         }
     }
 }
@@ -188,15 +221,22 @@ impl Engine for Arc<Coordinator> {
         hold: Session,
         cond: &WriteConditions,
     ) -> Result<ObjectMeta> {
+        let state = self.bucket_versioning(bucket)?;
         if cond.if_match.is_none() && cond.if_none_match.is_none() {
-            let row = ObjectMeta { version: self.node.hlc.now(), ..row };
+            if state.is_some() {
+                // A version's id is for good: read first, so it is above every
+                // acknowledged write (the read moves the clock past them)
+                // and no commit round has to give it a newer one.
+                self.read_row(bucket, key.as_bytes()).await?;
+            }
+            let row = tagged(ObjectMeta { version: self.node.hlc.now(), ..row }, state);
             self.commit_row(bucket, key.as_bytes(), Row::Object(row.clone()), hold.id, &hold.complete).await?;
             return Ok(row);
         }
         self.with_key_lease(bucket, key.as_bytes(), async {
             self.check_write_conditions(bucket, key, cond).await?;
             // A version above the row the check saw (the read advanced the clock).
-            let row = ObjectMeta { version: self.node.hlc.now(), ..row };
+            let row = tagged(ObjectMeta { version: self.node.hlc.now(), ..row }, state);
             self.commit_row(bucket, key.as_bytes(), Row::Object(row.clone()), hold.id, &hold.complete).await?;
             Ok(row)
         })
@@ -210,9 +250,8 @@ impl Engine for Arc<Coordinator> {
         version: Option<VersionRef>,
         cond: &DeleteConditions,
     ) -> Result<Removed> {
-        unversioned(version)?;
         Coordinator::require_bucket(self, bucket).await?;
-        self.delete_row(bucket, key, cond, false).await.map(|()| Removed::default())
+        self.delete_any(bucket, key, version, cond, false).await
     }
 
     async fn delete_many(
@@ -223,10 +262,7 @@ impl Engine for Arc<Coordinator> {
         let calls = keys.into_iter().map(|(key, version, cond)| {
             let node = self.clone();
             let bucket = bucket.to_owned();
-            async move {
-                unversioned(version)?;
-                node.delete_row(&bucket, &key, &cond, false).await.map(|()| Removed::default())
-            }
+            async move { node.delete_any(&bucket, &key, version, &cond, false).await }
         });
         Ok(futures::future::join_all(calls).await)
     }
@@ -234,6 +270,61 @@ impl Engine for Arc<Coordinator> {
     async fn list(&self, bucket: &str, q: ListQuery) -> Result<ListPage<ObjectSummary>> {
         Coordinator::require_bucket(self, bucket).await?;
         Coordinator::list(self, bucket, q).await
+    }
+
+    async fn versioning(&self, bucket: &str) -> Result<Option<Versioning>> {
+        Coordinator::require_bucket(self, bucket).await?;
+        self.bucket_versioning(bucket)
+    }
+
+    async fn set_versioning(&self, bucket: &str, state: Versioning) -> Result<()> {
+        self.set_bucket_versioning(bucket, state).await
+    }
+
+    async fn get_version(&self, bucket: &str, key: &str, version: VersionRef) -> Result<(ObjectMeta, Vec<NodeId>)> {
+        let missing = || LightningError::NoSuchVersion {
+            key: key.to_owned(),
+            version_id: match version {
+                VersionRef::Null => "null".into(),
+                VersionRef::Id(id) => version_id(id, false),
+            },
+        };
+        if self.bucket_versioning(bucket)?.is_none() {
+            // Outside versioned buckets the current object is the null version.
+            return match (version, Engine::get(self, bucket, key).await?) {
+                (VersionRef::Null, Some(found)) => Ok(found),
+                _ => {
+                    Coordinator::require_bucket(self, bucket).await?;
+                    Err(missing())
+                }
+            };
+        }
+        let versions = self.key_versions(bucket, key.as_bytes()).await?;
+        match versions.into_iter().find(|(v, _)| version.names(v.version(), v.is_null())) {
+            Some((Version::Object(m), holders)) => Ok((m, holders)),
+            Some((v @ Version::Marker(_), _)) => {
+                Err(LightningError::DeleteMarker { key: key.to_owned(), version_id: v.id(), named: true })
+            }
+            None => {
+                Coordinator::require_bucket(self, bucket).await?;
+                Err(missing())
+            }
+        }
+    }
+
+    async fn latest_marker(&self, bucket: &str, key: &str) -> Result<Option<String>> {
+        if self.bucket_versioning(bucket)?.is_none() {
+            return Ok(None);
+        }
+        Ok(match self.key_versions(bucket, key.as_bytes()).await?.first() {
+            Some((v @ Version::Marker(_), _)) => Some(v.id()),
+            _ => None,
+        })
+    }
+
+    async fn list_versions(&self, bucket: &str, q: VersionQuery) -> Result<VersionPage> {
+        Coordinator::require_bucket(self, bucket).await?;
+        self.list_bucket_versions(bucket, q).await
     }
 
     async fn create_upload(&self, id: &str, upload: UploadMeta) -> Result<()> {
@@ -301,8 +392,14 @@ impl Engine for Arc<Coordinator> {
         // Every acknowledged part is on a read quorum.
         let (upload, stored) = self.upload_state(bucket, key, id, true).await?;
         accept(&upload)?;
+        let state = self.bucket_versioning(bucket)?;
+        if state.is_some() {
+            // As for a PUT: the version is above every acknowledged write.
+            self.read_row(bucket, key.as_bytes()).await?;
+        }
         let assemble_and_commit = async {
             let meta = ops::assemble_upload(&upload, &wanted, &stored, self.node.hlc.now(), now_ms())?;
+            let meta = tagged(meta, state);
             ops::check_claimed_checksums(&upload, &meta, &claimed)?;
             // The replicas drop the upload in the transaction that commits the object.
             self.commit_completed(bucket, key.as_bytes(), &Row::Object(meta.clone()), id).await?;

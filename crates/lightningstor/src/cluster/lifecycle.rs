@@ -82,7 +82,9 @@ impl Target for Share {
         // deletes in degraded mode: this one must go on there (under a
         // lease exclusive among the nodes that reach each other).
         let cond = crate::s3::lifecycle::unchanged(c);
-        crate::s3::lifecycle::expired(self.coord.delete_row(bucket, &c.key, &cond, true).await)
+        // In a versioned bucket the expired object gets a delete marker, as in S3.
+        let deleted = self.coord.delete_any(bucket, &c.key, None, &cond, true).await;
+        crate::s3::lifecycle::expired(deleted.map(|_| ()))
     }
 
     async fn uploads(&self, bucket: &str, limit: usize) -> Result<Vec<PendingUpload>> {

@@ -46,6 +46,7 @@ pub mod resync;
 pub mod rpc;
 pub mod s3;
 pub mod transport;
+pub mod versions;
 
 pub use config::{ClusterConfig, Consistency};
 pub use node::Node;

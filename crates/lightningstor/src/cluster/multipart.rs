@@ -163,7 +163,13 @@ impl Coordinator {
 
     /// One round of [`Coordinator::commit_completed`]; returns the newest version
     /// the acknowledging replicas hold.
-    async fn fill_attempt(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row, upload: Option<&str>) -> Result<u64> {
+    pub(super) async fn fill_attempt(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &[u8],
+        row: &Row,
+        upload: Option<&str>,
+    ) -> Result<u64> {
         let sets = self.node.write_sets(bucket, key);
         let targets = union(&sets);
         let calls = targets.iter().map(|&n| {

@@ -427,6 +427,49 @@ impl Replica {
                     .await?;
                 Msg::new(Resp::Uploads { live, gone })
             }
+            Req::SetVersioning { bucket, state, at } => {
+                self.hlc.observe(at);
+                let took = self
+                    .store
+                    .meta
+                    .write(move |t| crate::meta::versions::replica_set_versioning(t, &bucket, state, at))
+                    .await?;
+                Msg::new(Resp::Flag(took))
+            }
+            Req::KeyVersions { bucket, key } => {
+                let (versions, gone) = self.store.meta.key_versions(&bucket, &key)?;
+                self.hlc.observe(versions.iter().map(|v| v.version()).chain(gone.iter().copied()).max().unwrap_or(0));
+                Msg::new(Resp::KeyVersions { versions, gone })
+            }
+            Req::VersionEntries { bucket, from, prefix, limit } => {
+                let limit = limit.clamp(1, 10_000) as usize;
+                let (entries, gone) =
+                    self.blocking(move |s| s.meta.version_entries(&bucket, &from, &prefix, limit)).await?;
+                Msg::new(Resp::VersionEntries { entries, gone })
+            }
+            Req::PutMarker { bucket, key, marker } => {
+                self.hlc.observe(marker.version);
+                let (applied, current, freed) = self
+                    .store
+                    .meta
+                    .write(move |t| crate::meta::versions::replica_marker(t, &bucket, &key, marker))
+                    .await?;
+                self.free_later(freed);
+                Msg::new(Resp::Committed { applied, current })
+            }
+            Req::DropVersion { bucket, key, id } => {
+                let (held, freed) = self
+                    .store
+                    .meta
+                    .write(move |t| {
+                        let mut freed = Vec::new();
+                        let held = crate::meta::versions::replica_drop(t, &bucket, &key, id, &mut freed)?;
+                        Ok((held, freed))
+                    })
+                    .await?;
+                self.free_later(freed);
+                Msg::new(Resp::Flag(held))
+            }
             Req::Status
             | Req::LockKey { .. }
             | Req::UnlockKey { .. }
@@ -517,18 +560,25 @@ impl Replica {
         if let Some(p) = pins {
             p.release();
         }
-        if !freed.is_empty() {
-            // Weak: a node stopped meanwhile closes its store now and leaves
-            // these to the garbage collection at its next start.
-            let store = Arc::downgrade(&self.store);
-            tokio::spawn(async move {
-                tokio::time::sleep(FREED_BLOCK_GRACE).await;
-                if let Some(store) = store.upgrade() {
-                    store.spawn_delete(freed);
-                }
-            });
-        }
+        self.free_later(freed);
         Ok((applied, current))
+    }
+
+    /// Deletes blocks freed by an overwrite or a delete after
+    /// [`FREED_BLOCK_GRACE`] (unless a row took them again meanwhile).
+    fn free_later(&self, freed: Vec<BlockHash>) {
+        if freed.is_empty() {
+            return;
+        }
+        // Weak: a node stopped meanwhile closes its store now and leaves
+        // these to the garbage collection at its next start.
+        let store = Arc::downgrade(&self.store);
+        tokio::spawn(async move {
+            tokio::time::sleep(FREED_BLOCK_GRACE).await;
+            if let Some(store) = store.upgrade() {
+                store.spawn_delete(freed);
+            }
+        });
     }
 
     async fn put_part(&self, session: u64, id: String, upload: UploadMeta, number: u32, part: PartMeta) -> Result<()> {
@@ -587,5 +637,66 @@ mod tests {
             let e = ask(&r, req).await.expect_err("a node request");
             assert!(matches!(e, LightningError::InvalidRequest(_)), "{e}");
         }
+    }
+
+    /// A replica alone keeps every version of a versioned bucket's key it
+    /// receives (also one older than its row), keeps one `null` version
+    /// (the newest), and neither keeps nor takes again a version deleted for
+    /// good; a marker makes the row a tombstone; dropping the bucket drops
+    /// its versions.
+    #[tokio::test]
+    async fn a_replica_keeps_versions_as_a_set_less_those_deleted_for_good() {
+        use crate::meta::types::{DeleteMarker, ObjectData, ObjectMeta, Version, Versioned, Versioning};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (r, hlc) = replica(dir.path());
+        let v = hlc.now() + 1_000_000;
+        ask(&r, Req::CreateBucket { name: "b".into(), created_ms: 5 }).await.expect("create");
+        let on = ask(&r, Req::SetVersioning { bucket: "b".into(), state: Versioning::Enabled, at: v }).await;
+        assert_eq!(on.expect("versioning"), Resp::Flag(true));
+        let older = Req::SetVersioning { bucket: "b".into(), state: Versioning::Suspended, at: v - 1 };
+        assert_eq!(ask(&r, older).await.expect("older change"), Resp::Flag(false));
+        let row = |version, versioned| {
+            Row::Object(ObjectMeta {
+                version,
+                size: 1,
+                etag: format!("e{version}"),
+                last_modified_ms: 0,
+                headers: Default::default(),
+                checksum: None,
+                parts: Vec::new(),
+                data: ObjectData::Inline(vec![1]),
+                sse_c: None,
+                versioned: Some(versioned),
+            })
+        };
+        let commit = |row| Req::Commit { session: 1, bucket: "b".into(), key: b"k".to_vec(), row };
+        let held = |r: Resp| match r {
+            Resp::KeyVersions { versions, gone } => (versions.iter().map(Version::version).collect::<Vec<_>>(), gone),
+            other => panic!("{other:?}"),
+        };
+        let read = || Req::KeyVersions { bucket: "b".into(), key: b"k".to_vec() };
+        ask(&r, commit(row(v + 2, Versioned::Id))).await.expect("commit");
+        // Older than the row: not applied as the row, kept as a version.
+        let late = ask(&r, commit(row(v + 1, Versioned::Id))).await.expect("commit");
+        assert_eq!(late, Resp::Committed { applied: false, current: v + 2 });
+        ask(&r, commit(row(v + 3, Versioned::Null))).await.expect("commit");
+        ask(&r, commit(row(v + 5, Versioned::Null))).await.expect("commit");
+        ask(&r, commit(row(v + 4, Versioned::Null))).await.expect("an older null");
+        assert_eq!(held(ask(&r, read()).await.expect("read")), (vec![v + 5, v + 2, v + 1], vec![]));
+        let drop = Req::DropVersion { bucket: "b".into(), key: b"k".to_vec(), id: v + 1 };
+        assert_eq!(ask(&r, drop.clone()).await.expect("drop"), Resp::Flag(true));
+        assert_eq!(ask(&r, drop).await.expect("drop again"), Resp::Flag(false));
+        ask(&r, commit(row(v + 1, Versioned::Id))).await.expect("the dropped version again");
+        assert_eq!(held(ask(&r, read()).await.expect("read")), (vec![v + 5, v + 2], vec![v + 1]));
+        let marker = DeleteMarker { version: v + 6, last_modified_ms: 0, null: false };
+        let put = ask(&r, Req::PutMarker { bucket: "b".into(), key: b"k".to_vec(), marker }).await;
+        assert_eq!(put.expect("marker"), Resp::Committed { applied: true, current: v + 6 });
+        let got = ask(&r, Req::GetRow { bucket: "b".into(), key: b"k".to_vec() }).await.expect("row");
+        assert_eq!(got, Resp::Row(Some(Row::Tombstone(v + 6))));
+        assert_eq!(held(ask(&r, read()).await.expect("read")).0, vec![v + 6, v + 5, v + 2]);
+        // The coordinator checks a bucket is empty across the replicas; one
+        // that drops it drops the versions it holds (it missed their deletes).
+        ask(&r, Req::DeleteBucket { name: "b".into() }).await.expect("delete bucket");
+        assert_eq!(held(ask(&r, read()).await.expect("read")), (vec![], vec![]));
     }
 }

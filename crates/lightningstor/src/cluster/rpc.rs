@@ -160,6 +160,39 @@ pub enum Req {
     /// empty configuration is a delete. Answered with [`Resp::Count`]: how
     /// many it took.
     MergeLifecycles { rows: Vec<(String, i64, crate::lifecycle::Lifecycle)> },
+    /// Set a bucket's versioning state, changed at HLC version `at` (taken
+    /// unless the node holds a newer change; the first change makes the
+    /// objects held there their keys' `null` versions). [`Resp::Flag`]:
+    /// whether it took it.
+    SetVersioning { bucket: String, state: crate::meta::types::Versioning, at: u64 },
+    /// Every version of a key held here and the ids of those deleted for
+    /// good here ([`Resp::KeyVersions`]).
+    KeyVersions {
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+    },
+    /// Up to `limit` version summaries of `bucket` from key `from` with
+    /// `prefix` (and the rest of the last key's), with the versions deleted
+    /// for good among them ([`Resp::VersionEntries`]).
+    VersionEntries { bucket: String, from: Vec<u8>, prefix: Vec<u8>, limit: u32 },
+    /// A delete marker becomes a version of the key, and the key's row a
+    /// tombstone at the marker's version (as [`Req::Commit`] merges it).
+    /// [`Resp::Committed`].
+    PutMarker {
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        marker: crate::meta::types::DeleteMarker,
+    },
+    /// Version `id` of a key is deleted for good (remembered, so it is not
+    /// taken again). [`Resp::Flag`]: whether it was held here.
+    DropVersion {
+        bucket: String,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        id: u64,
+    },
 }
 
 /// Answers.
@@ -211,6 +244,12 @@ pub enum Resp {
     /// head did not decode. The caller may fall back to an older request;
     /// the connection stays usable. The text says which request it was.
     Unsupported(String),
+    /// The versions of a key held by a replica (newest first) and the row
+    /// versions of those it deleted for good.
+    KeyVersions { versions: Vec<crate::meta::types::Version>, gone: Vec<u64> },
+    /// A replica's version summaries of a key range, and the (key, row
+    /// version) it deleted for good there.
+    VersionEntries { entries: Vec<(Vec<u8>, crate::versioning::VersionSummary)>, gone: Vec<(Vec<u8>, u64)> },
 }
 
 /// What a replica knows of a multipart upload.

@@ -147,52 +147,25 @@ pub trait Engine: Send + Sync + 'static {
     fn list(&self, bucket: &str, q: ListQuery) -> impl Future<Output = Result<ListPage<ObjectSummary>>> + Send;
 
     /// A bucket's versioning state (`None`: never set). NoSuchBucket.
-    /// Engines without versioning have none.
-    fn versioning(&self, bucket: &str) -> impl Future<Output = Result<Option<Versioning>>> + Send {
-        async move {
-            self.require_bucket(bucket).await?;
-            Ok(None)
-        }
-    }
-    /// Sets a bucket's versioning state. Engines without versioning refuse
-    /// it (NotImplemented).
-    fn set_versioning(&self, bucket: &str, state: Versioning) -> impl Future<Output = Result<()>> + Send {
-        let _ = (bucket, state);
-        async { Err(crate::error::LightningError::NotImplemented("bucket versioning on a cluster".into())) }
-    }
+    fn versioning(&self, bucket: &str) -> impl Future<Output = Result<Option<Versioning>>> + Send;
+    /// Sets a bucket's versioning state (the first time, the objects it
+    /// holds become their keys' `null` versions). NoSuchBucket.
+    fn set_versioning(&self, bucket: &str, state: Versioning) -> impl Future<Output = Result<()>> + Send;
     /// Version `version` of (bucket, key) and where its bytes are:
-    /// NoSuchVersion, or DeleteMarker (`named`) for a delete marker. Engines
-    /// without versioning serve only the `null` version, the current object.
+    /// NoSuchVersion, or DeleteMarker (`named`) for a delete marker. In a
+    /// bucket that never had versioning only the `null` version, the
+    /// current object, exists.
     fn get_version(
         &self,
         bucket: &str,
         key: &str,
         version: VersionRef,
-    ) -> impl Future<Output = Result<(ObjectMeta, Self::Source)>> + Send {
-        async move {
-            let none = || crate::error::LightningError::NoSuchVersion {
-                key: key.to_owned(),
-                version_id: crate::versioning::version_id(0, true),
-            };
-            match version {
-                VersionRef::Null => self.get(bucket, key).await?.ok_or_else(none),
-                VersionRef::Id(_) => {
-                    Err(crate::error::LightningError::NotImplemented("object versions on a cluster".into()))
-                }
-            }
-        }
-    }
+    ) -> impl Future<Output = Result<(ObjectMeta, Self::Source)>> + Send;
     /// The id of the delete marker that is the latest version of (bucket,
     /// key), if it is one (asked when [`Engine::get`] found no object).
-    fn latest_marker(&self, bucket: &str, key: &str) -> impl Future<Output = Result<Option<String>>> + Send {
-        let _ = (bucket, key);
-        async { Ok(None) }
-    }
+    fn latest_marker(&self, bucket: &str, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
     /// One page of a bucket's versions and delete markers. NoSuchBucket.
-    fn list_versions(&self, bucket: &str, q: VersionQuery) -> impl Future<Output = Result<VersionPage>> + Send {
-        let _ = (bucket, q);
-        async { Err(crate::error::LightningError::NotImplemented("ListObjectVersions on a cluster".into())) }
-    }
+    fn list_versions(&self, bucket: &str, q: VersionQuery) -> impl Future<Output = Result<VersionPage>> + Send;
 
     /// Records a new multipart upload `id`. NoSuchBucket.
     fn create_upload(&self, id: &str, upload: UploadMeta) -> impl Future<Output = Result<()>> + Send;

@@ -56,6 +56,10 @@ pub const GRANTS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("g
 /// version and delete marker of the keys of versioned buckets, newest first
 /// per key. The current object is in [`OBJECTS`] too (one reference each).
 pub const VERSIONS: TableDefinition<(&str, &[u8], u64), &[u8]> = TableDefinition::new("versions");
+/// (bucket, key bytes, row version) -> (): in a cluster, the versions of a
+/// key deleted for good here, so a version still held by a replica that
+/// missed the delete is not read (or stored) again (cluster mode only).
+pub const VERSIONS_GONE: TableDefinition<(&str, &[u8], u64), ()> = TableDefinition::new("versions_gone");
 /// block hash -> number of references from objects, versions and parts.
 pub const REFS: TableDefinition<&[u8], u64> = TableDefinition::new("block_refs");
 /// (partition, leaf, bucket, key bytes) -> (version, tombstone) of the key's
@@ -203,6 +207,7 @@ impl MetaStore {
             txn.open_table(KEYS)?;
             txn.open_table(GRANTS)?;
             txn.open_table(VERSIONS)?;
+            txn.open_table(VERSIONS_GONE)?;
             match tree {
                 Some(p) => {
                     if merkle::ensure(&txn, p)? {
@@ -330,6 +335,30 @@ impl MetaStore {
             Some(row) => Ok(Some(postcard::from_bytes(row?.1.value())?)),
             None => Ok(None),
         }
+    }
+
+    /// In a cluster: every version of a key held here (newest first) and
+    /// the row versions of those deleted for good here.
+    pub fn key_versions(&self, bucket: &str, key: &[u8]) -> Result<(Vec<types::Version>, Vec<u64>)> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(VERSIONS)?;
+        let mut out = Vec::new();
+        for row in versions::of_key(&t, bucket, key)? {
+            out.push(postcard::from_bytes(row?.1.value())?);
+        }
+        let gone = versions::gone_of_key(&txn.open_table(VERSIONS_GONE)?, bucket, key)?;
+        Ok((out, gone))
+    }
+
+    /// In a cluster: the versions of `bucket` held here for keys `>= from`
+    /// starting with `prefix`, in listing order, as summaries: up to `limit`
+    /// of them, then the rest of the last key's (a key's versions are never
+    /// split between two answers); and the versions deleted for good here
+    /// among the keys covered (up to the last key, or all when the answer
+    /// is not cut short).
+    pub fn version_entries(&self, bucket: &str, from: &[u8], prefix: &[u8], limit: usize) -> Result<versions::Entries> {
+        let txn = self.db.begin_read()?;
+        versions::entries(&txn.open_table(VERSIONS)?, &txn.open_table(VERSIONS_GONE)?, bucket, from, prefix, limit)
     }
 
     /// One page of ListObjectVersions of a bucket.

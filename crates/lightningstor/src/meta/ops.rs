@@ -5,8 +5,8 @@
 
 use super::merkle::{self, TreeEntry};
 use super::types::ObjectSummary;
-use super::types::Version;
 use super::types::{BlockRef, BucketMeta, ObjectData, ObjectMeta, PartMeta, Row, UploadMeta};
+use super::types::{Version, Versioned};
 use super::versions;
 use super::{
     BUCKETS, BUCKETS_GONE, GRANTS, KEYS, OBJECTS, PARTS, REFS, TOMBSTONES, Txn, UPLOAD_INDEX, UPLOADS, UPLOADS_GONE,
@@ -587,18 +587,26 @@ pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(
     };
     let tomb = tombs.get((bucket, key))?.map(|v| v.value());
     let current = old.as_ref().map(|o| o.version).max(tomb).unwrap_or(0);
+    let mut freed = Vec::new();
+    // A version of a versioned bucket's key is kept whether or not the row
+    // is the key's newest (writes racing on a key are all versions).
+    if let Row::Object(meta) = row
+        && matches!(meta.versioned, Some(Versioned::Id | Versioned::Null))
+        && txn.open_table(BUCKETS)?.get(bucket)?.is_some()
+    {
+        versions::replica_add(txn, bucket, key, &Version::Object(meta.clone()), &mut freed)?;
+    }
     if row.version() <= current {
-        return Ok((false, current, Vec::new()));
+        return Ok((false, current, freed));
     }
     if !replica_bucket(txn, bucket)? {
         // The bucket was deleted here: a tombstone has nothing to delete,
         // an object is refused (the write raced the bucket's delete).
         return match row {
-            Row::Tombstone(_) => Ok((false, current, Vec::new())),
+            Row::Tombstone(_) => Ok((false, current, freed)),
             Row::Object(_) => Err(LightningError::NoSuchBucket(bucket.to_owned())),
         };
     }
-    let mut freed = Vec::new();
     match row {
         Row::Object(meta) => {
             incref(txn, meta.data.blocks())?;
@@ -674,7 +682,10 @@ pub fn drop_bucket(txn: &WriteTransaction, name: &str) -> Result<Vec<BlockHash>>
     if has_object {
         return Err(LightningError::BucketNotEmpty(name.to_owned()));
     }
+    // Versions left here are ones this replica missed the delete of (the
+    // coordinator found none in the read quorum's union): they go.
     let mut freed = Vec::new();
+    versions::drop_all(txn, name, &mut freed)?;
     for id in uploads_in(txn, name)? {
         freed.extend(drop_upload(txn, &id, name, super::now_ms())?);
     }

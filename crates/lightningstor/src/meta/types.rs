@@ -21,6 +21,11 @@ pub struct BucketMeta {
     /// (rows of builds before versioning end before it).
     #[serde(default, deserialize_with = "none_past_the_end")]
     pub versioning: Option<Versioning>,
+    /// In a cluster: the HLC version of the last versioning change, so a
+    /// replica takes only a newer one (`None` on a single node, and in rows
+    /// of builds before cluster versioning).
+    #[serde(default, deserialize_with = "none_past_the_end")]
+    pub versioning_at: Option<u64>,
 }
 
 /// A bucket's versioning state once it was ever set (S3 never turns it off).
@@ -35,7 +40,7 @@ pub enum Versioning {
 impl BucketMeta {
     /// A new bucket's row.
     pub fn new(created_ms: i64) -> Self {
-        BucketMeta { created_ms, lifecycle: None, versioning: None }
+        BucketMeta { created_ms, lifecycle: None, versioning: None, versioning_at: None }
     }
 
     /// The lifecycle rules in force (none when none were put or they were deleted).
@@ -145,6 +150,11 @@ pub enum Versioned {
     /// The `null` version (written while versioning was suspended, or held
     /// by the bucket before versioning was enabled).
     Null,
+    /// In a cluster: a key's current row that is a copy of an older version
+    /// (row version `id`, or the `null` version), made current again at a
+    /// new row version when the versions above it were deleted for good
+    /// (rows only grow in version there). It answers that version's id.
+    Restored { id: u64, null: bool },
 }
 
 /// One version of a key in a versioned bucket: an object or a delete marker.
@@ -221,7 +231,16 @@ fn empty_past_the_end<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: 
 impl ObjectMeta {
     /// The version id answered to clients (`None` outside versioned buckets).
     pub fn version_id(&self) -> Option<String> {
-        self.versioned.map(|v| crate::versioning::version_id(self.version, v == Versioned::Null))
+        self.versioned.map(|v| match v {
+            Versioned::Id => crate::versioning::version_id(self.version, false),
+            Versioned::Null => crate::versioning::version_id(self.version, true),
+            Versioned::Restored { id, null } => crate::versioning::version_id(id, null),
+        })
+    }
+
+    /// Whether this object is its key's `null` version.
+    pub fn is_null_version(&self) -> bool {
+        matches!(self.versioned, Some(Versioned::Null | Versioned::Restored { null: true, .. }))
     }
 
     /// Last modification in Unix seconds (the resolution of HTTP dates).
@@ -397,6 +416,7 @@ mod tests {
             created_ms: 42,
             lifecycle: Some(Lifecycle { version: 3, rules: vec![rule] }),
             versioning: None,
+            versioning_at: None,
         };
         let back: BucketMeta = postcard::from_bytes(&postcard::to_allocvec(&with).expect("encode")).expect("decode");
         assert_eq!(back, with);

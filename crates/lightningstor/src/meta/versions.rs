@@ -12,12 +12,14 @@
 
 use super::ops::{decref, existing_object, incref, replace_object};
 use super::types::{BucketMeta, DeleteMarker, ObjectMeta, Version, Versioned, Versioning};
-use super::{BUCKETS, OBJECTS, Txn, VERSIONS};
+use super::{BUCKETS, OBJECTS, Txn, VERSIONS, VERSIONS_GONE};
 use crate::block::BlockHash;
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
 use crate::versioning::{VersionCursor, VersionRef, VersionSummary};
 use redb::{ReadableTable, WriteTransaction};
+
+type GoneKey = (&'static str, &'static [u8], u64);
 
 type VersionKey = (&'static str, &'static [u8], u64);
 
@@ -228,6 +230,213 @@ pub(super) fn any_in(txn: &WriteTransaction, bucket: &str) -> Result<bool> {
     })
 }
 
+/// What a version listing shows of a version.
+pub fn summary(version: &Version) -> VersionSummary {
+    match version {
+        Version::Object(m) => VersionSummary {
+            version: m.version,
+            null: version.is_null(),
+            marker: false,
+            size: m.size,
+            etag: m.etag.clone(),
+            last_modified_ms: m.last_modified_ms,
+        },
+        Version::Marker(d) => VersionSummary {
+            version: d.version,
+            null: d.null,
+            marker: true,
+            size: 0,
+            etag: String::new(),
+            last_modified_ms: d.last_modified_ms,
+        },
+    }
+}
+
+// A cluster replica's side of versioning. Each replica of a key keeps the
+// versions it received in [`VERSIONS`] (each with its own block
+// references), and the ids of the versions deleted for good in
+// [`VERSIONS_GONE`]; the key's current row ([`OBJECTS`] / tombstones)
+// stays the replicated last-writer-wins row. Versions are immutable and
+// have unique ids, so replicas merge them as sets: a coordinator reads a
+// read quorum and takes the union, less the versions deleted for good (and
+// of `null` versions only the newest), which holds every acknowledged
+// version since R + W > N.
+
+/// The row versions of a key's versions deleted for good here.
+pub(super) fn gone_of_key<T: ReadableTable<GoneKey, ()>>(t: &T, bucket: &str, key: &[u8]) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for row in t.range((bucket, key, 0u64)..=(bucket, key, u64::MAX))? {
+        out.push(row?.0.value().2);
+    }
+    Ok(out)
+}
+
+/// A replica's versions of a key range ([`super::Meta::version_entries`]):
+/// (key, summary) in listing order, and (key, row version) deleted for good.
+pub type Entries = (Vec<(Vec<u8>, VersionSummary)>, Vec<(Vec<u8>, u64)>);
+
+/// See [`super::Meta::version_entries`].
+pub(super) fn entries<V, G>(
+    versions: &V,
+    gone: &G,
+    bucket: &str,
+    from: &[u8],
+    prefix: &[u8],
+    limit: usize,
+) -> Result<Entries>
+where
+    V: ReadableTable<VersionKey, &'static [u8]>,
+    G: ReadableTable<GoneKey, ()>,
+{
+    let from = if from < prefix { prefix } else { from };
+    let mut out: Vec<(Vec<u8>, VersionSummary)> = Vec::new();
+    let mut cut = false;
+    for row in versions.range((bucket, from, 0u64)..)? {
+        let (k, v) = row?;
+        let (b, key, _) = k.value();
+        if b != bucket || !key.starts_with(prefix) {
+            break;
+        }
+        if out.len() >= limit && out.last().is_some_and(|(last, _)| last.as_slice() != key) {
+            cut = true;
+            break;
+        }
+        let version: Version = postcard::from_bytes(v.value())?;
+        out.push((key.to_vec(), summary(&version)));
+    }
+    let mut deleted = Vec::new();
+    for row in gone.range((bucket, from, 0u64)..)? {
+        let (k, _) = row?;
+        let (b, key, v) = k.value();
+        if b != bucket || !key.starts_with(prefix) {
+            break;
+        }
+        if cut && out.last().is_some_and(|(last, _)| key > last.as_slice()) {
+            break;
+        }
+        deleted.push((key.to_vec(), v));
+    }
+    Ok((out, deleted))
+}
+
+/// A replica takes version `v` of a key (a committed write, a delete
+/// marker, or a current row repaired to it), unless it holds it already or
+/// it was deleted for good here. A `null` version replaces an older `null`
+/// version of the key and is dropped if a newer one is here. Returns
+/// whether it was stored.
+pub fn replica_add(
+    txn: &WriteTransaction,
+    bucket: &str,
+    key: &[u8],
+    v: &Version,
+    freed: &mut Vec<BlockHash>,
+) -> Result<bool> {
+    let id = v.version();
+    if txn.open_table(VERSIONS_GONE)?.get((bucket, key, id))?.is_some()
+        || txn.open_table(VERSIONS)?.get((bucket, key, !id))?.is_some()
+    {
+        return Ok(false);
+    }
+    if v.is_null() {
+        let held = find(&txn.open_table(VERSIONS)?, bucket, key, VersionRef::Null)?;
+        if let Some(old) = held {
+            if old.version() > id {
+                return Ok(false);
+            }
+            remove(txn, bucket, key, &old, freed)?;
+        }
+    }
+    insert(txn, bucket, key, v)?;
+    Ok(true)
+}
+
+/// A replica's side of a delete marker: the key's row becomes a tombstone
+/// at the marker's version (merged as [`super::ops::apply_row`] does) and
+/// the marker a version of the key. Returns what `apply_row` does.
+pub fn replica_marker(
+    txn: &Txn<'_>,
+    bucket: &str,
+    key: &[u8],
+    marker: DeleteMarker,
+) -> Result<(bool, u64, Vec<BlockHash>)> {
+    let (applied, current, mut freed) =
+        super::ops::apply_row(txn, bucket, key, &super::types::Row::Tombstone(marker.version))?;
+    if txn.open_table(BUCKETS)?.get(bucket)?.is_some() {
+        replica_add(txn, bucket, key, &Version::Marker(marker), &mut freed)?;
+    }
+    Ok((applied, current, freed))
+}
+
+/// A replica's side of a version deleted for good: remembers the delete and
+/// drops the version if it is here. Returns whether it was here.
+pub fn replica_drop(
+    txn: &WriteTransaction,
+    bucket: &str,
+    key: &[u8],
+    id: u64,
+    freed: &mut Vec<BlockHash>,
+) -> Result<bool> {
+    txn.open_table(VERSIONS_GONE)?.insert((bucket, key, id), ())?;
+    let held: Option<Version> = match txn.open_table(VERSIONS)?.get((bucket, key, !id))? {
+        Some(row) => Some(postcard::from_bytes(row.value())?),
+        None => None,
+    };
+    match held {
+        Some(v) => {
+            remove(txn, bucket, key, &v, freed)?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// A replica takes a bucket's versioning state set at HLC version `at`,
+/// unless it holds a newer change ([`set_versioning`] otherwise, so the
+/// first change makes the objects held here their keys' `null` versions).
+/// Returns whether it took it.
+pub fn replica_set_versioning(txn: &Txn<'_>, bucket: &str, state: Versioning, at: u64) -> Result<bool> {
+    let row = bucket_row(txn, bucket)?;
+    if row.versioning_at.is_some_and(|held| held >= at) {
+        return Ok(false);
+    }
+    set_versioning(txn, bucket, state)?;
+    let mut row = bucket_row(txn, bucket)?;
+    row.versioning_at = Some(at);
+    txn.open_table(BUCKETS)?.insert(bucket, postcard::to_allocvec(&row)?.as_slice())?;
+    Ok(true)
+}
+
+/// A replica drops a bucket: every version it holds of it (dropping their
+/// block references) and its records of versions deleted for good.
+pub(super) fn drop_all(txn: &WriteTransaction, bucket: &str, freed: &mut Vec<BlockHash>) -> Result<()> {
+    let mut held: Vec<(Vec<u8>, Version)> = Vec::new();
+    for row in txn.open_table(VERSIONS)?.range((bucket, &b""[..], 0u64)..)? {
+        let (k, v) = row?;
+        let (b, key, _) = k.value();
+        if b != bucket {
+            break;
+        }
+        held.push((key.to_vec(), postcard::from_bytes(v.value())?));
+    }
+    for (key, v) in &held {
+        remove(txn, bucket, key, v, freed)?;
+    }
+    let mut gone = txn.open_table(VERSIONS_GONE)?;
+    let mut keys: Vec<(Vec<u8>, u64)> = Vec::new();
+    for row in gone.range((bucket, &b""[..], 0u64)..)? {
+        let (k, _) = row?;
+        let (b, key, v) = k.value();
+        if b != bucket {
+            break;
+        }
+        keys.push((key.to_vec(), v));
+    }
+    for (k, v) in keys {
+        gone.remove((bucket, k.as_slice(), v))?;
+    }
+    Ok(())
+}
+
 /// A [`VersionCursor`] over one bucket of [`VERSIONS`].
 pub(super) struct Cursor {
     table: redb::ReadOnlyTable<VersionKey, &'static [u8]>,
@@ -256,24 +465,7 @@ impl VersionCursor for Cursor {
             return Ok(None);
         }
         let version: Version = postcard::from_bytes(v.value())?;
-        let summary = match &version {
-            Version::Object(m) => VersionSummary {
-                version: m.version,
-                null: version.is_null(),
-                marker: false,
-                size: m.size,
-                etag: m.etag.clone(),
-                last_modified_ms: m.last_modified_ms,
-            },
-            Version::Marker(d) => VersionSummary {
-                version: d.version,
-                null: d.null,
-                marker: true,
-                size: 0,
-                etag: String::new(),
-                last_modified_ms: d.last_modified_ms,
-            },
-        };
+        let summary = summary(&version);
         Ok(Some((key.to_vec(), summary)))
     }
 }

@@ -1,0 +1,409 @@
+//! Bucket versioning on a cluster, the coordinator's side.
+//!
+//! A versioned bucket's key keeps its replicated last-writer-wins row (the
+//! current object, or a tombstone when the latest version is a delete
+//! marker), and each replica of the key keeps the versions it received
+//! ([`crate::meta::versions`]): a committed row tagged as a version, a
+//! delete marker ([`Req::PutMarker`]). Versions are immutable and their ids
+//! unique, so the replicas' sets merge by union ([`merge`]): a read asks a
+//! read quorum, and R + W > N makes every acknowledged version part of the
+//! answer; a version deleted for good is remembered where it was deleted
+//! ([`Req::DropVersion`]) and dropped from the union, and of several `null`
+//! versions only the newest counts.
+//!
+//! Deleting the latest version for good makes the one below it current
+//! again: its row is written at a new row version, tagged
+//! [`Versioned::Restored`] with the id it had, before the version is
+//! dropped; both under the key's lease.
+//!
+//! Noncurrent versions are kept by the write quorum and found by the read
+//! quorum; anti-entropy and rebalancing move the current rows only (a
+//! replica that missed a version gets the latest back when its row is
+//! repaired).
+
+use super::NodeId;
+use super::coord::{Coordinator, union};
+use super::rpc::{Msg, Req, Resp};
+use crate::conditions::DeleteConditions;
+use crate::error::{LightningError, Result};
+use crate::meta::now_ms;
+use crate::meta::ops::Removed;
+use crate::meta::types::{DeleteMarker, ObjectMeta, Row, Version, Versioned, Versioning};
+use crate::versioning::{self, VersionCursor, VersionPage, VersionQuery, VersionRef, VersionSummary, version_id};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+/// Version summaries fetched from each node per listing round.
+const ROUND: u32 = 1000;
+
+/// Merges the replicas' answers for one key: every version any of them
+/// holds, less those any deleted for good, and of `null` versions only the
+/// newest; newest first, each with the replicas that hold it.
+pub fn merge(answers: Vec<(NodeId, Vec<Version>, Vec<u64>)>) -> Vec<(Version, Vec<NodeId>)> {
+    let gone: HashSet<u64> = answers.iter().flat_map(|(_, _, g)| g.iter().copied()).collect();
+    let mut by_id: BTreeMap<u64, (Version, Vec<NodeId>)> = BTreeMap::new();
+    for (n, versions, _) in answers {
+        for v in versions {
+            if gone.contains(&v.version()) {
+                continue;
+            }
+            by_id.entry(v.version()).or_insert_with(|| (v, Vec::new())).1.push(n);
+        }
+    }
+    let mut out: Vec<(Version, Vec<NodeId>)> = by_id.into_values().rev().collect();
+    let mut seen_null = false;
+    out.retain(|(v, _)| {
+        if !v.is_null() {
+            return true;
+        }
+        let keep = !seen_null;
+        seen_null = true;
+        keep
+    });
+    out
+}
+
+/// [`merge`] for listing entries of many keys: (key, summary) in listing
+/// order (key, then newest first).
+pub fn merge_entries(
+    answers: Vec<(Vec<(Vec<u8>, VersionSummary)>, Vec<(Vec<u8>, u64)>)>,
+) -> Vec<(Vec<u8>, VersionSummary)> {
+    let gone: HashSet<(Vec<u8>, u64)> = answers.iter().flat_map(|(_, g)| g.iter().cloned()).collect();
+    let mut all: BTreeMap<(Vec<u8>, std::cmp::Reverse<u64>), VersionSummary> = BTreeMap::new();
+    for (entries, _) in answers {
+        for (k, s) in entries {
+            if !gone.contains(&(k.clone(), s.version)) {
+                all.insert((k, std::cmp::Reverse(s.version)), s);
+            }
+        }
+    }
+    let mut out: Vec<(Vec<u8>, VersionSummary)> = Vec::with_capacity(all.len());
+    let mut null_of: Option<Vec<u8>> = None;
+    for ((k, _), s) in all {
+        if s.null {
+            if null_of.as_ref() == Some(&k) {
+                continue;
+            }
+            null_of = Some(k.clone());
+        }
+        out.push((k, s));
+    }
+    out
+}
+
+/// The versions of a bucket across the cluster, fetched in rounds from
+/// every node and merged ([`merge_entries`]): the cursor of
+/// ListObjectVersions.
+struct ClusterVersions {
+    coord: Arc<Coordinator>,
+    rt: tokio::runtime::Handle,
+    bucket: String,
+    prefix: Vec<u8>,
+    buf: VecDeque<(Vec<u8>, VersionSummary)>,
+    next_from: Option<Vec<u8>>,
+}
+
+impl ClusterVersions {
+    fn fetch(&mut self, from: Vec<u8>) -> Result<()> {
+        let node = self.coord.node.clone();
+        let (bucket, prefix) = (self.bucket.clone(), self.prefix.clone());
+        let replies = self.rt.block_on(async move {
+            let calls = node.all_nodes().into_iter().map(|n| {
+                let node = node.clone();
+                let req = Req::VersionEntries {
+                    bucket: bucket.clone(),
+                    from: from.clone(),
+                    prefix: prefix.clone(),
+                    limit: ROUND,
+                };
+                async move { (n, node.call(n, Msg::new(req)).await) }
+            });
+            futures::future::join_all(calls).await
+        });
+        let mut answered: HashSet<NodeId> = HashSet::new();
+        let mut answers = Vec::new();
+        // A node cut its answer short after this key: later keys wait for
+        // the next round.
+        let mut bound: Option<Vec<u8>> = None;
+        for (n, r) in replies {
+            let Ok(Msg { head: Resp::VersionEntries { entries, gone }, .. }) = r else { continue };
+            answered.insert(n);
+            if entries.len() >= ROUND as usize
+                && let Some((last, _)) = entries.last()
+                && bound.as_ref().is_none_or(|b| last < b)
+            {
+                bound = Some(last.clone());
+            }
+            answers.push((entries, gone));
+        }
+        self.coord.check_coverage(&answered, "version listing")?;
+        for (k, s) in merge_entries(answers) {
+            if bound.as_ref().is_some_and(|b| &k > b) {
+                break;
+            }
+            self.buf.push_back((k, s));
+        }
+        self.next_from = bound.map(|mut b| {
+            b.push(0);
+            b
+        });
+        Ok(())
+    }
+}
+
+impl VersionCursor for ClusterVersions {
+    fn seek(&mut self, from: &[u8]) -> Result<()> {
+        self.buf.clear();
+        self.next_from = Some(from.to_vec());
+        Ok(())
+    }
+
+    fn next(&mut self) -> Result<Option<(Vec<u8>, VersionSummary)>> {
+        loop {
+            if let Some(x) = self.buf.pop_front() {
+                return Ok(Some(x));
+            }
+            let Some(from) = self.next_from.take() else { return Ok(None) };
+            self.fetch(from)?;
+        }
+    }
+}
+
+impl Coordinator {
+    /// A bucket's versioning state as this node holds it (every node holds
+    /// every bucket row; one that missed a change gets it from the resync
+    /// queue).
+    pub fn bucket_versioning(&self, bucket: &str) -> Result<Option<Versioning>> {
+        Ok(self.node.replica.bucket(bucket)?.and_then(|b| b.versioning))
+    }
+
+    /// Sets a bucket's versioning state on every node (a majority must take
+    /// it; the others get it from the resync queue with the bucket row).
+    pub async fn set_bucket_versioning(self: &Arc<Self>, bucket: &str, state: Versioning) -> Result<()> {
+        self.require_bucket(bucket).await?;
+        let req = Req::SetVersioning { bucket: bucket.to_owned(), state, at: self.node.hlc.now() };
+        self.to_all_queue_missed(req, bucket, "put bucket versioning").await
+    }
+
+    /// The versions of a key, merged from a read quorum of its replicas
+    /// ([`merge`]), newest first, each with the replicas holding it.
+    pub async fn key_versions(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<Vec<(Version, Vec<NodeId>)>> {
+        let sets = self.node.write_sets(bucket, key);
+        let calls = union(&sets).into_iter().map(|n| {
+            let node = self.clone();
+            let req = Req::KeyVersions { bucket: bucket.to_owned(), key: key.to_vec() };
+            async move { (n, node.node.call(n, Msg::new(req)).await) }
+        });
+        let mut answers = Vec::new();
+        let mut answered = HashSet::new();
+        for (n, r) in futures::future::join_all(calls).await {
+            match r {
+                Ok(Msg { head: Resp::KeyVersions { versions, gone }, .. }) => {
+                    answered.insert(n);
+                    answers.push((n, versions, gone));
+                }
+                Ok(other) => tracing::debug!(node = n, answer = ?other.head, "unexpected answer to KeyVersions"),
+                Err(e) => tracing::debug!(node = n, error = %e, "replica missed a version read"),
+            }
+        }
+        for s in &sets {
+            let got = s.iter().filter(|n| answered.contains(n)).count();
+            if got < self.need_r(s.len()) {
+                return Err(self.quorum_failed(&format!(
+                    "only {got} of {} replicas answered a version read (read quorum {})",
+                    s.len(),
+                    self.need_r(s.len())
+                )));
+            }
+        }
+        Ok(merge(answers))
+    }
+
+    /// One page of ListObjectVersions of a bucket across the cluster.
+    pub async fn list_bucket_versions(self: &Arc<Self>, bucket: &str, q: VersionQuery) -> Result<VersionPage> {
+        let mut cur = ClusterVersions {
+            coord: self.clone(),
+            rt: tokio::runtime::Handle::current(),
+            bucket: bucket.to_owned(),
+            prefix: q.list.prefix.clone(),
+            buf: VecDeque::new(),
+            next_from: None,
+        };
+        tokio::task::spawn_blocking(move || versioning::page(&mut cur, &q))
+            .await
+            .map_err(|e| LightningError::Io(std::io::Error::other(e)))?
+    }
+
+    /// A DELETE without a version id in a bucket in `state`: if `cond`
+    /// holds for the current object, a delete marker (a `null` one while
+    /// versioning is suspended) becomes the key's latest version.
+    pub async fn put_delete_marker(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        state: Versioning,
+        cond: &DeleteConditions,
+        even_degraded: bool,
+    ) -> Result<Removed> {
+        let mark = async {
+            // Read first: the check, and a marker version above every
+            // acknowledged write (the read moved the clock past them).
+            let cur = self.read_row(bucket, key.as_bytes()).await?;
+            if !cond.is_empty() {
+                let current = match &cur.row {
+                    Some(Row::Object(m)) => Some((m.etag.as_str(), m.size, m.last_modified_ms.div_euclid(1000))),
+                    _ => None,
+                };
+                cond.check(current, key)?;
+            }
+            let marker = DeleteMarker {
+                version: self.node.hlc.now(),
+                last_modified_ms: now_ms(),
+                null: state == Versioning::Suspended,
+            };
+            let targets = union(&self.node.write_sets(bucket, key.as_bytes()));
+            self.quorum_call(bucket, key.as_bytes(), &targets, || Req::PutMarker {
+                bucket: bucket.to_owned(),
+                key: key.as_bytes().to_vec(),
+                marker,
+            })
+            .await?;
+            Ok(Removed { version_id: Some(version_id(marker.version, marker.null)), delete_marker: true })
+        };
+        if cond.is_empty() {
+            mark.await
+        } else if even_degraded {
+            self.with_key_lease_even_degraded(bucket, key.as_bytes(), mark).await
+        } else {
+            self.with_key_lease(bucket, key.as_bytes(), mark).await
+        }
+    }
+
+    /// A DELETE of version `v` of a key of a versioned bucket: removes it
+    /// for good if `cond` holds for it (one that does not exist is no error
+    /// without conditions). When it was the latest, the next newest version
+    /// becomes current first (or a tombstone, if that is a delete marker or
+    /// there is none). Under the key's lease.
+    pub async fn delete_version(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        v: VersionRef,
+        cond: &DeleteConditions,
+    ) -> Result<Removed> {
+        let named = || Removed {
+            version_id: Some(match v {
+                VersionRef::Null => "null".into(),
+                VersionRef::Id(id) => version_id(id, false),
+            }),
+            delete_marker: false,
+        };
+        self.with_key_lease(bucket, key.as_bytes(), async {
+            let versions = self.key_versions(bucket, key.as_bytes()).await?;
+            let Some(pos) = versions.iter().position(|(x, _)| v.names(x.version(), x.is_null())) else {
+                cond.check(None, key)?;
+                return Ok(named());
+            };
+            let target = &versions[pos].0;
+            match target {
+                Version::Object(m) => {
+                    cond.check(Some((m.etag.as_str(), m.size, m.last_modified_ms.div_euclid(1000))), key)?
+                }
+                Version::Marker(_) => cond.check(None, key)?,
+            }
+            if pos == 0 {
+                // The read moved the clock past every version: the new row is newer.
+                let row = match versions.get(1).map(|(x, _)| x) {
+                    Some(Version::Object(next)) => Row::Object(ObjectMeta {
+                        version: self.node.hlc.now(),
+                        versioned: Some(Versioned::Restored { id: next.version, null: next.is_null_version() }),
+                        ..next.clone()
+                    }),
+                    _ => Row::Tombstone(self.node.hlc.now()),
+                };
+                self.restore_row(bucket, key.as_bytes(), &row).await?;
+            }
+            let targets = union(&self.node.write_sets(bucket, key.as_bytes()));
+            let id = target.version();
+            self.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropVersion {
+                bucket: bucket.to_owned(),
+                key: key.as_bytes().to_vec(),
+                id,
+            })
+            .await?;
+            Ok(Removed { version_id: Some(target.id()), delete_marker: matches!(target, Version::Marker(_)) })
+        })
+        .await
+    }
+
+    /// Writes a key's current row whose blocks may be missing on some of
+    /// its replicas (a version made current again): each replica gets the
+    /// blocks it lacks first, then the row.
+    async fn restore_row(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row) -> Result<()> {
+        let newest = self.fill_attempt(bucket, key, row, None).await?;
+        if let Some(row) = self.above(newest, row) {
+            self.fill_attempt(bucket, key, &row, None).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::types::{ObjectData, ObjectHeaders};
+
+    fn object(version: u64, versioned: Versioned) -> Version {
+        Version::Object(ObjectMeta {
+            version,
+            size: 1,
+            etag: format!("e{version}"),
+            last_modified_ms: 0,
+            headers: ObjectHeaders::default(),
+            checksum: None,
+            parts: Vec::new(),
+            data: ObjectData::Inline(vec![1]),
+            sse_c: None,
+            versioned: Some(versioned),
+        })
+    }
+
+    fn marker(version: u64, null: bool) -> Version {
+        Version::Marker(DeleteMarker { version, last_modified_ms: 0, null })
+    }
+
+    /// The union of what the replicas hold, less what any deleted for good,
+    /// one `null` version (the newest), newest first, with the holders.
+    #[test]
+    fn replicas_versions_merge_by_union_less_the_deleted_and_older_nulls() {
+        let a = (1, vec![object(9, Versioned::Id), object(5, Versioned::Null), object(3, Versioned::Id)], vec![]);
+        let b = (2, vec![marker(12, false), object(9, Versioned::Id), object(7, Versioned::Null)], vec![3]);
+        let c = (3, vec![object(3, Versioned::Id)], vec![]);
+        let got: Vec<(u64, Vec<NodeId>)> = merge(vec![a, b, c])
+            .into_iter()
+            .map(|(v, mut n)| {
+                (v.version(), {
+                    n.sort_unstable();
+                    n
+                })
+            })
+            .collect();
+        assert_eq!(got, vec![(12, vec![2]), (9, vec![1, 2]), (7, vec![2])]);
+        let entries = |key: &[u8], v: &Version| (key.to_vec(), crate::meta::versions::summary(v));
+        let one = (
+            vec![entries(b"a", &object(4, Versioned::Id)), entries(b"b", &object(6, Versioned::Null))],
+            vec![(b"a".to_vec(), 2)],
+        );
+        let two = (
+            vec![
+                entries(b"a", &object(4, Versioned::Id)),
+                entries(b"a", &object(2, Versioned::Id)),
+                entries(b"b", &object(8, Versioned::Null)),
+                entries(b"b", &object(6, Versioned::Null)),
+            ],
+            vec![],
+        );
+        let got: Vec<(Vec<u8>, u64)> = merge_entries(vec![one, two]).into_iter().map(|(k, s)| (k, s.version)).collect();
+        assert_eq!(got, vec![(b"a".to_vec(), 4), (b"b".to_vec(), 8)]);
+    }
+}
