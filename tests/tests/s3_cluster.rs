@@ -2270,8 +2270,9 @@ async fn versions_survive_replicas_that_miss_writes_and_deletes_of_versions() ->
     let v3 = put_v(c1.clone(), b"three").await?;
     assert_eq!(held_versions(&s, 3, "bkt", "k").0.len(), 2, "node 3 still holds v1 and v2 only");
     f.heal();
-    // A quorum of nodes 2 and 3 (node 1 cut off): node 3 still holds v1,
-    // node 2 remembers its delete; node 2 holds v3, which node 3 missed.
+    // A quorum of nodes 2 and 3 (node 1 cut off): node 3 may still hold v1
+    // (until the resync queue brings it the delete), node 2 remembers the
+    // delete; node 2 holds v3, which node 3 missed.
     f.isolate(1);
     let c2 = s.client_of(2);
     let ids = |out: &aws_sdk_s3::operation::list_object_versions::ListObjectVersionsOutput| -> Vec<String> {

@@ -79,6 +79,12 @@ impl Coordinator {
                 tracing::warn!(bucket, node = n, error = %e, "the bucket's lifecycle configuration did not reach it");
             }
         }
+        if let (Some(state), Some(at)) = (row.versioning, row.versioning_at) {
+            let set = Req::SetVersioning { bucket: bucket.to_owned(), state, at };
+            if let Err(e) = self.node.call(n, Msg::new(set)).await {
+                tracing::warn!(bucket, node = n, error = %e, "the bucket's versioning state did not reach it");
+            }
+        }
         self.node.call(n, Msg::new(make())).await
     }
 
@@ -155,12 +161,11 @@ impl Coordinator {
         if !page.entries.is_empty() {
             return Err(LightningError::BucketNotEmpty(name.to_owned()));
         }
-        // Nor may a versioned bucket hold versions or delete markers.
-        if self.bucket_versioning(name)?.is_some() {
-            let q = crate::versioning::VersionQuery { list: q, ..Default::default() };
-            if !self.list_bucket_versions(name, q).await?.items.is_empty() {
-                return Err(LightningError::BucketNotEmpty(name.to_owned()));
-            }
+        // Nor may it hold versions or delete markers (asked whatever this
+        // node holds of the versioning state: it may have missed a change).
+        let q = crate::versioning::VersionQuery { list: q, ..Default::default() };
+        if !self.list_bucket_versions(name, q).await?.items.is_empty() {
+            return Err(LightningError::BucketNotEmpty(name.to_owned()));
         }
         // What the nodes that delete it get back should another refuse.
         let row = self.node.replica.bucket(name)?;
@@ -312,6 +317,23 @@ impl Coordinator {
                     Ok(_) => {}
                     Err(e) => {
                         tracing::debug!(node = peer, error = %e, "anti-entropy: lifecycle configurations did not reach a node");
+                    }
+                }
+            }
+            // Versioning states: a node takes only a newer change (few
+            // buckets have one; one request each).
+            for (name, row) in &rows {
+                let (Some(state), Some(at)) = (row.versioning, row.versioning_at) else { continue };
+                let set = Req::SetVersioning { bucket: name.clone(), state, at };
+                match self.node.call(peer, Msg::new(set)).await {
+                    Ok(Msg { head: Resp::Flag(true), .. }) => {
+                        sent += 1;
+                        tracing::info!(bucket = %name, node = peer, "anti-entropy: a node missed a versioning change");
+                    }
+                    Ok(_) | Err(LightningError::NoSuchBucket(_)) => {}
+                    Err(LightningError::UnsupportedRequest(_)) => break,
+                    Err(e) => {
+                        tracing::debug!(bucket = %name, node = peer, error = %e, "anti-entropy: a versioning state did not reach a node");
                     }
                 }
             }

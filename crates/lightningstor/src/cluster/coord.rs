@@ -570,7 +570,7 @@ impl Coordinator {
     }
 
     /// Queues (bucket, key) for resync to `nodes` (persisted before it returns).
-    async fn queue_missed(self: &Arc<Self>, bucket: &str, key: &[u8], nodes: &[NodeId]) -> Result<()> {
+    pub(super) async fn queue_missed(self: &Arc<Self>, bucket: &str, key: &[u8], nodes: &[NodeId]) -> Result<()> {
         ClusterMetrics::inc(&self.node.metrics.degraded_writes);
         let missed: Vec<(NodeId, String, Vec<u8>, bool)> =
             nodes.iter().map(|&n| (n, bucket.to_owned(), key.to_vec(), false)).collect();

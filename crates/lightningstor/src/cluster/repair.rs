@@ -86,10 +86,13 @@ impl Repair {
             return Ok(()); // no longer a replica after a layout change
         }
         let found = coord.read_row(&e.bucket, &e.key).await?;
-        match found.row {
-            Some(row) => coord.push_row(e.node, &e.bucket, &e.key, &row).await.map(drop),
-            None => Ok(()),
+        if let Some(row) = found.row {
+            coord.push_row(e.node, &e.bucket, &e.key, &row).await?;
         }
+        if coord.bucket_versioning(&e.bucket)?.is_some() {
+            coord.resync_versions(e.node, &e.bucket, &e.key).await?;
+        }
+        Ok(())
     }
 
     /// Re-hashes up to `max` local blocks starting after `after`; corrupt

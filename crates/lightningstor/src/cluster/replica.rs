@@ -429,11 +429,12 @@ impl Replica {
             }
             Req::SetVersioning { bucket, state, at } => {
                 self.hlc.observe(at);
-                let took = self
+                let (took, freed) = self
                     .store
                     .meta
                     .write(move |t| crate::meta::versions::replica_set_versioning(t, &bucket, state, at))
                     .await?;
+                self.free_later(freed);
                 Msg::new(Resp::Flag(took))
             }
             Req::KeyVersions { bucket, key } => {

@@ -216,6 +216,9 @@ impl Coordinator {
                 )));
             }
         }
+        // Later rows of this key get versions above every version read.
+        let newest = answers.iter().flat_map(|(_, v, g)| v.iter().map(Version::version).chain(g.iter().copied())).max();
+        self.node.hlc.observe(newest.unwrap_or(0));
         Ok(merge(answers))
     }
 
@@ -261,8 +264,7 @@ impl Coordinator {
                 last_modified_ms: now_ms(),
                 null: state == Versioning::Suspended,
             };
-            let targets = union(&self.node.write_sets(bucket, key.as_bytes()));
-            self.quorum_call(bucket, key.as_bytes(), &targets, || Req::PutMarker {
+            self.version_call(bucket, key.as_bytes(), || Req::PutMarker {
                 bucket: bucket.to_owned(),
                 key: key.as_bytes().to_vec(),
                 marker,
@@ -323,9 +325,8 @@ impl Coordinator {
                 };
                 self.restore_row(bucket, key.as_bytes(), &row).await?;
             }
-            let targets = union(&self.node.write_sets(bucket, key.as_bytes()));
             let id = target.version();
-            self.quorum_call(bucket, key.as_bytes(), &targets, || Req::DropVersion {
+            self.version_call(bucket, key.as_bytes(), || Req::DropVersion {
                 bucket: bucket.to_owned(),
                 key: key.as_bytes().to_vec(),
                 id,
@@ -336,15 +337,61 @@ impl Coordinator {
         .await
     }
 
+    /// Sends a change of a key's versions to its replicas (a write quorum
+    /// must take it); the ones that missed it are queued for resync of the
+    /// key, which brings them the key's markers and deletes of versions
+    /// ([`Coordinator::resync_versions`]).
+    async fn version_call(self: &Arc<Self>, bucket: &str, key: &[u8], make: impl Fn() -> Req) -> Result<()> {
+        let targets = union(&self.node.write_sets(bucket, key));
+        let ok = self.quorum_call(bucket, key, &targets, make).await?;
+        let missed: Vec<NodeId> = targets.into_iter().filter(|n| !ok.contains(n)).collect();
+        if !missed.is_empty() {
+            self.queue_missed(bucket, key, &missed).await?;
+        }
+        Ok(())
+    }
+
+    /// The resync of a versioned key's versions to replica `to` (after its
+    /// row): the deletes of versions (and the `null` versions replaced) a
+    /// read quorum remembers, and the delete markers it holds. Object
+    /// versions it missed are not sent (only the current row is, with its
+    /// blocks).
+    pub async fn resync_versions(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8]) -> Result<()> {
+        let sets = self.node.write_sets(bucket, key);
+        let mut gone: HashSet<u64> = HashSet::new();
+        let mut markers: BTreeMap<u64, DeleteMarker> = BTreeMap::new();
+        for n in union(&sets) {
+            let req = Req::KeyVersions { bucket: bucket.to_owned(), key: key.to_vec() };
+            if let Ok(Msg { head: Resp::KeyVersions { versions, gone: g }, .. }) =
+                self.node.call(n, Msg::new(req)).await
+            {
+                gone.extend(g);
+                for v in versions {
+                    if let Version::Marker(m) = v {
+                        markers.insert(m.version, m);
+                    }
+                }
+            }
+        }
+        for id in gone {
+            let drop = Req::DropVersion { bucket: bucket.to_owned(), key: key.to_vec(), id };
+            self.node.call(to, Msg::new(drop)).await?;
+        }
+        for (_, marker) in markers {
+            let put = Req::PutMarker { bucket: bucket.to_owned(), key: key.to_vec(), marker };
+            self.node.call(to, Msg::new(put)).await?;
+        }
+        Ok(())
+    }
+
     /// Writes a key's current row whose blocks may be missing on some of
     /// its replicas (a version made current again): each replica gets the
     /// blocks it lacks first, then the row.
+    /// A replica holding a newer row took a write that came after the read
+    /// (unconditional writes take no lease): that write is the newest
+    /// version, so the restored row is not committed again above it.
     async fn restore_row(self: &Arc<Self>, bucket: &str, key: &[u8], row: &Row) -> Result<()> {
-        let newest = self.fill_attempt(bucket, key, row, None).await?;
-        if let Some(row) = self.above(newest, row) {
-            self.fill_attempt(bucket, key, &row, None).await?;
-        }
-        Ok(())
+        self.fill_attempt(bucket, key, row, None).await.map(drop)
     }
 }
 

@@ -592,7 +592,7 @@ pub fn apply_row(txn: &Txn<'_>, bucket: &str, key: &[u8], row: &Row) -> Result<(
     // is the key's newest (writes racing on a key are all versions).
     if let Row::Object(meta) = row
         && matches!(meta.versioned, Some(Versioned::Id | Versioned::Null))
-        && txn.open_table(BUCKETS)?.get(bucket)?.is_some()
+        && replica_bucket(txn, bucket)?
     {
         versions::replica_add(txn, bucket, key, &Version::Object(meta.clone()), &mut freed)?;
     }

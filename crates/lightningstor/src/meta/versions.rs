@@ -343,7 +343,10 @@ pub fn replica_add(
             if old.version() > id {
                 return Ok(false);
             }
+            // Replaced for good: a replica that missed this write must not
+            // bring the old null version back into a read's union.
             remove(txn, bucket, key, &old, freed)?;
+            txn.open_table(VERSIONS_GONE)?.insert((bucket, key, old.version()), ())?;
         }
     }
     insert(txn, bucket, key, v)?;
@@ -391,19 +394,45 @@ pub fn replica_drop(
 }
 
 /// A replica takes a bucket's versioning state set at HLC version `at`,
-/// unless it holds a newer change ([`set_versioning`] otherwise, so the
-/// first change makes the objects held here their keys' `null` versions).
-/// Returns whether it took it.
-pub fn replica_set_versioning(txn: &Txn<'_>, bucket: &str, state: Versioning, at: u64) -> Result<bool> {
-    let row = bucket_row(txn, bucket)?;
-    if row.versioning_at.is_some_and(|held| held >= at) {
-        return Ok(false);
-    }
-    set_versioning(txn, bucket, state)?;
+/// unless it holds a newer change. The first time, the objects held here
+/// that are no version yet (written before versioning) become their keys'
+/// `null` versions; rows already tagged (versions this replica took before
+/// it heard of the change) stay as they are. Returns whether it took it,
+/// and the blocks freed (of `null` versions replaced).
+pub fn replica_set_versioning(
+    txn: &Txn<'_>,
+    bucket: &str,
+    state: Versioning,
+    at: u64,
+) -> Result<(bool, Vec<BlockHash>)> {
     let mut row = bucket_row(txn, bucket)?;
+    if row.versioning_at.is_some_and(|held| held >= at) {
+        return Ok((false, Vec::new()));
+    }
+    let mut freed = Vec::new();
+    if row.versioning.is_none() {
+        let mut plain = Vec::new();
+        for r in txn.open_table(OBJECTS)?.range((bucket, &b""[..])..)? {
+            let (k, v) = r?;
+            let (b, key) = k.value();
+            if b != bucket {
+                break;
+            }
+            let meta: ObjectMeta = postcard::from_bytes(v.value())?;
+            if meta.versioned.is_none() {
+                plain.push((key.to_vec(), meta));
+            }
+        }
+        for (key, mut meta) in plain {
+            meta.versioned = Some(Versioned::Null);
+            txn.open_table(OBJECTS)?.insert((bucket, key.as_slice()), postcard::to_allocvec(&meta)?.as_slice())?;
+            replica_add(txn, bucket, &key, &Version::Object(meta), &mut freed)?;
+        }
+    }
+    row.versioning = Some(state);
     row.versioning_at = Some(at);
     txn.open_table(BUCKETS)?.insert(bucket, postcard::to_allocvec(&row)?.as_slice())?;
-    Ok(true)
+    Ok((true, freed))
 }
 
 /// A replica drops a bucket: every version it holds of it (dropping their
