@@ -2305,5 +2305,107 @@ async fn versions_survive_replicas_that_miss_writes_and_deletes_of_versions() ->
         let listed = s.client_of(n).list_object_versions().bucket("bkt").prefix("k").send().await?;
         assert_eq!(ids(&listed), [v2.clone()], "through node {n}");
     }
+    // Versions and a marker a replica missed reach it (the resync queue of
+    // the writes' coordinator, or the read repair of a version read).
+    f.isolate(3);
+    let r1 = c1.put_object().bucket("bkt").key("r").body(ByteStream::from(pseudo_random(300_000, 1))).send().await?;
+    let r2 = c1.put_object().bucket("bkt").key("r").body(ByteStream::from_static(b"small")).send().await?;
+    let marker = c1.delete_object().bucket("bkt").key("r").send().await?;
+    assert_eq!(held_versions(&s, 3, "bkt", "r"), (vec![], vec![]));
+    f.heal();
+    let want: Vec<u64> =
+        [marker.version_id(), r2.version_id(), r1.version_id()].iter().map(|v| id(v.expect("a version id"))).collect();
+    eventually(30, "node 3 gets the versions it missed", || held_versions(&s, 3, "bkt", "r").0 == want).await;
+    let got =
+        s.client_of(3).get_object().bucket("bkt").key("r").version_id(r1.version_id().expect("id")).send().await?;
+    assert_eq!(got.body.collect().await?.into_bytes().to_vec(), pseudo_random(300_000, 1));
+    Ok(())
+}
+
+/// A layout change moves noncurrent versions too: after a node is added
+/// and another removed, every version of a versioned bucket is held by
+/// each of its key's new replicas and reads back by id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layout_change_moves_every_version_and_delete_marker() -> R {
+    use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
+    let s = InCluster::new(4);
+    let c = s.client();
+    c.create_bucket().bucket("bkt").send().await?;
+    let enabled = VersioningConfiguration::builder().status(BucketVersioningStatus::Enabled).build();
+    c.put_bucket_versioning().bucket("bkt").versioning_configuration(enabled).send().await?;
+    // Per key: its version ids, newest first, and the body of each object version.
+    let mut want: BTreeMap<String, Vec<(String, Option<Vec<u8>>)>> = BTreeMap::new();
+    for i in 0..16u64 {
+        let key = format!("k{i}");
+        for j in 0..2u64 {
+            let body = pseudo_random(if i % 5 == 0 { 200_000 } else { 700 }, i * 10 + j);
+            let out = c.put_object().bucket("bkt").key(&key).body(ByteStream::from(body.clone())).send().await?;
+            want.entry(key.clone()).or_default().insert(0, (out.version_id().expect("id").to_owned(), Some(body)));
+        }
+        if i % 4 == 0 {
+            let out = c.delete_object().bucket("bkt").key(&key).send().await?;
+            want.entry(key.clone()).or_default().insert(0, (out.version_id().expect("id").to_owned(), None));
+        }
+    }
+    let id = |v: &str| u64::from_str_radix(v, 16).expect("a version id");
+    let check = |s: &InCluster, c: aws_sdk_s3::Client, want: BTreeMap<String, Vec<(String, Option<Vec<u8>>)>>| {
+        let placed: Vec<(String, Vec<NodeId>)> =
+            want.keys().map(|k| (k.clone(), s.cluster.node(1).replicas("bkt", k.as_bytes()))).collect();
+        let held: BTreeMap<(String, NodeId), Vec<u64>> = placed
+            .iter()
+            .flat_map(|(k, ids)| ids.iter().map(move |n| (k.clone(), *n)))
+            .map(|(k, n)| {
+                let h = held_versions(s, n, "bkt", &k).0;
+                ((k, n), h)
+            })
+            .collect();
+        async move {
+            for (k, versions) in &want {
+                let ids_want: Vec<u64> = versions.iter().map(|(v, _)| id(v)).collect();
+                for ((key, n), h) in &held {
+                    if key == k {
+                        assert_eq!(h, &ids_want, "{k} on its replica {n}");
+                    }
+                }
+                for (v, body) in versions {
+                    let got = c.get_object().bucket("bkt").key(k).version_id(v).send().await;
+                    match body {
+                        Some(b) => assert_eq!(&got?.body.collect().await?.into_bytes().to_vec(), b, "{k} {v}"),
+                        None => assert_eq!(status(&got.expect_err("a marker")), 405, "{k} {v}"),
+                    }
+                }
+            }
+            anyhow::Ok(())
+        }
+    };
+    // Add node 5.
+    let mut bigger = s.cluster.config.clone();
+    let extra = lightningstor::cluster::ClusterConfig::init(5, s.dir.path(), 1, false)?.nodes[4].clone();
+    bigger.nodes.push(extra);
+    bigger.layout_version += 1;
+    s.cluster.start_node("n5", &bigger)?;
+    s.cluster.change_layout(&bigger);
+    for id in s.cluster.ids() {
+        s.cluster.coordinator(id).repair().rebalance_round().await?;
+    }
+    for id in s.cluster.ids() {
+        s.cluster.node(id).finish_layout_change();
+    }
+    let on_5 = want.keys().filter(|k| !held_versions(&s, 5, "bkt", k).0.is_empty()).count();
+    assert!(on_5 > 4, "node 5 took its share of versions ({on_5} keys)");
+    check(&s, s.client(), want.clone()).await?;
+    // Remove node 2.
+    let mut smaller = bigger.clone();
+    smaller.nodes.retain(|n| n.id != 2);
+    smaller.layout_version += 1;
+    s.cluster.change_layout(&smaller);
+    for id in [1, 3, 4, 5, 2] {
+        s.cluster.coordinator(id).repair().rebalance_round().await?;
+    }
+    for id in s.cluster.ids() {
+        s.cluster.node(id).finish_layout_change();
+    }
+    s.cluster.stop_node(2);
+    check(&s, s.client_of(1), want).await?;
     Ok(())
 }

@@ -255,6 +255,13 @@ impl Repair {
         }
         let rows = self.coord.node.replica.all_rows().await?;
         let mut n = 0;
+        // The versions of versioned buckets' keys held here (also of keys
+        // whose row is gone, a delete marker's tombstone collected).
+        for (b, k) in self.coord.node.replica.version_keys().await? {
+            if self.coord.bucket_versioning(&b)?.is_some() {
+                n += self.coord.rebalance_versions(&b, &k).await?;
+            }
+        }
         for (b, k, _, _) in rows {
             let Some(row) = self.coord.node.replica.row(&b, &k)? else { continue };
             for target in self.coord.node.replicas(&b, &k) {

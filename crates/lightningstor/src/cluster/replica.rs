@@ -148,6 +148,17 @@ impl Replica {
         self.store.meta.get_row(bucket, key)
     }
 
+    /// The versions of a key held here (newest first) and those deleted
+    /// for good here.
+    pub fn key_versions(&self, bucket: &str, key: &[u8]) -> Result<(Vec<crate::meta::types::Version>, Vec<u64>)> {
+        self.store.meta.key_versions(bucket, key)
+    }
+
+    /// Every (bucket, key) with versions (or deletes of versions) here.
+    pub async fn version_keys(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.blocking(|s| s.meta.version_keys()).await
+    }
+
     /// Up to `limit` rows of `bucket` after `from`, tombstones included.
     pub async fn raw_rows(&self, bucket: &str, from: Vec<u8>, limit: usize) -> Result<Vec<(Vec<u8>, RawEntry)>> {
         let bucket = bucket.to_owned();

@@ -16,10 +16,10 @@
 //! [`Versioned::Restored`] with the id it had, before the version is
 //! dropped; both under the key's lease.
 //!
-//! Noncurrent versions are kept by the write quorum and found by the read
-//! quorum; anti-entropy and rebalancing move the current rows only (a
-//! replica that missed a version gets the latest back when its row is
-//! repaired).
+//! A replica that misses a change of a key's versions gets it from the
+//! resync queue, from the read repair of a version read, or, in a layout
+//! change, from rebalancing ([`Coordinator::push_versions`]); the hash-tree
+//! anti-entropy compares the current rows only.
 
 use super::NodeId;
 use super::coord::{Coordinator, union};
@@ -169,6 +169,30 @@ impl VersionCursor for ClusterVersions {
     }
 }
 
+/// What the replicas of a key that answered hold of its versions.
+struct KeyView {
+    /// The merged versions ([`merge`]), newest first, with their holders.
+    versions: Vec<(Version, Vec<NodeId>)>,
+    /// Every version any of them deleted for good (or replaced, for `null`).
+    gone: HashSet<u64>,
+    /// Per replica that answered: the ids it holds and those it deleted.
+    held: BTreeMap<NodeId, (HashSet<u64>, HashSet<u64>)>,
+}
+
+impl KeyView {
+    /// The replicas that answered without some merged version or delete.
+    fn behind(&self) -> Vec<NodeId> {
+        self.held
+            .iter()
+            .filter(|(_, (held, gone))| {
+                !self.gone.is_subset(gone)
+                    || self.versions.iter().any(|(v, _)| !held.contains(&v.version()) && !gone.contains(&v.version()))
+            })
+            .map(|(n, _)| *n)
+            .collect()
+    }
+}
+
 impl Coordinator {
     /// A bucket's versioning state as this node holds it (every node holds
     /// every bucket row; one that missed a change gets it from the resync
@@ -185,9 +209,11 @@ impl Coordinator {
         self.to_all_queue_missed(req, bucket, "put bucket versioning").await
     }
 
-    /// The versions of a key, merged from a read quorum of its replicas
-    /// ([`merge`]), newest first, each with the replicas holding it.
-    pub async fn key_versions(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<Vec<(Version, Vec<NodeId>)>> {
+    /// What the replicas of a key hold of its versions: the answers of a
+    /// read quorum (all its replicas are asked), and with `local` this
+    /// node's own too (a node holding versions of a partition that moved
+    /// away from it). Unavailable without a read quorum.
+    async fn key_view(self: &Arc<Self>, bucket: &str, key: &[u8], local: bool) -> Result<KeyView> {
         let sets = self.node.write_sets(bucket, key);
         let calls = union(&sets).into_iter().map(|n| {
             let node = self.clone();
@@ -216,10 +242,80 @@ impl Coordinator {
                 )));
             }
         }
+        if local && !answered.contains(&self.node.id) {
+            let (versions, gone) = self.node.replica.key_versions(bucket, key)?;
+            answers.push((self.node.id, versions, gone));
+        }
         // Later rows of this key get versions above every version read.
         let newest = answers.iter().flat_map(|(_, v, g)| v.iter().map(Version::version).chain(g.iter().copied())).max();
         self.node.hlc.observe(newest.unwrap_or(0));
-        Ok(merge(answers))
+        let held = answers
+            .iter()
+            .map(|(n, v, g)| (*n, (v.iter().map(Version::version).collect(), g.iter().copied().collect())))
+            .collect();
+        let gone = answers.iter().flat_map(|(_, _, g)| g.iter().copied()).collect();
+        Ok(KeyView { versions: merge(answers), gone, held })
+    }
+
+    /// The versions of a key, merged from a read quorum of its replicas
+    /// ([`merge`]), newest first, each with the replicas holding it. A
+    /// replica that answered without some of them (or without a delete of
+    /// one) gets them in the background (read repair of versions).
+    pub async fn key_versions(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<Vec<(Version, Vec<NodeId>)>> {
+        let view = Arc::new(self.key_view(bucket, key, false).await?);
+        for n in view.behind() {
+            let (coord, view, bucket, key) = (self.clone(), view.clone(), bucket.to_owned(), key.to_vec());
+            tokio::spawn(async move {
+                if let Err(e) = coord.push_versions(n, &bucket, &key, &view).await {
+                    tracing::debug!(node = n, error = %e, "read repair of a key's versions failed");
+                }
+            });
+        }
+        Ok(view.versions.clone())
+    }
+
+    /// Brings replica `to` what `view` holds of a key's versions and it
+    /// lacks: the deletes of versions, then each version (an object with
+    /// the blocks it lacks, as [`Coordinator::push_row_of`] sends a row; a
+    /// delete marker). Returns how many it got.
+    async fn push_versions(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8], view: &KeyView) -> Result<usize> {
+        let (held, gone) = match view.held.get(&to) {
+            Some(h) => h.clone(),
+            None => {
+                let req = Req::KeyVersions { bucket: bucket.to_owned(), key: key.to_vec() };
+                match self.node.call(to, Msg::new(req)).await?.head {
+                    Resp::KeyVersions { versions, gone } => {
+                        (versions.iter().map(Version::version).collect(), gone.into_iter().collect())
+                    }
+                    other => {
+                        return Err(LightningError::Unavailable(format!("unexpected answer to KeyVersions: {other:?}")));
+                    }
+                }
+            }
+        };
+        let mut sent = 0;
+        for id in view.gone.difference(&gone) {
+            let drop = Req::DropVersion { bucket: bucket.to_owned(), key: key.to_vec(), id: *id };
+            self.node.call(to, Msg::new(drop)).await?;
+            sent += 1;
+        }
+        // Oldest first, so a replica holding none of them ends with the newest as its row.
+        for (v, _) in view.versions.iter().rev() {
+            if held.contains(&v.version()) || gone.contains(&v.version()) {
+                continue;
+            }
+            match v {
+                Version::Object(m) => {
+                    self.push_row_of(to, bucket, key, &Row::Object(m.clone()), None).await?;
+                }
+                Version::Marker(marker) => {
+                    let put = Req::PutMarker { bucket: bucket.to_owned(), key: key.to_vec(), marker: *marker };
+                    self.node.call(to, Msg::new(put)).await?;
+                }
+            }
+            sent += 1;
+        }
+        Ok(sent)
     }
 
     /// One page of ListObjectVersions of a bucket across the cluster.
@@ -352,36 +448,25 @@ impl Coordinator {
     }
 
     /// The resync of a versioned key's versions to replica `to` (after its
-    /// row): the deletes of versions (and the `null` versions replaced) a
-    /// read quorum remembers, and the delete markers it holds. Object
-    /// versions it missed are not sent (only the current row is, with its
-    /// blocks).
+    /// row): what a read quorum holds and it lacks ([`Coordinator::push_versions`]).
     pub async fn resync_versions(self: &Arc<Self>, to: NodeId, bucket: &str, key: &[u8]) -> Result<()> {
-        let sets = self.node.write_sets(bucket, key);
-        let mut gone: HashSet<u64> = HashSet::new();
-        let mut markers: BTreeMap<u64, DeleteMarker> = BTreeMap::new();
-        for n in union(&sets) {
-            let req = Req::KeyVersions { bucket: bucket.to_owned(), key: key.to_vec() };
-            if let Ok(Msg { head: Resp::KeyVersions { versions, gone: g }, .. }) =
-                self.node.call(n, Msg::new(req)).await
-            {
-                gone.extend(g);
-                for v in versions {
-                    if let Version::Marker(m) = v {
-                        markers.insert(m.version, m);
-                    }
-                }
+        let view = self.key_view(bucket, key, false).await?;
+        self.push_versions(to, bucket, key, &view).await.map(drop)
+    }
+
+    /// Rebalancing of a key's versions: every replica of the key (in the
+    /// layout in force) gets what it lacks of the versions a read quorum
+    /// and this node hold (this node may hold those of a partition that
+    /// moved away from it). Returns how many were sent.
+    pub async fn rebalance_versions(self: &Arc<Self>, bucket: &str, key: &[u8]) -> Result<usize> {
+        let view = self.key_view(bucket, key, true).await?;
+        let mut sent = 0;
+        for to in self.node.replicas(bucket, key) {
+            if to != self.node.id {
+                sent += self.push_versions(to, bucket, key, &view).await?;
             }
         }
-        for id in gone {
-            let drop = Req::DropVersion { bucket: bucket.to_owned(), key: key.to_vec(), id };
-            self.node.call(to, Msg::new(drop)).await?;
-        }
-        for (_, marker) in markers {
-            let put = Req::PutMarker { bucket: bucket.to_owned(), key: key.to_vec(), marker };
-            self.node.call(to, Msg::new(put)).await?;
-        }
-        Ok(())
+        Ok(sent)
     }
 
     /// Writes a key's current row whose blocks may be missing on some of

@@ -460,6 +460,24 @@ impl MetaStore {
         Ok(out)
     }
 
+    /// In a cluster: every (bucket, key) with a version or a record of a
+    /// version deleted for good here, in order, once each.
+    pub fn version_keys(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let txn = self.db.begin_read()?;
+        let mut out: std::collections::BTreeSet<(String, Vec<u8>)> = std::collections::BTreeSet::new();
+        for row in txn.open_table(VERSIONS)?.iter()? {
+            let (k, _) = row?;
+            let (b, key, _) = k.value();
+            out.insert((b.to_owned(), key.to_vec()));
+        }
+        for row in txn.open_table(VERSIONS_GONE)?.iter()? {
+            let (k, _) = row?;
+            let (b, key, _) = k.value();
+            out.insert((b.to_owned(), key.to_vec()));
+        }
+        Ok(out.into_iter().collect())
+    }
+
     /// The partition count of the hash trees, if this store keeps them.
     pub fn tree(&self) -> Option<u32> {
         self.tree
