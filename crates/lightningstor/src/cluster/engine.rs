@@ -290,6 +290,15 @@ impl Engine for Arc<Coordinator> {
             },
         };
         if self.bucket_versioning(bucket)?.is_none() {
+            // This node may have missed the bucket's versioning change (the
+            // resync queue or anti-entropy brings it): a version the
+            // replicas hold is answered all the same.
+            let held = self.key_versions(bucket, key.as_bytes()).await?;
+            if let Some((Version::Object(m), holders)) =
+                held.into_iter().find(|(v, _)| version.names(v.version(), v.is_null()))
+            {
+                return Ok((m, holders));
+            }
             // Outside versioned buckets the current object is the null version.
             return match (version, Engine::get(self, bucket, key).await?) {
                 (VersionRef::Null, Some(found)) => Ok(found),

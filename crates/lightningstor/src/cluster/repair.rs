@@ -253,6 +253,15 @@ impl Repair {
                 self.coord.node.call(peer, Msg::new(Req::MergeAuth { rows: auth.clone() })).await?;
             }
         }
+        // So does it of the buckets' versioning states (a node takes only a
+        // newer change), before the versions below go to it.
+        for (name, row) in self.coord.node.replica.buckets().await? {
+            let (Some(state), Some(at)) = (row.versioning, row.versioning_at) else { continue };
+            for peer in self.coord.node.config().nodes.iter().map(|n| n.id).filter(|id| *id != self.coord.node.id) {
+                let set = Req::SetVersioning { bucket: name.clone(), state, at };
+                self.coord.node.call(peer, Msg::new(set)).await?;
+            }
+        }
         let rows = self.coord.node.replica.all_rows().await?;
         let mut n = 0;
         // The versions of versioned buckets' keys held here (also of keys

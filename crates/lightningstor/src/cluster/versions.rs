@@ -288,7 +288,9 @@ impl Coordinator {
                         (versions.iter().map(Version::version).collect(), gone.into_iter().collect())
                     }
                     other => {
-                        return Err(LightningError::Unavailable(format!("unexpected answer to KeyVersions: {other:?}")));
+                        return Err(LightningError::Unavailable(format!(
+                            "unexpected answer to KeyVersions: {other:?}"
+                        )));
                     }
                 }
             }

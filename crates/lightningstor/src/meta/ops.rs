@@ -720,7 +720,7 @@ pub fn drop_bucket_before(txn: &WriteTransaction, name: &str, deleted_ms: i64) -
 /// On a replica, makes sure the bucket row of a replicated write exists:
 /// creates it if this replica missed the bucket's creation. `false` when the
 /// bucket was deleted here (the write raced its delete).
-fn replica_bucket(txn: &WriteTransaction, name: &str) -> Result<bool> {
+pub(crate) fn replica_bucket(txn: &WriteTransaction, name: &str) -> Result<bool> {
     let mut buckets = txn.open_table(BUCKETS)?;
     if buckets.get(name)?.is_some() {
         return Ok(true);

@@ -397,14 +397,19 @@ pub fn replica_drop(
 /// unless it holds a newer change. The first time, the objects held here
 /// that are no version yet (written before versioning) become their keys'
 /// `null` versions; rows already tagged (versions this replica took before
-/// it heard of the change) stay as they are. Returns whether it took it,
-/// and the blocks freed (of `null` versions replaced).
+/// it heard of the change) stay as they are. A replica that missed the
+/// bucket's create makes its row (unless it deleted the bucket: then it
+/// takes nothing). Returns whether it took it, and the blocks freed (of
+/// `null` versions replaced).
 pub fn replica_set_versioning(
     txn: &Txn<'_>,
     bucket: &str,
     state: Versioning,
     at: u64,
 ) -> Result<(bool, Vec<BlockHash>)> {
+    if !super::ops::replica_bucket(txn, bucket)? {
+        return Ok((false, Vec::new()));
+    }
     let mut row = bucket_row(txn, bucket)?;
     if row.versioning_at.is_some_and(|held| held >= at) {
         return Ok((false, Vec::new()));
