@@ -13,67 +13,119 @@ use crate::meta::types::{ObjectSummary, RawEntry};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-/// Rows fetched from each node per round.
-const ROUND: u32 = 1000;
+/// Entries fetched from each node per round (rows here, version
+/// summaries in [`super::versions`]).
+pub(super) const ROUND: u32 = 1000;
+
+/// A listing across nodes in rounds: the merged entries of the last round
+/// still to hand out, and the key the next round starts from. Shared by
+/// the listing of rows and the listing of versions.
+pub(super) struct Rounds<T> {
+    buf: VecDeque<(Vec<u8>, T)>,
+    next_from: Option<Vec<u8>>,
+}
+
+impl<T> Rounds<T> {
+    pub(super) fn new() -> Self {
+        Rounds { buf: VecDeque::new(), next_from: None }
+    }
+
+    pub(super) fn seek(&mut self, from: &[u8]) {
+        self.buf.clear();
+        self.next_from = Some(from.to_vec());
+    }
+
+    /// The next entry; `fetch(from)` runs a round: the entries merged from
+    /// every node in key order, and the last key all their answers cover
+    /// (`None` when no answer was cut short; see [`lower_bound`]).
+    pub(super) fn next(
+        &mut self,
+        mut fetch: impl FnMut(Vec<u8>) -> Result<(Vec<(Vec<u8>, T)>, Option<Vec<u8>>)>,
+    ) -> Result<Option<(Vec<u8>, T)>> {
+        loop {
+            if let Some(x) = self.buf.pop_front() {
+                return Ok(Some(x));
+            }
+            let Some(from) = self.next_from.take() else { return Ok(None) };
+            let (entries, bound) = fetch(from)?;
+            for (k, v) in entries {
+                if bound.as_ref().is_some_and(|b| &k > b) {
+                    break;
+                }
+                self.buf.push_back((k, v));
+            }
+            self.next_from = bound.map(|mut b| {
+                b.push(0);
+                b
+            });
+        }
+    }
+}
+
+/// A node's answer of `len` entries ending at key `last` was cut short
+/// (it holds [`ROUND`]): later keys wait for the next round.
+pub(super) fn lower_bound(bound: &mut Option<Vec<u8>>, len: usize, last: Option<&Vec<u8>>) {
+    if len >= ROUND as usize
+        && let Some(last) = last
+        && bound.as_ref().is_none_or(|b| last < b)
+    {
+        *bound = Some(last.clone());
+    }
+}
+
+/// Sends `req` to every node, from a cursor on the blocking pool.
+pub(super) fn ask_every_node(
+    coord: &Coordinator,
+    rt: &tokio::runtime::Handle,
+    req: Req,
+) -> Vec<(NodeId, Result<Msg<Resp>>)> {
+    let node = coord.node.clone();
+    rt.block_on(async move {
+        let calls = node.all_nodes().into_iter().map(|n| {
+            let (node, req) = (node.clone(), req.clone());
+            async move { (n, node.call(n, Msg::new(req)).await) }
+        });
+        futures::future::join_all(calls).await
+    })
+}
 
 struct ClusterCursor {
     coord: Arc<Coordinator>,
     rt: tokio::runtime::Handle,
     bucket: String,
     prefix: Vec<u8>,
-    buf: VecDeque<(Vec<u8>, ObjectSummary)>,
-    next_from: Option<Vec<u8>>,
+    rounds: Rounds<ObjectSummary>,
 }
 
-impl ClusterCursor {
-    fn fetch(&mut self, from: Vec<u8>) -> Result<()> {
-        let node = self.coord.node.clone();
-        let (bucket, prefix) = (self.bucket.clone(), self.prefix.clone());
-        let replies = self.rt.block_on(async move {
-            let calls = node.all_nodes().into_iter().map(|n| {
-                let node = node.clone();
-                let req =
-                    Req::ListRaw { bucket: bucket.clone(), from: from.clone(), prefix: prefix.clone(), limit: ROUND };
-                async move { (n, node.call(n, Msg::new(req)).await) }
-            });
-            futures::future::join_all(calls).await
-        });
-        let mut answered: HashSet<NodeId> = HashSet::new();
-        let mut merged: BTreeMap<Vec<u8>, RawEntry> = BTreeMap::new();
-        let mut bound: Option<Vec<u8>> = None;
-        for (n, r) in replies {
-            let Ok(Msg { head: Resp::Raw(rows), .. }) = r else { continue };
-            answered.insert(n);
-            if rows.len() >= ROUND as usize
-                && let Some((last, _)) = rows.last()
-                && bound.as_ref().is_none_or(|b| last < b)
-            {
-                bound = Some(last.clone());
-            }
-            for (k, e) in rows {
-                match merged.get(&k) {
-                    Some(cur) if cur.version >= e.version => {}
-                    _ => {
-                        merged.insert(k, e);
-                    }
+/// One round of [`ClusterCursor`]: every node's rows of `bucket` from
+/// `from`, the newest of each key, deleted keys left out.
+fn fetch_rows(
+    coord: &Coordinator,
+    rt: &tokio::runtime::Handle,
+    bucket: &str,
+    prefix: &[u8],
+    from: Vec<u8>,
+) -> Result<(Vec<(Vec<u8>, ObjectSummary)>, Option<Vec<u8>>)> {
+    let req = Req::ListRaw { bucket: bucket.to_owned(), from, prefix: prefix.to_vec(), limit: ROUND };
+    let mut answered: HashSet<NodeId> = HashSet::new();
+    let mut merged: BTreeMap<Vec<u8>, RawEntry> = BTreeMap::new();
+    let mut bound: Option<Vec<u8>> = None;
+    for (n, r) in ask_every_node(coord, rt, req) {
+        let Ok(Msg { head: Resp::Raw(rows), .. }) = r else { continue };
+        answered.insert(n);
+        lower_bound(&mut bound, rows.len(), rows.last().map(|(k, _)| k));
+        for (k, e) in rows {
+            match merged.get(&k) {
+                Some(cur) if cur.version >= e.version => {}
+                _ => {
+                    merged.insert(k, e);
                 }
             }
         }
-        self.coord.check_coverage(&answered, "listing")?;
-        for (k, e) in merged {
-            if bound.as_ref().is_some_and(|b| &k > b) {
-                break;
-            }
-            if let Some(s) = e.summary {
-                self.buf.push_back((k, s));
-            }
-        }
-        self.next_from = bound.map(|mut b| {
-            b.push(0);
-            b
-        });
-        Ok(())
     }
+    coord.check_coverage(&answered, "listing")?;
+    let live = merged.into_iter().filter_map(|(k, e)| e.summary.map(|s| (k, s))).collect();
+    Ok((live, bound))
 }
 
 impl Cursor for ClusterCursor {
@@ -81,19 +133,13 @@ impl Cursor for ClusterCursor {
     type Error = LightningError;
 
     fn seek(&mut self, from: &[u8]) -> Result<()> {
-        self.buf.clear();
-        self.next_from = Some(from.to_vec());
+        self.rounds.seek(from);
         Ok(())
     }
 
     fn next(&mut self) -> Result<Option<(Vec<u8>, ObjectSummary)>> {
-        loop {
-            if let Some(x) = self.buf.pop_front() {
-                return Ok(Some(x));
-            }
-            let Some(from) = self.next_from.take() else { return Ok(None) };
-            self.fetch(from)?;
-        }
+        let (coord, rt, bucket, prefix) = (&self.coord, &self.rt, &self.bucket, &self.prefix);
+        self.rounds.next(|from| fetch_rows(coord, rt, bucket, prefix, from))
     }
 }
 
@@ -126,8 +172,7 @@ impl Coordinator {
             rt: tokio::runtime::Handle::current(),
             bucket: bucket.to_owned(),
             prefix: q.prefix.clone(),
-            buf: VecDeque::new(),
-            next_from: None,
+            rounds: Rounds::new(),
         };
         tokio::task::spawn_blocking(move || listing::list(&mut cur, &q))
             .await

@@ -23,6 +23,7 @@
 
 use super::NodeId;
 use super::coord::{Coordinator, union};
+use super::list::{ROUND, Rounds, ask_every_node, lower_bound};
 use super::rpc::{Msg, Req, Resp};
 use crate::conditions::DeleteConditions;
 use crate::error::{LightningError, Result};
@@ -30,11 +31,8 @@ use crate::meta::now_ms;
 use crate::meta::ops::Removed;
 use crate::meta::types::{DeleteMarker, ObjectMeta, Row, Version, Versioned, Versioning};
 use crate::versioning::{self, VersionCursor, VersionPage, VersionQuery, VersionRef, VersionSummary, version_id};
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-
-/// Version summaries fetched from each node per listing round.
-const ROUND: u32 = 1000;
 
 /// Merges the replicas' answers for one key: every version any of them
 /// holds, less those any deleted for good, and of `null` versions only the
@@ -99,73 +97,41 @@ struct ClusterVersions {
     rt: tokio::runtime::Handle,
     bucket: String,
     prefix: Vec<u8>,
-    buf: VecDeque<(Vec<u8>, VersionSummary)>,
-    next_from: Option<Vec<u8>>,
+    rounds: Rounds<VersionSummary>,
 }
 
-impl ClusterVersions {
-    fn fetch(&mut self, from: Vec<u8>) -> Result<()> {
-        let node = self.coord.node.clone();
-        let (bucket, prefix) = (self.bucket.clone(), self.prefix.clone());
-        let replies = self.rt.block_on(async move {
-            let calls = node.all_nodes().into_iter().map(|n| {
-                let node = node.clone();
-                let req = Req::VersionEntries {
-                    bucket: bucket.clone(),
-                    from: from.clone(),
-                    prefix: prefix.clone(),
-                    limit: ROUND,
-                };
-                async move { (n, node.call(n, Msg::new(req)).await) }
-            });
-            futures::future::join_all(calls).await
-        });
-        let mut answered: HashSet<NodeId> = HashSet::new();
-        let mut answers = Vec::new();
-        // A node cut its answer short after this key: later keys wait for
-        // the next round.
-        let mut bound: Option<Vec<u8>> = None;
-        for (n, r) in replies {
-            let Ok(Msg { head: Resp::VersionEntries { entries, gone }, .. }) = r else { continue };
-            answered.insert(n);
-            if entries.len() >= ROUND as usize
-                && let Some((last, _)) = entries.last()
-                && bound.as_ref().is_none_or(|b| last < b)
-            {
-                bound = Some(last.clone());
-            }
-            answers.push((entries, gone));
-        }
-        self.coord.check_coverage(&answered, "version listing")?;
-        for (k, s) in merge_entries(answers) {
-            if bound.as_ref().is_some_and(|b| &k > b) {
-                break;
-            }
-            self.buf.push_back((k, s));
-        }
-        self.next_from = bound.map(|mut b| {
-            b.push(0);
-            b
-        });
-        Ok(())
+/// One round of [`ClusterVersions`]: every node's version summaries of
+/// `bucket` from `from`, merged ([`merge_entries`]).
+fn fetch_versions(
+    coord: &Coordinator,
+    rt: &tokio::runtime::Handle,
+    bucket: &str,
+    prefix: &[u8],
+    from: Vec<u8>,
+) -> Result<(Vec<(Vec<u8>, VersionSummary)>, Option<Vec<u8>>)> {
+    let req = Req::VersionEntries { bucket: bucket.to_owned(), from, prefix: prefix.to_vec(), limit: ROUND };
+    let mut answered: HashSet<NodeId> = HashSet::new();
+    let mut answers = Vec::new();
+    let mut bound: Option<Vec<u8>> = None;
+    for (n, r) in ask_every_node(coord, rt, req) {
+        let Ok(Msg { head: Resp::VersionEntries { entries, gone }, .. }) = r else { continue };
+        answered.insert(n);
+        lower_bound(&mut bound, entries.len(), entries.last().map(|(k, _)| k));
+        answers.push((entries, gone));
     }
+    coord.check_coverage(&answered, "version listing")?;
+    Ok((merge_entries(answers), bound))
 }
 
 impl VersionCursor for ClusterVersions {
     fn seek(&mut self, from: &[u8]) -> Result<()> {
-        self.buf.clear();
-        self.next_from = Some(from.to_vec());
+        self.rounds.seek(from);
         Ok(())
     }
 
     fn next(&mut self) -> Result<Option<(Vec<u8>, VersionSummary)>> {
-        loop {
-            if let Some(x) = self.buf.pop_front() {
-                return Ok(Some(x));
-            }
-            let Some(from) = self.next_from.take() else { return Ok(None) };
-            self.fetch(from)?;
-        }
+        let (coord, rt, bucket, prefix) = (&self.coord, &self.rt, &self.bucket, &self.prefix);
+        self.rounds.next(|from| fetch_versions(coord, rt, bucket, prefix, from))
     }
 }
 
@@ -327,8 +293,7 @@ impl Coordinator {
             rt: tokio::runtime::Handle::current(),
             bucket: bucket.to_owned(),
             prefix: q.list.prefix.clone(),
-            buf: VecDeque::new(),
-            next_from: None,
+            rounds: Rounds::new(),
         };
         tokio::task::spawn_blocking(move || versioning::page(&mut cur, &q))
             .await
