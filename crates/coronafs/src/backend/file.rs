@@ -8,11 +8,15 @@
 //! Some filesystems (ext4) refuse `RWF_NOWAIT` for buffered writes. There a
 //! plain write of at most [`INLINE_WRITE_MAX`] is made on the async thread
 //! when `cachestat(2)` says every page of its range is cached and none is
-//! under writeback: the copy into those pages reads nothing from the disk
-//! and waits for no I/O of this range. It can still wait where a
-//! `RWF_NOWAIT` write would have given up: for the file's lock while a
-//! blocking-pool call on the same file holds it, or when the machine's dirty
-//! memory is past its limit and the kernel throttles every writer.
+//! under writeback, one such write at a time in the process. That check
+//! cannot see every wait a `RWF_NOWAIT` write would have refused: a page
+//! still being read in (readahead counts as cached), the file's lock held by
+//! a blocking-pool call on the same file (a punch or another write), the
+//! journal, dirty-memory throttling, a frozen filesystem. So each such write
+//! counts the thread's voluntary context switches (`getrusage`): one that
+//! slept sends every write of the process to the blocking pool for
+//! [`INLINE_BACKOFF`], and only one async thread can be held at a time.
+//! Replica appliers take the same path (`try_write_now`).
 
 use super::traits::{BlockBackend, BufResult, Extent64, SpliceSource};
 use crate::proto::state;
@@ -20,8 +24,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 #[derive(Debug)]
 pub struct FileBackend {
@@ -106,12 +111,59 @@ pub(crate) fn nowait_write(file: &File, buf: &[u8], offset: u64, supported: &Ato
 /// Largest write made with a plain `pwrite` on the async thread where the
 /// filesystem has no `RWF_NOWAIT` buffered writes (about 100 µs of copying).
 pub(crate) const INLINE_WRITE_MAX: usize = 1 << 20;
+/// How long a plain write that slept keeps the process's writes off the
+/// async threads.
+pub(crate) const INLINE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Who may make a plain write on an async thread: one at a time, and none
+/// for [`INLINE_BACKOFF`] after one slept. Times are nanoseconds on the
+/// caller's monotonic clock.
+#[derive(Debug, Default)]
+pub(crate) struct InlineGate {
+    busy: AtomicUsize,
+    off_until: AtomicU64,
+}
+
+impl InlineGate {
+    /// Takes the one slot if no write holds it and no back-off runs.
+    pub(crate) fn enter(&self, now: u64) -> bool {
+        if now < self.off_until.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.busy.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// Gives the slot back; a write that slept starts the back-off.
+    pub(crate) fn leave(&self, now: u64, slept: bool) {
+        if slept {
+            self.off_until.store(now + INLINE_BACKOFF.as_nanos() as u64, Ordering::Relaxed);
+        }
+        self.busy.store(0, Ordering::Release);
+    }
+}
+
+static INLINE: InlineGate = InlineGate { busy: AtomicUsize::new(0), off_until: AtomicU64::new(0) };
+
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Voluntary context switches of the calling thread so far (times it slept).
+fn voluntary_switches() -> Option<i64> {
+    // SAFETY: `getrusage` fills the zeroed struct it is given and nothing else.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(libc::RUSAGE_THREAD, &mut ru) == 0).then_some(ru.ru_nvcsw)
+    }
+}
 
 /// Writes all of `buf` at `offset` if that needs no waiting, and says
 /// whether it did (a partial write is harmless: the caller writes the whole
 /// buffer again). With `RWF_NOWAIT` where the filesystem has it; elsewhere
 /// with a plain write of at most [`INLINE_WRITE_MAX`] over a range whose
-/// pages are all cached and none under writeback (see the module's notes).
+/// pages are all cached and none under writeback, when [`INLINE`] allows
+/// (see the module's notes).
 pub(crate) fn write_now(file: &File, buf: &[u8], offset: u64, nowait: &AtomicBool) -> bool {
     if nowait.load(Ordering::Relaxed) {
         let done = matches!(nowait_write(file, buf, offset, nowait), Ok(n) if n == buf.len());
@@ -120,10 +172,19 @@ pub(crate) fn write_now(file: &File, buf: &[u8], offset: u64, nowait: &AtomicBoo
             return done;
         }
     }
-    if buf.is_empty() || buf.len() > INLINE_WRITE_MAX || !range_cached_clean(file, offset, buf.len() as u64) {
+    if buf.is_empty() || buf.len() > INLINE_WRITE_MAX || !INLINE.enter(now_ns()) {
         return false;
     }
-    file.write_all_at(buf, offset).is_ok()
+    if !range_cached_clean(file, offset, buf.len() as u64) {
+        INLINE.leave(now_ns(), false);
+        return false;
+    }
+    let before = voluntary_switches();
+    let written = file.write_all_at(buf, offset).is_ok();
+    // Without a count, assume the worst.
+    let slept = before.is_none() || voluntary_switches() != before;
+    INLINE.leave(now_ns(), slept);
+    written
 }
 
 /// Reads `buf[done..]` at `offset + done`, blocking; bytes past the end of the
@@ -344,7 +405,7 @@ impl BlockBackend for FileBackend {
     }
 
     fn try_write_now(&self, buf: &[u8], offset: u64) -> bool {
-        write_now(&self.file, buf, offset, &self.nowait_write)
+        offset + buf.len() as u64 <= self.size && write_now(&self.file, buf, offset, &self.nowait_write)
     }
 
     fn splice_source(&self, offset: u64, len: u64) -> Option<SpliceSource> {
@@ -354,8 +415,22 @@ impl BlockBackend for FileBackend {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Retries `f` for up to 10 s: the plain-write path may be busy (another
+    /// test's write holds the one slot), backing off (one of them slept), or
+    /// the range may be under writeback.
+    pub(crate) fn eventually(mut f: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
 
     /// The plain-write fallback (what ext4 gets): only a cached range of
     /// at most `INLINE_WRITE_MAX` is written now; anything else is left
@@ -366,6 +441,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = File::options().read(true).write(true).create(true).open(dir.path().join("f")).expect("file");
         file.set_len(4 * MIB as u64).expect("size");
+        assert!(
+            super::super::pagecache::cachestat(&file, 0, 0).is_some(),
+            "cachestat(2) is refused (Linux older than 6.5, or a seccomp filter): the plain-write path is off"
+        );
         let nowait = AtomicBool::new(false);
         let read = |off: u64, len: usize| {
             let mut b = vec![0xAA; len];
@@ -375,8 +454,8 @@ mod tests {
         // Nothing of the sparse file is cached yet.
         assert!(!write_now(&file, &[7; 4096], 0, &nowait), "uncached range written now");
         file.write_all_at(&vec![1; 2 * MIB], 0).expect("cache 2 MiB");
-        assert!(write_now(&file, &[7; 4096], 4096, &nowait), "cached 4 KiB");
-        assert!(write_now(&file, &vec![8; MIB], MIB as u64, &nowait), "cached 1 MiB");
+        assert!(eventually(|| write_now(&file, &[7; 4096], 4096, &nowait)), "cached 4 KiB");
+        assert!(eventually(|| write_now(&file, &vec![8; MIB], MIB as u64, &nowait)), "cached 1 MiB");
         // Over the limit, partly uncached, empty: declined and not written
         // (checked before any read, whose readahead would cache more).
         assert!(!write_now(&file, &vec![9; MIB + 4096], 0, &nowait), "over the limit");
@@ -387,5 +466,20 @@ mod tests {
         assert_eq!(read(0, 4096), vec![1; 4096]);
         assert_eq!(read(2 * MIB as u64 - 4096, 4096), vec![8; 4096]);
         assert_eq!(read(3 * MIB as u64, 4096), vec![0; 4096]);
+    }
+
+    #[test]
+    fn one_plain_write_at_a_time_and_none_for_the_back_off_after_one_slept() {
+        let gate = InlineGate::default();
+        let backoff = INLINE_BACKOFF.as_nanos() as u64;
+        assert!(gate.enter(100));
+        assert!(!gate.enter(100), "a second writer while one holds the slot");
+        gate.leave(200, false);
+        assert!(gate.enter(300), "the slot is free again");
+        gate.leave(400, true);
+        assert!(!gate.enter(401), "backing off after a write that slept");
+        assert!(!gate.enter(400 + backoff - 1), "still backing off");
+        assert!(gate.enter(400 + backoff), "the back-off is over");
+        gate.leave(400 + backoff, false);
     }
 }
