@@ -24,7 +24,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -110,39 +110,43 @@ pub(crate) fn nowait_write(file: &File, buf: &[u8], offset: u64, supported: &Ato
 
 /// Largest write made with a plain `pwrite` on the async thread where the
 /// filesystem has no `RWF_NOWAIT` buffered writes (about 100 µs of copying).
-pub(crate) const INLINE_WRITE_MAX: usize = 1 << 20;
+const INLINE_WRITE_MAX: usize = 1 << 20;
 /// How long a plain write that slept keeps the process's writes off the
 /// async threads.
-pub(crate) const INLINE_BACKOFF: Duration = Duration::from_secs(1);
+const INLINE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Who may make a plain write on an async thread: one at a time, and none
 /// for [`INLINE_BACKOFF`] after one slept. Times are nanoseconds on the
 /// caller's monotonic clock.
-#[derive(Debug, Default)]
-pub(crate) struct InlineGate {
-    busy: AtomicUsize,
+#[derive(Debug)]
+struct InlineGate {
+    busy: AtomicBool,
     off_until: AtomicU64,
 }
 
 impl InlineGate {
+    const fn new() -> Self {
+        InlineGate { busy: AtomicBool::new(false), off_until: AtomicU64::new(0) }
+    }
+
     /// Takes the one slot if no write holds it and no back-off runs.
-    pub(crate) fn enter(&self, now: u64) -> bool {
+    fn enter(&self, now: u64) -> bool {
         if now < self.off_until.load(Ordering::Relaxed) {
             return false;
         }
-        self.busy.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
     /// Gives the slot back; a write that slept starts the back-off.
-    pub(crate) fn leave(&self, now: u64, slept: bool) {
+    fn leave(&self, now: u64, slept: bool) {
         if slept {
             self.off_until.store(now + INLINE_BACKOFF.as_nanos() as u64, Ordering::Relaxed);
         }
-        self.busy.store(0, Ordering::Release);
+        self.busy.store(false, Ordering::Release);
     }
 }
 
-static INLINE: InlineGate = InlineGate { busy: AtomicUsize::new(0), off_until: AtomicU64::new(0) };
+static INLINE: InlineGate = InlineGate::new();
 
 fn now_ns() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -150,7 +154,7 @@ fn now_ns() -> u64 {
 }
 
 /// Voluntary context switches of the calling thread so far (times it slept).
-fn voluntary_switches() -> Option<i64> {
+fn voluntary_switches() -> Option<libc::c_long> {
     // SAFETY: `getrusage` fills the zeroed struct it is given and nothing else.
     unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
@@ -470,7 +474,7 @@ pub(crate) mod tests {
 
     #[test]
     fn one_plain_write_at_a_time_and_none_for_the_back_off_after_one_slept() {
-        let gate = InlineGate::default();
+        let gate = InlineGate::new();
         let backoff = INLINE_BACKOFF.as_nanos() as u64;
         assert!(gate.enter(100));
         assert!(!gate.enter(100), "a second writer while one holds the slot");
