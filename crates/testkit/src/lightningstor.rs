@@ -335,7 +335,7 @@ impl TestCluster {
         v
     }
 
-    /// The S3 service of node `id` (plug it into aws-sdk-s3 with s3s-aws).
+    /// The S3 service of node `id` (plug it into aws-sdk-s3 with [`crate::sdk::InProcess`]).
     pub fn service(&self, id: NodeId) -> s3s::service::S3Service {
         let coord = self.coordinator(id);
         let cfg = coord.node.store.config.clone();

@@ -291,7 +291,7 @@ impl S3 {
             // Its throughput checks poll the clock and the timer wheel: work
             // of the client that varies with wall time, not of the server.
             .stalled_stream_protection(aws_sdk_s3::config::StalledStreamProtectionConfig::disabled())
-            .http_client(s3s_aws::Client::from(service))
+            .http_client(testkit::sdk::InProcess::from(service))
             .build();
         let client = aws_sdk_s3::Client::from_conf(conf);
         let body = bytes::Bytes::from(pattern(len, 4));

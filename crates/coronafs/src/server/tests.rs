@@ -2,7 +2,7 @@
 //! this crate's tests only): a slow request does not hold back later
 //! replies, and backend errors reach the client as NBD errnos on a
 //! connection that survives them. The same server is driven by real
-//! clients in tests/tests/nbd_server.rs.
+//! clients in tests/it/nbd/server.rs.
 
 use super::*;
 use crate::CoronaError;

@@ -13,7 +13,7 @@
 //! and over the coordinator on a cluster node) calls it, so both modes
 //! refuse the same things (SSE-C is served,
 //! SSE-KMS and SSE-S3 are refused); the tests in
-//! `tests/tests/s3_api.rs` run against both.
+//! `tests/it/s3/api.rs` run against both.
 
 use crate::error::{LightningError, Result};
 use s3s::dto::*;

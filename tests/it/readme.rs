@@ -75,6 +75,7 @@ impl Drop for Group {
 
 #[test]
 fn readme_by_hand_blocks_run_in_order_as_written() {
+    let _gate = crate::gate::shared();
     for tool in ["bash", "nbdinfo", "qemu-img", "qemu-io", "curl", "jq"] {
         require(tool);
     }

@@ -6,7 +6,7 @@
 //! `serve` and `agent` commands themselves: --help, TOML configs, bad
 //! configs, SIGTERM.
 
-mod plasmavmc_common;
+use crate::vmc::common as plasmavmc_common;
 
 use coronafs::backend::IoEngine;
 use coronafs::client::NbdClient;
@@ -270,6 +270,7 @@ impl Lab {
 
 #[test]
 fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_acknowledged() {
+    let _gate = crate::gate::shared();
     let mut lab = Lab::start();
     let vol = lab.volume(21);
     let name = vol.coronafs_volume.clone();
@@ -342,6 +343,7 @@ fn a_vm_migrates_between_agent_processes_and_a_killed_source_loses_nothing_ackno
 
 #[test]
 fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
+    let _gate = crate::gate::shared();
     let exe = plasmavmc();
     for args in [&["serve", "--help"][..], &["agent", "--help"][..]] {
         let out = Command::new(&exe).args(args).output().expect("run");
@@ -449,6 +451,7 @@ fn serve_and_agent_explain_themselves_refuse_bad_configs_and_stop_on_sigterm() {
 /// final flush everything it acknowledged, reads back.
 #[test]
 fn a_vm_reconnects_when_coronafs_restarts_under_it_and_loses_nothing_flushed() {
+    let _gate = crate::gate::shared();
     let mut lab = Lab::start();
     let vol = lab.volume(31);
     let name = vol.coronafs_volume.clone();
@@ -510,6 +513,7 @@ fn a_vm_reconnects_when_coronafs_restarts_under_it_and_loses_nothing_flushed() {
 /// The restarted server cleans both up, and deleting an image does too.
 #[test]
 fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
+    let _gate = crate::gate::shared();
     use std::io::Write;
     let mut lab = Lab::start();
     let img: Image =
@@ -554,6 +558,7 @@ fn kill_9_during_an_upload_leaves_no_multipart_upload_or_scratch_file_behind() {
 /// completes and every write its report lists reads back.
 #[test]
 fn a_flush_does_not_complete_while_coronafs_is_frozen() {
+    let _gate = crate::gate::shared();
     let lab = Lab::start();
     let vol = lab.volume(41);
     let name = vol.coronafs_volume.clone();

@@ -16,7 +16,7 @@
 //! pass or fail; resources left by an earlier, killed run are removed first.
 //! Only one lab runs at a time (the network has a fixed subnet).
 
-mod plasmavmc_common;
+use crate::vmc::common as plasmavmc_common;
 
 use aws_sdk_s3::primitives::ByteStream;
 use coronafs::client::NbdClient;
@@ -435,6 +435,7 @@ async fn uploads_with(
 /// nodes up, no repair queued).
 #[test]
 fn lab_smoke_bench_over_the_container_network_and_a_node_killed_during_uploads() {
+    let _gate = crate::gate::shared();
     let started = Instant::now();
     let lab = Lab::up();
 
@@ -648,6 +649,7 @@ fn create_volume(lab: &Lab, name: &str, size: &str) {
 /// converges.
 #[test]
 fn lab_shaped_link_cross_worker_read_and_a_partition_healed() {
+    let _gate = crate::gate::shared();
     let lab = Lab::up();
     let dir = tempfile::tempdir().expect("tempdir");
 
@@ -760,6 +762,7 @@ fn log_of(report: &serde_json::Value) -> WriteLog {
 /// front's I/O pause is printed.
 #[test]
 fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under_a_writing_guest() {
+    let _gate = crate::gate::shared();
     use coronafs::api_client::ApiClient;
     use plasmavmc::guest::{Attachment, MAX_IO_OPS};
     let lab = Lab::up();
@@ -950,6 +953,7 @@ fn lab_a_replicated_volume_fails_over_when_its_primary_container_is_killed_under
 /// acknowledged and flushed is lost.
 #[test]
 fn lab_vm_migrates_between_workers_survives_a_coronafs_restart_and_a_killed_worker() {
+    let _gate = crate::gate::shared();
     let lab = Lab::up();
     let http = Http::new().with_bearer(AGENT_TOKEN); // its calls go to the agents
     let api = Client::new(&format!("http://{NODE01}:8080")).with_token(token(PLASMAVMC_TOKEN));
@@ -1124,6 +1128,7 @@ fn inspect(container: &str, format: &str) -> String {
 /// errors that say what exists and what the engine said.
 #[test]
 fn docker_driver_kills_pauses_and_partitions_containers_found_by_compose_labels() {
+    let _gate = crate::gate::shared();
     use bench::fault::{DockerDriver, Fault, FaultDriver};
     require("docker");
     require("tar");

@@ -2,8 +2,6 @@
 //! straight into aws-sdk-s3, and the real `lightningstor` binary spawned on a
 //! loopback port.
 
-#![allow(dead_code, unused_imports)]
-
 use aws_credential_types::Credentials;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Region};
@@ -53,7 +51,7 @@ impl InProcess {
     /// A client signing with `ak`/`sk`, path style.
     pub fn client_with(&self, ak: &str, sk: &str) -> Client {
         let conf = sdk_config("http://localhost:9000", ak, sk)
-            .http_client(s3s_aws::Client::from(self.service.clone()))
+            .http_client(testkit::sdk::InProcess::from(self.service.clone()))
             .build();
         Client::from_conf(conf)
     }
@@ -113,7 +111,6 @@ pub fn binary() -> PathBuf {
 pub struct Spawned {
     pub child: Child,
     pub addr: String,
-    pub data_dir: PathBuf,
 }
 
 impl Spawned {
@@ -122,23 +119,23 @@ impl Spawned {
     pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
         let mut cmd = Command::new(binary());
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir).args(extra);
-        Self::launch(cmd, "lightningstor", data_dir.to_owned())
+        Self::launch(cmd, "lightningstor")
     }
 
     /// Runs `cmd` (a `lightningstor serve ...`) with the test keys and waits
     /// for its "listening on ADDR" line.
-    fn launch(cmd: Command, what: &str, data_dir: PathBuf) -> Self {
-        Self::launch_keys(cmd, what, data_dir, true)
+    fn launch(cmd: Command, what: &str) -> Self {
+        Self::launch_keys(cmd, what, true)
     }
 
     /// `lightningstor serve --anonymous` with no key at all (none in the environment).
     pub fn start_anonymous_without_keys(data_dir: &Path) -> Self {
         let mut cmd = Command::new(binary());
         cmd.args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir);
-        Self::launch_keys(cmd, "lightningstor", data_dir.to_owned(), false)
+        Self::launch_keys(cmd, "lightningstor", false)
     }
 
-    fn launch_keys(mut cmd: Command, what: &str, data_dir: PathBuf, keys: bool) -> Self {
+    fn launch_keys(mut cmd: Command, what: &str, keys: bool) -> Self {
         if keys {
             cmd.env("LIGHTNINGSTOR_ACCESS_KEY", AK).env("LIGHTNINGSTOR_SECRET_KEY", SK);
         } else {
@@ -166,7 +163,7 @@ impl Spawned {
                 panic!("{what} did not start listening within 60 s");
             }
         };
-        Spawned { child, addr, data_dir }
+        Spawned { child, addr }
     }
 
     pub fn endpoint(&self) -> String {
@@ -179,15 +176,6 @@ impl Spawned {
 
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).expect("pid")
-    }
-
-    /// Resident set size of the server in bytes, from /proc.
-    pub fn rss(&self) -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        s.lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
     }
 
     /// kill -9.
@@ -279,14 +267,14 @@ impl InCluster {
     /// A client whose requests rotate over every node.
     pub fn client(&self) -> Client {
         let svc = self.service();
-        let conf = sdk_config("http://localhost:9000", AK, SK).http_client(s3s_aws::Client::from(svc)).build();
+        let conf = sdk_config("http://localhost:9000", AK, SK).http_client(testkit::sdk::InProcess::from(svc)).build();
         Client::from_conf(conf)
     }
 
     /// A client talking to node `id` only.
     pub fn client_of(&self, id: u8) -> Client {
         let conf = sdk_config("http://localhost:9000", AK, SK)
-            .http_client(s3s_aws::Client::from(self.cluster.service(id)))
+            .http_client(testkit::sdk::InProcess::from(self.cluster.service(id)))
             .build();
         Client::from_conf(conf)
     }
@@ -364,7 +352,7 @@ impl SpawnedCluster {
         let name = &self.config.nodes[i].name;
         let mut cmd = Command::new(binary());
         cmd.args(["serve", "--config"]).arg(&self.config_path).args(["--node", name]);
-        Spawned::launch(cmd, &format!("node {name}"), self.config.nodes[i].data_dir.clone())
+        Spawned::launch(cmd, &format!("node {name}"))
     }
 
     /// kill -9 node `i` (0-based).

@@ -117,6 +117,7 @@ fn qemu_tls_object(certs: &Path) -> String {
 
 #[test]
 fn nbdinfo_over_nbds_works_and_a_plain_client_is_refused_under_require() {
+    let _gate = crate::gate::shared();
     require("nbdinfo");
     let pki = Pki::new();
     let c = start(&pki, TlsMode::Require, false);
@@ -157,6 +158,7 @@ fn nbdinfo_over_nbds_works_and_a_plain_client_is_refused_under_require() {
 
 #[test]
 fn nbdcopy_and_qemu_img_round_trip_data_over_tls() {
+    let _gate = crate::gate::shared();
     require("nbdcopy");
     require("qemu-img");
     let pki = Pki::new();
@@ -201,6 +203,7 @@ fn nbdcopy_and_qemu_img_round_trip_data_over_tls() {
 
 #[test]
 fn allow_serves_plain_and_tls_clients_side_by_side() {
+    let _gate = crate::gate::shared();
     require("nbdsh");
     let pki = Pki::new();
     let c = start(&pki, TlsMode::Allow, false);
@@ -233,6 +236,7 @@ fn allow_serves_plain_and_tls_clients_side_by_side() {
 
 #[test]
 fn verify_peer_wants_a_client_certificate_from_the_ca() {
+    let _gate = crate::gate::shared();
     require("nbdinfo");
     let pki = Pki::new();
     let c = start(&pki, TlsMode::Require, true);
@@ -246,6 +250,7 @@ fn verify_peer_wants_a_client_certificate_from_the_ca() {
 
 #[test]
 fn a_broken_certificate_directory_and_psk_fail_at_start_with_the_reason() {
+    let _gate = crate::gate::shared();
     let pki = Pki::new();
     // The key of another certificate: rustls refuses the pair.
     let bad = tempfile::tempdir().expect("tmp");
@@ -277,6 +282,7 @@ fn a_broken_certificate_directory_and_psk_fail_at_start_with_the_reason() {
 
 #[test]
 fn in_the_clear_a_require_server_answers_err_tls_reqd_with_a_message_and_closes_export_name() {
+    let _gate = crate::gate::shared();
     use coronafs::proto::handshake::{
         ClientOption, OPTION_REPLY_HEADER_LEN, decode_option_reply_header, encode_option,
     };

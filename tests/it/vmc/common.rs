@@ -6,8 +6,6 @@
 //! cannot (malformed bodies, unknown fields) or read raw JSON for the schema
 //! check.
 
-#![allow(dead_code)]
-
 use coronafs::backend::IoEngine;
 use coronafs::client::NbdClient;
 use plasmavmc::client::Client;

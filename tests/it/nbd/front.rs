@@ -31,6 +31,7 @@ const MIB: u64 = 1 << 20;
 /// matching.
 #[test]
 fn fio_verifies_through_the_front_while_the_primary_is_killed() {
+    let _gate = crate::gate::shared();
     require("fio");
     // CoronaProcs starts its nodes from the bench binary beside this test's.
     bin("bench", "bench");
@@ -138,6 +139,7 @@ fn closed(s: &mut std::net::TcpStream) -> bool {
 /// nbdinfo, fio) are served.
 #[test]
 fn the_front_refuses_what_it_does_not_forward_drops_garbage_and_serves_the_next_client() {
+    let _gate = crate::gate::shared();
     require("nbdinfo");
     require("fio");
     let c = Corona::start(IoEngine::Threads);
@@ -246,6 +248,7 @@ fn the_front_refuses_what_it_does_not_forward_drops_garbage_and_serves_the_next_
 /// reads at last, every reply comes, in full and without an error.
 #[test]
 fn a_client_that_does_not_read_its_replies_holds_the_front_to_its_budget() {
+    let _gate = crate::gate::shared();
     const N: u64 = 200;
     const LEN: u64 = 4 * MIB;
     let c = Corona::start(IoEngine::Threads);

@@ -95,6 +95,7 @@ proptest! {
 
     #[test]
     fn random_operations_over_three_connections_match_a_model(ops in prop::collection::vec(op(), 1..60)) {
+        let _gate = crate::gate::shared();
         for engine in ENGINES {
             let c = Corona::start(engine);
             c.create("model", SIZE);
@@ -105,6 +106,7 @@ proptest! {
 
 #[test]
 fn concurrent_pipelined_writes_from_many_connections_are_all_visible() {
+    let _gate = crate::gate::shared();
     for engine in ENGINES {
         let c = Corona::start(engine);
         c.create("disk", 16 << 20);
@@ -142,6 +144,7 @@ fn concurrent_pipelined_writes_from_many_connections_are_all_visible() {
 
 #[test]
 fn unknown_commands_and_bad_flags_get_einval_without_a_disconnect() {
+    let _gate = crate::gate::shared();
     let c = Corona::start(IoEngine::Threads);
     c.create("disk", SIZE);
     let addr = c.addr();
@@ -179,6 +182,7 @@ fn raw_transmission(addr: std::net::SocketAddr, export: &str) -> TcpStream {
 
 #[test]
 fn garbage_vanishing_and_stalled_clients_do_not_disturb_others() {
+    let _gate = crate::gate::shared();
     let c = Corona::start(IoEngine::Threads);
     c.create("disk", SIZE);
     let addr = c.addr();
@@ -247,6 +251,7 @@ fn evict_from_page_cache(path: &std::path::Path) {
 
 #[test]
 fn large_reads_from_the_page_cache_use_sendfile_and_return_the_right_bytes() {
+    let _gate = crate::gate::shared();
     const MIB: u64 = 1 << 20;
     for engine in ENGINES {
         let c = Corona::start(engine);
@@ -352,6 +357,7 @@ fn ext_reply(s: &mut TcpStream) -> (coronafs::proto::reply::ReplyHeader, Vec<u8>
 
 #[test]
 fn extended_headers_serve_64_bit_lengths_and_refuse_what_we_do_not_serve() {
+    let _gate = crate::gate::shared();
     use coronafs::proto::chunk;
     use coronafs::proto::reply::{ReplyHeader, decode_block_status_ext, decode_error_payload};
     const GIB: u64 = 1 << 30;
@@ -442,6 +448,7 @@ fn extended_headers_serve_64_bit_lengths_and_refuse_what_we_do_not_serve() {
 /// clients are served meanwhile.
 #[test]
 fn refusals_a_client_does_not_read_stay_within_its_budget() {
+    let _gate = crate::gate::shared();
     const N: u64 = 1_000_000;
     let dir = tempfile::tempdir().expect("tempdir");
     let p = stack_tests::CoronaProc::spawn(dir.path(), IoEngine::Threads);

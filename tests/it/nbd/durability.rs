@@ -18,6 +18,7 @@ fn cli(api: std::net::SocketAddr, args: &[&str]) -> std::process::Output {
 
 #[test]
 fn the_cli_creates_lists_and_explains_errors() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let p = CoronaProc::spawn(dir.path(), coronafs::backend::IoEngine::Threads);
     let out = cli(p.api, &["create", "vm-disk", "--size", "4G"]);
@@ -89,6 +90,7 @@ async fn write_then_make_durable(addr: std::net::SocketAddr, round: u64, use_fua
 
 #[test]
 fn flushed_and_fua_writes_survive_kill_9_and_restart() {
+    let _gate = crate::gate::shared();
     for engine in ENGINES {
         let dir = tempfile::tempdir().expect("tmp");
         // What the volume must hold: every acknowledged write, in order.
@@ -123,6 +125,7 @@ fn flushed_and_fua_writes_survive_kill_9_and_restart() {
 
 #[test]
 fn serve_refuses_a_bad_config_file_naming_the_file_and_the_line() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let serve = |file: &std::path::Path| {
         let out =

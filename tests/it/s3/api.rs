@@ -1,7 +1,7 @@
 //! LightningStor driven by aws-sdk-s3: in process (the s3s service plugged in
 //! as the SDK's HTTP client) and as the spawned `lightningstor` binary.
 
-mod s3_common;
+use super::common as s3_common;
 
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::{ByteStream, DateTime};
@@ -22,12 +22,14 @@ macro_rules! single_node_and_cluster {
         mod $name {
             #[tokio::test]
             async fn single_node() -> super::R {
+                let _gate = crate::gate::shared();
                 let s = super::InProcess::new();
                 super::$name(s.client()).await
             }
 
             #[tokio::test]
             async fn three_node_cluster() -> super::R {
+                let _gate = crate::gate::shared();
                 let s = super::InCluster::new(3);
                 super::$name(s.client()).await
             }
@@ -71,12 +73,14 @@ mod sse_c_multipart {
 
     #[tokio::test]
     async fn sse_c_multipart_uploads_need_the_key_on_every_part_single_node() -> R {
+        let _gate = crate::gate::shared();
         let s = InProcess::new();
         super::sse_c_multipart_uploads_need_the_key_on_every_part(s.client(), s.dir.path()).await
     }
 
     #[tokio::test]
     async fn sse_c_multipart_uploads_need_the_key_on_every_part_three_node_cluster() -> R {
+        let _gate = crate::gate::shared();
         let s = InCluster::new(3);
         super::sse_c_multipart_uploads_need_the_key_on_every_part(s.client(), s.dir.path()).await
     }
@@ -100,6 +104,7 @@ mod degraded {
 
     #[tokio::test]
     async fn conditional_writes_are_refused_in_degraded_mode_three_node_cluster() -> R {
+        let _gate = crate::gate::shared();
         let s = InCluster::with(3, |c| c.consistency = lightningstor::cluster::Consistency::Degraded);
         let c = s.client();
         c.create_bucket().bucket("deg").send().await?;
@@ -141,6 +146,7 @@ mod lifecycle {
 
     #[tokio::test]
     async fn rules_expire_old_objects_by_prefix_and_abort_old_uploads_single_node() -> R {
+        let _gate = crate::gate::shared();
         let s = InProcess::with(short_days);
         let _task = lightningstor::server::spawn_background(&s.store);
         let store = s.store.clone();
@@ -153,6 +159,7 @@ mod lifecycle {
 
     #[tokio::test]
     async fn rules_expire_old_objects_by_prefix_and_abort_old_uploads_three_node_cluster() -> R {
+        let _gate = crate::gate::shared();
         let s = InCluster::with(3, |c| {
             c.lifecycle_day_secs = 1;
             c.lifecycle_interval_secs = 1;
@@ -183,6 +190,7 @@ mod lifecycle {
     /// delete marker and stays as a noncurrent version, as in S3.
     #[tokio::test]
     async fn expiration_in_a_versioned_bucket_adds_a_delete_marker_single_node() -> R {
+        let _gate = crate::gate::shared();
         use aws_sdk_s3::types::BucketLifecycleConfiguration;
         let s = InProcess::with(short_days);
         let _task = lightningstor::server::spawn_background(&s.store);
@@ -213,6 +221,7 @@ mod lifecycle {
 
     #[tokio::test]
     async fn lifecycle_needs_the_owner_permission_single_node() -> R {
+        let _gate = crate::gate::shared();
         let s = InProcess::new();
         let kr: Arc<dyn Keyring> = s.store.clone();
         let bob = |id: &str, secret: &str| s.client_with(id, secret);
@@ -221,11 +230,13 @@ mod lifecycle {
 
     #[tokio::test]
     async fn lifecycle_needs_the_owner_permission_three_node_cluster() -> R {
+        let _gate = crate::gate::shared();
         let s = InCluster::new(3);
         let kr: Arc<dyn Keyring> = s.cluster.coordinator(1);
         let bob = |id: &str, secret: &str| {
-            let conf =
-                sdk_config("http://localhost:9000", id, secret).http_client(s3s_aws::Client::from(s.service())).build();
+            let conf = sdk_config("http://localhost:9000", id, secret)
+                .http_client(testkit::sdk::InProcess::from(s.service()))
+                .build();
             aws_sdk_s3::Client::from_conf(conf)
         };
         super::lifecycle_needs_the_owner_permission(s.client(), kr, bob).await
@@ -239,12 +250,14 @@ macro_rules! raw_single_node_and_cluster {
         mod $name {
             #[tokio::test]
             async fn single_node() -> super::R {
+                let _gate = crate::gate::shared();
                 let s = super::InProcess::new();
                 super::$name(s.client(), s.service.clone()).await
             }
 
             #[tokio::test]
             async fn three_node_cluster() -> super::R {
+                let _gate = crate::gate::shared();
                 let s = super::InCluster::new(3);
                 super::$name(s.client_of(1), s.cluster.service(1)).await
             }
@@ -378,6 +391,7 @@ async fn objects_round_trip_with_metadata_and_standard_headers(c: aws_sdk_s3::Cl
 
 #[tokio::test]
 async fn keys_are_arbitrary_utf8_and_never_paths() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     let c = s.client();
     c.create_bucket().bucket("bkt").send().await?;
@@ -1099,6 +1113,7 @@ async fn multipart_uploads_complete_with_an_s3_style_etag(c: aws_sdk_s3::Client)
 
 #[tokio::test]
 async fn checksums_are_stored_returned_and_verified() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     let c = s.client();
     c.create_bucket().bucket("bkt").send().await?;
@@ -1325,6 +1340,7 @@ fn crc32(data: &[u8]) -> [u8; 4] {
 
 #[tokio::test]
 async fn every_auth_failure_gets_its_s3_error() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     s.client().create_bucket().bucket("bkt").send().await?;
     put(&s.client(), "bkt", "k", b"secret data").await;
@@ -1390,6 +1406,7 @@ async fn every_auth_failure_gets_its_s3_error() -> R {
 
 #[tokio::test]
 async fn anonymous_mode_accepts_unsigned_requests() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::with(|c| lightningstor::Config { anonymous: true, ..c });
     let req = http::Request::builder()
         .method("PUT")
@@ -1414,10 +1431,11 @@ async fn anonymous_mode_accepts_unsigned_requests() -> R {
 
 #[tokio::test]
 async fn virtual_hosted_style_requests_name_the_bucket_in_the_host() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     let conf = sdk_config("http://localhost:9000", AK, SK)
         .force_path_style(false)
-        .http_client(s3s_aws::Client::from(s.service.clone()))
+        .http_client(testkit::sdk::InProcess::from(s.service.clone()))
         .build();
     let c = aws_sdk_s3::Client::from_conf(conf);
     c.create_bucket().bucket("vhost").send().await?;
@@ -1432,6 +1450,7 @@ async fn virtual_hosted_style_requests_name_the_bucket_in_the_host() -> R {
 
 #[tokio::test]
 async fn the_spawned_binary_serves_the_sdk_and_metrics_over_http() -> R {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir()?;
     let server = Spawned::start(dir.path(), &[]);
     let c = server.client();
@@ -1464,6 +1483,7 @@ fn server_client_bad(s: &Spawned) -> aws_sdk_s3::Client {
 
 #[test]
 fn the_binary_refuses_to_start_without_keys_unless_anonymous() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tempdir");
     let out = std::process::Command::new(binary())
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -1490,6 +1510,7 @@ fn the_binary_refuses_to_start_without_keys_unless_anonymous() {
 
 #[test]
 fn bad_config_files_are_refused_naming_the_file_the_line_and_the_field() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tempdir");
     let run = |args: &[&str], file: &std::path::Path| {
         let out = std::process::Command::new(binary()).args(args).arg(file).output().expect("run");
@@ -1529,6 +1550,7 @@ fn bad_config_files_are_refused_naming_the_file_the_line_and_the_field() {
 
 #[test]
 fn flags_that_a_cluster_node_takes_from_its_cluster_file_are_refused_with_node() {
+    let _gate = crate::gate::shared();
     // `serve --node` reads the node's addresses, data directory, domains and
     // region from the cluster file; a flag for one of them would be ignored,
     // so it is refused before anything is read or started.
@@ -1562,6 +1584,7 @@ fn flags_that_a_cluster_node_takes_from_its_cluster_file_are_refused_with_node()
 
 #[tokio::test]
 async fn a_block_corrupted_on_disk_fails_the_get_instead_of_returning_bad_bytes() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     let c = s.client();
     c.create_bucket().bucket("bkt").send().await?;
@@ -2102,12 +2125,14 @@ async fn slow_and_oversized_requests_are_cut_off_while_others_are_served(svc: s3
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_oversized_requests_single_node() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     slow_and_oversized_requests_are_cut_off_while_others_are_served(s.service.clone()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_oversized_requests_three_node_cluster() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let svc = s.service();
     slow_and_oversized_requests_are_cut_off_while_others_are_served(svc).await
@@ -2909,6 +2934,7 @@ async fn chunked_transfer_encoding_puts_are_stored(svc: s3s::service::S3Service)
 /// does not have, the answer comes at once, with no body sent at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_length_less_body_without_a_known_key_is_refused_before_it_is_read() -> R {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir()?;
     let mut cfg = lightningstor::config::Config::new(dir.path()).with_keys(AK, SK);
     cfg.listen = "127.0.0.1:0".parse()?;
@@ -2945,12 +2971,14 @@ async fn a_length_less_body_without_a_known_key_is_refused_before_it_is_read() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_transfer_encoding_single_node() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     chunked_transfer_encoding_puts_are_stored(s.service.clone()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_transfer_encoding_three_node_cluster() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let svc = s.service();
     chunked_transfer_encoding_puts_are_stored(svc).await
@@ -3072,12 +3100,14 @@ async fn post_object_forms_follow_their_policy(svc: s3s::service::S3Service) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_object_single_node() -> R {
+    let _gate = crate::gate::shared();
     let s = InProcess::new();
     post_object_forms_follow_their_policy(s.service.clone()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_object_three_node_cluster() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let svc = s.service();
     post_object_forms_follow_their_policy(svc).await
@@ -3118,6 +3148,7 @@ async fn operations_we_do_not_serve_answer_not_implemented(c: aws_sdk_s3::Client
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_made_with_the_cli_get_exactly_their_bucket_permissions_single_node() -> R {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir()?;
     let server = Spawned::start(dir.path(), &[]);
     let addr = server.addr.clone();
@@ -3187,6 +3218,7 @@ async fn keys_made_with_the_cli_get_exactly_their_bucket_permissions_single_node
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_server_without_keys_serves_requests_signed_with_any_key() -> R {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir()?;
     let server = Spawned::start_anonymous_without_keys(dir.path());
     let c = client_of(&server.endpoint(), "whoever", "whatever");
@@ -3499,48 +3531,56 @@ mod versioning {
 
     #[tokio::test]
     async fn versions_are_kept_read_listed_and_deleted_single_node() -> R {
+        let _gate = crate::gate::shared();
         let s = InProcess::new();
         super::versions_are_kept_read_listed_and_deleted(s.client()).await
     }
 
     #[tokio::test]
     async fn suspended_versioning_writes_and_replaces_the_null_version_single_node() -> R {
+        let _gate = crate::gate::shared();
         let s = InProcess::new();
         super::suspended_versioning_writes_and_replaces_the_null_version(s.client()).await
     }
 
     #[tokio::test]
     async fn a_version_deleted_for_good_frees_the_blocks_no_other_version_uses_single_node() -> R {
+        let _gate = crate::gate::shared();
         let s = InProcess::new();
         super::a_version_deleted_for_good_frees_the_blocks_no_other_version_uses(s.client(), s.dir.path()).await
     }
 
     #[tokio::test]
     async fn a_bucket_without_versioning_answers_no_version_ids_single_node() -> R {
+        let _gate = crate::gate::shared();
         let s = InProcess::new();
         super::a_bucket_without_versioning_answers_no_version_ids(s.client()).await
     }
 
     #[tokio::test]
     async fn a_bucket_without_versioning_answers_no_version_ids_three_node_cluster() -> R {
+        let _gate = crate::gate::shared();
         let s = InCluster::new(3);
         super::a_bucket_without_versioning_answers_no_version_ids(s.client()).await
     }
 
     #[tokio::test]
     async fn versions_are_kept_read_listed_and_deleted_three_node_cluster() -> R {
+        let _gate = crate::gate::shared();
         let s = InCluster::new(3);
         super::versions_are_kept_read_listed_and_deleted(s.client()).await
     }
 
     #[tokio::test]
     async fn suspended_versioning_writes_and_replaces_the_null_version_three_node_cluster() -> R {
+        let _gate = crate::gate::shared();
         let s = InCluster::new(3);
         super::suspended_versioning_writes_and_replaces_the_null_version(s.client()).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn versions_and_delete_markers_survive_a_restart_single_node() -> R {
+        let _gate = crate::gate::shared();
         let dir = tempfile::tempdir()?;
         let server = Spawned::start(dir.path(), &[]);
         let c = server.client();

@@ -14,7 +14,7 @@
 //! Conditions: one machine, everything on 127.0.0.1 or in-process; the
 //! figures are ratios, not absolute speeds.
 
-mod plasmavmc_common;
+use crate::vmc::common as plasmavmc_common;
 
 use aws_credential_types::Credentials;
 use aws_sdk_s3::Client;
@@ -25,13 +25,11 @@ use plasmavmc_common::{Stack, qemu_img, qemu_io};
 use serde_json::Value;
 use stack_tests::{bin, require};
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::Instant;
 
-static MEASURING: Mutex<()> = Mutex::new(());
-
-fn alone() -> std::sync::MutexGuard<'static, ()> {
-    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+/// Every test here measures: each runs alone in the binary.
+fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    crate::gate::exclusive()
 }
 
 /// Prints one line of figures past the test harness's capture (it captures
@@ -170,7 +168,7 @@ fn client(service: s3s::service::S3Service) -> Client {
         .credentials_provider(Credentials::new(AK, SK, None, None, "ratios"))
         .endpoint_url("http://localhost:9000")
         .force_path_style(true)
-        .http_client(s3s_aws::Client::from(service))
+        .http_client(testkit::sdk::InProcess::from(service))
         .build();
     Client::from_conf(conf)
 }

@@ -4,7 +4,7 @@
 //! cluster and on services spawned as processes (`--cluster lab.toml`), and
 //! the criterion benches (built and run once each).
 
-mod s3_common;
+use crate::s3::common as s3_common;
 
 use bench::cluster::Cluster;
 use bench::shaper::LinkSpec;
@@ -15,18 +15,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// The tests of this binary run in parallel threads. Those that compare two
-/// load generators' figures take this lock exclusively, the others shared,
-/// so nothing else of this binary loads the machine while they measure.
-static MEASURING: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
-    MEASURING.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
-    MEASURING.write().unwrap_or_else(|e| e.into_inner())
-}
+use crate::gate::{exclusive, shared};
 
 fn bench() -> Command {
     Command::new(bin("bench", "bench"))

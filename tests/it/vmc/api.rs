@@ -3,7 +3,7 @@
 //! cache, refused images, imports, VM migration with fencing, bad input, and
 //! the API against its OpenAPI description.
 
-mod plasmavmc_common;
+use crate::vmc::common as plasmavmc_common;
 
 use plasmavmc::PlasmaError;
 use plasmavmc::client::Client;
@@ -19,6 +19,7 @@ fn s(p: &Path) -> String {
 
 #[test]
 fn images_are_probed_hashed_and_stored_in_lightningstor() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let raw = make_raw(&dir, "disk.raw", 1);
@@ -55,6 +56,7 @@ fn images_are_probed_hashed_and_stored_in_lightningstor() {
 
 #[test]
 fn every_volume_reads_back_exactly_like_qemu_img_convert() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let raw = make_raw(&dir, "disk.raw", 2);
@@ -87,6 +89,7 @@ fn every_volume_reads_back_exactly_like_qemu_img_convert() {
 
 #[test]
 fn concurrent_creates_fetch_an_image_once_and_clones_are_independent() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let raw = make_raw(&dir, "disk.raw", 3);
@@ -122,6 +125,7 @@ fn concurrent_creates_fetch_an_image_once_and_clones_are_independent() {
 
 #[test]
 fn the_cache_is_bounded_and_evicts_bases_without_clones_first() {
+    let _gate = crate::gate::shared();
     let st = Stack::start_with(|c| c.cache_max_bases = 2);
     let dir = st.work();
     let mut imgs = Vec::new();
@@ -160,6 +164,7 @@ fn the_cache_is_bounded_and_evicts_bases_without_clones_first() {
 /// cache over its limit.
 #[test]
 fn concurrent_first_fills_of_many_images_with_a_small_cache_all_finish_and_respect_the_limit() {
+    let _gate = crate::gate::shared();
     const IMAGES: usize = 8;
     const LIMIT: usize = 2;
     let st = Stack::start_with(|c| c.cache_max_bases = LIMIT);
@@ -233,6 +238,7 @@ fn patch(src: &Path, dst: &Path, at: usize, bytes: &[u8]) {
 
 #[test]
 fn refused_images_end_in_error_with_a_clear_reason() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let raw = make_raw(&dir, "disk.raw", 4);
@@ -284,6 +290,7 @@ fn refused_images_end_in_error_with_a_clear_reason() {
 
 #[test]
 fn an_l2_table_past_the_end_fails_the_volume_not_the_server() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let raw = make_raw(&dir, "disk.raw", 5);
@@ -315,6 +322,7 @@ fn an_l2_table_past_the_end_fails_the_volume_not_the_server() {
 /// becoming zeros in the volume.
 #[test]
 fn a_qcow2_truncated_inside_its_last_data_run_fails_the_volume() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let raw = make_raw(&dir, "disk.raw", 6);
@@ -380,6 +388,7 @@ fn create_image(st: &Stack, req: CreateImage) -> Image {
 
 #[test]
 fn imports_come_from_s3_objects_and_filtered_urls() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let raw = make_raw(dir.path(), "disk.raw", 6);
     let q = dir.path().join("i.qcow2");
@@ -429,6 +438,7 @@ fn imports_come_from_s3_objects_and_filtered_urls() {
 
 #[test]
 fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let id = create_image(&st, named("cut")).id;
     let addr = st.url.trim_start_matches("http://").to_owned();
@@ -454,6 +464,7 @@ fn a_client_vanishing_mid_upload_leaves_an_error_and_the_server_serving() {
 /// the image `uploading` forever (and DELETE answered 409).
 #[test]
 fn a_stalled_upload_times_out_and_the_image_can_be_deleted() {
+    let _gate = crate::gate::shared();
     let st = Stack::start_with(|c| c.upload_idle_timeout_secs = 2);
     let id = create_image(&st, named("stalled")).id;
     let addr = st.url.trim_start_matches("http://").to_owned();
@@ -477,6 +488,7 @@ fn a_stalled_upload_times_out_and_the_image_can_be_deleted() {
 /// conversion scratch file) goes when the image is deleted.
 #[test]
 fn deleting_an_image_removes_its_multipart_uploads_and_scratch_file() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let id = create_image(&st, named("left")).id;
     // The leftovers of a crashed upload and a crashed fill of image `id`.
@@ -506,6 +518,7 @@ fn deleting_an_image_removes_its_multipart_uploads_and_scratch_file() {
 
 #[test]
 fn bad_requests_get_clear_errors() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     // Raw bodies: the typed client cannot send most of these.
     let cases: Vec<(&str, &str, Value, u16, &str)> = vec![
@@ -560,6 +573,7 @@ fn migrate(st: &Stack, id: &str, to: &str) -> plasmavmc::Result<plasmavmc::model
 
 #[test]
 fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let img = st.upload_ok("vm", &make_raw(&dir, "vm.raw", 11));
@@ -617,6 +631,7 @@ fn a_migrated_vm_keeps_every_acknowledged_write_and_its_old_source_cannot_write(
 /// to restart from the target's count after each migration.
 #[test]
 fn writes_acked_counts_every_attachment_across_migrations() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     let img = st.upload_ok("acked", &make_raw(&dir, "acked.raw", 12));
@@ -654,6 +669,7 @@ fn writes_acked_counts_every_attachment_across_migrations() {
 /// each VM has its own lock.
 #[test]
 fn a_migration_stalled_on_its_target_does_not_hold_up_other_vms() {
+    let _gate = crate::gate::shared();
     use plasmavmc::agent::{AgentConfig, AgentServer};
     use plasmavmc::config::WorkerConfig;
     use std::sync::mpsc;
@@ -727,6 +743,7 @@ fn a_migration_stalled_on_its_target_does_not_hold_up_other_vms() {
 
 #[test]
 fn the_api_matches_its_openapi_description() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let (code, doc) = st.call("GET", "/openapi.json", None);
     assert_eq!(code, 200);
@@ -805,10 +822,11 @@ fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 /// Figures for the report, not a pass/fail test: `cargo test --release -p
-/// stack-tests --test plasmavmc -- --ignored --nocapture measure`.
+/// stack-tests --test it -- --ignored --nocapture vmc::api::measure`.
 #[test]
 #[ignore = "measurement; run by hand"]
 fn measure_create_image_and_volume_times() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let dir = st.work();
     // CreateImage throughput: 256 MiB artifact, 3 runs.
@@ -876,6 +894,7 @@ fn measure_create_image_and_volume_times() {
 
 #[test]
 fn without_the_api_token_every_call_but_health_and_metrics_is_401_and_changes_nothing() {
+    let _gate = crate::gate::shared();
     let st = Stack::start();
     let call = |method: &str, path: &str, auth: Option<&str>, body: Option<Value>| {
         st.run(async {
@@ -939,6 +958,7 @@ fn without_the_api_token_every_call_but_health_and_metrics_is_401_and_changes_no
 
 #[test]
 fn a_token_that_is_too_short_or_given_twice_stops_the_server_from_starting() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let base = plasmavmc::Config { data_dir: dir.path().join("vmc"), ..plasmavmc::Config::default() };
     let short = plasmavmc::Config { api_token: Some("short".into()), ..base.clone() };

@@ -40,6 +40,7 @@ async fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16,
 
 #[test]
 fn the_api_follows_the_contract_and_answers_every_error_case() {
+    let _gate = crate::gate::shared();
     let c = Corona::start(IoEngine::Threads);
     let base = c.srv().api_url();
     c.rt.block_on(async {
@@ -116,6 +117,7 @@ fn the_api_follows_the_contract_and_answers_every_error_case() {
 
 #[test]
 fn info_names_the_engine_and_file_system_and_evict_empties_the_page_cache_of_a_clone_and_its_parents() {
+    let _gate = crate::gate::shared();
     let c = Corona::start(IoEngine::Threads);
     let base = c.srv().api_url();
     let client = ApiClient::new(&base);
@@ -212,6 +214,7 @@ fn clone_setup(c: &Corona) {
 
 #[test]
 fn qemu_img_compare_finds_a_clone_identical_to_its_snapshot_until_it_is_written() {
+    let _gate = crate::gate::shared();
     require("qemu-img");
     let c = Corona::start(IoEngine::Uring);
     clone_setup(&c);
@@ -241,6 +244,7 @@ fn qemu_img_compare_finds_a_clone_identical_to_its_snapshot_until_it_is_written(
 
 #[test]
 fn nbdinfo_map_shows_the_allocation_a_clone_inherits() {
+    let _gate = crate::gate::shared();
     require("nbdinfo");
     let c = Corona::start(IoEngine::Threads);
     clone_setup(&c);
@@ -269,6 +273,7 @@ fn nbd_size(uri: &str) -> u64 {
 
 #[test]
 fn a_resize_is_seen_by_new_connections() {
+    let _gate = crate::gate::shared();
     require("nbdinfo");
     let c = Corona::start(IoEngine::Threads);
     clone_setup(&c);
@@ -333,6 +338,7 @@ async fn churn(api: ApiClient, nbd: std::net::SocketAddr, round: u64, acks: Arc<
 
 #[test]
 fn kill_9_during_snapshot_clone_resize_and_delete_loses_nothing_acknowledged() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let gold = pattern(4 * MIB as usize, 77);
@@ -413,6 +419,7 @@ fn cli(p: &CoronaProc, args: &[&str]) -> (bool, String) {
 
 #[test]
 fn the_cli_drives_snapshots_clones_resize_flatten_and_delete() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
     let ok = |args: &[&str], needle: &str| {
@@ -463,6 +470,7 @@ print("read %s" % h2.pread(4096, 0)[:1].hex(), flush=True)
 
 #[test]
 fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
+    let _gate = crate::gate::shared();
     use std::io::{BufRead, Write};
     require("nbdsh");
     let c = Corona::start(IoEngine::Threads);
@@ -534,6 +542,7 @@ fn a_fence_stops_stale_writers_of_our_client_and_of_nbdsh_while_reads_go_on() {
 
 #[test]
 fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
@@ -587,6 +596,7 @@ fn a_fence_returns_only_after_stale_writes_drain_and_survives_a_restart() {
 /// create, snapshot and clone answered 500 "File exists" until a restart.
 #[test]
 fn a_volume_larger_than_the_file_system_allows_is_507_and_blocks_no_later_change() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     // Only meaningful where the file system has such a limit (ext4 here).
     let ext4 = {
@@ -649,6 +659,7 @@ async fn call_as(
 
 #[test]
 fn without_the_api_token_every_call_but_health_and_metrics_is_401_and_changes_nothing() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let p = CoronaProc::spawn(dir.path(), IoEngine::Threads);
     let base = format!("http://{}", p.api);
@@ -722,6 +733,7 @@ fn without_the_api_token_every_call_but_health_and_metrics_is_401_and_changes_no
 
 #[test]
 fn a_server_off_loopback_without_a_token_refuses_to_start_unless_told_it_is_unsafe() {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir().expect("tmp");
     let serve = |extra: &[&str]| {
         let [nbd, api] = stack_tests::free_ports::<2>();

@@ -59,6 +59,7 @@ impl Drop for Down<'_> {
 
 #[test]
 fn ceph_up_measured_through_librbd_and_nbd_then_down_leaves_nothing() {
+    let _gate = crate::gate::shared();
     let _turn = ONE_CEPH.lock().unwrap_or_else(|e| e.into_inner());
     require_ceph();
     let base = tempfile::tempdir().unwrap();
@@ -132,6 +133,7 @@ fn ceph_up_measured_through_librbd_and_nbd_then_down_leaves_nothing() {
 
 #[test]
 fn an_interrupted_up_stops_what_it_started_and_removes_its_directory() {
+    let _gate = crate::gate::shared();
     let _turn = ONE_CEPH.lock().unwrap_or_else(|e| e.into_inner());
     require_ceph();
     let base = tempfile::tempdir().unwrap();

@@ -2,7 +2,7 @@
 //! faults injected through the transport trait, and spawned node processes
 //! killed with SIGKILL.
 
-mod s3_common;
+use super::common as s3_common;
 
 use aws_sdk_s3::primitives::ByteStream;
 use lightningstor::cluster::NodeId;
@@ -53,6 +53,7 @@ async fn landed_row(s: &InCluster, id: NodeId, b: &str, k: &str) -> Row {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(5);
     let c = s.client();
     c.create_bucket().bucket("bkt").send().await?;
@@ -82,6 +83,7 @@ async fn every_object_lands_on_exactly_its_replicas_with_one_version() -> R {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partitioned_node_misses_writes_then_catches_up_after_healing() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -141,6 +143,7 @@ fn tmp_expiry(days: i32) -> anyhow::Result<aws_sdk_s3::types::BucketLifecycleCon
 /// reaches it the same way (the newer, empty configuration wins).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lifecycle_configuration_reaches_a_node_that_missed_it_and_so_does_its_delete() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -176,6 +179,7 @@ async fn a_lifecycle_configuration_reaches_a_node_that_missed_it_and_so_does_its
 /// for the same incarnation of the bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_that_missed_both() -> R {
+    let _gate = crate::gate::shared();
     use lightningstor::cluster::rpc::{Msg, Req, Resp};
     let s = InCluster::new(3);
     let c = s.client_of(1);
@@ -225,6 +229,7 @@ async fn anti_entropy_brings_a_lifecycle_configuration_and_its_delete_to_a_node_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_later_write_wins_even_through_a_coordinator_whose_clock_trails() -> R {
+    let _gate = crate::gate::shared();
     use lightningstor::cluster::hlc;
     let s = InCluster::new(5);
     s.client_of(1).create_bucket().bucket("bkt").send().await?;
@@ -255,6 +260,7 @@ async fn a_later_write_wins_even_through_a_coordinator_whose_clock_trails() -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_get_under_way_returns_the_old_bytes_while_the_key_is_overwritten() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -283,6 +289,7 @@ async fn a_get_under_way_returns_the_old_bytes_while_the_key_is_overwritten() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_repair_a_stale_replica() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -311,6 +318,7 @@ async fn reads_repair_a_stale_replica() -> R {
 /// multi-block objects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_through_a_stale_replica_returns_the_newest_row_and_repairs_it() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -353,6 +361,7 @@ async fn a_read_through_a_stale_replica_returns_the_newest_row_and_repairs_it() 
 /// versions a replica reports are those of the rows it holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_fetches_the_row_from_one_replica_and_only_versions_from_the_others() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(4);
     s.client_of(1).create_bucket().bucket("bkt").send().await?;
     let mut want = BTreeMap::new();
@@ -427,6 +436,7 @@ fn block_file(s: &InCluster, id: NodeId, hash: &lightningstor::block::BlockHash)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -462,6 +472,7 @@ async fn a_flipped_byte_is_read_around_and_repaired_by_reads_and_by_scrub() -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn background_scrub_repairs_a_flipped_byte_and_slows_down_under_traffic() -> R {
+    let _gate = crate::gate::shared();
     use std::sync::atomic::Ordering::Relaxed;
     let rate = 20;
     let s = InCluster::with(3, |c| c.scrub_blocks_per_sec = rate);
@@ -515,6 +526,7 @@ async fn background_scrub_repairs_a_flipped_byte_and_slows_down_under_traffic() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_replica_holds_up_neither_writes_nor_reads_and_catches_up() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -560,6 +572,7 @@ async fn a_paused_replica_holds_up_neither_writes_nor_reads_and_catches_up() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn anti_entropy_finds_and_fixes_divergence_without_the_queue() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -603,6 +616,7 @@ fn anti_entropy_rows_read(s: &InCluster) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_what_is_stored() -> R {
+    let _gate = crate::gate::shared();
     use futures::{StreamExt as _, TryStreamExt as _};
     const OBJECTS: u64 = 2000;
     let s = InCluster::with(3, |c| c.fsync = false);
@@ -671,6 +685,7 @@ async fn an_anti_entropy_round_reads_rows_in_proportion_to_what_differs_not_to_w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn adding_and_removing_a_node_moves_data_while_reads_and_writes_go_on() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(4);
     let c = s.client();
     c.create_bucket().bucket("bkt").send().await?;
@@ -753,6 +768,7 @@ impl KeyModel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_value() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::with(5, |c| c.replication_factor = 3);
     let clients: Vec<_> = (1..=5u8).map(|i| s.client_of(i)).collect();
     clients[0].create_bucket().bucket("bkt").send().await?;
@@ -872,6 +888,7 @@ async fn a_random_fault_schedule_never_loses_an_acknowledged_write_or_invents_a_
 
 #[test]
 fn killing_a_node_during_600_parallel_uploads_loses_no_acknowledged_object() {
+    let _gate = crate::gate::shared();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("runtime");
     let cluster = SpawnedCluster::start(3, |c| {
         c.scrub_blocks_per_sec = 0;
@@ -993,6 +1010,7 @@ fn quiet_spawned(n: usize) -> (tokio::runtime::Runtime, SpawnedCluster) {
 
 #[test]
 fn a_five_node_spawned_cluster_keeps_three_copies_and_rides_out_a_dead_node() {
+    let _gate = crate::gate::shared();
     let (rt, mut cluster) = quiet_spawned(5);
     assert_eq!(cluster.config.replication_factor, 3, "cluster init's default");
     let size = |i: u64| if i % 8 == 0 { 1_200_000 } else { 3_000 + (i as usize % 11) * 500 };
@@ -1099,6 +1117,7 @@ async fn complete(c: &aws_sdk_s3::Client, b: &str, k: &str, id: &str, etags: &[S
 /// newer object written meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_repeated_complete_through_a_replica_that_missed_it_never_commits_again() -> R {
+    let _gate = crate::gate::shared();
     use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
     let s = InCluster::new(3);
     let c = s.client_of(1);
@@ -1139,6 +1158,7 @@ async fn a_repeated_complete_through_a_replica_that_missed_it_never_commits_agai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn multipart_uploads_survive_nodes_down_and_read_back_from_every_node() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let c = s.client_of(1);
     c.create_bucket().bucket("bkt").send().await?;
@@ -1206,6 +1226,7 @@ async fn multipart_uploads_survive_nodes_down_and_read_back_from_every_node() ->
 
 #[test]
 fn a_multipart_upload_to_spawned_nodes_survives_a_kill_and_reads_back_from_every_node() {
+    let _gate = crate::gate::shared();
     let (rt, mut cluster) = quiet_spawned(3);
     let c = cluster.client(0);
     let parts = [pseudo_random(6 * 1024 * 1024, 21), pseudo_random(5 * 1024 * 1024 + 7, 22), pseudo_random(1000, 23)];
@@ -1270,6 +1291,7 @@ fn status_lines(out: &str) -> Vec<(String, String, String)> {
 
 #[test]
 fn cluster_status_and_layout_apply_add_and_remove_nodes_of_running_processes() {
+    let _gate = crate::gate::shared();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut cluster = SpawnedCluster::start_with_spares(3, 1, |c| {
         // The nodes' admin key, in the file for the CLI's `key create`.
@@ -1410,6 +1432,7 @@ fn cluster_status_and_layout_apply_add_and_remove_nodes_of_running_processes() {
 
 #[test]
 fn a_random_schedule_of_kills_and_restarts_of_spawned_nodes_never_loses_an_acknowledged_write() {
+    let _gate = crate::gate::shared();
     let seed: u64 = std::env::var("LS_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
     });
@@ -1529,6 +1552,7 @@ fn a_random_schedule_of_kills_and_restarts_of_spawned_nodes_never_loses_an_ackno
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_conditional_puts_through_different_nodes_let_exactly_one_win() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let clients: Vec<_> = (1..=3u8).map(|i| s.client_of(i)).collect();
     clients[0].create_bucket().bucket("bkt").send().await?;
@@ -1582,6 +1606,7 @@ async fn concurrent_conditional_puts_through_different_nodes_let_exactly_one_win
 /// grants it lost expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_lease_is_renewed_while_its_holder_works_and_abandoned_when_it_cannot_be() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::with(3, |c| c.key_lease_ms = 300);
     let (n1, n2) = (s.cluster.coordinator(1), s.cluster.coordinator(2));
     let held = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
@@ -1648,6 +1673,7 @@ fn object_row(staged: &lightningstor::engine::Staged<lightningstor::cluster::eng
 /// on every node, holding the object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_racing_delete_bucket_fails_with_no_such_bucket_and_leaves_nothing() -> R {
+    let _gate = crate::gate::shared();
     use lightningstor::engine::Engine;
     use lightningstor::meta::ops::WriteConditions;
     let s = InCluster::new(3);
@@ -1700,6 +1726,7 @@ async fn a_write_racing_delete_bucket_fails_with_no_such_bucket_and_leaves_nothi
 /// nodes keep their layout and keep serving.
 #[test]
 fn node_rpc_refuses_every_peer_without_the_cluster_secret() {
+    let _gate = crate::gate::shared();
     use std::io::{Read, Write};
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let cluster = SpawnedCluster::start(3, |c| {
@@ -1772,6 +1799,7 @@ fn node_rpc_refuses_every_peer_without_the_cluster_secret() {
 
 #[test]
 fn cluster_init_writes_random_keys_and_allows_anonymous_access_only_when_asked() {
+    let _gate = crate::gate::shared();
     let init = |extra: &[&str]| {
         let mut a = vec!["cluster", "init", "--nodes", "3", "--base-dir", "/tmp/ls-init"];
         a.extend(extra);
@@ -1789,6 +1817,7 @@ fn cluster_init_writes_random_keys_and_allows_anonymous_access_only_when_asked()
 
 #[test]
 fn keys_made_through_one_node_work_on_every_node_also_after_restarts() {
+    let _gate = crate::gate::shared();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut cluster = SpawnedCluster::start(3, |c| {
         // The file's admin key is the one the nodes run with (the
@@ -1842,6 +1871,7 @@ fn keys_made_through_one_node_work_on_every_node_also_after_restarts() {
 
 #[test]
 fn an_anonymous_cluster_serves_requests_signed_with_unknown_keys() {
+    let _gate = crate::gate::shared();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let cluster = SpawnedCluster::start(3, |c| c.anonymous = true);
     let ep = |i: usize| cluster.nodes[i].as_ref().expect("up").endpoint();
@@ -1867,6 +1897,7 @@ fn an_anonymous_cluster_serves_requests_signed_with_unknown_keys() {
 /// coordinator whose own copy missed that write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_keep_their_quorum_when_a_replica_of_an_older_build_refuses_version_asks() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     s.cluster.faults.old_build(2);
     let c1 = s.client_of(1);
@@ -1906,6 +1937,7 @@ async fn reads_keep_their_quorum_when_a_replica_of_an_older_build_refuses_versio
 /// down during the new create that has to take writes afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bucket_deleted_and_created_again_serves_through_every_node() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(3);
     let clients: Vec<aws_sdk_s3::Client> = (1..=3).map(|i| s.client_of(i)).collect();
     let data = |round: u64, i: u64| pseudo_random(2000 + (i as usize) * 7000, 100 + round * 10 + i);
@@ -2023,6 +2055,7 @@ async fn head_status(c: &aws_sdk_s3::Client, b: &str) -> u16 {
 /// node 1 cut off; node 1's old create then reaches node 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_bucket_create_or_delete_from_the_resync_queue_undoes_nothing() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::new(5);
     let f = &s.cluster.faults;
     let clients: Vec<aws_sdk_s3::Client> = (1..=5).map(|i| s.client_of(i)).collect();
@@ -2090,6 +2123,7 @@ async fn a_late_bucket_create_or_delete_from_the_resync_queue_undoes_nothing() -
 /// it ran; here: cleared).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn anti_entropy_repairs_bucket_rows_and_keys_a_lost_resync_entry_left_behind() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::with(3, |c| c.anti_entropy_secs = 1);
     let f = &s.cluster.faults;
     let c1 = s.client_of(1);
@@ -2134,7 +2168,7 @@ async fn anti_entropy_repairs_bucket_rows_and_keys_a_lost_resync_entry_left_behi
     f.heal();
     eventually(20, "node 3 learns the key", || s.cluster.node(3).store.key(&id).ok().flatten().is_some()).await;
     let conf = sdk_config("http://localhost:9000", &id, &key.secret)
-        .http_client(s3s_aws::Client::from(s.cluster.service(3)))
+        .http_client(testkit::sdk::InProcess::from(s.cluster.service(3)))
         .build();
     aws_sdk_s3::Client::from_conf(conf).create_bucket().bucket("keyed").send().await?;
     Ok(())
@@ -2147,6 +2181,7 @@ async fn anti_entropy_repairs_bucket_rows_and_keys_a_lost_resync_entry_left_behi
 /// would bring the deleted bucket back on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bucket_row_a_replica_made_for_a_tombstone_does_not_bring_the_deleted_bucket_back() -> R {
+    let _gate = crate::gate::shared();
     let s = InCluster::with(3, |c| c.anti_entropy_secs = 1);
     let f = &s.cluster.faults;
     let c1 = s.client_of(1);
@@ -2178,6 +2213,7 @@ async fn a_bucket_row_a_replica_made_for_a_tombstone_does_not_bring_the_deleted_
 /// they never saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_request_replayed_to_another_node_is_refused() -> R {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir()?;
     let cluster = lightningstor::cluster::start_local(3, dir.path(), |c| {
         c.access_key = Some(AK.into());
@@ -2233,6 +2269,7 @@ fn held_versions(s: &InCluster, n: NodeId, b: &str, k: &str) -> (Vec<u64>, Vec<u
 /// it current on every replica, with its own id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn versions_survive_replicas_that_miss_writes_and_deletes_of_versions() -> R {
+    let _gate = crate::gate::shared();
     use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
     let s = InCluster::new(3);
     let f = &s.cluster.faults;
@@ -2327,6 +2364,7 @@ async fn versions_survive_replicas_that_miss_writes_and_deletes_of_versions() ->
 /// each of its key's new replicas and reads back by id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_layout_change_moves_every_version_and_delete_marker() -> R {
+    let _gate = crate::gate::shared();
     use aws_sdk_s3::types::{BucketVersioningStatus, VersioningConfiguration};
     let s = InCluster::new(4);
     let c = s.client();

@@ -224,6 +224,7 @@ fn fio_nbd_engine_verifies_crc32c(engine: IoEngine) {
 /// as one extent, which only 64-bit block status can say.
 #[test]
 fn qemu_negotiates_extended_headers_and_maps_a_hole_past_4_gib() {
+    let _gate = crate::gate::shared();
     require("qemu-img");
     require("qemu-io");
     const GIB: u64 = 1 << 30;
@@ -262,10 +263,10 @@ fn qemu_negotiates_extended_headers_and_maps_a_hole_past_4_gib() {
 macro_rules! per_engine {
     ($($name:ident),* $(,)?) => {
         mod uring {
-            $( #[test] fn $name() { super::$name(coronafs::backend::IoEngine::Uring) } )*
+            $( #[test] fn $name() { let _gate = crate::gate::shared(); super::$name(coronafs::backend::IoEngine::Uring) } )*
         }
         mod threads {
-            $( #[test] fn $name() { super::$name(coronafs::backend::IoEngine::Threads) } )*
+            $( #[test] fn $name() { let _gate = crate::gate::shared(); super::$name(coronafs::backend::IoEngine::Threads) } )*
         }
     };
 }

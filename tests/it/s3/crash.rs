@@ -2,7 +2,7 @@
 //! kill -9 in the middle of an upload, then restart; and a 1 GiB multipart
 //! upload whose server RSS stays bounded.
 
-mod s3_common;
+use super::common as s3_common;
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
@@ -46,6 +46,7 @@ impl<S: futures::Stream + Unpin> futures::Stream for SyncStream<S> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -> R {
+    let _gate = crate::gate::shared();
     let dir = tempfile::tempdir()?;
     let server = Spawned::start(dir.path(), &[]);
     let c = server.client();
@@ -138,6 +139,7 @@ async fn a_kill_9_mid_upload_leaves_no_half_object_and_orphans_are_collected() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_1_gib_multipart_upload_streams_with_bounded_server_memory() -> R {
+    let _gate = crate::gate::shared();
     const PART: usize = 64 * 1024 * 1024;
     const PARTS: i32 = 16;
     /// Measured peak is ~35 MiB (debug build); a buffering server would need over 1 GiB.

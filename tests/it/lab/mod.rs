@@ -1,0 +1,3 @@
+//! The Docker lab of `deploy/docker`.
+
+mod docker;

@@ -1,0 +1,8 @@
+//! CoronaFS through real NBD clients and its control API.
+
+mod durability;
+mod front;
+mod interop;
+mod server;
+mod tls;
+mod volumes;

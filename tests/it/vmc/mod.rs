@@ -1,0 +1,5 @@
+//! PlasmaVMC with a real LightningStor and a real CoronaFS.
+
+mod agents;
+mod api;
+pub mod common;
