@@ -54,7 +54,7 @@ static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// `-p PACKAGE --bin NAME` leaves dev-dependency features out, which changes
 /// the features of shared crates (aws-sdk-s3, sha2, regex, ...) and recompiles
 /// them: about seven minutes of CI. `STACK_TESTS_BIN_BUILD=package` builds just
-/// the one binary instead, for a quick run of a single test binary.
+/// the one binary instead, for a quick run of a few tests.
 pub fn bin(package: &str, name: &str) -> PathBuf {
     let path = target_dir().join(name);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
