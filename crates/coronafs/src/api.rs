@@ -6,6 +6,7 @@
 //! | GET | `/metrics` | Prometheus text |
 //! | GET | `/openapi.json` | OpenAPI 3 description of this table |
 //! | GET | `/v1/info` | version, engine in use, data dir and its file system, host |
+//! | GET | `/v1/cluster/map` | the volume map as this node has it: Raft leader, term, every replicated volume's copies, primary, epoch, in-sync set |
 //! | GET, POST | `/v1/volumes` | list; create `{name, size?, from_snapshot?, replicas?}` |
 //! | GET, DELETE | `/v1/volumes/{name}` | show; delete (`?force=true`) |
 //! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
@@ -61,6 +62,7 @@ pub fn router(volumes: Arc<Volumes>, counters: Arc<Metrics>) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
         .route("/v1/info", get(info))
+        .route("/v1/cluster/map", get(cluster_map))
         .route("/v1/volumes", get(list).post(create))
         .route("/v1/volumes/{name}", get(show).delete(remove))
         .route("/v1/volumes/{name}/resize", post(resize))
@@ -104,6 +106,13 @@ async fn info(State(s): S) -> Result<impl IntoResponse, CoronaError> {
         note: BUFFERED_NOTE.to_owned(),
         host,
     }))
+}
+
+async fn cluster_map(State(s): S) -> Result<impl IntoResponse, CoronaError> {
+    let map = s.volumes.volume_map().ok_or_else(|| {
+        CoronaError::NotFound("no volume map: this server is in no cluster (serve with a cluster file)".into())
+    })?;
+    Ok(Json(crate::dto::ClusterMap { status: map.status(), volumes: map.map().volumes.clone() }))
 }
 
 async fn list(State(s): S) -> Result<impl IntoResponse, CoronaError> {

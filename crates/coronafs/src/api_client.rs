@@ -81,6 +81,11 @@ impl ApiClient {
         .await
     }
 
+    /// `GET /v1/cluster/map`: the volume map as the node asked has it.
+    pub async fn cluster_map(&self) -> Result<crate::dto::ClusterMap> {
+        self.call(self.http.get(self.url("/v1/cluster/map"))).await
+    }
+
     /// `GET /v1/volumes/{name}`.
     pub async fn get(&self, name: &str) -> Result<VolumeInfo> {
         self.call(self.http.get(self.url(&format!("/v1/volumes/{name}")))).await

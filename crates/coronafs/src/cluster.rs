@@ -8,6 +8,7 @@
 //! write_quorum = 2
 //! heartbeat_ms = 1000        # a primary's heartbeat on an idle replica link
 //! failover_after_ms = 5000   # silence after which a copy starts a failover (0: off)
+//! # lease_ms = 5000          # a primary's lease in the volume map (default: failover_after_ms)
 //!
 //! [[nodes]]
 //! name = "node01"
@@ -137,6 +138,12 @@ pub struct ClusterFile {
     /// failover off [default: 5000]. At least twice `heartbeat_ms`.
     #[serde(default = "default_failover_after_ms")]
     pub failover_after_ms: u64,
+    /// How long a primary's lease in the volume map lasts, in milliseconds:
+    /// a primary whose renewals stop takes no write after 80 % of it, and
+    /// another copy may take over after all of it [default:
+    /// `failover_after_ms`, or 5000 when automatic failover is off].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
     /// Every node, in any order.
     pub nodes: Vec<ClusterNode>,
 }
@@ -186,6 +193,13 @@ impl ClusterFile {
                 self.failover_after_ms, self.heartbeat_ms
             )));
         }
+        if let Some(l) = self.lease_ms
+            && l < 2 * self.heartbeat_ms.min(250)
+        {
+            return Err(CoronaError::Config(format!(
+                "lease_ms {l} is too short: at least twice heartbeat_ms or 500 ms, whichever is less"
+            )));
+        }
         if self.write_quorum == 0 || self.write_quorum > self.nodes.len() {
             return Err(CoronaError::Config(format!(
                 "write_quorum {} must be between 1 and the {} nodes",
@@ -230,6 +244,7 @@ impl ClusterFile {
             resync_retry_ms: default_resync_retry_ms(),
             heartbeat_ms: default_heartbeat_ms(),
             failover_after_ms: default_failover_after_ms(),
+            lease_ms: None,
             nodes,
         };
         f.validate()?;
@@ -332,6 +347,7 @@ mod tests {
             resync_retry_ms: default_resync_retry_ms(),
             heartbeat_ms: 1_000,
             failover_after_ms: 5_000,
+            lease_ms: None,
             nodes,
         }
     }

@@ -175,3 +175,12 @@ pub const BUFFERED_NOTE: &str = "buffered: volume files are opened without O_DIR
 pub struct ApiError {
     pub error: String,
 }
+
+/// `GET /v1/cluster/map`: what the asked node's member of the volume map
+/// knows (its view may lag the leader's by the entries not applied yet).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterMap {
+    pub status: crate::replication::map::MapStatus,
+    /// Every replicated volume of the cluster.
+    pub volumes: std::collections::BTreeMap<String, crate::replication::map::state::VolumeState>,
+}

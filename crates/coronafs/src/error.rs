@@ -76,6 +76,9 @@ pub enum CoronaError {
     /// that refused a volume or is gone.
     #[error("replica: {0}")]
     Replica(String),
+    /// The volume map (its Raft group) failed or could not decide in time.
+    #[error("volume map: {0}")]
+    Map(String),
     /// An I/O error from the host.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
@@ -100,6 +103,7 @@ impl CoronaError {
             | CoronaError::Protocol(_)
             | CoronaError::Disconnected
             | CoronaError::Replica(_) => 502,
+            CoronaError::Map(_) => 503,
             CoronaError::Io(_) => 500,
         }
     }

@@ -5,6 +5,8 @@
 //!   [`error`], [`util`] (names and sizes) and [`metrics`] beside it;
 //! - [`replica`]: the sans-IO replica RPC (handshake and frames) beside it,
 //!   and [`cluster`], the cluster file (nodes, zones, secret) and placement;
+//! - [`replication`]: the volume map on Raft (openraft), which decides
+//!   who is primary of a replicated volume and which copies are in sync;
 //! - [`backend`]: the [`backend::BlockBackend`] trait and its engines
 //!   (io_uring, thread pool, memory, copy-on-write layering, replication
 //!   to other nodes over the replica RPC);
@@ -36,6 +38,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod proto;
 pub mod replica;
+pub mod replication;
 pub mod server;
 pub mod service;
 pub mod util;

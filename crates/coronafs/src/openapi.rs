@@ -43,6 +43,8 @@ pub fn document() -> Value {
             "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI 3"}}}},
             "/v1/info": {"get": {"summary": "the server's conditions: version, engine in use, data dir and its file system, O_DIRECT, host",
                                  "responses": {"200": ok("the server", "ServerInfo")}}},
+            "/v1/cluster/map": {"get": {"summary": "the volume map (Raft) as this node has applied it: the leader, the term, and every replicated volume's copies, primary, epoch and in-sync copies",
+                                        "responses": {"200": {"description": "the map", "content": {"application/json": {"schema": {"type": "object"}}}}, "404": err("the server is in no cluster")}}},
             "/v1/volumes": {
                 "get": {"summary": "list volumes, sorted by name", "responses": {"200": list_of("volumes", "VolumeInfo")}},
                 "post": {"summary": "create a volume, or clone one from a snapshot (O(1))",
@@ -189,7 +191,7 @@ mod tests {
             let path = line.split('"').nth(1).expect("route path");
             assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
         }
-        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(13));
+        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(14));
     }
 
     #[test]

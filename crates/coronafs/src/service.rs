@@ -2,7 +2,8 @@
 //! ([`crate::backend::Opener`]), loads the volumes, binds the NBD listener
 //! ([`crate::server`]) and the control API ([`crate::api`]) beside it from a
 //! [`ServerConfig`], with the replica listener ([`crate::server::replica`])
-//! when the server is a node of a cluster, and stops them again.
+//! and the volume map's member ([`crate::replication::map`]) when the
+//! server is a node of a cluster, and stops them again.
 
 use crate::backend::{IoEngine, Opener};
 use crate::config::ServerConfig;
@@ -33,6 +34,8 @@ pub struct RunningServer {
     pub metrics: Arc<Metrics>,
     /// The token its control API requires, if any.
     pub api_token: Option<svc_kit::api_token::ApiToken>,
+    /// Its member of the volume map, when the server is in a cluster.
+    pub map: Option<Arc<crate::replication::map::MapNode>>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
@@ -58,6 +61,9 @@ impl RunningServer {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
         self.volumes.flush_all().await;
+        if let Some(map) = &self.map {
+            map.shutdown().await;
+        }
     }
 
     /// Stops like a crash (kill -9) as far as the data dir can tell: the
@@ -67,6 +73,9 @@ impl RunningServer {
     pub async fn crash(mut self) {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
+        if let Some(map) = &self.map {
+            map.shutdown().await;
+        }
         self.volumes.abandon().await;
         // The next start opens the same store: wait (at most 5 s) until no
         // task holds the volume manager any more.
@@ -113,13 +122,22 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     let engine = opener.engine();
     let volumes = Arc::new(Volumes::load(cfg.data_dir.clone(), opener, cfg.read_only)?);
     let metrics = Arc::new(Metrics::default());
+    let mut map = None;
     let replica = match &cfg.cluster {
         Some((file, node)) => {
             let mut m = crate::cluster::Membership::new(file.clone(), node, metrics.clone())?;
             m.api_token = cfg.api_token.clone();
             let listener = TcpListener::bind(m.me()?.replica).await?;
             let secret = m.secret.clone();
+            // The volume map's member, before any primary opens (it
+            // registers volumes made before the map); its peers reach it
+            // through the listener bound above.
+            let timing = crate::replication::map::Timing::for_cluster(&m.cluster);
+            map = Some(crate::replication::map::MapNode::start(&m.cluster, &m.node, &cfg.data_dir, timing).await?);
             volumes.join(m)?;
+            if let Some(map) = &map {
+                volumes.attach_map(map.clone())?;
+            }
             if !cfg.read_only {
                 volumes.open_primaries();
                 // Copies of volumes deleted before the stop that were not
@@ -162,5 +180,5 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer> {
     let tls = cfg.tls.mode;
     tracing::info!(%nbd_addr, %api_addr, ?replica_addr, %engine, %tls, dir = %cfg.data_dir.display(), "coronafs serving");
     let api_token = cfg.api_token;
-    Ok(RunningServer { nbd_addr, api_addr, replica_addr, engine, volumes, metrics, api_token, stop, tasks })
+    Ok(RunningServer { nbd_addr, api_addr, replica_addr, engine, volumes, metrics, api_token, map, stop, tasks })
 }

@@ -115,6 +115,22 @@ pub fn decide(copies: &[String], candidate: &str, own: Option<Position>, ballots
     Outcome::Won { live, stale }
 }
 
+/// After the volume map granted a takeover (the map, not the ballots,
+/// decided who is primary): the copies that voted and are at exactly `own`
+/// position hold the same bytes as the new primary and stay live; every
+/// other copy (behind, ahead with writes no FLUSH answered, silent, or any
+/// copy when `own` is unknown after a restart) is stale and catches up.
+pub fn at_position(own: Option<Position>, ballots: &[(String, Ballot)]) -> (Vec<String>, Vec<String>) {
+    let (mut live, mut stale) = (Vec::new(), Vec::new());
+    for (c, b) in ballots {
+        match (own, b) {
+            (Some(o), Ballot::Granted { position: Some(p) }) if *p == o => live.push(c.clone()),
+            _ => stale.push(c.clone()),
+        }
+    }
+    (live, stale)
+}
+
 /// One copy's answer to a probe, as the probing copy received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
@@ -160,6 +176,22 @@ pub fn stand(copies: &[String], me: &str, own: Option<Position>, probes: &[(Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_a_granted_takeover_only_copies_at_the_new_primarys_exact_position_stay_live() {
+        let at = |seq| Some(Position { epoch: 2, stream: 7, seq });
+        let ballots = vec![
+            ("b".to_owned(), Ballot::Granted { position: at(10) }),
+            ("c".to_owned(), Ballot::Granted { position: at(12) }),
+            ("d".to_owned(), Ballot::Granted { position: None }),
+            ("e".to_owned(), Ballot::Silent),
+            ("f".to_owned(), Ballot::Refused { epoch: 9 }),
+        ];
+        assert_eq!(at_position(at(10), &ballots), (vec!["b".to_owned()], vec!["c".into(), "d".into(), "e".into(), "f".into()]));
+        let (live, stale) = at_position(None, &ballots);
+        assert!(live.is_empty());
+        assert_eq!(stale.len(), 5);
+    }
     use proptest::prelude::*;
 
     fn pos(seq: u64) -> Option<Position> {

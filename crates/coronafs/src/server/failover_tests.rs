@@ -231,7 +231,7 @@ async fn two_candidates_racing_for_one_epoch_never_both_win() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_candidate_behind_a_voter_loses_and_the_copy_ahead_wins_without_live_laggards() {
+async fn a_copy_out_of_the_in_sync_set_cannot_take_over_and_the_copy_in_sync_does_without_live_laggards() {
     // No resync while n1 lives (a retry once an hour), so n3 stays behind.
     let three = super::test_cluster::start_three_with(3000, 1000, 0, 3_600_000).await;
     let (mut c, client) = Cluster::of(three).volume().await;
@@ -257,8 +257,10 @@ async fn a_candidate_behind_a_voter_loses_and_the_copy_ahead_wins_without_live_l
     drop((client, other));
     c.kill(0).await;
 
+    // n1 dropped n3 from the in-sync set before it answered the flush n3
+    // missed: the map does not let n3 take over.
     let e = c.api(2).promote("vm").await.expect_err("n3 is behind n2");
-    assert!(e.to_string().contains("promote n2"), "{e}");
+    assert!(e.to_string().contains("not in sync"), "{e}");
     let v = c.api(1).promote("vm").await.expect("n2 wins");
     assert_eq!(v.stale_replicas, ["n1", "n3"], "n3 lacks writes, so it is not live");
     let client = NbdClient::connect(c.nbd(1), &format!("vm;epoch={}", v.epoch)).await.expect("connect to n2");
@@ -348,22 +350,38 @@ async fn when_the_primary_dies_a_copy_promotes_itself_without_an_operator_and_se
     let flushed = c.image(0).await;
     drop(client);
     c.kill(0).await;
-    // n2 and n3 are at the same place: n2 stands (first by name), n3 does not.
-    let (v, took) = until_primary(&c, 1, std::time::Duration::from_secs(30)).await;
-    eprintln!("n2 became the primary {took:?} after n1 stopped (failover after 800 ms of silence)");
+    // n2 and n3 are both in sync: the volume map grants the takeover to the
+    // first that asks, once n1's lease ran out, and to one only.
+    let t = std::time::Instant::now();
+    let (p, v) = loop {
+        let mut found = Vec::new();
+        for i in [1, 2] {
+            let v = c.api(i).get("vm").await.expect("record");
+            if !v.replicas.is_empty() {
+                found.push((i, v));
+            }
+        }
+        assert!(found.len() <= 1, "two primaries: {found:?}");
+        if let Some(f) = found.pop() {
+            break f;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "no copy took over");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    eprintln!("n{} became the primary {:?} after n1 stopped (failover and lease 800 ms)", p + 1, t.elapsed());
     assert_eq!(v.epoch, 1);
-    assert_eq!(v.stale_replicas, ["n1"], "n3 was at n2's place and voted");
-    assert!(c.api(2).get("vm").await.expect("n3").replicas.is_empty(), "n3 stood too");
+    assert_eq!(v.stale_replicas, ["n1"], "the other copy was at the same place and was fenced with it");
+    let other = 3 - p;
 
     let (client, at) =
-        NbdClient::connect_primary(&[c.nbd(0), c.nbd(2), c.nbd(1)], "vm;epoch=1").await.expect("find n2");
-    assert_eq!(at, c.nbd(1));
+        NbdClient::connect_primary(&[c.nbd(0), c.nbd(other), c.nbd(p)], "vm;epoch=1").await.expect("find it");
+    assert_eq!(at, c.nbd(p));
     assert!(client.read(0, SIZE as usize).await.expect("read") == flushed, "a flushed byte is missing");
     client.write(12_345, &data(50_000, 77), false).await.expect("write on the new primary");
-    client.flush().await.expect("flush on n2 and n3");
-    let now = c.image(1).await;
+    client.flush().await.expect("flush on both copies");
+    let now = c.image(p).await;
     assert_eq!(now[12_345..62_345], data(50_000, 77)[..]);
-    assert!(c.image(2).await == now, "n3 differs from the new primary after FLUSH");
+    assert!(c.image(other).await == now, "the other copy differs from the new primary after FLUSH");
     drop(client);
     c.shutdown().await;
 }

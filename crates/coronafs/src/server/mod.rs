@@ -62,3 +62,9 @@ mod snapshot_tests;
 
 #[cfg(test)]
 mod copies_tests;
+
+#[cfg(test)]
+mod map_tests;
+
+#[cfg(test)]
+mod repeated_failover_tests;

@@ -3,7 +3,8 @@
 //! order through the volume's fence, answering each, and noting each frame
 //! and heartbeat as a sign of the primary's life; or answers a candidate's
 //! PROBE or VOTE (`volume/failover.rs`), or a primary's DELETE_VOLUME
-//! (`volume/copies.rs`), on a connection of its own
+//! (`volume/copies.rs`), on a connection of its own; or hands a volume map
+//! connection to the map (`replication/map`)
 //! (docs/design/replication-volumes.md).
 
 use crate::backend::replicated::apply::{Applier, Snapshots};
@@ -128,7 +129,19 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
     tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_as_listener(&mut s, secret))
         .await
         .map_err(|_| CoronaError::Replica("handshake timed out".into()))??;
+    // A replica stream's first frame starts with its magic; a connection
+    // of the volume map starts with the map's instead.
+    let mut magic = [0u8; 4];
+    s.read_exact(&mut magic).await?;
+    if magic == crate::replication::map::net::MAGIC {
+        let Some(map) = volumes.volume_map().cloned() else {
+            return Err(CoronaError::Replica("a volume map connection, but this node runs no volume map".into()));
+        };
+        let (rd, wr) = s.into_split();
+        return Ok(map.serve(BufReader::new(rd), wr).await?);
+    }
     let (rd, wr) = s.into_split();
+    let rd = tokio::io::AsyncReadExt::chain(std::io::Cursor::new(magic), rd);
     let mut rd = BufReader::with_capacity(256 * 1024, rd);
     let mut wr = BufWriter::new(wr);
     let Some(open) = read_frame(&mut rd).await? else { return Ok(()) };

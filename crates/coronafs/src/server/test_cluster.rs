@@ -37,6 +37,9 @@ pub(super) async fn start_three_with(
     (file.ack_timeout_ms, file.heartbeat_ms, file.failover_after_ms) =
         (ack_timeout_ms, heartbeat_ms, failover_after_ms);
     file.resync_retry_ms = resync_retry_ms;
+    // A short lease, so a promote by hand after the primary's loss waits
+    // about a second for it (automatic failover's own timeout otherwise).
+    file.lease_ms = Some(if failover_after_ms == 0 { 1_000 } else { failover_after_ms });
     file.validate().expect("valid cluster file");
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let mut cfgs = Vec::new();

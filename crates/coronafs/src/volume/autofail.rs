@@ -13,7 +13,7 @@
 //! docs/design/replication-volumes.md ("Failover").
 
 use super::Volumes;
-use super::failover::{Slot, ask, refusal};
+use super::failover::{Promotion, Slot, ask, refusal};
 use crate::cluster::Membership;
 use crate::replica::election::{self, Probe};
 use crate::replica::wire::{Body, VoteReply};
@@ -21,6 +21,14 @@ use crate::util::jitter;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+/// Why a failover round changed nothing.
+#[derive(Debug)]
+enum Round {
+    /// The old primary's lease may run this much longer.
+    Wait(Duration),
+    No(String),
+}
 
 /// Failover rounds one silence of the primary may start; after them the
 /// copy waits for a primary to be heard again (or a promote by hand).
@@ -62,10 +70,45 @@ impl Volumes {
     /// and its copies hear heartbeats from the moment the server runs, not
     /// only once an NBD client opens the volume.
     pub fn open_primaries(&self) {
-        let names: Vec<String> = match self.cat.lock() {
-            Ok(c) => c.volumes.iter().filter(|(_, r)| !r.replicas.is_empty()).map(|(n, _)| n.clone()).collect(),
+        let Some(me) = self.membership().map(|m| m.node.clone()) else { return };
+        let prim: Vec<(String, Vec<String>, u64)> = match self.cat.lock() {
+            Ok(c) => c
+                .volumes
+                .iter()
+                .filter(|(_, r)| !r.replicas.is_empty())
+                .map(|(n, r)| {
+                    let copies = if r.copies.is_empty() {
+                        std::iter::once(me.clone()).chain(r.replicas.iter().cloned()).collect()
+                    } else {
+                        r.copies.clone()
+                    };
+                    (n.clone(), copies, r.epoch)
+                })
+                .collect(),
             Err(_) => return,
         };
+        let names: Vec<String> = prim.iter().map(|(n, _, _)| n.clone()).collect();
+        self.register_missing(prim);
+        // Copies whose primary is another node watch it from the start, not
+        // only from its first stream: after a restart of the whole cluster
+        // the primary may never come back, and a copy in sync takes over.
+        if self.volume_map().is_some() {
+            let copies: Vec<String> = match self.cat.lock() {
+                Ok(c) => c
+                    .volumes
+                    .iter()
+                    .filter(|(_, r)| r.replicas.is_empty() && r.primary.as_deref().is_some_and(|p| p != me))
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            for n in copies {
+                if let Ok(slot) = self.slot(&n) {
+                    slot.hear();
+                    self.watch(&n, &slot);
+                }
+            }
+        }
         for n in names {
             if let Err(e) = self.open(&n) {
                 tracing::error!(volume = %n, error = %e, "cannot open a replicated volume at start");
@@ -99,9 +142,32 @@ impl Volumes {
         })
     }
 
-    /// One failover round: probes the other copies and, if this copy is the
-    /// one to stand, runs the election. `Err` says why nothing changed.
-    async fn failover_round(&self, m: &Membership, name: &str) -> Result<u64, String> {
+    /// One failover round. With a volume map: asks the map to make this
+    /// copy the primary (granted once the old primary's lease ran out, to a
+    /// copy in sync). Without one: probes the other copies and, if this copy
+    /// is the one to stand, runs the election. `Err` says why nothing
+    /// changed.
+    async fn failover_round(&self, m: &Membership, name: &str) -> Result<u64, Round> {
+        if let Some(map) = self.volume_map() {
+            if let Some(st) = map.map().get(name)
+                && !st.in_sync.contains(&m.node)
+            {
+                return Err(Round::No(format!(
+                    "this copy is not in sync in the volume map (in sync: {:?}); its primary brings it back",
+                    st.in_sync
+                )));
+            }
+            return match self.take_office(name, Duration::ZERO).await {
+                Ok(info) => Ok(info.epoch),
+                Err(Promotion::Wait(d)) => Err(Round::Wait(d)),
+                Err(Promotion::Failed(e)) => Err(Round::No(e.to_string())),
+            };
+        }
+        self.election_round(m, name).await.map_err(Round::No)
+    }
+
+    /// A failover round by probes and votes (a server without a volume map).
+    async fn election_round(&self, m: &Membership, name: &str) -> Result<u64, String> {
         let rec = self.catalog().map_err(|e| e.to_string())?.volumes.get(name).cloned().ok_or("volume gone")?;
         let own = self.position(name);
         let epoch = rec.epoch.max(own.map_or(0, |p| p.epoch)) + 1;
@@ -163,7 +229,12 @@ async fn watchdog(this: Weak<Volumes>, m: &Membership, name: &str, slot: &Slot) 
                         tracing::warn!(volume = name, epoch, rounds, "automatic failover: this copy is the primary");
                         return;
                     }
-                    Err(why) => {
+                    // The old primary's lease may still run: not a round.
+                    Err(Round::Wait(d)) => {
+                        rounds -= 1;
+                        d
+                    }
+                    Err(Round::No(why)) => {
                         if rounds == MAX_ROUNDS {
                             tracing::error!(volume = name, rounds, %why, "automatic failover gave up; promote by hand");
                         } else {

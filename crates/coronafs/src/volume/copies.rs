@@ -353,6 +353,7 @@ impl Volumes {
         }
         let placed: Vec<ClusterNode> =
             m.cluster.place_on(&m.node, copies, |n| holders.iter().any(|h| h == n))?.into_iter().cloned().collect();
+        self.register(name, placed.iter().map(|n| n.name.clone()).collect(), 0).await?;
         let mut made: Vec<&ClusterNode> = Vec::new();
         let mut failure = None;
         for n in &placed[1..] {
@@ -376,6 +377,7 @@ impl Volumes {
                     tracing::warn!(node = %n.name, volume = name, error = %e, "could not undo a clone's copy");
                 }
             }
+            self.unregister(name).await;
         } else {
             tracing::info!(volume = name, from, copies, nodes = ?placed.iter().map(|n| &n.name).collect::<Vec<_>>(), "created replicated clone");
         }

@@ -18,6 +18,9 @@ use crate::error::{CoronaError, Result};
 use crate::replica::auth::RpcSecret;
 use crate::replica::election::{self, Ballot, Outcome, VoteState};
 use crate::replica::wire::{Body, Msg, Origin, Position, VOTE_REPLY_LEN, VoteReply};
+use crate::replication::map::MapNode;
+use crate::replication::map::net::ProposeError;
+use crate::replication::map::state::Command;
 use crate::util::validate_name;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -46,7 +49,7 @@ impl Slot {
         self.heard.lock().ok().and_then(|h| *h)
     }
 
-    fn hear(&self) {
+    pub(super) fn hear(&self) {
         if let Ok(mut h) = self.heard.lock() {
             *h = Some(Instant::now());
         }
@@ -131,6 +134,20 @@ pub fn still_elected(name: &str, rec: &VolumeRec, epoch: u64, me: &str) -> Resul
         )));
     }
     Ok(())
+}
+
+/// Why [`Volumes::take_office`] did not make this copy the primary.
+#[derive(Debug)]
+pub(super) enum Promotion {
+    /// The old primary's lease may run this much longer.
+    Wait(Duration),
+    Failed(CoronaError),
+}
+
+impl From<CoronaError> for Promotion {
+    fn from(e: CoronaError) -> Self {
+        Promotion::Failed(e)
+    }
 }
 
 /// The answer a copy sends when it cannot vote for another reason than an
@@ -273,11 +290,30 @@ impl Volumes {
         Ok(Ok(()))
     }
 
-    /// Makes this node's copy of `name` the primary: an election at the
-    /// next epoch among the volume's copies, then, if won, the volume
-    /// reopens as the primary with the copies at this copy's position as
-    /// live replicas and the others recorded stale.
+    /// Makes this node's copy of `name` the primary. With a volume map (a
+    /// server in a cluster): the map must grant the takeover (this copy in
+    /// sync, the old primary's lease run out: waited for, at most one lease
+    /// and the ack timeout); without one, an election at the next epoch
+    /// among the volume's copies. Then the copies are fenced at the new
+    /// epoch and say where they are, and the volume reopens as the primary
+    /// with the copies at this copy's position as live replicas and the
+    /// others recorded stale.
     pub async fn promote(&self, name: &str) -> Result<VolumeInfo> {
+        let wait = self.membership().map(|m| Duration::from_millis(m.cluster.ack_timeout_ms));
+        let wait = self.volume_map().map(|map| map.lease() + wait.unwrap_or_default());
+        match self.take_office(name, wait.unwrap_or_default()).await {
+            Ok(info) => Ok(info),
+            Err(Promotion::Failed(e)) => Err(e),
+            Err(Promotion::Wait(d)) => Err(CoronaError::Conflict(format!(
+                "{name}: the primary's lease may still run for {} ms (it may be alive); try again then",
+                d.as_millis()
+            ))),
+        }
+    }
+
+    /// [`Volumes::promote`], waiting at most `wait` for the old primary's
+    /// lease; [`Promotion::Wait`] says how long it may still run.
+    pub(super) async fn take_office(&self, name: &str, wait: Duration) -> std::result::Result<VolumeInfo, Promotion> {
         validate_name(name)?;
         self.writable()?;
         let m: Arc<Membership> = self
@@ -286,21 +322,28 @@ impl Volumes {
             .ok_or_else(|| CoronaError::Config("promoting needs a cluster (serve with a cluster file)".into()))?;
         let rec = self.catalog()?.volumes.get(name).cloned().ok_or_else(|| CoronaError::NotFound(name.to_owned()))?;
         if !rec.replicas.is_empty() {
-            return Err(CoronaError::Conflict(format!("{name} is already the primary on {}", m.node)));
+            return Err(CoronaError::Conflict(format!("{name} is already the primary on {}", m.node)).into());
         }
         if rec.copies.is_empty() {
             return Err(CoronaError::Conflict(format!(
                 "{name} on {} is no replica: no primary ever opened a write stream to it",
                 m.node
-            )));
+            ))
+            .into());
         }
-        let epoch = rec.epoch.max(self.position(name).map_or(0, |p| p.epoch)) + 1;
+        let seen = rec.epoch.max(self.position(name).map_or(0, |p| p.epoch));
+        let map = self.volume_map().cloned();
+        let epoch = match &map {
+            Some(map) => self.granted(map, name, &m.node, seen, wait, &m).await?,
+            None => seen + 1,
+        };
         let mine = self.vote(name, epoch, &m.node).await;
         if mine.errno != 0 {
             return Err(CoronaError::Conflict(format!(
                 "{name}: this copy cannot vote for itself at epoch {epoch} (errno {}, at epoch {})",
                 mine.errno, mine.epoch
-            )));
+            ))
+            .into());
         }
         let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
         let asks = rec.copies.iter().filter(|c| **c != m.node).map(|c| {
@@ -314,10 +357,19 @@ impl Volumes {
             }
         });
         let ballots = futures::future::join_all(asks).await;
-        tracing::info!(volume = name, epoch, own = ?mine.position, ?ballots, "election counted");
-        let (live, stale) = match election::decide(&rec.copies, &m.node, mine.position, &ballots) {
-            Outcome::Won { live, stale } => (live, stale),
-            Outcome::Lost(why) => return Err(CoronaError::Conflict(format!("{name} at epoch {epoch}: {why}"))),
+        tracing::info!(volume = name, epoch, own = ?mine.position, ?ballots, "copies fenced at the new epoch");
+        let (live, stale) = if map.is_some() {
+            // The map decided; the ballots only fence the copies and say
+            // which are exactly where this copy is (those hold the same
+            // bytes, and stay live).
+            election::at_position(mine.position, &ballots)
+        } else {
+            match election::decide(&rec.copies, &m.node, mine.position, &ballots) {
+                Outcome::Won { live, stale } => (live, stale),
+                Outcome::Lost(why) => {
+                    return Err(CoronaError::Conflict(format!("{name} at epoch {epoch}: {why}")).into());
+                }
+            }
         };
         {
             let _g = self.control.lock().await;
@@ -345,7 +397,45 @@ impl Volumes {
         // it reopens as the primary, linking to the live copies now.
         self.close(&[name.to_owned()], false).await;
         self.open(name)?;
-        self.info(name)
+        Ok(self.info(name)?)
+    }
+
+    /// Asks the map to make this node the primary of `name` (`seen`: the
+    /// highest epoch this copy knows), waiting at most `wait` for the old
+    /// primary's lease to run out; the epoch granted.
+    async fn granted(
+        &self,
+        map: &MapNode,
+        name: &str,
+        me: &str,
+        seen: u64,
+        wait: Duration,
+        m: &Membership,
+    ) -> std::result::Result<u64, Promotion> {
+        let until = Instant::now() + wait;
+        let deadline = Duration::from_millis(m.cluster.ack_timeout_ms);
+        loop {
+            let cmd = Command::TakeOver { volume: name.to_owned(), node: me.to_owned(), renewals: 0, seen };
+            match map.propose(cmd, deadline).await {
+                Ok(Ok(st)) if st.primary == me => {
+                    tracing::warn!(volume = name, epoch = st.epoch, "the volume map made this copy the primary");
+                    return Ok(st.epoch);
+                }
+                Ok(Ok(st)) => {
+                    return Err(CoronaError::Conflict(format!("{name}: the volume map made {} the primary", st.primary))
+                        .into());
+                }
+                Ok(Err(r)) => return Err(CoronaError::Conflict(format!("{name}: {r}")).into()),
+                Err(ProposeError::LeaseRuns { left_ms }) => {
+                    let left = Duration::from_millis(left_ms);
+                    if Instant::now() + left > until {
+                        return Err(Promotion::Wait(left));
+                    }
+                    tokio::time::sleep(left).await;
+                }
+                Err(e) => return Err(CoronaError::Map(format!("{name}: no takeover: {e}")).into()),
+            }
+        }
     }
 
     /// On the primary of a replicated volume, after its fence was raised to

@@ -22,7 +22,9 @@ pub mod failover;
 pub mod faults;
 pub mod fence;
 pub mod files;
+pub mod lease;
 pub mod meta;
+pub mod registry;
 pub mod replication;
 
 use crate::backend::layered::{Layer, Layered, MAX_DEPTH, map};
@@ -74,6 +76,8 @@ pub struct Volumes {
     positions: Mutex<HashMap<String, Arc<failover::Slot>>>,
     /// The task delivering pending deletions of copies runs ([`copies`]).
     delivering: std::sync::atomic::AtomicBool,
+    /// This node's member of the volume map ([`registry`]).
+    map: std::sync::OnceLock<Arc<crate::replication::map::MapNode>>,
 }
 
 fn poisoned() -> CoronaError {
@@ -131,6 +135,7 @@ impl Volumes {
             faults: faults::Faults::default(),
             membership: std::sync::OnceLock::new(),
             this: std::sync::OnceLock::new(),
+            map: std::sync::OnceLock::new(),
             positions: Mutex::new(HashMap::new()),
             delivering: std::sync::atomic::AtomicBool::new(false),
         })
@@ -477,6 +482,7 @@ impl Volumes {
         }
         self.no_pending_deletion(name)?;
         let placed: Vec<ClusterNode> = m.cluster.place(&m.node, copies)?.into_iter().cloned().collect();
+        self.register(name, placed.iter().map(|n| n.name.clone()).collect(), 0).await?;
         let mut made: Vec<&ClusterNode> = Vec::new();
         let mut failure = None;
         for n in &placed[1..] {
@@ -500,6 +506,7 @@ impl Volumes {
                     tracing::warn!(node = %n.name, volume = name, error = %e, "could not undo a copy");
                 }
             }
+            self.unregister(name).await;
         } else {
             tracing::info!(volume = name, copies, nodes = ?placed.iter().map(|n| &n.name).collect::<Vec<_>>(), "created replicated volume");
         }
@@ -927,6 +934,7 @@ impl Volumes {
         };
         // Outside the control lock: the copies' nodes take theirs.
         if replicated {
+            self.unregister(name).await;
             self.deliver_deletion(name).await;
         }
         Ok(())

@@ -132,18 +132,46 @@ impl Volumes {
             links.push(connector.connect(peer, false, 1, rec.epoch, known.get(peer).copied().unwrap_or(0))?);
         }
         let policy = ReplicationPolicy { write_quorum: m.cluster.write_quorum, epoch: rec.epoch, ack_timeout: timeout };
-        let hook = self.state_recorder(name);
+        let mut hook = self.state_recorder(name);
+        // With a volume map, the primary answers to it: a lease, and the
+        // in-sync set every departure and return of a replica is recorded in.
+        let lease = match self.volume_map().cloned() {
+            Some(map) => {
+                let epoch = match map.map().get(name) {
+                    Some(st) if st.primary != m.node => {
+                        let (primary, epoch) = (st.primary.clone(), st.epoch);
+                        self.demote_later(name, &primary, epoch);
+                        return Err(CoronaError::Conflict(format!(
+                            "{name}: the volume map names {primary} the primary at epoch {epoch}; this copy becomes its \
+                             replica"
+                        )));
+                    }
+                    Some(st) => st.epoch,
+                    None => rec.epoch,
+                };
+                let out: Vec<String> = plan.behind.iter().map(|(n, _)| n.clone()).collect();
+                let live = rec.replicas.iter().filter(|r| !out.contains(r)).cloned().collect();
+                let lease = super::lease::PrimaryLease::start(self, map, name, epoch, live, out);
+                let (l, catalog) = (lease.clone(), hook);
+                hook = Box::new(move |peer: &str, in_sync: bool| {
+                    l.note(peer, in_sync);
+                    catalog(peer, in_sync);
+                });
+                Some(lease)
+            }
+            None => None,
+        };
         let resync = Resync {
             connector,
             store: Arc::new(MetaStore { meta: self.meta.clone(), name: name.to_owned() }),
             rate: m.cluster.resync_bytes_per_sec,
             retry: Duration::from_millis(m.cluster.resync_retry_ms),
         };
-        let r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone())
-            .on_change(hook)
-            .with_resync(resync, plan.behind, plan.inherited)
-            .with_incarnations(&known)
-            .start();
+        let mut r = Replicated::new(DynBackend::new(local), links, policy, 1, m.metrics.clone()).on_change(hook);
+        if let Some(lease) = lease {
+            r = r.with_authority(lease);
+        }
+        let r = r.with_resync(resync, plan.behind, plan.inherited).with_incarnations(&known).start();
         let handle = r.handle();
         Ok((AnyBackend::Replicated(Box::new(r)), handle))
     }

@@ -36,6 +36,22 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::{self, Relaxed};
 use std::time::Duration;
 
+/// What a primary answers to beyond its copies: the cluster's volume map
+/// (`volume/lease.rs`). Without one (tests of the backend alone, a server
+/// in no cluster) the live set alone decides.
+pub trait Authority: Send + Sync + 'static {
+    /// Whether this primary holds its lease right now.
+    fn may_write(&self) -> bool;
+    /// Waits at most `within` for the lease (at start, or after a renewal
+    /// came late); whether it is held then.
+    fn acquire(&self, within: Duration) -> futures::future::BoxFuture<'_, bool>;
+    /// Waits at most `within` until every replica that left the live set
+    /// so far is out of the map's in-sync set: a FLUSH that such a replica
+    /// did not acknowledge is answered only then, so no copy the map could
+    /// make primary lacks a write a FLUSH answered.
+    fn settle(&self, within: Duration) -> futures::future::BoxFuture<'_, io::Result<()>>;
+}
+
 /// Regions logged beyond a write's own when it dirties a new one.
 const LOG_AHEAD: usize = 7;
 
@@ -150,6 +166,8 @@ pub struct Inner<B> {
     /// [`Replicated`] values sharing this (see [`Replicated::share`]): the
     /// resync task stops when the last one is dropped.
     owners: std::sync::atomic::AtomicUsize,
+    /// The lease and in-sync set this primary answers to, if any.
+    authority: Option<Arc<dyn Authority>>,
 }
 
 /// A local backend plus its replicas.
@@ -246,6 +264,7 @@ impl<B: BlockBackend> Replicated<B> {
                 resyncing: std::sync::atomic::AtomicBool::new(false),
                 changed: tokio::sync::Notify::new(),
                 owners: std::sync::atomic::AtomicUsize::new(1),
+                authority: None,
             }),
         }
     }
@@ -258,6 +277,13 @@ impl<B: BlockBackend> Replicated<B> {
     /// or rejoins (`true`) the live set.
     pub fn on_change(mut self, hook: ChangeHook) -> Self {
         self.setup().on_change = Some(hook);
+        self
+    }
+
+    /// Takes writes only under `a`'s lease, and answers a FLUSH only once
+    /// `a` says every replica dropped so far is out of the in-sync set.
+    pub fn with_authority(mut self, a: Arc<dyn Authority>) -> Self {
+        self.setup().authority = Some(a);
         self
     }
 
@@ -475,6 +501,14 @@ impl<B: BlockBackend> Inner<B> {
     /// Fails, queueing nothing more, when the live copies are below the
     /// quorum or the volume was closed.
     async fn forward(&self, body: Body) -> io::Result<(u64, Vec<(usize, u64, Ack)>)> {
+        if let Some(a) = &self.authority
+            && !a.may_write()
+            && !a.acquire(self.policy.ack_timeout).await
+        {
+            return Err(io::Error::other(
+                "this primary holds no lease in the volume map (lapsed, not granted yet, or deposed)",
+            ));
+        }
         let mut o = self.order.lock().await;
         if o.closed && !matches!(body, Body::Flush) {
             return Err(io::Error::other("the volume was closed"));
@@ -759,6 +793,16 @@ impl<B: BlockBackend> Inner<B> {
         }
         if acked < self.policy.write_quorum {
             return Err(below_quorum(acked, self.policy.write_quorum));
+        }
+        if let Some(a) = &self.authority {
+            a.settle(self.policy.ack_timeout).await?;
+            // The lease must hold when the answer goes out: a primary whose
+            // lease lapsed during the flush may have been replaced. Renewed
+            // at the same epoch it was not (a takeover would have made the
+            // renewal fail), so the answer may wait for that.
+            if !a.may_write() && !a.acquire(self.policy.ack_timeout).await {
+                return Err(io::Error::other("this primary's lease lapsed during the flush"));
+            }
         }
         Ok(())
     }
