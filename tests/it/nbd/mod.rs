@@ -1,6 +1,7 @@
 //! CoronaFS through real NBD clients and its control API.
 
 mod durability;
+mod faults;
 mod front;
 mod interop;
 mod server;

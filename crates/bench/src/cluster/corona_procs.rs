@@ -1,6 +1,7 @@
 //! A CoronaFS cluster of child processes on loopback, for the failover row
-//! of the embedded run. Each node is `bench __serve-coronafs-node`, so
-//! stopping the primary is a SIGKILL of a process: the kernel closes its
+//! of the embedded run and the fault-schedule tests. Each node is `bench
+//! __serve-coronafs-node`, so stopping a node is a SIGKILL (or a SIGSTOP)
+//! of a process: the kernel closes its
 //! sockets, nothing is flushed and no goodbye is sent. The report's other
 //! CoronaFS rows run on the in-process nodes of [`super::Cluster`]; this
 //! cluster is started for the failover row only, with short heartbeat and
@@ -97,8 +98,8 @@ impl CoronaProcs {
     }
 
     fn check(f: &Fault) -> anyhow::Result<()> {
-        if f.service != "coronafs" || f.kind != FaultKind::Kill {
-            bail!("{f}: the failover cluster takes only kill:coronafs@NODE");
+        if f.service != "coronafs" || !matches!(f.kind, FaultKind::Kill | FaultKind::Pause) {
+            bail!("{f}: the failover cluster takes only kill:coronafs@NODE and pause:coronafs@NODE");
         }
         Ok(())
     }
@@ -113,17 +114,27 @@ fn node<'a>(nodes: &'a mut [(String, Proc)], f: &Fault) -> anyhow::Result<&'a mu
 #[async_trait::async_trait]
 impl FaultDriver for CoronaProcs {
     fn describe(&self) -> String {
-        "SIGKILL of the primary's process (a child of the bench on this host; the kernel closes its sockets, \
-         nothing is flushed), restarted on the same data dir afterwards"
+        "SIGKILL of a node's process (a child of the bench on this host; the kernel closes its sockets, \
+         nothing is flushed), restarted on the same data dir afterwards; or SIGSTOP, then SIGCONT"
             .into()
     }
 
     async fn inject(&self, f: &Fault) -> anyhow::Result<()> {
-        node(&mut self.nodes.lock().await, f)?.kill().await
+        let mut nodes = self.nodes.lock().await;
+        let p = node(&mut nodes, f)?;
+        match f.kind {
+            FaultKind::Pause => p.pause(),
+            _ => p.kill().await,
+        }
     }
 
     async fn heal(&self, f: &Fault) -> anyhow::Result<()> {
-        node(&mut self.nodes.lock().await, f)?.restart().await
+        let mut nodes = self.nodes.lock().await;
+        let p = node(&mut nodes, f)?;
+        match f.kind {
+            FaultKind::Pause => p.resume(),
+            _ => p.restart().await,
+        }
     }
 
     async fn is_down(&self, f: &Fault) -> anyhow::Result<bool> {

@@ -2,7 +2,7 @@
 //! WRITE_ZEROES, TRIM, FLUSH, SNAPSHOT, DELETE_SNAPSHOT, RESIZE, FLATTEN),
 //! each numbered and tagged with the primary's epoch, and the replica's
 //! in-order answers; the primary's unanswered HEARTBEAT on an idle stream;
-//! a candidate's PROBE and VOTE requests with their answer
+//! a new primary's fencing VOTE with its answer
 //! ([`VoteReply`]); and a primary's DELETE_VOLUME of a copy. Layout in
 //! docs/design/replication-volumes.md.
 
@@ -49,10 +49,6 @@ pub enum Body {
     /// The primary is alive: sent on an idle stream every heartbeat period.
     /// Carries `seq` 0, takes no number of the stream and gets no answer.
     Heartbeat,
-    /// Asks, without voting, whether the copy would stand behind `candidate`
-    /// at the frame's epoch: whether it still hears its primary, and where it
-    /// is (the only frame of its connection; answered like a VOTE).
-    Probe { volume: String, candidate: String },
     /// Freezes the copy's head as snapshot `name` of the stream's volume,
     /// at exactly this point of the stream.
     Snapshot { name: String },
@@ -160,7 +156,6 @@ impl Msg {
                 names.extend_from_slice(&origin.incarnation.to_be_bytes());
             }
             Body::Vote { volume, candidate }
-            | Body::Probe { volume, candidate }
             | Body::DeleteVolume { volume, primary: candidate } => {
                 put_name(&mut names, volume);
                 put_name(&mut names, candidate);
@@ -176,7 +171,6 @@ impl Msg {
             Body::Trim { offset, len } => (3, 0, *offset, *len, &[]),
             Body::Flush => (4, 0, 0, 0, &[]),
             Body::Heartbeat => (6, 0, 0, 0, &[]),
-            Body::Probe { .. } => (7, 0, 0, names.len() as u64, &[]),
             Body::Snapshot { .. } => (8, 0, 0, names.len() as u64, &[]),
             Body::DeleteSnapshot { .. } => (9, 0, 0, names.len() as u64, &[]),
             Body::DeleteVolume { .. } => (10, 0, 0, names.len() as u64, &[]),
@@ -216,18 +210,20 @@ impl Header {
             len: be64(&h[32..]),
         };
         let known_flags = if hd.kind == 2 { FLAG_PUNCH } else { 0 };
-        if hd.kind > 12 {
+        // Kind 7 was PROBE, the election's question before it stood; the
+        // volume map decides takeovers now, and no frame of kind 7 is taken.
+        if hd.kind > 12 || hd.kind == 7 {
             return Err(bad(format!("unknown kind {}", hd.kind)));
         }
         if hd.flags & !known_flags != 0 || h[6..8] != [0, 0] {
             return Err(bad(format!("unknown flags {:#x} for kind {}", hd.flags, hd.kind)));
         }
         match hd.kind {
-            0 | 5 | 7 | 10 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => {
+            0 | 5 | 10 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => {
                 Err(bad(format!("names of {} bytes", hd.len)))
             }
-            5 | 7 | 10 if hd.seq != 0 || hd.offset != 0 => {
-                Err(bad("vote, probe or volume deletion with a seq or an offset".into()))
+            5 | 10 if hd.seq != 0 || hd.offset != 0 => {
+                Err(bad("vote or volume deletion with a seq or an offset".into()))
             }
             11 if hd.len != 0 || hd.offset == 0 => Err(bad("resize with a length or to 0 bytes".into())),
             12 if hd.offset != 0 || hd.len != 0 => Err(bad("flatten with a range".into())),
@@ -272,13 +268,12 @@ impl Header {
                 }
                 Body::Open { volume, size: self.offset, origin: Origin { stream, primary, copies, incarnation } }
             }
-            5 | 7 | 10 => {
+            5 | 10 => {
                 let mut r = Names(&payload);
                 let (volume, candidate) = (r.name()?, r.name()?);
                 r.end()?;
                 match self.kind {
                     5 => Body::Vote { volume, candidate },
-                    7 => Body::Probe { volume, candidate },
                     _ => Body::DeleteVolume { volume, primary: candidate },
                 }
             }
@@ -401,7 +396,6 @@ mod tests {
                     origin: Origin { stream, primary, copies, incarnation }
                 }),
             ("[a-z]{1,20}", "[a-z0-9]{0,8}").prop_map(|(volume, candidate)| Body::Vote { volume, candidate }),
-            ("[a-z]{1,20}", "[a-z0-9]{0,8}").prop_map(|(volume, candidate)| Body::Probe { volume, candidate }),
             Just(Body::Heartbeat),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..300))
                 .prop_map(|(offset, d)| Body::Write { offset, data: Bytes::from(d) }),
@@ -425,7 +419,7 @@ mod tests {
         fn every_frame_decodes_to_what_was_encoded(seq in any::<u64>(), epoch in any::<u64>(), body in body()) {
             let seq = if matches!(
                 body,
-                Body::Vote { .. } | Body::Probe { .. } | Body::Heartbeat | Body::DeleteVolume { .. }
+                Body::Vote { .. } | Body::Heartbeat | Body::DeleteVolume { .. }
             ) { 0 } else { seq };
             let m = Msg { seq, epoch, body };
             prop_assert_eq!(round_trip(&m), m);
@@ -446,7 +440,7 @@ mod tests {
         }
 
         #[test]
-        fn arbitrary_payloads_of_open_vote_and_probe_never_panic(kind in prop_oneof![Just(0u8), Just(5u8), Just(7u8), Just(8u8), Just(9u8), Just(10u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
+        fn arbitrary_payloads_of_open_vote_and_the_retired_probe_never_panic(kind in prop_oneof![Just(0u8), Just(5u8), Just(7u8), Just(8u8), Just(9u8), Just(10u8)], payload in proptest::collection::vec(any::<u8>(), 1..600)) {
             let (mut h, _) = Msg { seq: 0, epoch: 0, body: Body::Flush }.encode();
             h[4] = kind;
             h[32..40].copy_from_slice(&(payload.len() as u64).to_be_bytes());

@@ -1,8 +1,8 @@
 //! The replica listener: takes a primary's authenticated connection, binds
 //! it to one of this node's volumes (OPEN), and applies its frames in
 //! order through the volume's fence, answering each, and noting each frame
-//! and heartbeat as a sign of the primary's life; or answers a candidate's
-//! PROBE or VOTE (`volume/failover.rs`), or a primary's DELETE_VOLUME
+//! and heartbeat as a sign of the primary's life; or answers a new
+//! primary's VOTE (`volume/failover.rs`), or a primary's DELETE_VOLUME
 //! (`volume/copies.rs`), on a connection of its own; or hands a volume map
 //! connection to the map (`replication/map`)
 //! (docs/design/replication-volumes.md).
@@ -153,12 +153,6 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             wr.flush().await?;
             return Ok(());
         }
-        Body::Probe { volume, candidate } => {
-            let answer = volumes.probe(volume, open.epoch, candidate);
-            wr.write_all(&answer.encode()).await?;
-            wr.flush().await?;
-            return Ok(());
-        }
         Body::DeleteVolume { volume, primary } => {
             let errno = volumes.delete_as_copy(volume, open.epoch, primary).await;
             wr.write_all(&Reply { seq: 0, errno }.encode()).await?;
@@ -166,7 +160,7 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
             return Ok(());
         }
         _ => {
-            return Err(CoronaError::Replica("the first frame is neither OPEN, VOTE, PROBE nor DELETE_VOLUME".into()));
+            return Err(CoronaError::Replica("the first frame is neither OPEN, VOTE nor DELETE_VOLUME".into()));
         }
     };
     // A node that is the volume's primary takes no stream for it (a deposed

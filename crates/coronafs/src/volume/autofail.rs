@@ -1,22 +1,20 @@
-//! Automatic failover: a replica copy's watchdog, and its side of a probe.
+//! Automatic failover: a replica copy's watchdog.
 //!
 //! A primary sends a HEARTBEAT on every replica link that was idle for
 //! `heartbeat_ms` (`backend/replicated/link.rs`); every frame and heartbeat
 //! it applies tells the copy that the primary lives ([`Slot::heard`]). A copy
-//! that heard nothing for `failover_after_ms` probes the other copies
-//! ([`Volumes::probe`]) and stands for election only if
-//! [`election::stand`] says it is the best-placed copy; then it runs the
-//! same election as a promote by hand ([`Volumes::promote`]). A round that
-//! does not end in a promotion waits a jittered pause, doubling up to eight
-//! failover timeouts, and tries again, at most [`MAX_ROUNDS`] times per
-//! silence. The design is in
-//! docs/design/replication-volumes.md ("Failover").
+//! that heard nothing for `failover_after_ms` asks the volume map for a
+//! takeover, as a promote by hand does ([`Volumes::promote`]); the map
+//! grants it to a copy in sync once the primary's lease ran out. A round
+//! that the lease refused waits as long as the lease may still run; one
+//! that ends otherwise without a promotion waits a jittered pause, doubling
+//! up to eight failover timeouts, and tries again, at most [`MAX_ROUNDS`]
+//! times per silence. The design is in docs/design/replication-volumes.md
+//! ("The volume map").
 
 use super::Volumes;
-use super::failover::{Promotion, Slot, ask, refusal};
+use super::failover::{Promotion, Slot};
 use crate::cluster::Membership;
-use crate::replica::election::{self, Probe};
-use crate::replica::wire::{Body, VoteReply};
 use crate::util::jitter;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -35,37 +33,6 @@ enum Round {
 pub const MAX_ROUNDS: u32 = 8;
 
 impl Volumes {
-    /// This copy's answer to `candidate` probing before it stands at
-    /// `epoch`: `EBUSY` when this node is the primary of `name` at an epoch
-    /// the candidate has not passed, or heard from its primary within the
-    /// failover timeout; otherwise 0 with where this copy is. Changes nothing.
-    pub fn probe(&self, name: &str, epoch: u64, candidate: &str) -> VoteReply {
-        let Some(m) = self.membership() else { return refusal(libc::ENOENT, 0) };
-        let rec = match self.cat.lock() {
-            Ok(c) => c.volumes.get(name).cloned(),
-            Err(_) => return refusal(libc::EIO, 0),
-        };
-        let Some(rec) = rec else { return refusal(libc::ENOENT, 0) };
-        let position = self.position(name);
-        let seen = rec.epoch.max(position.map_or(0, |p| p.epoch));
-        if !rec.replicas.is_empty() {
-            // A primary the copies have not voted past is alive (it answers);
-            // one at an older epoch was deposed and knows no position.
-            if rec.epoch.saturating_add(1) >= epoch {
-                tracing::info!(volume = name, candidate, epoch, "probed while primary: busy");
-                return refusal(libc::EBUSY, rec.epoch);
-            }
-            return VoteReply { errno: 0, epoch: seen, position: None };
-        }
-        let after = Duration::from_millis(m.cluster.failover_after_ms);
-        let heard = self.slot(name).ok().and_then(|s| s.heard());
-        if heard.is_some_and(|h| h.elapsed() < after) {
-            tracing::info!(volume = name, candidate, epoch, "probed while hearing the primary: busy");
-            return refusal(libc::EBUSY, seen);
-        }
-        VoteReply { errno: 0, epoch: seen, position }
-    }
-
     /// Opens every volume this node is the primary of, so its links start
     /// and its copies hear heartbeats from the moment the server runs, not
     /// only once an NBD client opens the volume.
@@ -142,61 +109,24 @@ impl Volumes {
         })
     }
 
-    /// One failover round. With a volume map: asks the map to make this
-    /// copy the primary (granted once the old primary's lease ran out, to a
-    /// copy in sync). Without one: probes the other copies and, if this copy
-    /// is the one to stand, runs the election. `Err` says why nothing
-    /// changed.
+    /// One failover round: asks the volume map to make this copy the
+    /// primary (granted once the old primary's lease ran out, to a copy in
+    /// sync). `Err` says why nothing changed.
     async fn failover_round(&self, m: &Membership, name: &str) -> Result<u64, Round> {
-        if let Some(map) = self.volume_map() {
-            if let Some(st) = map.map().get(name)
-                && !st.in_sync.contains(&m.node)
-            {
-                return Err(Round::No(format!(
-                    "this copy is not in sync in the volume map (in sync: {:?}); its primary brings it back",
-                    st.in_sync
-                )));
-            }
-            return match self.take_office(name, Duration::ZERO).await {
-                Ok(info) => Ok(info.epoch),
-                Err(Promotion::Wait(d)) => Err(Round::Wait(d)),
-                Err(Promotion::Failed(e)) => Err(Round::No(e.to_string())),
-            };
+        let Some(map) = self.volume_map() else { return Err(Round::No("no volume map".into())) };
+        if let Some(st) = map.map().get(name)
+            && !st.in_sync.contains(&m.node)
+        {
+            return Err(Round::No(format!(
+                "this copy is not in sync in the volume map (in sync: {:?}); its primary brings it back",
+                st.in_sync
+            )));
         }
-        self.election_round(m, name).await.map_err(Round::No)
-    }
-
-    /// A failover round by probes and votes (a server without a volume map).
-    async fn election_round(&self, m: &Membership, name: &str) -> Result<u64, String> {
-        let rec = self.catalog().map_err(|e| e.to_string())?.volumes.get(name).cloned().ok_or("volume gone")?;
-        let own = self.position(name);
-        let epoch = rec.epoch.max(own.map_or(0, |p| p.epoch)) + 1;
-        let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
-        let primary = rec.primary.as_deref();
-        let asks = rec.copies.iter().filter(|c| **c != m.node).map(|c| async move {
-            let probe = match m.cluster.node(c) {
-                Ok(n) => {
-                    let body = Body::Probe { volume: name.to_owned(), candidate: m.node.clone() };
-                    match ask(n.replica, &m.secret, epoch, body, timeout).await {
-                        Some(r) if r.errno == 0 => Probe::Willing { position: r.position },
-                        Some(r) if r.errno == libc::EBUSY as u32 => Probe::Busy,
-                        // The primary answers that it has no such volume: it
-                        // was deleted there, and its copies must not bring it
-                        // back (an operator may still promote one).
-                        Some(r) if r.errno == libc::ENOENT as u32 && primary == Some(c.as_str()) => Probe::Busy,
-                        _ => Probe::Silent,
-                    }
-                }
-                Err(_) => Probe::Silent,
-            };
-            (c.clone(), probe)
-        });
-        let probes = futures::future::join_all(asks).await;
-        tracing::info!(volume = name, ?own, ?probes, "primary silent: probed the copies");
-        election::stand(&rec.copies, &m.node, own, &probes)?;
-        tracing::warn!(volume = name, epoch, "standing for election: the primary is silent");
-        let info = self.promote(name).await.map_err(|e| e.to_string())?;
-        Ok(info.epoch)
+        match self.take_office(name, Duration::ZERO).await {
+            Ok(info) => Ok(info.epoch),
+            Err(Promotion::Wait(d)) => Err(Round::Wait(d)),
+            Err(Promotion::Failed(e)) => Err(Round::No(e.to_string())),
+        }
     }
 }
 

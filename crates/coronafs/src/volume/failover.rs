@@ -1,10 +1,9 @@
 //! Failover of replicated volumes: where each replica copy is in its
-//! primary's write stream, the copy's side of a vote ([`Volumes::vote`]),
-//! and promotion ([`Volumes::promote`]): a copy asks every copy of the volume
-//! for its vote at a higher epoch and, with a majority and no voter ahead of
-//! it, becomes the primary with the copies at its own position as live
-//! replicas. The decision logic is `replica/election.rs`; the design is in
-//! docs/design/replication-volumes.md.
+//! primary's write stream, the copy's side of the fencing vote
+//! ([`Volumes::vote`]), and promotion ([`Volumes::promote`]): once the
+//! volume map granted this copy the takeover, it fences every copy at the
+//! new epoch and becomes the primary with the copies at its own position as
+//! live replicas. The design is in docs/design/replication-volumes.md.
 //!
 //! Positions are kept in memory only (one lock per applied frame, no disk
 //! write): a copy that restarted does not know its position, votes as a
@@ -16,7 +15,7 @@ use crate::cluster::Membership;
 use crate::dto::VolumeInfo;
 use crate::error::{CoronaError, Result};
 use crate::replica::auth::RpcSecret;
-use crate::replica::election::{self, Ballot, Outcome, VoteState};
+use crate::replica::election::{self, Ballot, VoteState};
 use crate::replica::wire::{Body, Msg, Origin, Position, VOTE_REPLY_LEN, VoteReply};
 use crate::replication::map::MapNode;
 use crate::replication::map::net::ProposeError;
@@ -290,12 +289,10 @@ impl Volumes {
         Ok(Ok(()))
     }
 
-    /// Makes this node's copy of `name` the primary. With a volume map (a
-    /// server in a cluster): the map must grant the takeover (this copy in
-    /// sync, the old primary's lease run out: waited for, at most one lease
-    /// and the ack timeout); without one, an election at the next epoch
-    /// among the volume's copies. Then the copies are fenced at the new
-    /// epoch and say where they are, and the volume reopens as the primary
+    /// Makes this node's copy of `name` the primary. The volume map must
+    /// grant the takeover (this copy in sync, the old primary's lease run
+    /// out: waited for, at most one lease and the ack timeout). Then the
+    /// copies are fenced at the new epoch and say where they are, and the volume reopens as the primary
     /// with the copies at this copy's position as live replicas and the
     /// others recorded stale.
     pub async fn promote(&self, name: &str) -> Result<VolumeInfo> {
@@ -332,11 +329,10 @@ impl Volumes {
             .into());
         }
         let seen = rec.epoch.max(self.position(name).map_or(0, |p| p.epoch));
-        let map = self.volume_map().cloned();
-        let epoch = match &map {
-            Some(map) => self.granted(map, name, &m.node, seen, wait, &m).await?,
-            None => seen + 1,
-        };
+        let map = self.volume_map().cloned().ok_or_else(|| {
+            CoronaError::Config("promoting needs the cluster's volume map (serve with a cluster file)".into())
+        })?;
+        let epoch = self.granted(&map, name, &m.node, seen, wait, &m).await?;
         let mine = self.vote(name, epoch, &m.node).await;
         if mine.errno != 0 {
             return Err(CoronaError::Conflict(format!(
@@ -358,19 +354,10 @@ impl Volumes {
         });
         let ballots = futures::future::join_all(asks).await;
         tracing::info!(volume = name, epoch, own = ?mine.position, ?ballots, "copies fenced at the new epoch");
-        let (live, stale) = if map.is_some() {
-            // The map decided; the ballots only fence the copies and say
-            // which are exactly where this copy is (those hold the same
-            // bytes, and stay live).
-            election::at_position(mine.position, &ballots)
-        } else {
-            match election::decide(&rec.copies, &m.node, mine.position, &ballots) {
-                Outcome::Won { live, stale } => (live, stale),
-                Outcome::Lost(why) => {
-                    return Err(CoronaError::Conflict(format!("{name} at epoch {epoch}: {why}")).into());
-                }
-            }
-        };
+        // The map decided; the ballots only fence the copies and say which
+        // are exactly where this copy is (those hold the same bytes, and
+        // stay live).
+        let (live, stale) = election::at_position(mine.position, &ballots);
         {
             let _g = self.control.lock().await;
             let old = self.catalog()?;
@@ -507,7 +494,7 @@ impl Volumes {
     }
 }
 
-/// Sends `body` (a VOTE or a PROBE) at `epoch` to the copy at `addr` on a
+/// Sends `body` (a VOTE) at `epoch` to the copy at `addr` on a
 /// connection of its own and gives its answer, or `None` (logged) when it
 /// did not answer within `timeout`.
 pub(super) async fn ask(

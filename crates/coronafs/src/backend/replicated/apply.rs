@@ -78,7 +78,6 @@ impl Applier {
         let r = match msg.body {
             Body::Open { .. }
             | Body::Vote { .. }
-            | Body::Probe { .. }
             | Body::Heartbeat
             | Body::DeleteVolume { .. } => Err(io::Error::from_raw_os_error(libc::EPROTO)),
             // A page-cache write without waiting when the file system can.
