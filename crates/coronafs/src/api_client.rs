@@ -116,7 +116,7 @@ impl ApiClient {
     }
 
     /// `POST /v1/volumes/{name}/promote`: the node asked holds a copy of a
-    /// replicated volume and becomes its primary, if it wins the election.
+    /// replicated volume and becomes its primary, if the volume map grants it.
     pub async fn promote(&self, name: &str) -> Result<VolumeInfo> {
         self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/promote")))).await
     }

@@ -207,8 +207,8 @@ async fn connection(mut s: TcpStream, volumes: &Volumes, secret: &RpcSecret) -> 
     };
     // The copy takes the stream's epoch as its own fence (persisted by
     // `stream_opened` first): a primary of an older epoch, one deposed by
-    // the election that made this stream's primary, can no longer open a
-    // stream here, not even to a copy that did not vote in that election.
+    // the takeover that made this stream's primary, can no longer open a
+    // stream here, not even to a copy that was not fenced in that takeover.
     let tracker = volumes.stream_opened(volume, open.epoch, origin, open.seq).await?;
     if let Err(left) = export.fence.raise(open.epoch, crate::volume::FENCE_DRAIN_TIMEOUT).await {
         wr.write_all(&Reply { seq: open.seq, errno: libc::EIO as u32 }.encode()).await?;
