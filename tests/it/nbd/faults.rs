@@ -126,7 +126,9 @@ async fn writer(w: u64, seed: u64, procs: Arc<CoronaProcs>, hist: Arc<History>, 
             None => {
                 pending.clear();
                 let conn = match export(&procs).await {
-                    Some(e) => tokio::time::timeout(Duration::from_secs(5), NbdClient::connect_primary(&nodes, &e)).await,
+                    Some(e) => {
+                        tokio::time::timeout(Duration::from_secs(5), NbdClient::connect_primary(&nodes, &e)).await
+                    }
                     None => Ok(Err(coronafs::CoronaError::Disconnected)),
                 };
                 match conn {
@@ -228,7 +230,8 @@ fn under_a_seeded_schedule_of_kills_and_pauses_no_flushed_write_is_lost_and_the_
     let mut log = Vec::new();
     rt.block_on(async {
         let api = coronafs::api_client::ApiClient::new(&format!("http://{}", procs.file.nodes[0].api));
-        let req = coronafs::dto::CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
+        let req =
+            coronafs::dto::CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
         api.create_volume(&req).await.expect("a volume with 3 copies");
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| tokio::spawn(writer(w, seed, procs.clone(), hist.clone(), stop.clone(), t0)))
@@ -262,7 +265,11 @@ fn under_a_seeded_schedule_of_kills_and_pauses_no_flushed_write_is_lost_and_the_
                     let f = fault(FaultKind::Pause, &procs, who);
                     procs.inject(&f).await.expect("pause");
                     let down = rng.millis(2_000, 5_000);
-                    log.push(format!("{at:.1}s pause n{}{} for {down:?}", who + 1, if who == p { " (primary)" } else { "" }));
+                    log.push(format!(
+                        "{at:.1}s pause n{}{} for {down:?}",
+                        who + 1,
+                        if who == p { " (primary)" } else { "" }
+                    ));
                     tokio::time::sleep(down).await;
                     procs.heal(&f).await.expect("resume");
                 }
@@ -276,7 +283,11 @@ fn under_a_seeded_schedule_of_kills_and_pauses_no_flushed_write_is_lost_and_the_
                     let g = fault(FaultKind::Kill, &procs, p);
                     procs.inject(&g).await.expect("kill");
                     let down = rng.millis(3_000, 8_000);
-                    log.push(format!("{at:.1}s kill copy n{}, restart it, kill primary n{} during its catch-up for {down:?}", other + 1, p + 1));
+                    log.push(format!(
+                        "{at:.1}s kill copy n{}, restart it, kill primary n{} during its catch-up for {down:?}",
+                        other + 1,
+                        p + 1
+                    ));
                     tokio::time::sleep(down).await;
                     procs.heal(&g).await.expect("restart");
                 }
@@ -332,7 +343,8 @@ fn under_a_seeded_schedule_of_kills_and_pauses_no_flushed_write_is_lost_and_the_
     rt.block_on(procs.stop());
     let mut images = Vec::new();
     for n in &procs_names(dir.path()) {
-        let v = coronafs::volume::Volumes::load(n.clone(), coronafs::backend::Opener::Threads, true).expect("load copy");
+        let v =
+            coronafs::volume::Volumes::load(n.clone(), coronafs::backend::Opener::Threads, true).expect("load copy");
         let e = v.open("vm").expect("open the copy");
         let (r, buf) = rt.block_on(coronafs::backend::BlockBackend::read_at(&e.backend, vec![0; SIZE as usize], 0));
         r.expect("read the copy");
@@ -366,7 +378,8 @@ fn procs_names(base: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut attempts: Vec<_> = std::fs::read_dir(base).expect("base").flatten().map(|e| e.path()).collect();
     attempts.sort();
     let last = attempts.pop().expect("an attempt");
-    let mut dirs: Vec<_> = std::fs::read_dir(&last).expect("attempt").flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+    let mut dirs: Vec<_> =
+        std::fs::read_dir(&last).expect("attempt").flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     dirs.sort();
     dirs
 }

@@ -155,8 +155,7 @@ impl Msg {
                 }
                 names.extend_from_slice(&origin.incarnation.to_be_bytes());
             }
-            Body::Vote { volume, candidate }
-            | Body::DeleteVolume { volume, primary: candidate } => {
+            Body::Vote { volume, candidate } | Body::DeleteVolume { volume, primary: candidate } => {
                 put_name(&mut names, volume);
                 put_name(&mut names, candidate);
             }
@@ -219,9 +218,7 @@ impl Header {
             return Err(bad(format!("unknown flags {:#x} for kind {}", hd.flags, hd.kind)));
         }
         match hd.kind {
-            0 | 5 | 10 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => {
-                Err(bad(format!("names of {} bytes", hd.len)))
-            }
+            0 | 5 | 10 if hd.len == 0 || hd.len > MAX_NAMES_PAYLOAD => Err(bad(format!("names of {} bytes", hd.len))),
             5 | 10 if hd.seq != 0 || hd.offset != 0 => {
                 Err(bad("vote or volume deletion with a seq or an offset".into()))
             }

@@ -9,7 +9,12 @@ use crate::error::CoronaError;
 use std::time::{Duration, Instant};
 
 /// Polls node `i`'s `/v1/cluster/map` until `ok` holds (at most 20 s).
-async fn map_until(t: &super::test_cluster::Three, i: usize, what: &str, ok: impl Fn(&ClusterMap) -> bool) -> ClusterMap {
+async fn map_until(
+    t: &super::test_cluster::Three,
+    i: usize,
+    what: &str,
+    ok: impl Fn(&ClusterMap) -> bool,
+) -> ClusterMap {
     let start = Instant::now();
     loop {
         let m = t.servers[i].api_client().cluster_map().await.expect("GET /v1/cluster/map");
@@ -68,7 +73,9 @@ async fn a_server_in_no_cluster_answers_404_for_the_map() {
     let cfg = crate::config::ServerConfig::ephemeral(dir.path(), crate::backend::IoEngine::Threads);
     let s = crate::service::start(cfg).await.expect("start");
     match s.api_client().cluster_map().await {
-        Err(CoronaError::Api { status: Some(404), message, .. }) => assert!(message.contains("no cluster"), "{message}"),
+        Err(CoronaError::Api { status: Some(404), message, .. }) => {
+            assert!(message.contains("no cluster"), "{message}")
+        }
         other => panic!("{other:?}"),
     }
     s.shutdown().await;

@@ -106,7 +106,9 @@ impl Nodes {
             };
             match attempt.await {
                 Ok(()) => break,
-                Err(CoronaError::Nbd { errno: NbdErrno::Io, .. } | CoronaError::Negotiation(_) | CoronaError::Io(_)) => {}
+                Err(
+                    CoronaError::Nbd { errno: NbdErrno::Io, .. } | CoronaError::Negotiation(_) | CoronaError::Io(_),
+                ) => {}
                 Err(CoronaError::Disconnected) => {}
                 Err(e) => panic!("round {round}: {e}"),
             }

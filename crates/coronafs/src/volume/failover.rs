@@ -409,8 +409,11 @@ impl Volumes {
                     return Ok(st.epoch);
                 }
                 Ok(Ok(st)) => {
-                    return Err(CoronaError::Conflict(format!("{name}: the volume map made {} the primary", st.primary))
-                        .into());
+                    return Err(CoronaError::Conflict(format!(
+                        "{name}: the volume map made {} the primary",
+                        st.primary
+                    ))
+                    .into());
                 }
                 Ok(Err(r)) => return Err(CoronaError::Conflict(format!("{name}: {r}")).into()),
                 Err(ProposeError::LeaseRuns { left_ms }) => {

@@ -34,8 +34,7 @@ impl Volumes {
     pub(super) async fn register(&self, name: &str, copies: Vec<String>, epoch: u64) -> Result<()> {
         let Some(map) = self.volume_map() else { return Ok(()) };
         let quorum = self.membership().map_or(1, |m| m.cluster.write_quorum).min(copies.len());
-        let cmd =
-            Command::Register { volume: name.to_owned(), primary: map.name().to_owned(), copies, quorum, epoch };
+        let cmd = Command::Register { volume: name.to_owned(), primary: map.name().to_owned(), copies, quorum, epoch };
         match map.propose(cmd, self.map_deadline()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(Refusal::Exists(_))) => Err(CoronaError::Conflict(format!(

@@ -76,10 +76,9 @@ impl Applier {
         }
         self.next_seq = msg.seq.wrapping_add(1);
         let r = match msg.body {
-            Body::Open { .. }
-            | Body::Vote { .. }
-            | Body::Heartbeat
-            | Body::DeleteVolume { .. } => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+            Body::Open { .. } | Body::Vote { .. } | Body::Heartbeat | Body::DeleteVolume { .. } => {
+                Err(io::Error::from_raw_os_error(libc::EPROTO))
+            }
             // A page-cache write without waiting when the file system can.
             Body::Write { offset, data } if backend.try_write_now(&data, offset) => Ok(()),
             Body::Write { offset, data } => backend.write_at(Vec::from(data), offset, false).await.0,

@@ -161,7 +161,10 @@ impl MapNode {
         for n in &cluster.nodes {
             let p = Peer { name: n.name.clone(), addr: n.replica.to_string() };
             if peers.insert(node_id(&n.name), p).is_some() {
-                return Err(CoronaError::Config(format!("two node names of the cluster file have the same map id ({})", n.name)));
+                return Err(CoronaError::Config(format!(
+                    "two node names of the cluster file have the same map id ({})",
+                    n.name
+                )));
             }
         }
         if !peers.contains_key(&me) {
@@ -202,18 +205,7 @@ impl MapNode {
         }
         let leading = Arc::new(Mutex::new(None));
         let watcher = tokio::spawn(watch_leadership(raft.metrics(), me, leading.clone()));
-        Ok(Arc::new(MapNode {
-            raft,
-            me,
-            name: node.to_owned(),
-            peers,
-            secret,
-            machine,
-            db,
-            timing,
-            leading,
-            watcher,
-        }))
+        Ok(Arc::new(MapNode { raft, me, name: node.to_owned(), peers, secret, machine, db, timing, leading, watcher }))
     }
 
     /// This node's name.

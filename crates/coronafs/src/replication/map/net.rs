@@ -177,7 +177,11 @@ type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, Peer, RaftError<
 impl PeerClient {
     async fn call<E: std::error::Error>(&mut self, req: Request, option: &RPCOption) -> Result<Answer, RpcErr<E>> {
         self.conn.call(&req, option.hard_ttl()).await.map_err(|(unreachable, e)| {
-            if unreachable { RPCError::Unreachable(Unreachable::new(&e)) } else { RPCError::Network(NetworkError::new(&e)) }
+            if unreachable {
+                RPCError::Unreachable(Unreachable::new(&e))
+            } else {
+                RPCError::Network(NetworkError::new(&e))
+            }
         })
     }
 

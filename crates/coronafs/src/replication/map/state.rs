@@ -92,7 +92,9 @@ pub enum Refusal {
     #[error("{node} is not the primary of {volume:?} at epoch {epoch}: {primary} is, at epoch {current}")]
     NotPrimary { volume: String, node: String, epoch: u64, primary: String, current: u64 },
     /// A takeover by a copy that may lack acknowledged writes.
-    #[error("{node} is not in sync for {volume:?} (in sync: {in_sync:?}); only an in-sync copy holds every flushed write")]
+    #[error(
+        "{node} is not in sync for {volume:?} (in sync: {in_sync:?}); only an in-sync copy holds every flushed write"
+    )]
     NotInSync { volume: String, node: String, in_sync: Vec<String> },
     /// The lease was renewed after the leader looked: the primary lives.
     #[error("the primary of {volume:?} renewed its lease meanwhile")]
@@ -127,7 +129,11 @@ impl VolumeMap {
                 if let Some(have) = self.volumes.get(volume) {
                     // A retried registration of the same volume is answered
                     // with what stands.
-                    return if have.copies == *copies { Ok(have.clone()) } else { Err(Refusal::Exists(volume.clone())) };
+                    return if have.copies == *copies {
+                        Ok(have.clone())
+                    } else {
+                        Err(Refusal::Exists(volume.clone()))
+                    };
                 }
                 let st = VolumeState {
                     copies: copies.clone(),
@@ -279,7 +285,9 @@ mod tests {
         reg(&mut map);
         map.apply(&Command::Renew { volume: "v".into(), node: "a".into(), epoch: 1 }).expect("applied");
         // The leader saw 1 renewal; the copy's fence is at 7 (a client's fence).
-        let st = map.apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 1, seen: 7 }).expect("applied");
+        let st = map
+            .apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 1, seen: 7 })
+            .expect("applied");
         assert_eq!((st.primary.as_str(), st.epoch), ("b", 8));
         assert_eq!(st.in_sync, BTreeSet::from(["b".to_owned()]));
         let old = map.apply(&Command::Renew { volume: "v".into(), node: "a".into(), epoch: 1 });
@@ -308,8 +316,11 @@ mod tests {
         assert!(map.get("v").expect("registered").writable());
         map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "b".into() }).expect("applied");
         assert!(!map.get("v").expect("registered").writable());
-        map.apply(&Command::Rejoin { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into() }).expect("applied");
-        let st = map.apply(&Command::TakeOver { volume: "v".into(), node: "c".into(), renewals: 0, seen: 1 }).expect("applied");
+        map.apply(&Command::Rejoin { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into() })
+            .expect("applied");
+        let st = map
+            .apply(&Command::TakeOver { volume: "v".into(), node: "c".into(), renewals: 0, seen: 1 })
+            .expect("applied");
         assert_eq!(st.primary, "c");
     }
 
@@ -321,8 +332,12 @@ mod tests {
         let v = || Just("v".to_owned());
         prop_oneof![
             (v(), names(), 0u64..6).prop_map(|(volume, node, epoch)| Command::Renew { volume, node, epoch }),
-            (v(), names(), 0u64..8, 0u64..6)
-                .prop_map(|(volume, node, renewals, seen)| Command::TakeOver { volume, node, renewals, seen }),
+            (v(), names(), 0u64..8, 0u64..6).prop_map(|(volume, node, renewals, seen)| Command::TakeOver {
+                volume,
+                node,
+                renewals,
+                seen
+            }),
             (v(), names(), 0u64..6, names()).prop_map(|(volume, by, epoch, copy)| Command::Drop {
                 volume,
                 by,

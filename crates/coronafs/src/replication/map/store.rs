@@ -236,8 +236,9 @@ impl Machine {
         let snap: Option<StoredSnapshot> =
             get_meta(&db, "snapshot").map_err(|e| crate::CoronaError::Meta(format!("the volume map's store: {e}")))?;
         let state = match snap {
-            Some(s) => serde_json::from_slice(&s.data)
-                .map_err(|e| crate::CoronaError::Meta(format!("the volume map's store holds a corrupt snapshot: {e}")))?,
+            Some(s) => serde_json::from_slice(&s.data).map_err(|e| {
+                crate::CoronaError::Meta(format!("the volume map's store holds a corrupt snapshot: {e}"))
+            })?,
             None => Applied::default(),
         };
         let (published, _) = watch::channel(Arc::new(state.map.clone()));
