@@ -33,6 +33,23 @@ impl Nodes {
         Nodes { t, up }
     }
 
+    /// The nodes, `vm` with 3 copies made on n1, and round 0 written and
+    /// flushed; the blocks each writer slot holds now.
+    async fn with_volume() -> (Nodes, Vec<Vec<u8>>) {
+        let c = Nodes::start().await;
+        let req = CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
+        c.up(0).api_client().create_volume(&req).await.expect("create");
+        let mut expect = vec![Vec::new(); 8];
+        c.write_round(0, &mut expect).await;
+        (c, expect)
+    }
+
+    async fn stop(mut self) {
+        for s in self.up.drain(..).flatten() {
+            s.shutdown().await;
+        }
+    }
+
     fn up(&self, i: usize) -> &RunningServer {
         self.up[i].as_ref().expect("node is up")
     }
@@ -156,11 +173,7 @@ impl Nodes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_primary_crashed_three_times_over_each_copy_in_turn_loses_no_flushed_write_and_every_copy_rejoins() {
-    let mut c = Nodes::start().await;
-    let req = CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
-    c.up(0).api_client().create_volume(&req).await.expect("create");
-    let mut expect = vec![Vec::new(); 8];
-    c.write_round(0, &mut expect).await;
+    let (mut c, mut expect) = Nodes::with_volume().await;
     let mut primary = 0;
     let mut epoch = 0;
     for round in 1..=3u8 {
@@ -188,18 +201,12 @@ async fn the_primary_crashed_three_times_over_each_copy_in_turn_loses_no_flushed
     for i in (0..3).filter(|i| *i != primary) {
         assert!(c.image(i).await == img, "n{} differs from the primary after it rejoined", i + 1);
     }
-    for s in c.up.drain(..).flatten() {
-        s.shutdown().await;
-    }
+    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_every_node_crashed_and_restarted_the_volume_takes_writes_again_with_every_flushed_byte() {
-    let mut c = Nodes::start().await;
-    let req = CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
-    c.up(0).api_client().create_volume(&req).await.expect("create");
-    let mut expect = vec![Vec::new(); 8];
-    c.write_round(0, &mut expect).await;
+    let (mut c, mut expect) = Nodes::with_volume().await;
     // A failover first, so the records disagree (n1's still names it).
     c.crash(0).await;
     c.new_primary(Some(0), 0).await;
@@ -215,18 +222,12 @@ async fn after_every_node_crashed_and_restarted_the_volume_takes_writes_again_wi
     eprintln!("writable {:?} after all three restarted", t.elapsed());
     c.check(&expect).await;
     c.all_in_sync().await;
-    for s in c.up.drain(..).flatten() {
-        s.shutdown().await;
-    }
+    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_primary_and_one_copy_down_nothing_is_acknowledged_and_the_survivor_keeps_every_flushed_byte() {
-    let mut c = Nodes::start().await;
-    let req = CreateVolume { name: "vm".into(), size: Some(SIZE), from_snapshot: None, replicas: Some(3) };
-    c.up(0).api_client().create_volume(&req).await.expect("create");
-    let mut expect = vec![Vec::new(); 8];
-    c.write_round(0, &mut expect).await;
+    let (mut c, mut expect) = Nodes::with_volume().await;
     c.crash(0).await;
     c.crash(1).await;
     // n3 alone: no majority of the map, no lease, no takeover; nothing is
@@ -244,7 +245,5 @@ async fn with_the_primary_and_one_copy_down_nothing_is_acknowledged_and_the_surv
     c.new_primary(Some(0), 0).await;
     c.write_round(1, &mut expect).await;
     c.check(&expect).await;
-    for s in c.up.drain(..).flatten() {
-        s.shutdown().await;
-    }
+    c.stop().await;
 }

@@ -223,11 +223,6 @@ impl MapNode {
         self.machine.map()
     }
 
-    /// Sees every change of the map as this node applies it.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<VolumeMap>> {
-        self.machine.subscribe()
-    }
-
     /// What this node knows of the group.
     pub fn status(&self) -> MapStatus {
         let m = self.raft.metrics().borrow().clone();

@@ -256,11 +256,6 @@ impl Machine {
         self.published.borrow().clone()
     }
 
-    /// A receiver that sees every applied change of the map.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<VolumeMap>> {
-        self.published.subscribe()
-    }
-
     /// When a renewal or takeover of `volume` was last applied here.
     pub fn renewed_at(&self, volume: &str) -> Option<Instant> {
         self.renewed.lock().ok().and_then(|r| r.get(volume).copied())
