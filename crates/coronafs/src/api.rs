@@ -12,7 +12,8 @@
 //! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
 //! | POST | `/v1/volumes/{name}/flatten` | copy parent data in, detach |
 //! | POST | `/v1/volumes/{name}/fence` | `{epoch}`: raise the write epoch, drain older writes |
-//! | POST | `/v1/volumes/{name}/promote` | make this node's copy the primary (failover election) |
+//! | POST | `/v1/volumes/{name}/promote` | make this node's copy the primary (a takeover the volume map grants) |
+//! | POST | `/v1/volumes/{name}/replace-copy` | on the primary, `{copy, to?}`: replace a copy by a new one on another node |
 //! | POST | `/v1/volumes/{name}/evict` | drop the volume's files from the page cache |
 //! | GET, POST | `/v1/volumes/{name}/snapshots` | list; create `{name}` |
 //! | DELETE | `/v1/volumes/{name}/snapshots/{snap}` | delete (`?force=true`) |
@@ -24,7 +25,9 @@
 //! [`crate::service::start`] with [`unauthorized`]).
 //! The bodies are [`crate::dto`]'s; [`crate::api_client`] is the client.
 
-use crate::dto::{ApiError, BUFFERED_NOTE, CreateSnapshot, CreateVolume, FenceVolume, Force, ResizeVolume, ServerInfo};
+use crate::dto::{
+    ApiError, BUFFERED_NOTE, CreateSnapshot, CreateVolume, FenceVolume, Force, ReplaceCopy, ResizeVolume, ServerInfo,
+};
 use crate::error::CoronaError;
 use crate::metrics::Metrics;
 use crate::volume::Volumes;
@@ -69,6 +72,7 @@ pub fn router(volumes: Arc<Volumes>, counters: Arc<Metrics>) -> Router {
         .route("/v1/volumes/{name}/flatten", post(flatten))
         .route("/v1/volumes/{name}/fence", post(fence))
         .route("/v1/volumes/{name}/promote", post(promote))
+        .route("/v1/volumes/{name}/replace-copy", post(replace_copy))
         .route("/v1/volumes/{name}/evict", post(evict))
         .route("/v1/volumes/{name}/snapshots", get(snapshots).post(snapshot))
         .route("/v1/volumes/{name}/snapshots/{snap}", delete(remove_snapshot))
@@ -166,6 +170,15 @@ async fn fence(
 
 async fn promote(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
     Ok(Json(s.volumes.promote(&name).await?))
+}
+
+async fn replace_copy(
+    State(s): S,
+    Path(name): Path<String>,
+    b: Result<Json<ReplaceCopy>, JsonRejection>,
+) -> Result<impl IntoResponse, CoronaError> {
+    let req = body(b)?;
+    Ok(Json(s.volumes.replace_copy(&name, &req.copy, req.to.as_deref()).await?))
 }
 
 async fn evict(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {

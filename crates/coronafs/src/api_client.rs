@@ -5,7 +5,7 @@
 //! `{"error"}` message.
 
 use crate::dto::{
-    ApiError, CreateSnapshot, CreateVolume, EvictReport, FenceVolume, ResizeVolume, ServerInfo, SnapshotInfo,
+    ApiError, CreateSnapshot, CreateVolume, EvictReport, FenceVolume, ReplaceCopy, ResizeVolume, ServerInfo, SnapshotInfo,
     VolumeInfo,
 };
 use crate::error::{CoronaError, Result};
@@ -110,6 +110,14 @@ impl ApiClient {
 
     /// `POST /v1/volumes/{name}/fence {epoch}`: returns once no write of an
     /// older epoch is in flight.
+    /// `POST /v1/volumes/{name}/replace-copy`, on the volume's primary:
+    /// the copy on `copy` is replaced by a new one on `to` (or a node the
+    /// server picks), filled in the background.
+    pub async fn replace_copy(&self, name: &str, copy: &str, to: Option<&str>) -> Result<VolumeInfo> {
+        let body = ReplaceCopy { copy: copy.to_owned(), to: to.map(str::to_owned) };
+        self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/replace-copy"))).json(&body)).await
+    }
+
     pub async fn fence(&self, name: &str, epoch: u64) -> Result<VolumeInfo> {
         let body = FenceVolume { epoch };
         self.call(self.http.post(self.url(&format!("/v1/volumes/{name}/fence"))).json(&body)).await

@@ -9,6 +9,7 @@
 //! heartbeat_ms = 1000        # a primary's heartbeat on an idle replica link
 //! failover_after_ms = 5000   # silence after which a copy starts a failover (0: off)
 //! # lease_ms = 5000          # a primary's lease in the volume map (default: failover_after_ms)
+//! # replace_after_ms = 600000 # a copy out of sync this long is replaced on another node (default: off)
 //!
 //! [[nodes]]
 //! name = "node01"
@@ -144,6 +145,13 @@ pub struct ClusterFile {
     /// `failover_after_ms`, or 5000 when automatic failover is off].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
+    /// How long a copy may stay out of the in-sync set (unreachable,
+    /// failing, or not caught up) before its primary replaces it by a new
+    /// copy on a node holding none, filled in the background at
+    /// `resync_bytes_per_sec`, in milliseconds [default: off]. At least
+    /// twice the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_after_ms: Option<u64>,
     /// Every node, in any order.
     pub nodes: Vec<ClusterNode>,
 }
@@ -161,6 +169,13 @@ impl ClusterFile {
         let f: ClusterFile = svc_kit::config::parse(text)?;
         f.validate()?;
         Ok(f)
+    }
+
+    /// A primary's lease in the volume map: `lease_ms`, by default
+    /// `failover_after_ms` (5 s when automatic failover is off).
+    pub fn lease(&self) -> std::time::Duration {
+        let fallback = if self.failover_after_ms == 0 { 5_000 } else { self.failover_after_ms };
+        std::time::Duration::from_millis(self.lease_ms.unwrap_or(fallback))
     }
 
     /// Checks what serde cannot: a valid secret, at least one node, unique
@@ -198,6 +213,14 @@ impl ClusterFile {
         {
             return Err(CoronaError::Config(format!(
                 "lease_ms {l} is too short: at least twice heartbeat_ms or 500 ms, whichever is less"
+            )));
+        }
+        if let Some(r) = self.replace_after_ms
+            && r < 2 * self.lease().as_millis() as u64
+        {
+            return Err(CoronaError::Config(format!(
+                "replace_after_ms {r} is too short: at least twice the lease ({} ms), or leave it out (off)",
+                self.lease().as_millis()
             )));
         }
         if self.write_quorum == 0 || self.write_quorum > self.nodes.len() {
@@ -245,6 +268,7 @@ impl ClusterFile {
             heartbeat_ms: default_heartbeat_ms(),
             failover_after_ms: default_failover_after_ms(),
             lease_ms: None,
+            replace_after_ms: None,
             nodes,
         };
         f.validate()?;
@@ -348,6 +372,7 @@ mod tests {
             heartbeat_ms: 1_000,
             failover_after_ms: 5_000,
             lease_ms: None,
+            replace_after_ms: None,
             nodes,
         }
     }

@@ -45,6 +45,10 @@ pub struct ReplicaStatus {
     /// While catching up: bytes of regions the running pass has still to copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_left: Option<u64>,
+    /// Out of the in-sync set since then (Unix milliseconds), as the volume
+    /// map holds it: a copy that is away, failing, or being filled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_since_ms: Option<u64>,
 }
 
 /// Where a replica stands.
@@ -126,6 +130,18 @@ pub struct ResizeVolume {
 pub struct FenceVolume {
     /// The new write epoch (at least the current one).
     pub epoch: u64,
+}
+
+/// Body of `POST /v1/volumes/{name}/replace-copy`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaceCopy {
+    /// The node whose copy is replaced.
+    pub copy: String,
+    /// The node of the new copy [default: one holding no copy, in a zone
+    /// the other copies do not use if there is one].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
 }
 
 /// Body of `POST /v1/volumes/{name}/snapshots`.

@@ -206,9 +206,24 @@ enum VolumeCmd {
         epoch: u64,
     },
     /// Make this node's copy of a replicated volume its primary (after the
-    /// primary was lost): wins only with the votes of a majority of the
-    /// volume's copies, none of them further in the write stream.
+    /// primary was lost): the volume map grants it only to a copy in sync,
+    /// once the old primary's lease ran out (waits up to a lease for it).
     Promote { name: String },
+    /// On a replicated volume's primary: replace the copy on NODE (lost, or
+    /// to move it) by a new copy on another node of the cluster file,
+    /// filled in the background at resync_bytes_per_sec; `volume show`
+    /// tells when it is in sync. Refused if it would leave fewer copies in
+    /// sync than the write quorum. The old copy is deleted when its node
+    /// can be reached, or when it next starts.
+    ReplaceCopy {
+        name: String,
+        /// The node whose copy goes.
+        node: String,
+        /// The node of the new copy [default: one holding no copy, in
+        /// another zone than the remaining copies if there is one].
+        #[arg(long, value_name = "NODE")]
+        to: Option<String>,
+    },
     /// Drop the volume's files (its layer and every parent's) from the
     /// server's page cache, syncing them first, so the next reads come
     /// from the disk. Prints how much was cached before and after.
@@ -337,6 +352,13 @@ async fn volume(cmd: VolumeCmd, api: &ApiClient) -> anyhow::Result<()> {
         VolumeCmd::Fence { name, epoch } => {
             let v = api.fence(&name, epoch).await?;
             println!("{} is at epoch {}; no older write is in flight", v.name, v.epoch);
+        }
+        VolumeCmd::ReplaceCopy { name, node, to } => {
+            let v = api.replace_copy(&name, &node, to.as_deref()).await?;
+            println!(
+                "{}: the copy on {node} is replaced; copies {:?} (the new one fills in the background: volume show {})",
+                v.name, v.replicas, v.name
+            );
         }
         VolumeCmd::Promote { name } => {
             let v = api.promote(&name).await?;

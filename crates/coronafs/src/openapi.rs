@@ -86,10 +86,20 @@ pub fn document() -> Value {
             "/v1/volumes/{name}/promote": {
                 "parameters": [vol],
                 "post": {"summary": "make this node's copy of a replicated volume the primary (failover)",
-                         "description": "The node asks every copy of the volume for its vote at the next epoch; a copy votes once per epoch, persists its vote and fences itself to that epoch. The node wins with a majority of the copies, unless a voter is further in the write stream. It then serves the volume, with the copies at its own position as live replicas and the others stale.",
+                         "description": "The node asks the cluster's volume map for a takeover: the map grants it only to a copy in its in-sync set, once the old primary's lease has run out (the node waits up to a lease for that), at a new epoch above every epoch the copy has seen. The node then fences the other copies at that epoch and serves the volume, with the copies at its own position as live replicas and the others stale until they caught up.",
                          "responses": {"200": ok("promoted", "VolumeInfo"), "403": err("server is read-only"), "404": err("not found"),
-                                       "409": err("already primary, not a replica, or the election was lost (the message says why)"),
-                                       "500": err("not in a cluster")}}
+                                       "409": err("already primary, not a replica, not in sync, or the map made another copy the primary (the message says why)"),
+                                       "500": err("not in a cluster"), "503": err("the volume map could not be reached")}}
+            },
+            "/v1/volumes/{name}/replace-copy": {
+                "parameters": [vol],
+                "post": {"summary": "on a replicated volume's primary: replace one copy by a new copy on another node",
+                         "description": "The new node gets an empty copy through its control API, the volume map gives it the old copy's place (out of sync), and the primary fills it in the background at resync_bytes_per_sec; it joins the in-sync set when caught up (replica_states shows it). The old copy is deleted when its node can be reached, or when that node next starts. A primary replaces a copy by itself once it has been out of sync for replace_after_ms (cluster file).",
+                         "requestBody": body("ReplaceCopy"),
+                         "responses": {"200": ok("replaced; the new copy is being filled", "VolumeInfo"), "400": err("bad body, or the node holds no copy or is not in the cluster file"),
+                                       "403": err("server is read-only"), "404": err("not found"),
+                                       "409": err("not the primary, the new node holds a copy already, no spare node, or the in-sync copies would fall below the write quorum"),
+                                       "500": err("creating the new copy failed (nothing was changed)"), "503": err("the volume map could not be reached (nothing was changed)")}}
             },
             "/v1/volumes/{name}/evict": {
                 "parameters": [vol],
@@ -150,6 +160,9 @@ pub fn document() -> Value {
                 "allow_shrink": {"type": "boolean", "default": false}}},
             "FenceVolume": {"type": "object", "required": ["epoch"], "additionalProperties": false, "properties": {
                 "epoch": {"type": "integer", "format": "int64", "minimum": 0, "description": "new epoch, at least the current one"}}},
+            "ReplaceCopy": {"type": "object", "required": ["copy"], "additionalProperties": false, "properties": {
+                "copy": {"type": "string", "description": "the node whose copy is replaced"},
+                "to": {"type": "string", "description": "the node of the new copy; default: one holding no copy, in a zone the other copies do not use if there is one"}}},
             "CreateSnapshot": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
                 "name": {"type": "string"}}},
             "VolumeInfo": {"type": "object", "required": ["name", "size", "allocated_bytes", "parent", "snapshots", "connections", "read_only", "nbd_export"], "properties": {
@@ -164,11 +177,12 @@ pub fn document() -> Value {
                 "epoch": {"type": "integer", "format": "int64", "description": "write epoch; exports opened as VOL;epoch=N with a lower N cannot write"},
                 "replicas": {"type": "array", "items": {"type": "string"}, "description": "nodes holding the other copies of a replicated volume; absent for a volume on this node only"},
                 "stale_replicas": {"type": "array", "items": {"type": "string"}, "description": "those of replicas out of the live set (dropped after a failure, or not in sync when the primary opened the volume) until a resync brought them back"},
-                "replica_states": {"type": "array", "description": "GET /v1/volumes/{name} on the primary while it has the volume open: each replica's state", "items": {"$ref": "#/components/schemas/ReplicaStatus"}}}},
+                "replica_states": {"type": "array", "description": "GET /v1/volumes/{name} on the primary: each replica's state (from the running volume while it is open, else from the volume map)", "items": {"$ref": "#/components/schemas/ReplicaStatus"}}}},
             "ReplicaStatus": {"type": "object", "required": ["node", "state"], "properties": {
                 "node": {"type": "string"},
                 "state": {"type": "string", "enum": ["in_sync", "catching_up", "stale"], "description": "in_sync: in the live set; catching_up: the primary is copying the regions it lacks; stale: out of the live set, not being copied to now"},
-                "bytes_left": {"type": "integer", "format": "int64", "description": "catching_up only: bytes the running resync pass has still to copy"}}},
+                "bytes_left": {"type": "integer", "format": "int64", "description": "catching_up only: bytes the running resync pass has still to copy"},
+                "out_since_ms": {"type": "integer", "format": "int64", "description": "out of the volume map's in-sync set since then (Unix milliseconds): away, failing, or being filled"}}},
             "SnapshotInfo": {"type": "object", "required": ["volume", "name", "size", "allocated_bytes", "clones", "nbd_export"], "properties": {
                 "volume": {"type": "string"},
                 "name": {"type": "string"},
@@ -191,7 +205,7 @@ mod tests {
             let path = line.split('"').nth(1).expect("route path");
             assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
         }
-        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(14));
+        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(15));
     }
 
     #[test]

@@ -96,3 +96,10 @@ mod tests {
         }
     }
 }
+
+/// Now as Unix milliseconds (0 if the clock is before 1970).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -68,3 +68,6 @@ mod map_tests;
 
 #[cfg(test)]
 mod repeated_failover_tests;
+
+#[cfg(test)]
+mod replace_tests;

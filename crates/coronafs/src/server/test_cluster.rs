@@ -1,5 +1,6 @@
-//! The fixture of the replica and failover tests: three `coronafs serve`
-//! nodes of one cluster in this process, over loopback, in zones z1, z2, z3.
+//! The fixture of the replica and failover tests: three (or more)
+//! `coronafs serve` nodes of one cluster in this process, over loopback,
+//! in zones z1, z2, z3 (and on).
 
 use crate::cluster::ClusterFile;
 use crate::config::ServerConfig;
@@ -33,15 +34,29 @@ pub(super) async fn start_three_with(
     failover_after_ms: u64,
     resync_retry_ms: u64,
 ) -> Three {
-    let mut file = ClusterFile::on_loopback(3).expect("a loopback cluster");
+    start_nodes(3, ack_timeout_ms, heartbeat_ms, failover_after_ms, resync_retry_ms, |_| {}).await
+}
+
+/// `count` started nodes `n1`..`nN` (write quorum 2) of a cluster file
+/// timed as [`start_three_with`], changed by `tune` before they start.
+pub(super) async fn start_nodes(
+    count: usize,
+    ack_timeout_ms: u64,
+    heartbeat_ms: u64,
+    failover_after_ms: u64,
+    resync_retry_ms: u64,
+    tune: impl FnOnce(&mut ClusterFile),
+) -> Three {
+    let mut file = ClusterFile::on_loopback(count).expect("a loopback cluster");
     (file.ack_timeout_ms, file.heartbeat_ms, file.failover_after_ms) =
         (ack_timeout_ms, heartbeat_ms, failover_after_ms);
     file.resync_retry_ms = resync_retry_ms;
     // A short lease, so a promote by hand after the primary's loss waits
     // about a second for it (automatic failover's own timeout otherwise).
     file.lease_ms = Some(if failover_after_ms == 0 { 1_000 } else { failover_after_ms });
+    tune(&mut file);
     file.validate().expect("valid cluster file");
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let dirs: Vec<_> = (0..count).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let mut cfgs = Vec::new();
     let mut servers = Vec::new();
     for (i, n) in file.nodes.iter().enumerate() {

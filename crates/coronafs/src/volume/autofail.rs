@@ -56,6 +56,7 @@ impl Volumes {
         };
         let names: Vec<String> = prim.iter().map(|(n, _, _)| n.clone()).collect();
         self.register_missing(prim);
+        self.forget_replaced();
         // Copies whose primary is another node watch it from the start, not
         // only from its first stream: after a restart of the whole cluster
         // the primary may never come back, and a copy in sync takes over.

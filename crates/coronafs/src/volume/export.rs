@@ -9,8 +9,8 @@
 //! (`NBD_FLAG_CAN_MULTI_CONN`).
 
 use super::fence::Fence;
-use crate::backend::AnyBackend;
 use crate::backend::layered::Layered;
+use crate::backend::{AnyBackend, BlockBackend};
 use std::sync::atomic::AtomicUsize;
 
 /// Largest READ or WRITE payload accepted (the protocol's customary maximum).
@@ -44,6 +44,16 @@ impl Export {
             fence: Fence::new(epoch),
             replication: None,
             local: None,
+        }
+    }
+
+    /// Closes the export cleanly: a replicated one clears its clean-shutdown
+    /// mark once every live copy has flushed (see [`super::replication::Handle`]),
+    /// any other flushes.
+    pub async fn close(&self) -> std::io::Result<()> {
+        match &self.replication {
+            Some(h) => h.close().await,
+            None => BlockBackend::flush(&self.backend).await,
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::replica::election::{self, Ballot, VoteState};
 use crate::replica::wire::{Body, Msg, Origin, Position, VOTE_REPLY_LEN, VoteReply};
 use crate::replication::map::MapNode;
 use crate::replication::map::net::ProposeError;
-use crate::replication::map::state::Command;
+use crate::replication::map::state::{Command, VolumeState};
 use crate::util::validate_name;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -332,7 +332,11 @@ impl Volumes {
         let map = self.volume_map().cloned().ok_or_else(|| {
             CoronaError::Config("promoting needs the cluster's volume map (serve with a cluster file)".into())
         })?;
-        let epoch = self.granted(&map, name, &m.node, seen, wait, &m).await?;
+        let granted = self.granted(&map, name, &m.node, seen, wait, &m).await?;
+        let epoch = granted.epoch;
+        // The map's copies, not this copy's record of them: a copy replaced
+        // since this copy's last stream opened is not one any more.
+        let copies = if granted.copies.is_empty() { rec.copies.clone() } else { granted.copies.clone() };
         let mine = self.vote(name, epoch, &m.node).await;
         if mine.errno != 0 {
             return Err(CoronaError::Conflict(format!(
@@ -342,7 +346,7 @@ impl Volumes {
             .into());
         }
         let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
-        let asks = rec.copies.iter().filter(|c| **c != m.node).map(|c| {
+        let asks = copies.iter().filter(|c| **c != m.node).map(|c| {
             let (m, c) = (m.clone(), c.clone());
             async move {
                 let ballot = match m.cluster.node(&c) {
@@ -369,10 +373,10 @@ impl Volumes {
             // of this node may have taken office. Checked and committed under
             // the control lock, which every vote takes too.
             still_elected(name, r, epoch, &m.node)?;
-            r.replicas = rec.copies.iter().filter(|c| **c != m.node).cloned().collect();
+            r.replicas = copies.iter().filter(|c| **c != m.node).cloned().collect();
             r.stale = stale;
             r.primary = Some(m.node.clone());
-            r.copies = rec.copies.clone();
+            r.copies = copies.clone();
             r.promoted_from = mine.position.map(|p| p.epoch);
             // The log first: a crash before the commit leaves this copy a
             // replica, whose log is unused until it is promoted.
@@ -398,15 +402,30 @@ impl Volumes {
         seen: u64,
         wait: Duration,
         m: &Membership,
-    ) -> std::result::Result<u64, Promotion> {
+    ) -> std::result::Result<VolumeState, Promotion> {
         let until = Instant::now() + wait;
         let deadline = Duration::from_millis(m.cluster.ack_timeout_ms);
         loop {
-            let cmd = Command::TakeOver { volume: name.to_owned(), node: me.to_owned(), renewals: 0, seen };
+            let cmd = Command::TakeOver {
+                volume: name.to_owned(),
+                node: me.to_owned(),
+                renewals: 0,
+                seen,
+                at_ms: crate::util::unix_ms(),
+            };
             match map.propose(cmd, deadline).await {
                 Ok(Ok(st)) if st.primary == me => {
                     tracing::warn!(volume = name, epoch = st.epoch, "the volume map made this copy the primary");
-                    return Ok(st.epoch);
+                    // The leader applied it; this node's own map must show it
+                    // too before the export opens and reads it there.
+                    if !map.applied(name, st.epoch, deadline).await {
+                        return Err(CoronaError::Map(format!(
+                            "{name}: the map granted epoch {} but this node did not apply it within {deadline:?}",
+                            st.epoch
+                        ))
+                        .into());
+                    }
+                    return Ok(st);
                 }
                 Ok(Ok(st)) => {
                     return Err(CoronaError::Conflict(format!(

@@ -17,7 +17,7 @@ use super::Volumes;
 use crate::backend::replicated::Authority;
 use crate::replication::map::MapNode;
 use crate::replication::map::net::ProposeError;
-use crate::replication::map::state::{Command, Refusal};
+use crate::replication::map::state::{Command, Refusal, VolumeState};
 use futures::future::BoxFuture;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -44,6 +44,10 @@ pub struct PrimaryLease {
     queue: mpsc::UnboundedSender<(String, bool)>,
     queued: AtomicU64,
     done: watch::Sender<u64>,
+    /// `replace_after_ms` of the cluster file: a copy out of sync this long
+    /// is replaced ([`Volumes::replace_copy`]), one at a time.
+    replace_after: Option<Duration>,
+    replacing: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PrimaryLease {
@@ -80,6 +84,8 @@ impl PrimaryLease {
             queue,
             queued: AtomicU64::new(0),
             done: watch::channel(0).0,
+            replace_after: volumes.membership().and_then(|m| m.cluster.replace_after_ms).map(Duration::from_millis),
+            replacing: Arc::new(AtomicBool::new(false)),
         });
         for peer in live {
             lease.note(&peer, true);
@@ -108,6 +114,42 @@ impl PrimaryLease {
         let until = (asked.saturating_duration_since(self.base) + held).as_nanos() as u64;
         self.until.fetch_max(until, SeqCst);
         self.held.send_replace(true);
+    }
+}
+
+impl PrimaryLease {
+    /// Starts replacing the first copy out of sync for longer than
+    /// `replace_after`, unless a replacement runs.
+    fn replace_lost(&self, st: &VolumeState, volumes: &Weak<Volumes>) {
+        let Some(after) = self.replace_after else { return };
+        let now = crate::util::unix_ms();
+        let Some(lost) = st
+            .out_since
+            .iter()
+            .find(|(c, since)| **c != self.me && now.saturating_sub(**since) >= after.as_millis() as u64)
+            .map(|(c, _)| c.clone())
+        else {
+            return;
+        };
+        let Some(v) = volumes.upgrade() else { return };
+        if self.replacing.swap(true, SeqCst) {
+            return;
+        }
+        let (name, busy) = (self.volume.clone(), self.replacing.clone());
+        tokio::spawn(async move {
+            // A copy being filled (a replacement itself, or a long catch-up)
+            // is on its way back.
+            if v.catching_up(&name, &lost).await {
+                busy.store(false, SeqCst);
+                return;
+            }
+            tracing::warn!(volume = %name, copy = %lost, ?after, "a copy is out of sync for longer than replace_after: replacing it");
+            match v.replace_copy(&name, &lost, None).await {
+                Ok(info) => tracing::warn!(volume = %name, copy = %lost, replicas = ?info.replicas, "lost copy replaced"),
+                Err(e) => tracing::warn!(volume = %name, copy = %lost, error = %e, "could not replace a lost copy; will try again"),
+            }
+            busy.store(false, SeqCst);
+        });
     }
 }
 
@@ -160,7 +202,10 @@ async fn renew(lease: Weak<PrimaryLease>, volumes: Weak<Volumes>) {
         let asked = Instant::now();
         let cmd = Command::Renew { volume: l.volume.clone(), node: l.me.clone(), epoch: l.epoch.load(SeqCst) };
         match l.map.propose(cmd, every.max(Duration::from_millis(100))).await {
-            Ok(Ok(_)) => l.grant(asked, l.map.lease()),
+            Ok(Ok(st)) => {
+                l.grant(asked, l.map.lease());
+                l.replace_lost(&st, &volumes);
+            }
             Ok(Err(Refusal::NotPrimary { primary, current, .. })) => {
                 l.deposed.store(true, SeqCst);
                 l.held.send_replace(false);
@@ -203,7 +248,7 @@ async fn record(lease: Weak<PrimaryLease>, mut rx: mpsc::UnboundedReceiver<(Stri
             let cmd = if in_sync {
                 Command::Rejoin { volume, by, epoch, copy: peer.clone() }
             } else {
-                Command::Drop { volume, by, epoch, copy: peer.clone() }
+                Command::Drop { volume, by, epoch, copy: peer.clone(), at_ms: crate::util::unix_ms() }
             };
             match l.map.propose(cmd, l.map.lease()).await {
                 // Taken; or moot: not in the map (nothing to keep in sync),

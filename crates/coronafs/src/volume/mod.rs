@@ -25,6 +25,7 @@ pub mod files;
 pub mod lease;
 pub mod meta;
 pub mod registry;
+pub mod replace;
 pub mod replication;
 
 use crate::backend::layered::{Layer, Layered, MAX_DEPTH, map};
@@ -349,7 +350,7 @@ impl Volumes {
                 if let Some(h) = &v.replication {
                     h.abandon().await;
                 }
-            } else if let Err(e) = replication::close_export(&v).await {
+            } else if let Err(e) = v.close().await {
                 tracing::warn!(volume = %v.name, error = %e, "flush on close failed");
             }
         }
@@ -382,7 +383,7 @@ impl Volumes {
         let vols: Vec<Arc<Export>> = self.open.lock().map(|o| o.values().cloned().collect()).unwrap_or_default();
         for v in vols {
             if !v.read_only
-                && let Err(e) = replication::close_export(&v).await
+                && let Err(e) = v.close().await
             {
                 tracing::warn!(volume = %v.name, error = %e, "flush at shutdown failed");
             }

@@ -13,7 +13,7 @@ use crate::backend::replicated::link::{LinkTarget, ReplicaLink, StreamSpec, TcpL
 use crate::backend::replicated::{
     ChangeHook, Connector, DrlStore, DynBackend, Inner, Replicated, ReplicationPolicy, Resync,
 };
-use crate::backend::{AnyBackend, BlockBackend};
+use crate::backend::AnyBackend;
 use crate::dto::{ReplicaStatus, ReplicaSync, VolumeInfo};
 use crate::error::{CoronaError, Result};
 use crate::replica::auth::RpcSecret;
@@ -46,7 +46,8 @@ pub struct TcpConnector {
     secret: RpcSecret,
     volume: String,
     size: std::sync::atomic::AtomicU64,
-    origin: Origin,
+    /// What OPEN says of the stream (its copies change when one is replaced).
+    origin: std::sync::Mutex<Origin>,
 }
 
 impl Connector for TcpConnector {
@@ -63,7 +64,7 @@ impl Connector for TcpConnector {
             .get(peer)
             .cloned()
             .ok_or_else(|| io::Error::other(format!("{peer} is not a replica of {}", self.volume)))?;
-        let mut origin = self.origin.clone();
+        let mut origin = self.origin.lock().map_err(|_| io::Error::other("origin lock poisoned"))?.clone();
         if resync {
             origin.stream = 0;
         }
@@ -75,6 +76,14 @@ impl Connector for TcpConnector {
 
     fn resized(&self, size: u64) {
         self.size.store(size, std::sync::atomic::Ordering::Release);
+    }
+
+    fn replaced(&self, old: &str, new: &str) {
+        if let Ok(mut o) = self.origin.lock() {
+            for c in o.copies.iter_mut().filter(|c| *c == old) {
+                *c = new.to_owned();
+            }
+        }
     }
 }
 
@@ -95,11 +104,18 @@ impl Volumes {
         })?;
         let timeout = Duration::from_millis(m.cluster.ack_timeout_ms);
         let heartbeat = Some(Duration::from_millis(m.cluster.heartbeat_ms));
-        let mut targets = HashMap::new();
         for peer in &rec.replicas {
-            let node = m.cluster.node(peer)?;
-            targets.insert(peer.clone(), LinkTarget { peer: peer.clone(), addr: node.replica, timeout, heartbeat });
+            m.cluster.node(peer)?;
         }
+        // Every other node of the cluster file: a lost copy may be replaced
+        // by a copy on any of them (`Volumes::replace_copy`).
+        let targets: HashMap<String, LinkTarget> = m
+            .cluster
+            .nodes
+            .iter()
+            .filter(|n| n.name != m.node)
+            .map(|n| (n.name.clone(), LinkTarget { peer: n.name.clone(), addr: n.replica, timeout, heartbeat }))
+            .collect();
         let prev = self.meta.drl(name)?;
         let plan = drl::plan(prev.as_ref(), rec.size, &rec.replicas, &rec.stale);
         let known = prev.as_ref().map(|p| p.incarnations.clone()).unwrap_or_default();
@@ -125,7 +141,7 @@ impl Volumes {
             secret: m.secret.clone(),
             volume: name.to_owned(),
             size: rec.size.into(),
-            origin: failover::origin(&m.node, rec),
+            origin: std::sync::Mutex::new(failover::origin(&m.node, rec)),
         });
         let mut links = Vec::new();
         for peer in rec.replicas.iter().filter(|r| !plan.behind.iter().any(|(b, _)| b == *r)) {
@@ -138,6 +154,14 @@ impl Volumes {
         let lease = match self.volume_map().cloned() {
             Some(map) => {
                 let epoch = match map.map().get(name) {
+                    // This node's map lags the catalog (a takeover granted
+                    // here, not applied here yet): nothing to decide on.
+                    Some(st) if st.primary != m.node && st.epoch < rec.epoch => {
+                        return Err(CoronaError::Map(format!(
+                            "{name}: this node's volume map is at epoch {}, behind its catalog's {}; try again",
+                            st.epoch, rec.epoch
+                        )));
+                    }
                     Some(st) if st.primary != m.node => {
                         let (primary, epoch) = (st.primary.clone(), st.epoch);
                         self.demote_later(name, &primary, epoch);
@@ -232,37 +256,37 @@ impl Volumes {
         self.cat.lock().map(|c| c.volumes.get(name).is_some_and(|r| !r.replicas.is_empty())).unwrap_or(false)
     }
 
-    /// [`Volumes::info`] with each replica's state, while this node has the
-    /// volume open as its primary.
+    /// [`Volumes::info`] with each replica's state: from the running
+    /// backend while this node has the volume open as its primary, else
+    /// from the volume map; with when each copy left the in-sync set.
     pub async fn show(&self, name: &str) -> Result<VolumeInfo> {
         let mut info = self.info(name)?;
-        let handle = self.open.lock().map_err(|_| poisoned())?.get(name).and_then(|e| e.replication.clone());
-        if let Some(h) = handle {
-            let states: HashMap<String, _> = h.states().await.into_iter().collect();
-            info.replica_states = info
-                .replicas
-                .iter()
-                .filter_map(|r| states.get(r).map(|s| (r, s)))
-                .map(|(r, s)| {
-                    use crate::backend::replicated::PeerState as P;
-                    let (state, bytes_left) = match s {
-                        P::InSync => (ReplicaSync::InSync, None),
-                        P::CatchingUp { bytes_left } => (ReplicaSync::CatchingUp, Some(*bytes_left)),
-                        P::Stale => (ReplicaSync::Stale, None),
-                    };
-                    ReplicaStatus { node: r.clone(), state, bytes_left }
-                })
-                .collect();
+        if info.replicas.is_empty() {
+            return Ok(info);
         }
+        let handle = self.open.lock().map_err(|_| poisoned())?.get(name).and_then(|e| e.replication.clone());
+        let running: HashMap<String, _> = match handle {
+            Some(h) => h.states().await.into_iter().collect(),
+            None => HashMap::new(),
+        };
+        let mapped = self.volume_map().and_then(|m| m.map().get(name).cloned());
+        info.replica_states = info
+            .replicas
+            .iter()
+            .filter_map(|r| {
+                use crate::backend::replicated::PeerState as P;
+                let (state, bytes_left) = match (running.get(r), &mapped) {
+                    (Some(P::InSync), _) => (ReplicaSync::InSync, None),
+                    (Some(P::CatchingUp { bytes_left }), _) => (ReplicaSync::CatchingUp, Some(*bytes_left)),
+                    (Some(P::Stale), _) => (ReplicaSync::Stale, None),
+                    (None, Some(st)) if st.in_sync.contains(r) => (ReplicaSync::InSync, None),
+                    (None, Some(_)) => (ReplicaSync::Stale, None),
+                    (None, None) => return None,
+                };
+                let out_since_ms = mapped.as_ref().and_then(|st| st.out_since.get(r).copied());
+                Some(ReplicaStatus { node: r.clone(), state, bytes_left, out_since_ms })
+            })
+            .collect();
         Ok(info)
-    }
-}
-
-/// Closes a replicated export cleanly (the mark cleared, see
-/// [`Inner::close`]), or flushes any other.
-pub(super) async fn close_export(e: &super::export::Export) -> io::Result<()> {
-    match &e.replication {
-        Some(h) => h.close().await,
-        None => BlockBackend::flush(&e.backend).await,
     }
 }

@@ -594,6 +594,36 @@ impl<B: BlockBackend> Inner<B> {
         self.order.lock().await.peers.iter().map(|p| p.name.clone()).collect()
     }
 
+    /// Gives `old`'s place among the replicas to `new`, which holds no copy
+    /// the primary knows of: `old` leaves the live set (the change hook is
+    /// told), answers to its frames are ignored from now on, and the resync
+    /// task gives `new` a full copy; the record of the log names `new` as
+    /// untracked first, so a restart copies it fully too.
+    pub async fn replace_peer(&self, old: &str, new: &str) -> io::Result<()> {
+        {
+            let mut o = self.order.lock().await;
+            if o.peers.iter().any(|p| p.name == new) {
+                return Err(io::Error::other(format!("{new} is a replica already")));
+            }
+            let i = o
+                .peers
+                .iter()
+                .position(|p| p.name == old)
+                .ok_or_else(|| io::Error::other(format!("{old} is no replica of this volume")))?;
+            self.drop_replica(&mut o, i, &"replaced by another copy");
+            let p = &mut o.peers[i];
+            (p.name, p.history, p.incarnation, p.left) = (new.to_owned(), History::Unknown, 0, None);
+            // An attempt running for the old copy does not count for the new.
+            p.turn += 1;
+        }
+        if let Some(r) = &self.resync {
+            r.connector.replaced(old, new);
+        }
+        self.resave().await;
+        tracing::info!(old, new, "replica replaced: the new copy gets a full copy");
+        Ok(())
+    }
+
     /// Numbers a SNAPSHOT, DELETE_SNAPSHOT or FLATTEN frame and queues it
     /// on every live replica after every write queued so far. A SNAPSHOT is
     /// refused below the write quorum, as a write.

@@ -61,6 +61,9 @@ pub trait Connector: Send + Sync + 'static {
     ) -> io::Result<Arc<dyn ReplicaLink>>;
     /// The volume grew to `size` bytes: streams opened from now on say so.
     fn resized(&self, _size: u64) {}
+    /// `new` holds `old`'s copy from now on: streams opened from now on
+    /// name the copies so.
+    fn replaced(&self, _old: &str, _new: &str) {}
 }
 
 /// Where the primary keeps its [`DrlRecord`].
@@ -115,8 +118,9 @@ pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
     // for it any more.
     let _running = Running(inner.clone());
     let pace = Arc::new(Pace { rate, next: std::sync::Mutex::new(None) });
-    // Per replica: the pause after its last failure, and when to try again.
-    let mut backoff: HashMap<usize, (Duration, Instant)> = HashMap::new();
+    // Per replica: the pause after its last failure, when to try again,
+    // and its name (a copy replaced by another starts without a pause).
+    let mut backoff: HashMap<usize, (Duration, Instant, String)> = HashMap::new();
     // The attempts running (dropping the set aborts them), by replica.
     let mut attempts = tokio::task::JoinSet::new();
     let mut busy: HashMap<tokio::task::Id, usize> = HashMap::new();
@@ -125,17 +129,17 @@ pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
             tracing::warn!("deposed: the resync stops");
             break;
         }
-        let behind: Vec<usize> = {
+        let behind: Vec<(usize, String)> = {
             let o = inner.order.lock().await;
             if o.closed {
                 break;
             }
-            (0..o.peers.len()).filter(|&i| !o.peers[i].live()).collect()
+            (0..o.peers.len()).filter(|&i| !o.peers[i].live()).map(|i| (i, o.peers[i].name.clone())).collect()
         };
-        backoff.retain(|i, _| behind.contains(i));
+        backoff.retain(|i, (_, _, name)| behind.iter().any(|(b, n)| b == i && n == name));
         let now = Instant::now();
-        for &i in &behind {
-            if busy.values().any(|&b| b == i) || backoff.get(&i).is_some_and(|(_, at)| now < *at) {
+        for &(i, _) in &behind {
+            if busy.values().any(|&b| b == i) || backoff.get(&i).is_some_and(|(_, at, _)| now < *at) {
                 continue;
             }
             let (inner, pace) = (inner.clone(), pace.clone());
@@ -151,7 +155,7 @@ pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
         let wake = backoff
             .iter()
             .filter(|(i, _)| !busy.values().any(|b| b == *i))
-            .map(|(_, (_, at))| at.saturating_duration_since(now))
+            .map(|(_, (_, at, _))| at.saturating_duration_since(now))
             .min()
             .map_or(retry, |d| d.min(retry));
         tokio::select! {
@@ -176,9 +180,9 @@ pub(super) async fn run<B: BlockBackend + 'static>(inner: Arc<Inner<B>>) {
                         tracing::info!(peer, bytes, ?took, "replica caught up and rejoined")
                     }
                     Err(e) => {
-                        let pause = backoff.get(&i).map_or(retry, |(d, _)| (*d * 2).min(retry * MAX_BACKOFF));
+                        let pause = backoff.get(&i).map_or(retry, |(d, _, _)| (*d * 2).min(retry * MAX_BACKOFF));
                         let wait = crate::util::jitter(pause);
-                        backoff.insert(i, (pause, Instant::now() + wait));
+                        backoff.insert(i, (pause, Instant::now() + wait, peer.clone()));
                         tracing::info!(peer, error = %e, retry_in = ?wait, "replica not caught up; will retry");
                     }
                 }

@@ -106,9 +106,7 @@ impl Timing {
     /// The timing of `cluster`: a lease of `lease_ms`, by default
     /// `failover_after_ms` (5 s when automatic failover is off).
     pub fn for_cluster(cluster: &ClusterFile) -> Timing {
-        let fallback = if cluster.failover_after_ms == 0 { 5_000 } else { cluster.failover_after_ms };
-        let ms = cluster.lease_ms.unwrap_or(fallback);
-        Timing::for_lease(Duration::from_millis(ms))
+        Timing::for_lease(cluster.lease())
     }
 }
 
@@ -221,6 +219,32 @@ impl MapNode {
     /// The map as this node has applied it.
     pub fn map(&self) -> Arc<VolumeMap> {
         self.machine.map()
+    }
+
+    /// Waits at most `within` until this node applied a state of `volume`
+    /// at `epoch` or later (a follower applies what the leader committed a
+    /// heartbeat later); whether it did.
+    pub async fn applied(&self, volume: &str, epoch: u64, within: Duration) -> bool {
+        self.machine.until(within, |m| m.get(volume).is_some_and(|st| st.epoch >= epoch)).await
+    }
+
+    /// Waits at most `within` until this node follows a leader and has
+    /// applied every entry it holds, twice a heartbeat apart (entries come
+    /// with heartbeats): its map is then as recent as the leader's was a
+    /// moment ago. Whether it got there.
+    pub async fn settled(&self, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        for _ in 0..2 {
+            let mut rx = self.raft.metrics();
+            let caught = rx.wait_for(|m| {
+                m.current_leader.is_some() && m.last_applied.as_ref().map(|l| l.index) >= m.last_log_index
+            });
+            if tokio::time::timeout_at(until, caught).await.map_or(true, |r| r.is_err()) {
+                return false;
+            }
+            tokio::time::sleep(self.timing.heartbeat * 2).await;
+        }
+        true
     }
 
     /// What this node knows of the group.

@@ -33,6 +33,11 @@ pub struct VolumeState {
     /// names the count the leader saw when it found the lease run out, so a
     /// renewal committed in between makes the takeover fail.
     pub renewals: u64,
+    /// The copies out of the in-sync set, with when they left it (Unix
+    /// milliseconds on the clock of the node that proposed it: for `volume
+    /// show` and `replace_after`, never for safety).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub out_since: BTreeMap<String, u64>,
 }
 
 /// The whole map: every replicated volume of the cluster by name.
@@ -55,14 +60,33 @@ pub enum Command {
     /// been renewed for a whole lease and saw `renewals` renewals so far.
     /// `seen` is the highest epoch the candidate knows (its fence), so the
     /// new epoch passes every epoch a client or a stream used.
-    TakeOver { volume: String, node: String, renewals: u64, seen: u64 },
+    TakeOver {
+        volume: String,
+        node: String,
+        renewals: u64,
+        seen: u64,
+        #[serde(default)]
+        at_ms: u64,
+    },
     /// The primary of `epoch` stops counting `copy` as in sync (it missed a
     /// frame, or its link broke): committed before a FLUSH that `copy`
     /// did not acknowledge is answered.
-    Drop { volume: String, by: String, epoch: u64, copy: String },
+    Drop {
+        volume: String,
+        by: String,
+        epoch: u64,
+        copy: String,
+        #[serde(default)]
+        at_ms: u64,
+    },
     /// The primary of `epoch` counts `copy` in sync again: it caught up and
     /// takes the write stream.
     Rejoin { volume: String, by: String, epoch: u64, copy: String },
+    /// The primary of `epoch` gives `old`'s place among the copies to
+    /// `new`, a node holding no copy, which starts out of sync (it is
+    /// given a full copy). `old` must be out of the in-sync set, or the
+    /// set must keep the write quorum without it.
+    Replace { volume: String, by: String, epoch: u64, old: String, new: String, at_ms: u64 },
 }
 
 impl Command {
@@ -74,7 +98,8 @@ impl Command {
             | Command::Renew { volume, .. }
             | Command::TakeOver { volume, .. }
             | Command::Drop { volume, .. }
-            | Command::Rejoin { volume, .. } => volume,
+            | Command::Rejoin { volume, .. }
+            | Command::Replace { volume, .. } => volume,
         }
     }
 }
@@ -142,6 +167,7 @@ impl VolumeMap {
                     in_sync: copies.iter().cloned().collect(),
                     quorum: *quorum,
                     renewals: 0,
+                    out_since: BTreeMap::new(),
                 };
                 self.volumes.insert(volume.clone(), st.clone());
                 Ok(st)
@@ -155,7 +181,7 @@ impl VolumeMap {
                 st.renewals += 1;
                 Ok(st.clone())
             }
-            Command::TakeOver { volume, node, renewals, seen } => {
+            Command::TakeOver { volume, node, renewals, seen, at_ms } => {
                 let st = self.known(volume)?;
                 if st.primary == *node {
                     // A retry of a takeover that was granted: nothing changes.
@@ -180,15 +206,25 @@ impl VolumeMap {
                 st.primary = node.clone();
                 st.in_sync = BTreeSet::from([node.clone()]);
                 st.renewals += 1;
+                st.out_since.remove(node);
+                for c in &st.copies {
+                    if c != node {
+                        st.out_since.entry(c.clone()).or_insert(*at_ms);
+                    }
+                }
                 Ok(st.clone())
             }
-            Command::Drop { volume, by, epoch, copy } => {
+            Command::Drop { volume, by, epoch, copy, at_ms } => {
                 let st = self.known(volume)?;
                 st.check_primary(volume, by, *epoch)?;
                 if copy == by {
                     return Err(Refusal::Invalid(format!("the primary of {volume:?} cannot drop itself")));
                 }
-                st.in_sync.remove(copy);
+                // A copy replaced meanwhile holds no place to leave.
+                if st.copies.contains(copy) {
+                    st.in_sync.remove(copy);
+                    st.out_since.entry(copy.clone()).or_insert(*at_ms);
+                }
                 Ok(st.clone())
             }
             Command::Rejoin { volume, by, epoch, copy } => {
@@ -198,6 +234,34 @@ impl VolumeMap {
                     return Err(Refusal::Invalid(format!("{copy} holds no copy of {volume:?}")));
                 }
                 st.in_sync.insert(copy.clone());
+                st.out_since.remove(copy);
+                Ok(st.clone())
+            }
+            Command::Replace { volume, by, epoch, old, new, at_ms } => {
+                let st = self.known(volume)?;
+                st.check_primary(volume, by, *epoch)?;
+                if old == by {
+                    return Err(Refusal::Invalid(format!(
+                        "{by} is the primary of {volume:?}: a primary's copy is not replaced (a takeover moves it)"
+                    )));
+                }
+                let Some(at) = st.copies.iter().position(|c| c == old) else {
+                    return Err(Refusal::Invalid(format!("{old} holds no copy of {volume:?}")));
+                };
+                if st.copies.contains(new) {
+                    return Err(Refusal::Invalid(format!("{new} holds a copy of {volume:?} already")));
+                }
+                if st.in_sync.contains(old) && st.in_sync.len() <= st.quorum {
+                    return Err(Refusal::Invalid(format!(
+                        "{old} is in sync and {volume:?} would keep {} in-sync copies, below its write quorum of {}",
+                        st.in_sync.len() - 1,
+                        st.quorum
+                    )));
+                }
+                st.copies[at] = new.clone();
+                st.in_sync.remove(old);
+                st.out_since.remove(old);
+                st.out_since.insert(new.clone(), *at_ms);
                 Ok(st.clone())
             }
         }
@@ -286,13 +350,13 @@ mod tests {
         map.apply(&Command::Renew { volume: "v".into(), node: "a".into(), epoch: 1 }).expect("applied");
         // The leader saw 1 renewal; the copy's fence is at 7 (a client's fence).
         let st = map
-            .apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 1, seen: 7 })
+            .apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 1, seen: 7, at_ms: 0 })
             .expect("applied");
         assert_eq!((st.primary.as_str(), st.epoch), ("b", 8));
         assert_eq!(st.in_sync, BTreeSet::from(["b".to_owned()]));
         let old = map.apply(&Command::Renew { volume: "v".into(), node: "a".into(), epoch: 1 });
         assert!(matches!(old, Err(Refusal::NotPrimary { current: 8, .. })), "{old:?}");
-        let old = map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into() });
+        let old = map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 0 });
         assert!(matches!(old, Err(Refusal::NotPrimary { .. })), "{old:?}");
     }
 
@@ -301,7 +365,7 @@ mod tests {
         let mut map = VolumeMap::default();
         reg(&mut map);
         map.apply(&Command::Renew { volume: "v".into(), node: "a".into(), epoch: 1 }).expect("applied");
-        let late = map.apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 0, seen: 1 });
+        let late = map.apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 0, seen: 1, at_ms: 0 });
         assert_eq!(late, Err(Refusal::Renewed { volume: "v".into() }));
         assert_eq!(map.get("v").expect("registered").primary, "a");
     }
@@ -310,18 +374,52 @@ mod tests {
     fn a_dropped_copy_cannot_take_over_until_the_primary_rejoins_it() {
         let mut map = VolumeMap::default();
         reg(&mut map);
-        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into() }).expect("applied");
-        let t = map.apply(&Command::TakeOver { volume: "v".into(), node: "c".into(), renewals: 0, seen: 1 });
+        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 0 }).expect("applied");
+        let t = map.apply(&Command::TakeOver { volume: "v".into(), node: "c".into(), renewals: 0, seen: 1, at_ms: 0 });
         assert!(matches!(t, Err(Refusal::NotInSync { .. })), "{t:?}");
         assert!(map.get("v").expect("registered").writable());
-        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "b".into() }).expect("applied");
+        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "b".into(), at_ms: 0 }).expect("applied");
         assert!(!map.get("v").expect("registered").writable());
         map.apply(&Command::Rejoin { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into() })
             .expect("applied");
         let st = map
-            .apply(&Command::TakeOver { volume: "v".into(), node: "c".into(), renewals: 0, seen: 1 })
+            .apply(&Command::TakeOver { volume: "v".into(), node: "c".into(), renewals: 0, seen: 1, at_ms: 0 })
             .expect("applied");
         assert_eq!(st.primary, "c");
+    }
+
+    #[test]
+    fn a_lost_copy_is_replaced_by_a_node_without_one_which_starts_out_of_sync() {
+        let mut map = VolumeMap::default();
+        reg(&mut map);
+        let replace = |old: &str, new: &str| Command::Replace {
+            volume: "v".into(),
+            by: "a".into(),
+            epoch: 1,
+            old: old.into(),
+            new: new.into(),
+            at_ms: 50,
+        };
+        // c is in sync and the set would keep 2 (the quorum): allowed; then
+        // b in sync would leave 1: refused.
+        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 10 })
+            .expect("applied");
+        assert_eq!(map.get("v").expect("v").out_since, BTreeMap::from([("c".to_owned(), 10)]));
+        assert!(matches!(map.apply(&replace("b", "d")), Err(Refusal::Invalid(m)) if m.contains("quorum")));
+        assert!(matches!(map.apply(&replace("a", "d")), Err(Refusal::Invalid(m)) if m.contains("primary")));
+        assert!(matches!(map.apply(&replace("c", "b")), Err(Refusal::Invalid(m)) if m.contains("already")));
+        assert!(matches!(map.apply(&replace("e", "d")), Err(Refusal::Invalid(m)) if m.contains("no copy")));
+        let st = map.apply(&replace("c", "d")).expect("replaced");
+        assert_eq!(st.copies, ["a", "b", "d"]);
+        assert_eq!(st.out_since, BTreeMap::from([("d".to_owned(), 50)]));
+        // A late drop of the replaced copy changes nothing; d rejoins once
+        // it caught up.
+        let late = Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 60 };
+        assert_eq!(map.apply(&late).expect("applied"), st);
+        let st = map
+            .apply(&Command::Rejoin { volume: "v".into(), by: "a".into(), epoch: 1, copy: "d".into() })
+            .expect("applied");
+        assert!(st.out_since.is_empty() && st.in_sync.len() == 3);
     }
 
     fn names() -> impl Strategy<Value = String> {
@@ -336,13 +434,23 @@ mod tests {
                 volume,
                 node,
                 renewals,
-                seen
+                seen,
+                at_ms: 7
             }),
             (v(), names(), 0u64..6, names()).prop_map(|(volume, by, epoch, copy)| Command::Drop {
                 volume,
                 by,
                 epoch,
-                copy
+                copy,
+                at_ms: 5
+            }),
+            (v(), names(), 0u64..6, names(), names()).prop_map(|(volume, by, epoch, old, new)| Command::Replace {
+                volume,
+                by,
+                epoch,
+                old,
+                new,
+                at_ms: 9
             }),
             (v(), names(), 0u64..6, names()).prop_map(|(volume, by, epoch, copy)| Command::Rejoin {
                 volume,
@@ -355,7 +463,8 @@ mod tests {
 
     proptest! {
         /// Whatever is proposed: the primary is always in sync, the in-sync
-        /// set holds only copies, the epoch never falls, a new primary was
+        /// set holds only copies and every other copy is out since a time,
+        /// a replacement keeps the write quorum in sync, the epoch never falls, a new primary was
         /// in sync when it took over, and a refused command changes nothing.
         #[test]
         fn no_command_sequence_breaks_the_maps_invariants(cmds in prop::collection::vec(command(), 1..60)) {
@@ -367,7 +476,17 @@ mod tests {
                 let st = map.get("v").expect("applied");
                 prop_assert!(st.in_sync.contains(&st.primary));
                 prop_assert!(st.in_sync.iter().all(|c| st.copies.contains(c)));
+                // Every copy is either in sync or out since some time; the
+                // copies stay distinct, and as many as registered.
+                prop_assert!(st.out_since.keys().all(|c| st.copies.contains(c) && !st.in_sync.contains(c)));
+                prop_assert_eq!(st.in_sync.len() + st.out_since.len(), st.copies.len());
+                prop_assert_eq!(st.copies.iter().collect::<BTreeSet<_>>().len(), 3);
                 let old = before.get("v").expect("applied");
+                // A replacement never takes the in-sync set below the quorum
+                // unless it was below it already.
+                if old.in_sync.len() >= old.quorum {
+                    prop_assert!(st.in_sync.len() >= st.quorum || st.copies == old.copies);
+                }
                 prop_assert!(st.epoch >= old.epoch);
                 match r {
                     Err(_) => prop_assert_eq!(&map, &before),

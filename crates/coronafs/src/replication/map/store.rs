@@ -25,7 +25,7 @@ use std::io::Cursor;
 use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -254,6 +254,13 @@ impl Machine {
     /// The map as this node has applied it (it may lag the leader's).
     pub fn map(&self) -> Arc<VolumeMap> {
         self.published.borrow().clone()
+    }
+
+    /// Waits at most `within` until the map applied here satisfies `done`;
+    /// whether it did.
+    pub async fn until(&self, within: Duration, done: impl Fn(&VolumeMap) -> bool) -> bool {
+        let mut rx = self.published.subscribe();
+        tokio::time::timeout(within, rx.wait_for(|m| done(m))).await.is_ok_and(|r| r.is_ok())
     }
 
     /// When a renewal or takeover of `volume` was last applied here.

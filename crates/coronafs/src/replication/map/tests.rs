@@ -163,7 +163,7 @@ async fn a_takeover_waits_out_the_lease_and_then_deposes_the_primary_whose_renew
     let renew = Command::Renew { volume: "vol".into(), node: g.name(0), epoch: 1 };
     let asked = Instant::now();
     g.map(0).propose(renew.clone(), WAIT).await.expect("committed").expect("renewed");
-    let takeover = Command::TakeOver { volume: "vol".into(), node: g.name(1), renewals: 0, seen: 1 };
+    let takeover = Command::TakeOver { volume: "vol".into(), node: g.name(1), renewals: 0, seen: 1, at_ms: 0 };
     // While the lease runs, the leader refuses (and says for how long).
     match g.map(1).propose(takeover.clone(), WAIT).await {
         Err(ProposeError::LeaseRuns { left_ms }) => assert!(left_ms <= LEASE.as_millis() as u64 + 1),
