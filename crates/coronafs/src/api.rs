@@ -7,6 +7,8 @@
 //! | GET | `/openapi.json` | OpenAPI 3 description of this table |
 //! | GET | `/v1/info` | version, engine in use, data dir and its file system, host |
 //! | GET | `/v1/cluster/map` | the volume map as this node has it: Raft leader, term, every replicated volume's copies, primary, epoch, in-sync set |
+//! | POST | `/v1/cluster/nodes` | `{name, replica}`: make a running node a voter of the map's Raft group |
+//! | DELETE | `/v1/cluster/nodes/{name}` | take a node out of the map's Raft group (refused for a primary, a copy its volume needs, the last voter) |
 //! | GET, POST | `/v1/volumes` | list; create `{name, size?, from_snapshot?, replicas?}` |
 //! | GET, DELETE | `/v1/volumes/{name}` | show; delete (`?force=true`) |
 //! | POST | `/v1/volumes/{name}/resize` | `{size, allow_shrink?}` |
@@ -66,6 +68,8 @@ pub fn router(volumes: Arc<Volumes>, counters: Arc<Metrics>) -> Router {
         .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
         .route("/v1/info", get(info))
         .route("/v1/cluster/map", get(cluster_map))
+        .route("/v1/cluster/nodes", post(add_node))
+        .route("/v1/cluster/nodes/{name}", delete(remove_node))
         .route("/v1/volumes", get(list).post(create))
         .route("/v1/volumes/{name}", get(show).delete(remove))
         .route("/v1/volumes/{name}/resize", post(resize))
@@ -117,6 +121,49 @@ async fn cluster_map(State(s): S) -> Result<impl IntoResponse, CoronaError> {
         CoronaError::NotFound("no volume map: this server is in no cluster (serve with a cluster file)".into())
     })?;
     Ok(Json(crate::dto::ClusterMap { status: map.status(), volumes: map.map().volumes.clone() }))
+}
+
+fn the_map(s: &ApiState) -> Result<Arc<crate::replication::map::MapNode>, CoronaError> {
+    s.volumes.volume_map().cloned().ok_or_else(|| {
+        CoronaError::NotFound("no volume map: this server is in no cluster (serve with a cluster file)".into())
+    })
+}
+
+/// A membership change through the map's leader; the map after it.
+async fn change_members(
+    s: &ApiState,
+    change: crate::replication::map::members::MemberChange,
+) -> Result<crate::dto::ClusterMap, CoronaError> {
+    use crate::replication::map::net::ProposeError;
+    let map = the_map(s)?;
+    let deadline = map.election_patience() * 3;
+    match map.change_members(change, deadline).await {
+        // The voters as the leader has them after the change (the node
+        // asked may apply it a heartbeat later).
+        Ok(voters) => {
+            let status = crate::replication::map::MapStatus { voters, ..map.status() };
+            Ok(crate::dto::ClusterMap { status, volumes: map.map().volumes.clone() })
+        }
+        Err(ProposeError::Refused(why)) => Err(CoronaError::Conflict(why)),
+        Err(e) => Err(CoronaError::Map(format!("the membership change did not happen: {e}"))),
+    }
+}
+
+async fn add_node(
+    State(s): S,
+    b: Result<Json<crate::dto::AddNode>, JsonRejection>,
+) -> Result<impl IntoResponse, CoronaError> {
+    let req = body(b)?;
+    crate::util::validate_name(&req.name)?;
+    let replica: std::net::SocketAddr = req.replica.parse().map_err(|_| {
+        CoronaError::BadRequest(format!("replica {:?} is not an address and port (host:port)", req.replica))
+    })?;
+    let peer = crate::replication::map::Peer { name: req.name, addr: replica.to_string() };
+    Ok(Json(change_members(&s, crate::replication::map::members::MemberChange::Add(peer)).await?))
+}
+
+async fn remove_node(State(s): S, Path(name): Path<String>) -> Result<impl IntoResponse, CoronaError> {
+    Ok(Json(change_members(&s, crate::replication::map::members::MemberChange::Remove(name)).await?))
 }
 
 async fn list(State(s): S) -> Result<impl IntoResponse, CoronaError> {

@@ -5,8 +5,8 @@
 //! `{"error"}` message.
 
 use crate::dto::{
-    ApiError, CreateSnapshot, CreateVolume, EvictReport, FenceVolume, ReplaceCopy, ResizeVolume, ServerInfo, SnapshotInfo,
-    VolumeInfo,
+    ApiError, CreateSnapshot, CreateVolume, EvictReport, FenceVolume, ReplaceCopy, ResizeVolume, ServerInfo,
+    SnapshotInfo, VolumeInfo,
 };
 use crate::error::{CoronaError, Result};
 use serde::de::DeserializeOwned;
@@ -84,6 +84,18 @@ impl ApiClient {
     /// `GET /v1/cluster/map`: the volume map as the node asked has it.
     pub async fn cluster_map(&self) -> Result<crate::dto::ClusterMap> {
         self.call(self.http.get(self.url("/v1/cluster/map"))).await
+    }
+
+    /// `POST /v1/cluster/nodes`: makes the running node `name`, whose
+    /// replica address is `replica`, a voter of the volume map's group.
+    pub async fn add_node(&self, name: &str, replica: &str) -> Result<crate::dto::ClusterMap> {
+        let body = crate::dto::AddNode { name: name.to_owned(), replica: replica.to_owned() };
+        self.call(self.http.post(self.url("/v1/cluster/nodes")).json(&body)).await
+    }
+
+    /// `DELETE /v1/cluster/nodes/{name}`: takes `name` out of the group.
+    pub async fn remove_node(&self, name: &str) -> Result<crate::dto::ClusterMap> {
+        self.call(self.http.delete(self.url(&format!("/v1/cluster/nodes/{name}")))).await
     }
 
     /// `GET /v1/volumes/{name}`.

@@ -192,6 +192,17 @@ pub struct ApiError {
     pub error: String,
 }
 
+/// `POST /v1/cluster/nodes`: a node to make a voter of the volume map's
+/// Raft group (a node of the cluster file, running).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AddNode {
+    /// Its name in the cluster file.
+    pub name: String,
+    /// Its replica address (`host:port`), where the map's RPC reaches it.
+    pub replica: String,
+}
+
 /// `GET /v1/cluster/map`: what the asked node's member of the volume map
 /// knows (its view may lag the leader's by the entries not applied yet).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

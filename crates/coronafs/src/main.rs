@@ -119,6 +119,23 @@ enum Cmd {
         #[command(flatten)]
         token: TokenArgs,
     },
+    /// The volume map's Raft group (the nodes of a cluster file), through
+    /// any running node's control API.
+    #[command(after_help = "Adding a node: add it to the cluster file (every node's copy), start it\n\
+with that file (a node whose peers hold the map waits to be added; it\n\
+founds nothing), then run `coronafs cluster add-node NAME --cluster FILE`.\n\
+The other nodes place copies on it once they restart with the new file.\n\
+Removing one: `coronafs cluster remove-node NAME`, then stop it; its\n\
+copies stay copies until replaced (coronafs volume replace-copy).")]
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+        /// Control API of a node of the cluster.
+        #[arg(long, global = true, value_name = "URL", default_value = "http://127.0.0.1:7070")]
+        api: String,
+        #[command(flatten)]
+        token: TokenArgs,
+    },
     /// Manage snapshots through a running server's control API.
     Snapshot {
         #[command(subcommand)]
@@ -147,6 +164,25 @@ impl TokenArgs {
         let token = svc_kit::api_token::ApiToken::for_client(self.token.as_deref(), self.token_file.as_deref())?;
         Ok(ApiClient::new(api).with_token(token))
     }
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// The map as the node asked has it: Raft leader, term, voters and
+    /// every replicated volume's copies, primary, epoch and in-sync set.
+    Status,
+    /// Make the running node NAME a voter of the group. Its replica
+    /// address comes from FILE, the cluster file that lists it.
+    AddNode {
+        name: String,
+        /// The cluster file with NAME in it.
+        #[arg(long, value_name = "FILE")]
+        cluster: PathBuf,
+    },
+    /// Take node NAME out of the group. Refused while it is a volume's
+    /// primary, holds a copy its volume cannot spare (fewer copies than the
+    /// write quorum), or is the last voter.
+    RemoveNode { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -308,7 +344,40 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Volume { cmd, api, token } => volume(cmd, &token.client(&api)?).await,
         Cmd::Snapshot { cmd, api, token } => snapshot(cmd, &token.client(&api)?).await,
+        Cmd::Cluster { cmd, api, token } => cluster(cmd, &token.client(&api)?).await,
     }
+}
+
+async fn cluster(cmd: ClusterCmd, api: &ApiClient) -> anyhow::Result<()> {
+    let map = match cmd {
+        ClusterCmd::Status => api.cluster_map().await?,
+        ClusterCmd::AddNode { name, cluster } => {
+            let file = coronafs::cluster::ClusterFile::load(&cluster)?;
+            let node = file.node(&name)?;
+            api.add_node(&name, &node.replica.to_string()).await?
+        }
+        ClusterCmd::RemoveNode { name } => api.remove_node(&name).await?,
+    };
+    let s = &map.status;
+    println!(
+        "asked {}: leader {}, term {}, voters {}",
+        s.node,
+        s.leader.as_deref().unwrap_or("none"),
+        s.term,
+        if s.voters.is_empty() { "none (not a member yet)".to_owned() } else { s.voters.join(", ") }
+    );
+    for (name, v) in &map.volumes {
+        let in_sync: Vec<&str> = v.in_sync.iter().map(String::as_str).collect();
+        println!(
+            "  {name}: primary {} at epoch {}, copies {}, in sync {}, quorum {}",
+            v.primary,
+            v.epoch,
+            v.copies.join(", "),
+            in_sync.join(", "),
+            v.quorum
+        );
+    }
+    Ok(())
 }
 
 fn print_volumes(list: &[VolumeInfo]) {

@@ -45,6 +45,23 @@ pub fn document() -> Value {
                                  "responses": {"200": ok("the server", "ServerInfo")}}},
             "/v1/cluster/map": {"get": {"summary": "the volume map (Raft) as this node has applied it: the leader, the term, and every replicated volume's copies, primary, epoch and in-sync copies",
                                         "responses": {"200": {"description": "the map", "content": {"application/json": {"schema": {"type": "object"}}}}, "404": err("the server is in no cluster")}}},
+            "/v1/cluster/nodes": {
+                "post": {"summary": "make a running node a voter of the volume map's Raft group",
+                         "description": "The leader adds it as a learner, waits until it holds the map's log, then makes it a voter; a node that does not take the log in time is taken out again (nothing changes). Adding a voter again changes nothing. The other nodes place copies on it once they restart with a cluster file that lists it.",
+                         "requestBody": body("AddNode"),
+                         "responses": {"200": {"description": "the map, with the voters after the change", "content": {"application/json": {"schema": {"type": "object"}}}},
+                                       "400": err("bad body or address"), "404": err("the server is in no cluster"),
+                                       "409": err("the node's map id is another node's"), "503": err("no leader, or the node did not take the log in time (nothing was changed)")}}
+            },
+            "/v1/cluster/nodes/{name}": {
+                "parameters": [path_param("name", "node name")],
+                "delete": {"summary": "take a node out of the volume map's Raft group",
+                           "description": "Refused while the node is a replicated volume's primary, holds a copy its volume cannot spare (fewer copies than the write quorum would remain), or is the last voter. Its copies stay copies until replaced (replace-copy).",
+                           "responses": {"200": {"description": "the map, with the voters after the change", "content": {"application/json": {"schema": {"type": "object"}}}},
+                                         "404": err("the server is in no cluster"),
+                                         "409": err("not a voter, a primary, a copy its volume needs, or the last voter (the message says which)"),
+                                         "503": err("no leader (nothing was changed)")}}
+            },
             "/v1/volumes": {
                 "get": {"summary": "list volumes, sorted by name", "responses": {"200": list_of("volumes", "VolumeInfo")}},
                 "post": {"summary": "create a volume, or clone one from a snapshot (O(1))",
@@ -160,6 +177,9 @@ pub fn document() -> Value {
                 "allow_shrink": {"type": "boolean", "default": false}}},
             "FenceVolume": {"type": "object", "required": ["epoch"], "additionalProperties": false, "properties": {
                 "epoch": {"type": "integer", "format": "int64", "minimum": 0, "description": "new epoch, at least the current one"}}},
+            "AddNode": {"type": "object", "required": ["name", "replica"], "additionalProperties": false, "properties": {
+                "name": {"type": "string", "description": "the node's name in the cluster file"},
+                "replica": {"type": "string", "description": "its replica address, host:port (where the map's RPC reaches it)"}}},
             "ReplaceCopy": {"type": "object", "required": ["copy"], "additionalProperties": false, "properties": {
                 "copy": {"type": "string", "description": "the node whose copy is replaced"},
                 "to": {"type": "string", "description": "the node of the new copy; default: one holding no copy, in a zone the other copies do not use if there is one"}}},
@@ -205,7 +225,7 @@ mod tests {
             let path = line.split('"').nth(1).expect("route path");
             assert!(doc["paths"].get(path).is_some(), "{path} is not in /openapi.json");
         }
-        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(15));
+        assert_eq!(doc["paths"].as_object().map(|p| p.len()), Some(17));
     }
 
     #[test]

@@ -70,4 +70,6 @@ mod map_tests;
 mod repeated_failover_tests;
 
 #[cfg(test)]
+mod members_tests;
+#[cfg(test)]
 mod replace_tests;

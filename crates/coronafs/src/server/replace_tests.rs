@@ -25,7 +25,11 @@ struct Four {
 
 impl Four {
     async fn start(replace_after_ms: Option<u64>) -> Four {
-        let mut t = start_nodes(4, 3_000, 100, 0, 200, |f| f.replace_after_ms = replace_after_ms).await;
+        let mut t = start_nodes(4, 3_000, 100, 0, 200, |f| {
+            f.lease_ms = Some(1_000);
+            f.replace_after_ms = replace_after_ms;
+        })
+        .await;
         let up = t.servers.drain(..).map(Some).collect();
         Four { t, up }
     }

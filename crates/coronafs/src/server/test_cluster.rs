@@ -52,8 +52,10 @@ pub(super) async fn start_nodes(
         (ack_timeout_ms, heartbeat_ms, failover_after_ms);
     file.resync_retry_ms = resync_retry_ms;
     // A short lease, so a promote by hand after the primary's loss waits
-    // about a second for it (automatic failover's own timeout otherwise).
-    file.lease_ms = Some(if failover_after_ms == 0 { 1_000 } else { failover_after_ms });
+    // two seconds for it at most (automatic failover's own timeout
+    // otherwise); shorter ones lapse on a loaded 2-core host when a Raft
+    // election there takes a second or two.
+    file.lease_ms = Some(if failover_after_ms == 0 { 2_000 } else { failover_after_ms });
     tune(&mut file);
     file.validate().expect("valid cluster file");
     let dirs: Vec<_> = (0..count).map(|_| tempfile::tempdir().expect("tempdir")).collect();

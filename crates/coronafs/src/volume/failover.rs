@@ -404,7 +404,9 @@ impl Volumes {
         m: &Membership,
     ) -> std::result::Result<VolumeState, Promotion> {
         let until = Instant::now() + wait;
-        let deadline = Duration::from_millis(m.cluster.ack_timeout_ms);
+        // Long enough for the map to elect a leader when the old primary's
+        // node led it too.
+        let deadline = Duration::from_millis(m.cluster.ack_timeout_ms).max(map.election_patience());
         loop {
             let cmd = Command::TakeOver {
                 volume: name.to_owned(),

@@ -145,8 +145,12 @@ impl PrimaryLease {
             }
             tracing::warn!(volume = %name, copy = %lost, ?after, "a copy is out of sync for longer than replace_after: replacing it");
             match v.replace_copy(&name, &lost, None).await {
-                Ok(info) => tracing::warn!(volume = %name, copy = %lost, replicas = ?info.replicas, "lost copy replaced"),
-                Err(e) => tracing::warn!(volume = %name, copy = %lost, error = %e, "could not replace a lost copy; will try again"),
+                Ok(info) => {
+                    tracing::warn!(volume = %name, copy = %lost, replicas = ?info.replicas, "lost copy replaced")
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %name, copy = %lost, error = %e, "could not replace a lost copy; will try again")
+                }
             }
             busy.store(false, SeqCst);
         });

@@ -202,14 +202,10 @@ fn spare<'a>(m: &'a Membership, copies: &[String], old: &str) -> Result<&'a Clus
     let used: Vec<&str> =
         copies.iter().filter(|c| *c != old).filter_map(|c| m.cluster.node(c).ok()).map(|n| n.zone.as_str()).collect();
     let free: Vec<&ClusterNode> = m.cluster.nodes.iter().filter(|n| !copies.contains(&n.name)).collect();
-    free.iter()
-        .find(|n| !used.contains(&n.zone.as_str()))
-        .or(free.first())
-        .copied()
-        .ok_or_else(|| {
-            CoronaError::Conflict(format!(
-                "every node of the cluster file holds a copy already ({}): add a node to replace one",
-                copies.join(", ")
-            ))
-        })
+    free.iter().find(|n| !used.contains(&n.zone.as_str())).or(free.first()).copied().ok_or_else(|| {
+        CoronaError::Conflict(format!(
+            "every node of the cluster file holds a copy already ({}): add a node to replace one",
+            copies.join(", ")
+        ))
+    })
 }

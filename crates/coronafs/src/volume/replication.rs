@@ -7,13 +7,13 @@
 use super::catalog::VolumeRec;
 use super::meta::Meta;
 use super::{Volumes, failover, poisoned};
+use crate::backend::AnyBackend;
 use crate::backend::layered::Layered;
 use crate::backend::replicated::drl::{self, DrlRecord, History};
 use crate::backend::replicated::link::{LinkTarget, ReplicaLink, StreamSpec, TcpLink};
 use crate::backend::replicated::{
     ChangeHook, Connector, DrlStore, DynBackend, Inner, Replicated, ReplicationPolicy, Resync,
 };
-use crate::backend::AnyBackend;
 use crate::dto::{ReplicaStatus, ReplicaSync, VolumeInfo};
 use crate::error::{CoronaError, Result};
 use crate::replica::auth::RpcSecret;

@@ -7,6 +7,7 @@
 //! - [`store`]: the Raft log and vote in the data dir (`.volume-map/`), the machine
 //!   in memory;
 //! - [`net`]: the map's RPC, on the replica listener after its handshake;
+//! - [`members`]: founding the group, and nodes joining and leaving it;
 //! - [`MapNode`]: this node's member of the group: starts it from the
 //!   cluster file, proposes commands (forwarding them to the leader), and
 //!   holds the leader's side of the lease ([`MapNode::propose`] refuses a
@@ -17,6 +18,7 @@
 //! The design, and why it is safe, is in docs/design/replication-volumes.md
 //! ("The volume map").
 
+pub mod members;
 pub mod net;
 pub mod state;
 pub mod store;
@@ -137,6 +139,8 @@ pub struct MapNode {
     /// The term this node leads and since when (its own clock), if it leads.
     leading: Arc<Mutex<Option<(u64, Instant)>>>,
     watcher: tokio::task::JoinHandle<()>,
+    /// Founds the group when this node's store is pristine ([`members`]).
+    founder: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for MapNode {
@@ -150,9 +154,11 @@ fn raft_err(e: impl std::fmt::Display) -> CoronaError {
 }
 
 impl MapNode {
-    /// Starts node `node` of `cluster` on the store in `dir`. Every node of
-    /// the file is a voter; a pristine store is initialised with them all
-    /// (the same membership on every node, which openraft allows).
+    /// Starts node `node` of `cluster` on the store in `dir`. A pristine
+    /// store founds the group with every node of the file as a voter, unless
+    /// another node of the file holds the map already ([`members`]): in the
+    /// background, since the other nodes ask this one through its replica
+    /// listener, which serves once this returns.
     pub async fn start(cluster: &ClusterFile, node: &str, dir: &Path, timing: Timing) -> Result<Arc<MapNode>> {
         let me = node_id(node);
         let mut peers = BTreeMap::new();
@@ -192,18 +198,12 @@ impl MapNode {
         )
         .await
         .map_err(raft_err)?;
-        if !raft.is_initialized().await.map_err(raft_err)? {
-            let members: BTreeMap<NodeId, Peer> = peers.clone();
-            match raft.initialize(members).await {
-                Ok(()) => {}
-                // Another node's membership reached this one first.
-                Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(raft_err(e)),
-            }
-        }
+        let retry = timing.heartbeat.max(Duration::from_millis(100));
+        let founder = tokio::spawn(members::found(raft.clone(), me, peers.clone(), secret.clone(), retry));
         let leading = Arc::new(Mutex::new(None));
         let watcher = tokio::spawn(watch_leadership(raft.metrics(), me, leading.clone()));
-        Ok(Arc::new(MapNode { raft, me, name: node.to_owned(), peers, secret, machine, db, timing, leading, watcher }))
+        let name = node.to_owned();
+        Ok(Arc::new(MapNode { raft, me, name, peers, secret, machine, db, timing, leading, watcher, founder }))
     }
 
     /// This node's name.
@@ -214,6 +214,12 @@ impl MapNode {
     /// The lease a primary gets.
     pub fn lease(&self) -> Duration {
         self.timing.lease
+    }
+
+    /// How long a proposal may have to wait for the group to have a leader:
+    /// a few election timeouts (split votes, a leader that died).
+    pub fn election_patience(&self) -> Duration {
+        self.timing.election.1 * 4
     }
 
     /// The map as this node has applied it.
@@ -250,14 +256,24 @@ impl MapNode {
     /// What this node knows of the group.
     pub fn status(&self) -> MapStatus {
         let m = self.raft.metrics().borrow().clone();
-        let name = |id: &NodeId| self.peers.get(id).map_or_else(|| format!("#{id}"), |p| p.name.clone());
         MapStatus {
             node: self.name.clone(),
-            leader: m.current_leader.as_ref().map(name),
+            leader: m.current_leader.map(|id| self.peer_name(id)),
             term: m.current_term,
             applied: m.last_applied.map(|l| l.index),
-            voters: m.membership_config.membership().voter_ids().map(|id| name(&id)).collect(),
+            voters: m.membership_config.membership().voter_ids().map(|id| self.peer_name(id)).collect(),
         }
+    }
+
+    /// Member `id` as the group's membership has it (a node added since
+    /// this one read its cluster file too), else as the file has it.
+    fn peer(&self, id: NodeId) -> Option<Peer> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().get_node(&id).cloned().or_else(|| self.peers.get(&id).cloned())
+    }
+
+    fn peer_name(&self, id: NodeId) -> String {
+        self.peer(id).map_or_else(|| format!("#{id}"), |p| p.name)
     }
 
     /// Proposes `cmd` to the group and answers what applying it gave,
@@ -273,7 +289,7 @@ impl MapNode {
             let r = match leader {
                 Some(l) if l == self.me => self.propose_here(cmd.clone()).await,
                 Some(l) => {
-                    let addr = self.peers.get(&l).map(|p| p.addr.clone()).unwrap_or_default();
+                    let addr = self.peer(l).map(|p| p.addr).unwrap_or_default();
                     let conn = conns.entry(l).or_insert_with(|| Conn::new(addr, self.secret.clone()));
                     // A leader that hangs (its process frozen, its address
                     // taken by something that never answers) holds one
@@ -340,6 +356,8 @@ impl MapNode {
                 Request::Vote(r) => Answer::Vote(self.raft.vote(r).await),
                 Request::Snapshot(r) => Answer::Snapshot(self.raft.install_snapshot(r).await),
                 Request::Propose(c) => Answer::Propose(self.propose_here(c).await),
+                Request::Standing => Answer::Standing { holds_map: self.raft.is_initialized().await.unwrap_or(false) },
+                Request::Members(c) => Answer::Members(self.change_members_here(c).await),
             };
             net::send(&mut wr, &answer).await?;
         }
@@ -349,6 +367,7 @@ impl MapNode {
     /// Stops this node's member of the group.
     pub async fn shutdown(&self) {
         self.watcher.abort();
+        self.founder.abort();
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "the volume map's Raft did not stop cleanly");
         }

@@ -12,6 +12,7 @@
 // openraft's traits fix these error types (StorageError, RPCError), large as they are.
 #![allow(clippy::result_large_err)]
 
+use super::members::MemberChange;
 use super::state::{Command, Outcome};
 use super::{Cfg, NodeId, Peer};
 use crate::replica::auth::{self, RpcSecret};
@@ -42,6 +43,11 @@ pub enum Request {
     Snapshot(InstallSnapshotRequest<Cfg>),
     /// A command for the leader to propose (a follower forwards it).
     Propose(Command),
+    /// Whether the node holds a map (its store was initialised): asked by
+    /// a pristine node before it founds the group.
+    Standing,
+    /// A change of the group's voters for the leader to make.
+    Members(MemberChange),
 }
 
 /// Why the leader did not propose a forwarded command.
@@ -56,6 +62,9 @@ pub enum ProposeError {
     /// Raft failed the proposal.
     #[error("{0}")]
     Failed(String),
+    /// The leader refuses the change (trying again does not help).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The answer to a [`Request`], of the same kind.
@@ -65,6 +74,11 @@ pub enum Answer {
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     Propose(Result<Outcome, ProposeError>),
+    Standing {
+        holds_map: bool,
+    },
+    /// The voters after the change.
+    Members(Result<Vec<String>, ProposeError>),
 }
 
 /// Writes one message.

@@ -356,7 +356,8 @@ mod tests {
         assert_eq!(st.in_sync, BTreeSet::from(["b".to_owned()]));
         let old = map.apply(&Command::Renew { volume: "v".into(), node: "a".into(), epoch: 1 });
         assert!(matches!(old, Err(Refusal::NotPrimary { current: 8, .. })), "{old:?}");
-        let old = map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 0 });
+        let old =
+            map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 0 });
         assert!(matches!(old, Err(Refusal::NotPrimary { .. })), "{old:?}");
     }
 
@@ -365,7 +366,8 @@ mod tests {
         let mut map = VolumeMap::default();
         reg(&mut map);
         map.apply(&Command::Renew { volume: "v".into(), node: "a".into(), epoch: 1 }).expect("applied");
-        let late = map.apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 0, seen: 1, at_ms: 0 });
+        let late =
+            map.apply(&Command::TakeOver { volume: "v".into(), node: "b".into(), renewals: 0, seen: 1, at_ms: 0 });
         assert_eq!(late, Err(Refusal::Renewed { volume: "v".into() }));
         assert_eq!(map.get("v").expect("registered").primary, "a");
     }
@@ -374,11 +376,13 @@ mod tests {
     fn a_dropped_copy_cannot_take_over_until_the_primary_rejoins_it() {
         let mut map = VolumeMap::default();
         reg(&mut map);
-        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 0 }).expect("applied");
+        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into(), at_ms: 0 })
+            .expect("applied");
         let t = map.apply(&Command::TakeOver { volume: "v".into(), node: "c".into(), renewals: 0, seen: 1, at_ms: 0 });
         assert!(matches!(t, Err(Refusal::NotInSync { .. })), "{t:?}");
         assert!(map.get("v").expect("registered").writable());
-        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "b".into(), at_ms: 0 }).expect("applied");
+        map.apply(&Command::Drop { volume: "v".into(), by: "a".into(), epoch: 1, copy: "b".into(), at_ms: 0 })
+            .expect("applied");
         assert!(!map.get("v").expect("registered").writable());
         map.apply(&Command::Rejoin { volume: "v".into(), by: "a".into(), epoch: 1, copy: "c".into() })
             .expect("applied");
