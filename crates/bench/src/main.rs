@@ -106,8 +106,10 @@ enum Cmd {
     /// happen) or indeterminate (a 5xx, a timeout, the connection lost: it
     /// may have happened, at any time after it was sent).
     ///
-    /// The fault schedule comes from --seed alone: the same seed replays the
-    /// same faults at the same times (the clients' interleaving differs).
+    /// The fault schedule is a function of --seed, --nemesis and --duration:
+    /// the same command replays the same faults on the same nodes at the
+    /// same times, and each client makes the same choices (the interleaving
+    /// of clients and the cluster's timing are not replayed).
     /// OUT/check.md and OUT/check.json hold op counts, faults, each
     /// checker's verdict and every anomaly with the operations that show it.
     ///

@@ -61,7 +61,7 @@ impl<S: S3> S3 for StaleGets<S> {
             let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
             let (copy, gets) = copies.entry(key).or_insert_with(|| (fresh.clone(), 0));
             *gets += 1;
-            if *gets % 2 == 0 {
+            if gets.is_multiple_of(2) {
                 copy.clone()
             } else {
                 *copy = fresh.clone();

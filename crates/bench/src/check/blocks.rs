@@ -209,7 +209,7 @@ fn check_read(block: u64, ws: &[&Operation], durable: &[Option<Nanos>], r: &Oper
     }
     let why = format!("block {block} from {source} is older than a write flushed before the read began");
     let mut window = vec![d.clone(), r.clone()];
-    window.extend(seen.map(|w| w.clone()));
+    window.extend(seen.cloned());
     Some(Anomaly::new("lost-flushed-write", subject, why, window))
 }
 

@@ -251,8 +251,8 @@ mod tests {
         fn a_history_reads_back_as_it_was_written(entries in proptest::collection::vec(entry_strategy(), 0..20)) {
             let h = History { entries };
             let mut buf = Vec::new();
-            h.write_jsonl(&mut buf).unwrap();
-            let back = History::read_jsonl(&buf[..]).unwrap();
+            h.write_jsonl(&mut buf).expect("writes to a Vec");
+            let back = History::read_jsonl(&buf[..]).expect("reads back");
             prop_assert_eq!(back, h);
         }
     }
@@ -260,7 +260,7 @@ mod tests {
     #[test]
     fn a_bad_line_is_an_error_naming_its_number() {
         let text = "\n{\"type\":\"nemesis\",\"time\":1,\"fault\":\"kill:x@y\",\"phase\":\"start\"}\nnot json\n";
-        let err = History::read_jsonl(text.as_bytes()).unwrap_err().to_string();
+        let err = History::read_jsonl(text.as_bytes()).expect_err("line 3 is not JSON").to_string();
         assert!(err.contains("line 3"), "{err}");
     }
 

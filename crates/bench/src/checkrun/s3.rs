@@ -163,7 +163,7 @@ impl S3Api {
             let e = self.pick(&mut rng);
             let key = self.register_key((crate::loadgen::xorshift(&mut rng) % keys.max(1) as u64) as usize);
             let invoke = rec.now();
-            let kept = if crate::loadgen::xorshift(&mut rng) % 2 == 0 {
+            let kept = if crate::loadgen::xorshift(&mut rng).is_multiple_of(2) {
                 let value = format!("{process}-{n}");
                 let (outcome, error) = self.put(e, &key, &value).await;
                 self.record(rec, process, e, invoke, Op::Write { key, value }, (outcome, error))
