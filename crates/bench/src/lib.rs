@@ -2,6 +2,9 @@
 //! with a peer measured in the same run, with several iterations and the
 //! median and spread of each figure.
 //!
+//! - [`check`]: `bench check`'s checkers over histories of client operations
+//!   under faults (linearizability, read-your-writes, set, blocks), pure;
+//! - [`checkrun`]: `bench check`, workloads recorded under a nemesis, then checked;
 //! - [`agent`]: `bench agent`, the load generator as a service on every node;
 //! - [`fault`]: faults applied during a run (`--fault kill:lightningstor@node02`)
 //!   and the Docker lab's driver (containers through the engine's socket);
@@ -25,6 +28,8 @@ pub mod agent;
 pub mod aio;
 pub mod ceph;
 pub mod charts;
+pub mod check;
+pub mod checkrun;
 pub mod cluster;
 pub mod compare;
 pub mod cpu;

@@ -90,6 +90,38 @@ enum Cmd {
         #[arg(long)]
         ceph_dir: Option<PathBuf>,
     },
+    /// Check a service's promises under faults: clients run a workload
+    /// while a nemesis kills and pauses nodes, every operation is recorded
+    /// (invoke and complete times on one clock, endpoint, outcome) to
+    /// OUT/history.jsonl with the faults, and checkers run over the history.
+    ///
+    /// Workloads: s3-register (clients PUT unique values to --keys keys and
+    /// GET them, each request through a random endpoint; checked for
+    /// linearizability per key and read-your-acknowledged-writes) and s3-set
+    /// (clients PUT unique keys; after healing every endpoint lists them;
+    /// checked that no acknowledged key is lost and nothing never written
+    /// appears).
+    ///
+    /// An operation is ok, failed (connection refused or a 4xx: it did not
+    /// happen) or indeterminate (a 5xx, a timeout, the connection lost: it
+    /// may have happened, at any time after it was sent).
+    ///
+    /// The fault schedule is a function of --seed, --nemesis and --duration:
+    /// the same command replays the same faults on the same nodes at the
+    /// same times, and each client makes the same choices (the interleaving
+    /// of clients and the cluster's timing are not replayed).
+    /// OUT/check.md and OUT/check.json hold op counts, faults, each
+    /// checker's verdict and every anomaly with the operations that show it.
+    ///
+    /// Exit status: 0 every check holds; 1 a check found a violation; 2 the
+    /// run could not be made, or a check could not decide (e.g. the
+    /// linearizability search ran out of effort) and none found a violation.
+    #[command(
+        after_help = "Examples:\n  bench check s3-register --nemesis kill,pause --duration 60s --seed 7 --out check-out\n  \
+                            bench check s3-set --target 's3://bucket?endpoint=http://10.0.0.5:9000' --nemesis none \\\n      \
+                            --access-key AK --secret-key SK --duration 30s --out check-out"
+    )]
+    Check(CheckArgs),
     /// Run a load agent: a long-running service (one per node) that runs
     /// the load the coordinator (`fresh-bench-storage --cluster FILE`) sends
     /// it, against NBD exports, its own scratch disk and S3 endpoints, and
@@ -347,6 +379,51 @@ struct RunArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct CheckArgs {
+    /// The workload.
+    #[arg(value_parser = ["s3-register", "s3-set"])]
+    workload: String,
+    /// `embedded` (a LightningStor cluster of 3 nodes started here, as child
+    /// processes on loopback, which the nemesis can fault) or
+    /// s3://bucket[/prefix]?endpoint=URL (any S3 endpoint; --nemesis none).
+    #[arg(long, default_value = "embedded")]
+    target: String,
+    /// S3 access key for --target s3:// (else AWS_ACCESS_KEY_ID).
+    #[arg(long)]
+    access_key: Option<String>,
+    /// S3 secret key for --target s3:// (else AWS_SECRET_ACCESS_KEY).
+    #[arg(long)]
+    secret_key: Option<String>,
+    /// Faults, comma-separated: kill (SIGKILL a node, then restart it),
+    /// pause (SIGSTOP, then SIGCONT), or none. One at a time, on a random
+    /// node, for 1-4 s, with 1-3 s quiet between.
+    #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
+    nemesis: Vec<String>,
+    /// How long the clients run (e.g. 60s); faults heal before it ends.
+    #[arg(long, default_value = "60s")]
+    duration: String,
+    /// Seed of the fault schedule and of the clients' choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Directory for history.jsonl, check.json and check.md (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Register keys (s3-register).
+    #[arg(long, default_value_t = 3)]
+    keys: usize,
+    /// Longest one request may take; past it the request is indeterminate.
+    #[arg(long, default_value = "2s")]
+    op_timeout: String,
+    /// Pause of each client between two requests (keeps the history small
+    /// enough for the linearizability search).
+    #[arg(long, default_value = "10ms")]
+    think: String,
+}
+
+#[derive(clap::Args, Debug)]
 struct AccuracyArgs {
     /// nbd://host:port/export or a file path for --profiles; without it a
     /// CoronaFS export is started in this process.
@@ -524,6 +601,86 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<()> {
         std::fs::write(&path, serde_json::to_vec_pretty(&report)?).with_context(|| path.display().to_string())?;
     }
     Ok(())
+}
+
+/// `bench check`: 0 holds, 1 violation, 2 could not run or decide.
+fn cmd_check(a: CheckArgs) -> i32 {
+    match check_options(&a) {
+        Ok(opts) => match runtime().and_then(|rt| rt.block_on(bench::checkrun::run(&opts))) {
+            Ok(report) => {
+                print!("{}", bench::checkrun::report::markdown(&report));
+                println!("written: {}", opts.out.display());
+                report.exit_code()
+            }
+            Err(e) => {
+                eprintln!("bench check: the run could not be made: {e:#}");
+                2
+            }
+        },
+        Err(e) => {
+            eprintln!("bench check: {e:#}");
+            2
+        }
+    }
+}
+
+fn check_options(a: &CheckArgs) -> anyhow::Result<bench::checkrun::Options> {
+    use bench::checkrun::{Options, Target};
+    use bench::fault::FaultKind;
+    let target = if a.target == "embedded" {
+        Target::Embedded
+    } else {
+        match bench::target::TargetSpec::parse(&a.target)? {
+            bench::target::TargetSpec::S3 { bucket, prefix, endpoint, region } => {
+                let keys = bench::target::S3Keys { access_key: a.access_key.clone(), secret_key: a.secret_key.clone() }
+                    .resolve()?;
+                let prefix = if prefix.is_empty() || prefix.ends_with('/') { prefix } else { format!("{prefix}/") };
+                Target::S3 { uri: a.target.clone(), bucket, prefix, endpoint, region, keys }
+            }
+            _ => anyhow::bail!("--target {}: bench check takes embedded or s3://bucket?endpoint=URL", a.target),
+        }
+    };
+    let mut nemesis = Vec::new();
+    for n in a.nemesis.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        match n {
+            "none" => {}
+            "kill" => nemesis.push(FaultKind::Kill),
+            "pause" => nemesis.push(FaultKind::Pause),
+            other => anyhow::bail!("--nemesis {other}: unknown (kill, pause or none)"),
+        }
+    }
+    nemesis.dedup();
+    let nemesis_text = if nemesis.is_empty() {
+        "none".to_owned()
+    } else {
+        nemesis.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(",")
+    };
+    let target_arg = if a.target == "embedded" { String::new() } else { format!(" --target '{}'", a.target) };
+    let replay = format!(
+        "bench check {}{target_arg} --nemesis {nemesis_text} --duration {} --seed {} --clients {} --keys {} \
+         --op-timeout {} --think {} --out {}",
+        a.workload,
+        a.duration,
+        a.seed,
+        a.clients,
+        a.keys,
+        a.op_timeout,
+        a.think,
+        a.out.display()
+    );
+    Ok(Options {
+        workload: a.workload.parse()?,
+        target,
+        nemesis,
+        duration: parse_duration(&a.duration).context("--duration")?,
+        seed: a.seed,
+        out: a.out.clone(),
+        clients: a.clients,
+        keys: a.keys,
+        op_timeout: parse_duration(&a.op_timeout).context("--op-timeout")?,
+        think: parse_duration(&a.think).context("--think")?,
+        replay,
+    })
 }
 
 /// `bench compare`: 0 no regression, 1 regression; errors are the
@@ -742,6 +899,7 @@ fn main() -> anyhow::Result<()> {
             if report.failures(opts.tolerance_pct) > 0 { 1 } else { 0 }
         }
         Cmd::Agent(a) => cmd_agent(a).map(|()| 0)?,
+        Cmd::Check(a) => cmd_check(a),
         Cmd::Healthcheck { targets, wait, timeout, quiet } => {
             let wait = wait.as_deref().map(parse_duration).transpose()?;
             let timeout = parse_duration(&timeout)?;

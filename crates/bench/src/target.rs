@@ -149,12 +149,24 @@ pub fn s3_client(endpoint: &str, region: &str, ak: &str, sk: &str) -> aws_sdk_s3
 /// no SDK retries, a 3 s connect timeout and a 20 s read timeout (a node
 /// that was killed, paused or cut off stops answering rather than refusing).
 pub fn s3_client_failfast(endpoint: &str, region: &str, ak: &str, sk: &str) -> aws_sdk_s3::Client {
-    use aws_sdk_s3::config::retry::RetryConfig;
     use aws_sdk_s3::config::timeout::TimeoutConfig;
     let timeouts = TimeoutConfig::builder()
         .connect_timeout(std::time::Duration::from_secs(3))
         .read_timeout(std::time::Duration::from_secs(20))
         .build();
+    s3_client_no_retries(endpoint, region, ak, sk, timeouts)
+}
+
+/// A client without SDK retries and with the given timeouts: every
+/// request it makes is one attempt, so its outcome is that attempt's.
+pub fn s3_client_no_retries(
+    endpoint: &str,
+    region: &str,
+    ak: &str,
+    sk: &str,
+    timeouts: aws_sdk_s3::config::timeout::TimeoutConfig,
+) -> aws_sdk_s3::Client {
+    use aws_sdk_s3::config::retry::RetryConfig;
     let conf = s3_config(endpoint, region, ak, sk).retry_config(RetryConfig::disabled()).timeout_config(timeouts);
     aws_sdk_s3::Client::from_conf(conf.build())
 }

@@ -6,6 +6,8 @@
 //!
 //! - [`lightningstor`]: the fault-injecting transport and the in-process
 //!   cluster it connects.
+//! - [`s3`]: a deliberately broken S3 service (stale GETs), for the
+//!   self-check of `bench check`'s checkers.
 //! - [`sdk`]: aws-sdk-s3's HTTP client wired straight to an s3s service in
 //!   this process (the tests' and the gate's in-process S3 path).
 //!
@@ -15,4 +17,5 @@
 //! outside cannot extend, and only coronafs's own unit tests use them.
 
 pub mod lightningstor;
+pub mod s3;
 pub mod sdk;

@@ -413,6 +413,64 @@ async fn start_s3_cluster(
     Err(last.unwrap_or_else(|| anyhow::anyhow!("LightningStor did not start")))
 }
 
+/// A LightningStor cluster alone ([`EMBEDDED_S3_NODES`] child processes
+/// on loopback, [`EMBEDDED_RF`] copies of every object), for commands that
+/// need only S3 (`bench check`). Its data dir is removed at shutdown.
+pub struct EmbeddedS3 {
+    dir: tempfile::TempDir,
+    /// The nodes, and the driver that kills and pauses them.
+    pub faults: embedded::EmbeddedFaults,
+    /// The cluster file the nodes run with.
+    pub config: lightningstor::cluster::ClusterConfig,
+}
+
+impl std::fmt::Debug for EmbeddedS3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedS3").field("dir", &self.dir.path()).finish()
+    }
+}
+
+impl EmbeddedS3 {
+    /// Starts the nodes under a new temporary directory.
+    pub async fn start() -> anyhow::Result<EmbeddedS3> {
+        let dir = tempfile::Builder::new().prefix("bench-check-").tempdir()?;
+        let (nodes, config) = start_s3_cluster(&dir.path().join("lightningstor")).await?;
+        Ok(EmbeddedS3 {
+            dir,
+            faults: embedded::EmbeddedFaults { nodes: Arc::new(tokio::sync::Mutex::new(nodes)) },
+            config,
+        })
+    }
+
+    /// The S3 endpoints and keys.
+    pub fn endpoint(&self) -> S3Endpoint {
+        S3Endpoint {
+            endpoints: self.config.nodes.iter().map(|n| format!("http://{}", n.s3)).collect(),
+            access_key: EMBEDDED_KEYS.0.into(),
+            secret_key: EMBEDDED_KEYS.1.into(),
+            region: default_region(),
+            cluster_file: None,
+        }
+    }
+
+    /// The nodes' names (`n1`...), in the order of [`EmbeddedS3::endpoint`].
+    pub fn node_names(&self) -> Vec<String> {
+        self.config.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// Stops every node and removes the data.
+    pub async fn shutdown(self) {
+        let nodes = std::mem::take(&mut *self.faults.nodes.lock().await);
+        for (_, p) in nodes {
+            p.stop().await;
+        }
+        let path = self.dir.path().to_owned();
+        if let Err(err) = self.dir.close() {
+            tracing::warn!(error = %err, path = %path.display(), "could not remove the cluster's data");
+        }
+    }
+}
+
 /// A cluster to measure, and the agents that measure it.
 pub struct Cluster {
     /// The services (the coordinator's view; agents apply the link themselves).
