@@ -1,6 +1,7 @@
 //! `bench check`: `s3-register` against the embedded LightningStor cluster
 //! under kill and pause (the run completes, faults land in the history,
 //! read-your-writes holds, linearizability is reported as found);
+//! `s3-set` there too (no acknowledged key lost after healing);
 //! `nbd-blocks` against the embedded CoronaFS nodes under kill and pause (no
 //! flushed write lost, nothing torn); and a self-check: the register
 //! workload through an S3 service that answers GETs from a stale copy must
@@ -88,6 +89,29 @@ fn s3_register_on_the_embedded_cluster_under_kill_and_pause_keeps_read_your_writ
     assert_eq!(code, Some(expected), "the exit status follows the verdicts\n{stdout}");
     let md = std::fs::read_to_string(out.path().join("check.md")).expect("check.md");
     assert!(md.contains("| read-your-writes | holds |"), "{md}");
+}
+
+#[test]
+fn s3_set_on_the_embedded_cluster_under_kill_and_pause_loses_no_acknowledged_key() {
+    let _g = shared();
+    let out = tempfile::tempdir().expect("tempdir");
+    let run = Command::new(bin("bench", "bench"))
+        .args(["check", "s3-set", "--nemesis", "kill,pause", "--duration", "15s", "--seed", "3"])
+        .args(["--clients", "4", "--op-timeout", "1s"])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("bench check runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let r = report(out.path());
+    let w = &r["workloads"][0];
+    assert!(w["faults_applied"].as_u64().unwrap_or(0) >= 2, "{w:#}");
+    let set = verdict(w, "set");
+    eprintln!("bench check s3-set (seed 3): {}; set: {} ({})", w["ops"], set["validity"], set["detail"]);
+    // Every endpoint listed the set after healing, and nothing acknowledged was lost.
+    assert!(set["detail"].as_str().is_some_and(|d| d.ends_with("3 final")), "{set:#}");
+    assert_eq!(set["validity"], "holds", "{set:#}\n{stdout}");
+    assert_eq!(run.status.code(), Some(0));
 }
 
 #[test]
