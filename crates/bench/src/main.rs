@@ -100,7 +100,12 @@ enum Cmd {
     /// linearizability per key and read-your-acknowledged-writes) and s3-set
     /// (clients PUT unique keys; after healing every endpoint lists them;
     /// checked that no acknowledged key is lost and nothing never written
-    /// appears).
+    /// appears) and nbd-blocks (clients write self-describing blocks, each
+    /// naming its block, writer and sequence with a checksum, and FLUSH every
+    /// 8 writes, through PlasmaVMC's reconnecting attachment to a volume with
+    /// a copy on each of 3 embedded CoronaFS nodes; after healing every block
+    /// is read back; checked that none is older than its last flushed write
+    /// and none is torn or foreign).
     ///
     /// An operation is ok, failed (connection refused or a 4xx: it did not
     /// happen) or indeterminate (a 5xx, a timeout, the connection lost: it
@@ -381,11 +386,12 @@ struct RunArgs {
 #[derive(clap::Args, Debug)]
 struct CheckArgs {
     /// The workload.
-    #[arg(value_parser = ["s3-register", "s3-set"])]
+    #[arg(value_parser = ["s3-register", "s3-set", "nbd-blocks"])]
     workload: String,
-    /// `embedded` (a LightningStor cluster of 3 nodes started here, as child
-    /// processes on loopback, which the nemesis can fault) or
-    /// s3://bucket[/prefix]?endpoint=URL (any S3 endpoint; --nemesis none).
+    /// `embedded` (a LightningStor cluster of 3 nodes started here, or for
+    /// nbd-blocks 3 CoronaFS nodes, as child processes on loopback, which the
+    /// nemesis can fault) or s3://bucket[/prefix]?endpoint=URL (any S3
+    /// endpoint; --nemesis none).
     #[arg(long, default_value = "embedded")]
     target: String,
     /// S3 access key for --target s3:// (else AWS_ACCESS_KEY_ID).
@@ -414,6 +420,9 @@ struct CheckArgs {
     /// Register keys (s3-register).
     #[arg(long, default_value_t = 3)]
     keys: usize,
+    /// Blocks of 4 KiB the writers spread over (nbd-blocks).
+    #[arg(long, default_value_t = 256)]
+    blocks: usize,
     /// Longest one request may take; past it the request is indeterminate.
     #[arg(long, default_value = "2s")]
     op_timeout: String,
@@ -658,12 +667,13 @@ fn check_options(a: &CheckArgs) -> anyhow::Result<bench::checkrun::Options> {
     let target_arg = if a.target == "embedded" { String::new() } else { format!(" --target '{}'", a.target) };
     let replay = format!(
         "bench check {}{target_arg} --nemesis {nemesis_text} --duration {} --seed {} --clients {} --keys {} \
-         --op-timeout {} --think {} --out {}",
+         --blocks {} --op-timeout {} --think {} --out {}",
         a.workload,
         a.duration,
         a.seed,
         a.clients,
         a.keys,
+        a.blocks,
         a.op_timeout,
         a.think,
         a.out.display()
@@ -677,6 +687,7 @@ fn check_options(a: &CheckArgs) -> anyhow::Result<bench::checkrun::Options> {
         out: a.out.clone(),
         clients: a.clients,
         keys: a.keys,
+        blocks: a.blocks,
         op_timeout: parse_duration(&a.op_timeout).context("--op-timeout")?,
         think: parse_duration(&a.think).context("--think")?,
         replay,

@@ -8,7 +8,8 @@
 //! one write, the checksum wrong) or something else.
 //!
 //! A write is durable once it was acknowledged with FUA, or once a flush by
-//! the same writer, invoked after the write was acknowledged, was. A read of
+//! the same writer on the same session (connection), invoked after the
+//! write was acknowledged, was. A read of
 //! a block must then return a write that is not known older than any write
 //! of that block durable before the read began (a write is known older than
 //! another when it was acknowledged before the other was sent; an
@@ -100,12 +101,18 @@ fn durable_at(writes: &[&Operation], flushes: &HashMap<u32, Vec<&Operation>>) ->
             if w.outcome != Outcome::Ok {
                 return None;
             }
-            if let Op::BlockWrite { fua: true, .. } = w.op {
-                return Some(w.complete);
-            }
+            let session = match w.op {
+                Op::BlockWrite { fua: true, .. } => return Some(w.complete),
+                Op::BlockWrite { session, .. } => session,
+                _ => return None,
+            };
             let f = flushes.get(&w.process)?;
-            // The earliest acknowledgement of a flush sent after the write returned.
-            f.iter().filter(|f| f.invoke >= w.complete).map(|f| f.complete).min()
+            // The earliest acknowledgement of a flush on the same session
+            // sent after the write returned.
+            f.iter()
+                .filter(|f| f.invoke >= w.complete && matches!(f.op, Op::BlockFlush { session: s } if s == session))
+                .map(|f| f.complete)
+                .min()
         })
         .collect()
 }
@@ -119,7 +126,7 @@ pub fn check(history: &History) -> Verdict {
         match &o.op {
             Op::BlockWrite { block, .. } => writes.entry(*block).or_default().push(o),
             Op::BlockRead { block, .. } if o.outcome == Outcome::Ok => reads.entry(*block).or_default().push(o),
-            Op::BlockFlush if o.outcome == Outcome::Ok => flushes.entry(o.process).or_default().push(o),
+            Op::BlockFlush { .. } if o.outcome == Outcome::Ok => flushes.entry(o.process).or_default().push(o),
             _ => {}
         }
     }
@@ -263,10 +270,10 @@ mod tests {
         Entry::Op(Operation { process, endpoint: "front".into(), invoke, complete, op, outcome, error: None })
     }
     fn write(p: u32, t: Nanos, seq: u64, fua: bool, outcome: Outcome) -> Entry {
-        op(p, t, t + 1, Op::BlockWrite { block: 0, seq, fua }, outcome)
+        op(p, t, t + 1, Op::BlockWrite { block: 0, seq, fua, session: 0 }, outcome)
     }
     fn flush(p: u32, t: Nanos) -> Entry {
-        op(p, t, t + 1, Op::BlockFlush, Outcome::Ok)
+        op(p, t, t + 1, Op::BlockFlush { session: 0 }, Outcome::Ok)
     }
     fn read(t: Nanos, source: &str, found: BlockContent) -> Entry {
         op(9, t, t + 1, Op::BlockRead { block: 0, source: source.into(), found }, Outcome::Ok)
@@ -321,11 +328,22 @@ mod tests {
         // The flush was sent while write 2 was in flight: write 2 is not durable.
         let e = vec![
             write(0, 0, 1, true, Outcome::Ok),
-            op(0, 2, 20, Op::BlockWrite { block: 0, seq: 2, fua: false }, Outcome::Ok),
+            op(0, 2, 20, Op::BlockWrite { block: 0, seq: 2, fua: false, session: 0 }, Outcome::Ok),
             flush(0, 5),
             read(30, "front", wr(0, 1)),
         ];
         assert!(kinds(e).is_empty());
+    }
+
+    #[test]
+    fn a_flush_on_a_new_connection_does_not_cover_writes_of_the_old_one() {
+        let w2 = op(0, 2, 3, Op::BlockWrite { block: 0, seq: 2, fua: false, session: 0 }, Outcome::Ok);
+        let new_conn_flush = op(0, 5, 6, Op::BlockFlush { session: 1 }, Outcome::Ok);
+        let e = vec![write(0, 0, 1, true, Outcome::Ok), w2.clone(), new_conn_flush, read(30, "front", wr(0, 1))];
+        assert!(kinds(e).is_empty());
+        let same_conn_flush = op(0, 5, 6, Op::BlockFlush { session: 0 }, Outcome::Ok);
+        let e = vec![write(0, 0, 1, true, Outcome::Ok), w2, same_conn_flush, read(30, "front", wr(0, 1))];
+        assert_eq!(kinds(e), ["lost-flushed-write"]);
     }
 
     #[test]

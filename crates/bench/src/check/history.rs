@@ -59,11 +59,22 @@ pub enum Op {
     SetAdd { element: String },
     /// Set read of every element (a listing).
     SetRead { elements: Vec<String> },
-    /// A self-describing block write; `fua` when it asked for Force Unit Access.
-    BlockWrite { block: u64, seq: u64, fua: bool },
-    /// A flush: every write of this process acknowledged before its invoke
-    /// is durable once it is acknowledged.
-    BlockFlush,
+    /// A self-describing block write; `fua` when it asked for Force Unit
+    /// Access. `session` is the connection it went over (a client that
+    /// reconnects starts a new one).
+    BlockWrite {
+        block: u64,
+        seq: u64,
+        fua: bool,
+        #[serde(default)]
+        session: u64,
+    },
+    /// A flush: every write of this process and session acknowledged before
+    /// its invoke is durable once it is acknowledged.
+    BlockFlush {
+        #[serde(default)]
+        session: u64,
+    },
     /// A block read from `source` (the front, or one copy's export).
     BlockRead { block: u64, source: String, found: BlockContent },
 }
@@ -199,8 +210,13 @@ mod tests {
             ("[a-c]", proptest::option::of("[0-9]{1,4}")).prop_map(|(key, value)| Op::Read { key, value }),
             "[a-z0-9]{1,6}".prop_map(|element| Op::SetAdd { element }),
             proptest::collection::vec("[a-z]{1,3}", 0..4).prop_map(|elements| Op::SetRead { elements }),
-            (0u64..9, 0u64..99, any::<bool>()).prop_map(|(block, seq, fua)| Op::BlockWrite { block, seq, fua }),
-            Just(Op::BlockFlush),
+            (0u64..9, 0u64..99, any::<bool>(), 0u64..3).prop_map(|(block, seq, fua, session)| Op::BlockWrite {
+                block,
+                seq,
+                fua,
+                session
+            }),
+            (0u64..3).prop_map(|session| Op::BlockFlush { session }),
             (0u64..9, "[a-z]{1,5}", 0u32..3, 0u64..9).prop_map(|(block, source, writer, seq)| Op::BlockRead {
                 block,
                 source,
@@ -272,7 +288,7 @@ mod tests {
                 endpoint: "e".into(),
                 invoke: 0,
                 complete: 1,
-                op: Op::BlockFlush,
+                op: Op::BlockFlush { session: 0 },
                 outcome,
                 error: None,
             })

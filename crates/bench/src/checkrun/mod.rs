@@ -5,8 +5,10 @@
 //! - [`record`]: the history's clock and what an S3 error means;
 //! - [`nemesis`]: the fault schedule from the seed, and its application;
 //! - [`s3`]: the `s3-register` and `s3-set` clients;
+//! - [`nbd`]: the `nbd-blocks` writers and read-back;
 //! - [`report`]: `check.json` and `check.md`.
 
+pub mod nbd;
 pub mod nemesis;
 pub mod record;
 pub mod report;
@@ -14,6 +16,7 @@ pub mod s3;
 
 use crate::check::{self, History, Validity};
 use crate::cluster::EmbeddedS3;
+use crate::cluster::corona_procs::CoronaProcs;
 use crate::fault::{FaultDriver, FaultKind};
 use anyhow::Context;
 use record::Recorder;
@@ -31,6 +34,9 @@ pub enum Workload {
     S3Register,
     /// PUT unique keys, list after healing: no acknowledged key lost.
     S3Set,
+    /// Self-describing blocks written and FLUSHed through the reconnecting
+    /// attachment of a 3-copy CoronaFS volume, read back after healing.
+    NbdBlocks,
 }
 
 impl Workload {
@@ -38,6 +44,7 @@ impl Workload {
         match self {
             Workload::S3Register => "s3-register",
             Workload::S3Set => "s3-set",
+            Workload::NbdBlocks => "nbd-blocks",
         }
     }
 }
@@ -48,7 +55,8 @@ impl std::str::FromStr for Workload {
         match s {
             "s3-register" => Ok(Workload::S3Register),
             "s3-set" => Ok(Workload::S3Set),
-            _ => anyhow::bail!("unknown workload {s:?} (s3-register, s3-set)"),
+            "nbd-blocks" => Ok(Workload::NbdBlocks),
+            _ => anyhow::bail!("unknown workload {s:?} (s3-register, s3-set, nbd-blocks)"),
         }
     }
 }
@@ -78,6 +86,8 @@ pub struct Options {
     pub clients: usize,
     /// Register keys (s3-register).
     pub keys: usize,
+    /// Blocks the writers spread over (nbd-blocks).
+    pub blocks: usize,
     /// Longest one request may take before it is indeterminate.
     pub op_timeout: Duration,
     /// Pause of each client between requests.
@@ -89,6 +99,7 @@ pub struct Options {
 /// Most clients and keys accepted.
 pub const MAX_CLIENTS: usize = 64;
 pub const MAX_KEYS: usize = 1_000;
+pub const MAX_BLOCKS: usize = 65_536;
 /// Longest run accepted.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
@@ -96,6 +107,10 @@ impl Options {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!((1..=MAX_CLIENTS).contains(&self.clients), "--clients must be 1..={MAX_CLIENTS}");
         anyhow::ensure!((1..=MAX_KEYS).contains(&self.keys), "--keys must be 1..={MAX_KEYS}");
+        anyhow::ensure!((1..=MAX_BLOCKS).contains(&self.blocks), "--blocks must be 1..={MAX_BLOCKS}");
+        if self.workload == Workload::NbdBlocks && !matches!(self.target, Target::Embedded) {
+            anyhow::bail!("nbd-blocks runs on the embedded CoronaFS cluster only (--target embedded)");
+        }
         anyhow::ensure!(
             self.duration >= Duration::from_secs(1) && self.duration <= MAX_DURATION,
             "--duration must be between 1 s and 24 h"
@@ -114,13 +129,55 @@ impl Options {
     }
 }
 
+/// What the clients talk to.
+enum Backend {
+    S3(S3Api),
+    Nbd(nbd::NbdVolume),
+}
+
 /// What was started for the run, stopped after it.
 struct Started {
-    api: S3Api,
+    backend: Backend,
     label: String,
+    /// The service the nemesis faults, and its nodes.
+    service: &'static str,
     nodes: Vec<String>,
     driver: Option<Arc<dyn FaultDriver>>,
     cluster: Option<EmbeddedS3>,
+    corona: Option<(tempfile::TempDir, Arc<CoronaProcs>)>,
+}
+
+impl Started {
+    fn s3(api: S3Api, label: String) -> Started {
+        Started {
+            backend: Backend::S3(api),
+            label,
+            service: "lightningstor",
+            nodes: Vec::new(),
+            driver: None,
+            cluster: None,
+            corona: None,
+        }
+    }
+
+    async fn stop(self) {
+        if let Some(c) = self.cluster {
+            c.shutdown().await;
+        }
+        drop(self.driver);
+        drop(self.backend);
+        if let Some((dir, procs)) = self.corona {
+            match Arc::try_unwrap(procs) {
+                Ok(p) => p.stop().await,
+                // Still shared: the nodes are killed when the last holder drops them.
+                Err(p) => drop(p),
+            }
+            let path = dir.path().to_owned();
+            if let Err(err) = dir.close() {
+                tracing::warn!(error = %err, path = %path.display(), "could not remove the cluster's data");
+            }
+        }
+    }
 }
 
 fn clients_for(
@@ -142,7 +199,65 @@ fn clients_for(
         .collect()
 }
 
-async fn start(opts: &Options, prefix: String) -> anyhow::Result<Started> {
+/// Starts the CoronaFS nodes, makes a volume with a copy on each and
+/// attaches to it as PlasmaVMC attaches a VM's disk (fenced at epoch 1).
+async fn start_corona(opts: &Options, run_id: &str) -> anyhow::Result<Started> {
+    let dir = tempfile::Builder::new().prefix("bench-check-").tempdir()?;
+    let procs = CoronaProcs::start(dir.path()).await.context("starting the CoronaFS nodes")?;
+    let copies = procs.file.nodes.len().min(3);
+    let size = (opts.blocks * nbd::BLOCK_SIZE).next_multiple_of(1 << 20) as u64;
+    let volume = format!("bench-check-{run_id}");
+    let attached = async {
+        let first = &procs.file.nodes[0];
+        let api = coronafs::api_client::ApiClient::new(&format!("http://{}", first.api));
+        let req = coronafs::dto::CreateVolume {
+            name: volume.clone(),
+            size: Some(size),
+            from_snapshot: None,
+            replicas: Some(copies),
+        };
+        api.create_volume(&req).await.with_context(|| format!("creating {volume} with {copies} copies"))?;
+        api.fence(&volume, 1).await.with_context(|| format!("fencing {volume} at epoch 1"))?;
+        let nbd: Vec<String> = procs.file.nodes.iter().map(|n| n.nbd.to_string()).collect();
+        plasmavmc::guest::Attachment::connect(&nbd, "bench-check", "bench", &volume, 1, Default::default())
+            .await
+            .with_context(|| format!("attaching {volume}"))
+    }
+    .await;
+    let att = match attached {
+        Ok(a) => a,
+        Err(e) => {
+            procs.stop().await;
+            return Err(e);
+        }
+    };
+    let nodes: Vec<String> = procs.file.nodes.iter().map(|n| n.name.clone()).collect();
+    let label = format!(
+        "embedded CoronaFS: {} nodes (child processes on loopback), a volume with {copies} copies (write quorum {}), \
+         {} blocks of {} bytes written through PlasmaVMC's reconnecting attachment",
+        nodes.len(),
+        procs.file.write_quorum,
+        opts.blocks,
+        nbd::BLOCK_SIZE
+    );
+    let procs = Arc::new(procs);
+    let driver: Arc<dyn FaultDriver> = procs.clone();
+    let vol = nbd::NbdVolume { att, blocks: opts.blocks as u64, op_timeout: opts.op_timeout };
+    Ok(Started {
+        backend: Backend::Nbd(vol),
+        label,
+        service: "coronafs",
+        nodes,
+        driver: Some(driver),
+        cluster: None,
+        corona: Some((dir, procs)),
+    })
+}
+
+async fn start(opts: &Options, prefix: String, run_id: &str) -> anyhow::Result<Started> {
+    if opts.workload == Workload::NbdBlocks {
+        return start_corona(opts, run_id).await;
+    }
     match &opts.target {
         Target::Embedded => {
             let c = EmbeddedS3::start().await.context("starting the embedded LightningStor cluster")?;
@@ -156,16 +271,17 @@ async fn start(opts: &Options, prefix: String) -> anyhow::Result<Started> {
             );
             let driver: Arc<dyn FaultDriver> = Arc::new(c.faults.clone());
             let api = S3Api { endpoints, bucket: "bench-check".into(), prefix };
-            Ok(Started { api, label, nodes: c.node_names(), driver: Some(driver), cluster: Some(c) })
+            let nodes = c.node_names();
+            Ok(Started { nodes, driver: Some(driver), cluster: Some(c), ..Started::s3(api, label) })
         }
         Target::S3 { uri, bucket, prefix: p, endpoint, region, keys } => {
             let endpoints = clients_for(std::slice::from_ref(endpoint), region, keys, opts.op_timeout);
             let api = S3Api { endpoints, bucket: bucket.clone(), prefix: format!("{p}{prefix}") };
-            Ok(Started { api, label: uri.clone(), nodes: Vec::new(), driver: None, cluster: None })
+            Ok(Started::s3(api, uri.clone()))
         }
         Target::Clients { label, api } => {
             let api = S3Api { prefix: format!("{}{prefix}", api.prefix), ..api.clone() };
-            Ok(Started { api, label: label.clone(), nodes: Vec::new(), driver: None, cluster: None })
+            Ok(Started::s3(api, label.clone()))
         }
     }
 }
@@ -177,11 +293,9 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let run_id = crate::cluster::embedded::random_token()?;
     let prefix = format!("bench-check/{}-{}/", opts.seed, &run_id[..8]);
-    let started = start(opts, prefix).await?;
+    let started = start(opts, prefix, &run_id[..8]).await?;
     let result = run_on(opts, &started).await;
-    if let Some(c) = started.cluster {
-        c.shutdown().await;
-    }
+    started.stop().await;
     let (history, mut report) = result?;
     let path = opts.out.join("history.jsonl");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&path).with_context(|| path.display().to_string())?);
@@ -195,10 +309,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
 }
 
 async fn run_on(opts: &Options, s: &Started) -> anyhow::Result<(History, Report)> {
-    s.api.ensure_bucket().await?;
+    if let Backend::S3(api) = &s.backend {
+        api.ensure_bucket().await?;
+    }
     let rec = Arc::new(Recorder::new());
-    let service = "lightningstor";
-    let plan = nemesis::plan(opts.seed, &opts.nemesis, service, &s.nodes, opts.duration);
+    let plan = nemesis::plan(opts.seed, &opts.nemesis, s.service, &s.nodes, opts.duration);
     let t0 = rec.start;
     let deadline = t0 + opts.duration;
     let pace = Pace { think: opts.think, max_ops: 1_000_000 };
@@ -213,13 +328,22 @@ async fn run_on(opts: &Options, s: &Started) -> anyhow::Result<(History, Report)
     };
     let mut tasks = Vec::new();
     for p in 0..opts.clients as u32 {
-        let (api, rec, workload, seed, keys) = (s.api.clone(), rec.clone(), opts.workload, opts.seed, opts.keys);
-        tasks.push(tokio::spawn(async move {
-            match workload {
-                Workload::S3Register => api.register_client(&rec, p, seed, keys, pace, deadline).await,
-                Workload::S3Set => api.set_client(&rec, p, seed, pace, deadline).await,
+        let (rec, workload, seed, keys) = (rec.clone(), opts.workload, opts.seed, opts.keys);
+        tasks.push(match &s.backend {
+            Backend::S3(api) => {
+                let api = api.clone();
+                tokio::spawn(async move {
+                    match workload {
+                        Workload::S3Set => api.set_client(&rec, p, seed, pace, deadline).await,
+                        _ => api.register_client(&rec, p, seed, keys, pace, deadline).await,
+                    }
+                })
             }
-        }));
+            Backend::Nbd(vol) => {
+                let vol = vol.clone();
+                tokio::spawn(async move { vol.writer(&rec, p, seed, pace, deadline).await })
+            }
+        });
     }
     // Clients stop at the deadline; a request may take op_timeout past it.
     for t in tasks {
@@ -227,14 +351,24 @@ async fn run_on(opts: &Options, s: &Started) -> anyhow::Result<(History, Report)
     }
     let applied = nemesis_task.await.context("the nemesis task")?;
     let mut notes = Vec::new();
-    let down = s.api.wait_ready(Duration::from_secs(30)).await;
-    if !down.is_empty() {
-        notes.push(format!("after healing, these endpoints did not answer within 30 s: {}", down.join(", ")));
-    }
     let reader = opts.clients as u32;
-    match opts.workload {
-        Workload::S3Register => s.api.final_register_reads(&rec, reader, opts.keys).await,
-        Workload::S3Set => s.api.final_set_reads(&rec, reader).await,
+    match &s.backend {
+        Backend::S3(api) => {
+            let down = api.wait_ready(Duration::from_secs(30)).await;
+            if !down.is_empty() {
+                notes.push(format!("after healing, these endpoints did not answer within 30 s: {}", down.join(", ")));
+            }
+            match opts.workload {
+                Workload::S3Set => api.final_set_reads(&rec, reader).await,
+                _ => api.final_register_reads(&rec, reader, opts.keys).await,
+            }
+        }
+        Backend::Nbd(vol) => {
+            if !vol.wait_ready(Duration::from_secs(30)).await {
+                notes.push("after healing, the volume did not answer a read within 30 s".into());
+            }
+            vol.final_reads(&rec, reader).await;
+        }
     }
     let history = rec.history();
     if history.entries.len() >= record::MAX_ENTRIES {
@@ -243,6 +377,7 @@ async fn run_on(opts: &Options, s: &Started) -> anyhow::Result<(History, Report)
     let verdicts = match opts.workload {
         Workload::S3Register => check::register(&history, check::linear::Limits::default()),
         Workload::S3Set => vec![check::set::check(&history)],
+        Workload::NbdBlocks => vec![check::blocks::check(&history)],
     };
     // Availability while the clients ran (the final reads write nothing).
     let end = opts.duration.as_nanos() as u64;

@@ -60,7 +60,8 @@ pub fn plan(seed: u64, kinds: &[FaultKind], service: &str, nodes: &[String], dur
 const DRIVER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Applies `plan` from `t0`, recording each start and heal; returns how
-/// many faults were applied. Every fault applied is healed.
+/// many faults were applied. Every fault is healed (healing what is not
+/// faulted is a no-op), with a few attempts.
 pub async fn apply(plan: &[Planned], driver: &dyn FaultDriver, rec: &Recorder, t0: Instant) -> usize {
     let mut applied = 0;
     for p in plan {
@@ -73,11 +74,28 @@ pub async fn apply(plan: &[Planned], driver: &dyn FaultDriver, rec: &Recorder, t
             applied += 1;
         }
         tokio::time::sleep_until((t0 + p.heal).into()).await;
-        let healed = tokio::time::timeout(DRIVER_TIMEOUT, driver.heal(&p.fault)).await;
-        let error = outcome_error(healed);
+        let error = heal(driver, &p.fault).await;
         rec.nemesis(NemesisEvent { time: rec.now(), fault: p.fault.to_string(), phase: NemesisPhase::Heal, error });
     }
     applied
+}
+
+/// Attempts at healing one fault (a restart that did not come up in time
+/// on a loaded host is tried again).
+const HEAL_ATTEMPTS: usize = 3;
+
+/// Heals `f`, trying again a few times; the errors of every attempt when
+/// none succeeded.
+async fn heal(driver: &dyn FaultDriver, f: &crate::fault::Fault) -> Option<String> {
+    let mut errors = Vec::new();
+    for attempt in 0..HEAL_ATTEMPTS {
+        match outcome_error(tokio::time::timeout(DRIVER_TIMEOUT, driver.heal(f)).await) {
+            None => return None,
+            Some(e) => errors.push(format!("attempt {}: {e}", attempt + 1)),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Some(errors.join("; "))
 }
 
 fn outcome_error(r: Result<anyhow::Result<()>, tokio::time::error::Elapsed>) -> Option<String> {

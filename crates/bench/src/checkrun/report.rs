@@ -115,10 +115,10 @@ fn op_text(op: &Op) -> String {
         Op::Write { key, value } => format!("write {key} = {value}"),
         Op::Read { key, value: Some(v) } => format!("read {key} -> {v}"),
         Op::Read { key, value: None } => format!("read {key} -> (absent)"),
-        Op::BlockWrite { block, seq, fua } => {
+        Op::BlockWrite { block, seq, fua, .. } => {
             format!("write block {block} seq {seq}{}", if *fua { " FUA" } else { "" })
         }
-        Op::BlockFlush => "flush".into(),
+        Op::BlockFlush { session } => format!("flush (connection {session})"),
         Op::BlockRead { block, source, found } => format!("read block {block} from {source}: {found:?}"),
     }
 }
@@ -143,14 +143,14 @@ pub fn markdown(r: &Report) -> String {
     let mut s = String::from("# bench check\n\n");
     for w in &r.workloads {
         let _ = writeln!(s, "## {}: {}\n", w.workload, w.validity.as_str());
+        let keys = if w.keys > 0 { format!(", {} keys", w.keys) } else { String::new() };
         let _ = writeln!(
             s,
-            "Target: {}. Seed {}, {:.0} s, {} clients, {} keys, nemesis {}.\n",
+            "Target: {}. Seed {}, {:.0} s, {} clients{keys}, nemesis {}.\n",
             w.target,
             w.seed,
             w.duration_s,
             w.clients,
-            w.keys,
             if w.nemesis.is_empty() { "none".into() } else { w.nemesis.join(",") }
         );
         let _ = writeln!(s, "Replay: `{}`\n", w.replay);
